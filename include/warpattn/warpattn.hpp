@@ -1,0 +1,77 @@
+// warpattn: exact attention for NVIDIA Hopper (sm_90a).
+//
+// The public C++ API. Tensors are described by views (pointer, dtype, shape, strides) in
+// FlashAttention's (batch, seqlen, heads, head_dim) layout; nothing is copied or owned.
+//
+//   warpattn::forward(q, k, v, out, lse, options, stream);
+//
+// Every invalid call throws warpattn::Error before any kernel is launched and before anything
+// is written; the message names the argument, what was expected and what came.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include <cuda_runtime.h>
+
+namespace warpattn {
+
+enum class DType : int { f16 = 0, bf16 = 1, f32 = 2 };
+
+// Bytes per element of a dtype.
+constexpr int dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
+const char* dtype_name(DType t);
+
+// A strided view of device memory. Strides are in elements, not bytes.
+// Attention tensors have rank 4: (batch, seqlen, heads, head_dim).
+// The log-sum-exp tensor has rank 3: (batch, heads, seqlen_q), fp32.
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::bf16;
+  int rank = 0;
+  int64_t shape[4] = {0, 0, 0, 0};
+  int64_t stride[4] = {0, 0, 0, 0};
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < rank; ++i) n *= shape[i];
+    return n;
+  }
+};
+
+// A contiguous (row-major) view of `shape`.
+TensorView make_contiguous_view(void* data, DType dtype, int rank, const int64_t* shape);
+
+struct ForwardOptions {
+  // Multiplies Q·Kᵀ before the softmax; finite and > 0. Default: 1/sqrt(head_dim).
+  std::optional<float> softmax_scale;
+  // Causal mask, aligned bottom-right when seqlen_q != seqlen_k (as FlashAttention 2 and 3):
+  // query i sees key j iff j <= i + seqlen_k - seqlen_q.
+  bool causal = false;
+};
+
+// Thrown for every invalid argument (before any launch) and for CUDA failures.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+// Head dimensions with a kernel.
+inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
+
+// out = softmax(scale · q·kᵀ [+ causal mask]) · v, per batch and query head.
+//   q:   (B, Sq, Hq, D)   fp16 or bf16
+//   k,v: (B, Sk, Hkv, D)  same dtype as q; Hq must be a multiple of Hkv (GQA / MQA)
+//   out: (B, Sq, Hq, D)   same dtype as q; must not overlap q, k, v or lse
+//   lse: optional (B, Hq, Sq) fp32, natural log of the softmax denominator including the
+//        scale; rows with no visible key get -inf (and their out rows are zero)
+// Any batch/sequence/head strides, but the last dimension must be contiguous, every base must
+// be 16-byte aligned and every other stride a multiple of 16 bytes (the TMA rules).
+// Runs on `stream` and returns without synchronising.
+void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+             const std::optional<TensorView>& lse, const ForwardOptions& options,
+             cudaStream_t stream = nullptr);
+
+}  // namespace warpattn

@@ -1,0 +1,79 @@
+/* warpattn: a plain C ABI over warpattn::forward.
+ *
+ * Why it exists: Python's ctypes (and any other FFI) cannot call C++ functions that take
+ * std::optional or throw exceptions. This header exposes the same forward pass through
+ * C types only: a tensor is a struct of pointer, dtype code, rank, shape and strides, and
+ * errors come back as a status code plus a message copied into a caller-owned buffer.
+ *
+ * The struct layout is part of the ABI (x86-64 / aarch64 LP64: 80 bytes, no padding):
+ *   offset 0  void*   data
+ *   offset 8  int     dtype   (WARPATTN_DTYPE_*)
+ *   offset 12 int     rank
+ *   offset 16 int64_t shape[4]
+ *   offset 48 int64_t stride[4]   (in elements, not bytes)
+ * warpattn_tensor_struct_size() lets an FFI binding check that its mirror agrees.
+ *
+ * Semantics, layouts and rules are those of warpattn::forward in warpattn/warpattn.hpp:
+ *   q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D), out (B, Sq, Hq, D), lse (B, Hq, Sq) fp32.
+ */
+#ifndef WARPATTN_WARPATTN_C_H
+#define WARPATTN_WARPATTN_C_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define WARPATTN_C_API __declspec(dllexport)
+#else
+#define WARPATTN_C_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element types; the values equal warpattn::DType's. */
+enum {
+  WARPATTN_DTYPE_F16 = 0,
+  WARPATTN_DTYPE_BF16 = 1,
+  WARPATTN_DTYPE_F32 = 2
+};
+
+/* Return codes of warpattn_forward. */
+enum {
+  WARPATTN_OK = 0,             /* launched (asynchronously) on the stream */
+  WARPATTN_INVALID = 1,        /* warpattn::Error: invalid argument or CUDA failure; see err */
+  WARPATTN_INTERNAL_ERROR = 2  /* any other exception (out of host memory, ...); see err */
+};
+
+typedef struct {
+  void* data;        /* device pointer */
+  int dtype;         /* WARPATTN_DTYPE_*: 0 f16, 1 bf16, 2 f32 */
+  int rank;          /* 4 for q, k, v, out; 3 for lse */
+  int64_t shape[4];  /* entries past rank are ignored */
+  int64_t stride[4]; /* in elements; entries past rank are ignored */
+} warpattn_tensor;
+
+/* out = softmax(scale * q k^T [+ causal mask, bottom-right]) v.
+ *   lse:        NULL for none.
+ *   has_scale:  0 uses 1/sqrt(head_dim); otherwise softmax_scale is used.
+ *   causal:     0 or non-zero.
+ *   stream:     a cudaStream_t (NULL = the legacy default stream).
+ *   err:        receives a NUL-terminated message on failure (truncated to err_len - 1
+ *               bytes) and an empty string on success; may be NULL when err_len is 0.
+ * Returns WARPATTN_OK, WARPATTN_INVALID or WARPATTN_INTERNAL_ERROR. Never throws; does not
+ * synchronise the stream. On failure nothing has been launched for invalid arguments. */
+WARPATTN_C_API int warpattn_forward(const warpattn_tensor* q, const warpattn_tensor* k,
+                                    const warpattn_tensor* v, const warpattn_tensor* out,
+                                    const warpattn_tensor* lse, int has_scale,
+                                    float softmax_scale, int causal, void* stream, char* err,
+                                    size_t err_len);
+
+/* sizeof(warpattn_tensor) as this library was compiled: an FFI mirror must match it. */
+WARPATTN_C_API size_t warpattn_tensor_struct_size(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* WARPATTN_WARPATTN_C_H */

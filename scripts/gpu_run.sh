@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One call on the GPU host: build with every core, then the stages named in $STAGES (default
+# all), each under its own time limit, logs copied to $OUT (or ./gpu-out).
+#   STAGES="primitives forward cli bench" bash scripts/gpu_run.sh
+# forward takes an optional filter in $FORWARD_FILTER (a test-name substring).
+set -u -o pipefail
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+STAGES=${STAGES:-"primitives forward cli bench"}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/configure.log" 2>&1 || { tail -20 "$OUT/configure.log"; exit 1; }
+if ! cmake --build build -j"$(nproc)" > "$OUT/build.log" 2>&1; then
+  grep -E "error|FAILED" "$OUT/build.log" | head -30
+  exit 1
+fi
+grep -E "C75[0-9][0-9]" "$OUT/build.log" | head -5
+echo "build ok"
+stage() { case " $STAGES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+if stage primitives; then
+  timeout -k 5 120 ./build/test_gpu_primitives > "$OUT/primitives.log" 2>&1
+  echo "primitives rc=$?: $(tail -1 "$OUT/primitives.log")"
+  grep -E "FAILED|failed" "$OUT/primitives.log" | head -20
+fi
+if stage forward; then
+  timeout -k 5 ${FORWARD_TIMEOUT:-400} ./build/test_gpu_forward ${FORWARD_FILTER:-} > "$OUT/forward.log" 2>&1
+  echo "forward rc=$?: $(tail -1 "$OUT/forward.log")"
+  grep -E "FAIL|failed|64K" "$OUT/forward.log" | head -40
+fi
+if stage sanitize; then
+  timeout -k 5 300 compute-sanitizer --tool racecheck ./build/test_gpu_forward forward_is_deterministic > "$OUT/racecheck.log" 2>&1
+  echo "racecheck rc=$?"; tail -5 "$OUT/racecheck.log"
+fi
+if stage cli; then
+  timeout -k 5 180 ./build/warpattn --json "$OUT/cli.json" > "$OUT/cli.log" 2>&1
+  echo "cli rc=$?"; tail -12 "$OUT/cli.log"
+fi
+if stage bench; then
+  PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 benchmarks/bench.py --lib build/libwarpattn.so \
+    --out "$OUT" ${BENCH_ARGS:---quick} > "$OUT/bench.log" 2> "$OUT/bench.err"
+  echo "bench rc=$?"; tail -5 "$OUT/bench.err"; tail -40 "$OUT/bench.log"
+fi

@@ -1,0 +1,83 @@
+// The C ABI (warpattn/warpattn_c.h): translates C structs into TensorViews, calls
+// warpattn::forward, and turns exceptions into status codes, because an exception must never
+// cross an extern "C" boundary (ctypes would abort the whole Python process).
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <string>
+
+#include "warpattn/warpattn.hpp"
+#include "warpattn/warpattn_c.h"
+
+namespace {
+
+static_assert(static_cast<int>(warpattn::DType::f16) == WARPATTN_DTYPE_F16);
+static_assert(static_cast<int>(warpattn::DType::bf16) == WARPATTN_DTYPE_BF16);
+static_assert(static_cast<int>(warpattn::DType::f32) == WARPATTN_DTYPE_F32);
+// The ctypes mirror in benchmarks/bench.py hard-codes this layout.
+static_assert(sizeof(void*) != 8 || sizeof(warpattn_tensor) == 80,
+              "warpattn_tensor layout changed: update warpattn_c.h's comment and FFI mirrors");
+
+// Only what the C struct can get wrong and TensorView cannot express is checked here (a NULL
+// struct, a dtype code outside the enum, a rank that would index past shape[4]); every other
+// rule is warpattn::forward's, so the messages stay in one place.
+warpattn::TensorView to_view(const warpattn_tensor* t, const char* name) {
+  if (t == nullptr) throw warpattn::Error(std::string(name) + ": expected a tensor, got NULL");
+  if (t->dtype < WARPATTN_DTYPE_F16 || t->dtype > WARPATTN_DTYPE_F32) {
+    throw warpattn::Error(std::string(name) +
+                          ".dtype: expected 0 (f16), 1 (bf16) or 2 (f32), got " +
+                          std::to_string(t->dtype));
+  }
+  if (t->rank < 0 || t->rank > 4) {
+    throw warpattn::Error(std::string(name) + ".rank: expected 0 to 4, got " +
+                          std::to_string(t->rank));
+  }
+  warpattn::TensorView view;
+  view.data = t->data;
+  view.dtype = static_cast<warpattn::DType>(t->dtype);
+  view.rank = t->rank;
+  for (int i = 0; i < t->rank; ++i) {
+    view.shape[i] = t->shape[i];
+    view.stride[i] = t->stride[i];
+  }
+  return view;
+}
+
+// Copies as much of the message as fits and always terminates it (when there is room at all).
+void copy_message(const char* message, char* err, size_t err_len) {
+  if (err == nullptr || err_len == 0) return;
+  const size_t n = std::min(std::strlen(message), err_len - 1);
+  std::memcpy(err, message, n);
+  err[n] = '\0';
+}
+
+}  // namespace
+
+extern "C" int warpattn_forward(const warpattn_tensor* q, const warpattn_tensor* k,
+                                const warpattn_tensor* v, const warpattn_tensor* out,
+                                const warpattn_tensor* lse, int has_scale, float softmax_scale,
+                                int causal, void* stream, char* err, size_t err_len) {
+  copy_message("", err, err_len);
+  try {
+    warpattn::ForwardOptions options;
+    if (has_scale) options.softmax_scale = softmax_scale;
+    options.causal = causal != 0;
+    std::optional<warpattn::TensorView> lse_view;
+    if (lse != nullptr) lse_view = to_view(lse, "lse");
+    warpattn::forward(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"), to_view(out, "out"),
+                      lse_view, options, static_cast<cudaStream_t>(stream));
+    return WARPATTN_OK;
+  } catch (const warpattn::Error& e) {
+    copy_message(e.what(), err, err_len);
+    return WARPATTN_INVALID;
+  } catch (const std::exception& e) {
+    copy_message(e.what(), err, err_len);
+    return WARPATTN_INTERNAL_ERROR;
+  } catch (...) {
+    copy_message("warpattn_forward: unknown exception", err, err_len);
+    return WARPATTN_INTERNAL_ERROR;
+  }
+}
+
+extern "C" size_t warpattn_tensor_struct_size(void) { return sizeof(warpattn_tensor); }

@@ -1,0 +1,399 @@
+// Argument validation for warpattn::forward, and the check for a Hopper device.
+//
+// Every rule runs on the host before anything is launched or written, in a fixed order (the
+// rule letters below), so that a call with several mistakes always reports the same, most
+// basic one first: a rank mistake makes every later shape message meaningless, a null pointer
+// or wrong dtype makes a stride message beside the point, and so on. Each message names the
+// argument, says what was expected and what came.
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+#include "api/problem.hpp"
+
+namespace warpattn::detail {
+namespace {
+
+// The Tensor Memory Accelerator's rules for a global tensor: 16-byte aligned base, strides
+// (other than the innermost) multiples of 16 bytes and below 2^40 bytes.
+constexpr int64_t kTmaAlignBytes = 16;
+constexpr int64_t kTmaStrideLimitBytes = int64_t(1) << 40;
+// The kernel indexes rows, heads and batches with 32-bit coordinates.
+constexpr int64_t kCoordinateLimit = int64_t(1) << 31;
+
+const char* const kAttentionDimNames[4] = {"batch", "seqlen", "heads", "head_dim"};
+const char* const kLseDimNames[3] = {"batch", "heads", "seqlen_q"};
+
+// One argument under check: its name for messages and which dimension names apply.
+struct Arg {
+  const char* name;
+  const TensorView& view;
+  const char* const* dim_names;
+  int expected_rank;
+};
+
+[[noreturn]] void fail(const std::ostringstream& message) { throw Error(message.str()); }
+
+std::string shape_string(const TensorView& t) {
+  std::ostringstream s;
+  s << "(";
+  for (int i = 0; i < t.rank; ++i) s << (i ? ", " : "") << t.shape[i];
+  s << ")";
+  return s.str();
+}
+
+std::string hex(uint64_t value) {
+  std::ostringstream s;
+  s << "0x" << std::hex << value;
+  return s.str();
+}
+
+// Any zero-sized dimension makes a tensor empty. Decided without multiplying the sizes, which
+// could overflow for the absurd shapes validation exists to reject.
+bool is_empty(const TensorView& t) {
+  for (int i = 0; i < t.rank; ++i)
+    if (t.shape[i] == 0) return true;
+  return false;
+}
+
+// ---- a. rank
+void check_rank(const Arg& a) {
+  if (a.view.rank == a.expected_rank) return;
+  std::ostringstream m;
+  m << a.name << ": expected rank " << a.expected_rank << " (";
+  for (int i = 0; i < a.expected_rank; ++i) m << (i ? ", " : "") << a.dim_names[i];
+  m << "), got rank " << a.view.rank;
+  fail(m);
+}
+
+// ---- b. negative sizes
+void check_sizes_not_negative(const Arg& a) {
+  for (int i = 0; i < a.view.rank; ++i) {
+    if (a.view.shape[i] >= 0) continue;
+    std::ostringstream m;
+    m << a.name << ": shape[" << i << "] (" << a.dim_names[i] << ") must not be negative, got "
+      << a.view.shape[i];
+    fail(m);
+  }
+}
+
+// ---- c. null data: allowed only where there is nothing to read or write
+void check_not_null(const Arg& a) {
+  if (a.view.data != nullptr || is_empty(a.view)) return;
+  std::ostringstream m;
+  m << a.name << ": data is null, expected a device pointer for a non-empty tensor of shape "
+    << shape_string(a.view);
+  fail(m);
+}
+
+// ---- h. innermost dimension contiguous (the TMA box and the kernel's vector accesses need it)
+void check_last_dim_contiguous(const Arg& a) {
+  const int last = a.view.rank - 1;
+  if (a.view.stride[last] == 1) return;
+  std::ostringstream m;
+  m << a.name << ": last dimension (" << a.dim_names[last] << ") must be contiguous (stride["
+    << last << "] == 1), got stride[" << last << "] = " << a.view.stride[last];
+  fail(m);
+}
+
+// ---- i. alignment and strides. Empty tensors are never accessed, so nothing is required.
+// `base_align` is the required pointer alignment; for q, k, v and out (read and written through
+// the TMA) the outer strides also follow the TMA rules, while lse, written with plain fp32
+// stores, needs only 4-byte alignment and no stride rule beyond the sign ones below.
+void check_alignment_and_strides(const Arg& a, int64_t base_align, bool tma_strides) {
+  const TensorView& t = a.view;
+  if (is_empty(t)) return;
+  const auto address = reinterpret_cast<uintptr_t>(t.data);
+  if (address % static_cast<uintptr_t>(base_align) != 0) {
+    std::ostringstream m;
+    m << a.name << ": data pointer " << hex(address) << " must be " << base_align << "-byte aligned"
+      << (tma_strides ? " (TMA)" : "");
+    fail(m);
+  }
+  const int64_t elem = dtype_size(t.dtype);
+  for (int i = 0; i < t.rank - 1; ++i) {
+    const int64_t s = t.stride[i];
+    if (s < 0) {
+      std::ostringstream m;
+      m << a.name << ": stride[" << i << "] (" << a.dim_names[i] << ") must not be negative, got "
+        << s;
+      fail(m);
+    }
+    // A zero stride over a dimension of size > 1 makes different rows alias one another: a
+    // write race for out and lse, and for inputs a broadcast the API does not promise. One rule
+    // for every tensor keeps it simple; a size-1 dimension is never stepped over, so any
+    // stride is fine there.
+    if (s == 0 && t.shape[i] > 1) {
+      std::ostringstream m;
+      m << a.name << ": stride[" << i << "] (" << a.dim_names[i]
+        << ") must be positive for a dimension of size " << t.shape[i] << ", got 0";
+      fail(m);
+    }
+    if (!tma_strides) continue;
+    // Compared in elements so that a huge stride cannot overflow the byte count.
+    if (s >= kTmaStrideLimitBytes / elem) {
+      std::ostringstream m;
+      m << a.name << ": stride[" << i << "] (" << a.dim_names[i] << ") = " << s
+        << " elements must be less than 2^40 bytes (TMA)";
+      fail(m);
+    }
+    if ((s * elem) % kTmaAlignBytes != 0) {
+      std::ostringstream m;
+      m << a.name << ": stride[" << i << "] (" << a.dim_names[i] << ") = " << s
+        << " elements = " << s * elem << " bytes must be a multiple of 16 bytes (TMA)";
+      fail(m);
+    }
+  }
+}
+
+// ---- j. batch, sequence and head counts within the kernel's 32-bit coordinates
+void check_coordinates_fit(const Arg& a) {
+  for (int i = 0; i < a.view.rank; ++i) {
+    if (a.view.shape[i] < kCoordinateLimit) continue;
+    std::ostringstream m;
+    m << a.name << ": " << a.dim_names[i] << " (shape[" << i << "]) = " << a.view.shape[i]
+      << " must be less than 2^31 (the kernel uses 32-bit coordinates)";
+    fail(m);
+  }
+}
+
+// ---- l. overlap: the inclusive byte range [first, last] a view can touch, from its shape and
+// strides (all non-negative by now: rules b, h and i ran first). The arithmetic saturates at
+// 2^64 - 1: a view that reaches that far cannot exist, and treating it as reaching the top of
+// the address space keeps the overlap test conservative rather than wrapped around.
+struct ByteRange {
+  uint64_t first;
+  uint64_t last;
+};
+
+uint64_t saturating_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
+uint64_t saturating_mul(uint64_t a, uint64_t b) {
+  return (a != 0 && b > UINT64_MAX / a) ? UINT64_MAX : a * b;
+}
+
+ByteRange byte_range(const TensorView& t) {
+  const uint64_t elem = static_cast<uint64_t>(dtype_size(t.dtype));
+  uint64_t span = 0;  // offset of the farthest element, in elements
+  for (int i = 0; i < t.rank; ++i) {
+    const uint64_t reach =
+        saturating_mul(static_cast<uint64_t>(t.stride[i]), static_cast<uint64_t>(t.shape[i] - 1));
+    span = saturating_add(span, reach);
+  }
+  const uint64_t first = reinterpret_cast<uintptr_t>(t.data);
+  const uint64_t last = saturating_add(first, saturating_add(saturating_mul(span, elem), elem - 1));
+  return {first, last};
+}
+
+void check_no_overlap(const Arg& written, const Arg& other) {
+  if (is_empty(written.view) || is_empty(other.view)) return;
+  const ByteRange w = byte_range(written.view);
+  const ByteRange o = byte_range(other.view);
+  if (w.last < o.first || o.last < w.first) return;
+  std::ostringstream m;
+  m << written.name << ": must not overlap " << other.name << " in memory, but " << written.name
+    << " spans bytes [" << hex(w.first) << ", " << hex(w.last) << "] and " << other.name
+    << " spans [" << hex(o.first) << ", " << hex(o.last) << "]";
+  fail(m);
+}
+
+std::string supported_head_dims() {
+  std::ostringstream s;
+  bool first = true;
+  for (int d : kSupportedHeadDims) {
+    s << (first ? "" : ", ") << d;
+    first = false;
+  }
+  return s.str();
+}
+
+bool is_supported_head_dim(int64_t d) {
+  for (int s : kSupportedHeadDims)
+    if (d == s) return true;
+  return false;
+}
+
+}  // namespace
+
+ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& out, const std::optional<TensorView>& lse,
+                                const ForwardOptions& options) {
+  const Arg aq{"q", q, kAttentionDimNames, 4};
+  const Arg ak{"k", k, kAttentionDimNames, 4};
+  const Arg av{"v", v, kAttentionDimNames, 4};
+  const Arg aout{"out", out, kAttentionDimNames, 4};
+  const Arg* const attention_args[4] = {&aq, &ak, &av, &aout};
+  const TensorView no_lse;
+  const Arg alse{"lse", lse ? *lse : no_lse, kLseDimNames, 3};
+
+  // a. rank
+  for (const Arg* a : attention_args) check_rank(*a);
+  if (lse) check_rank(alse);
+
+  // b. negative sizes
+  for (const Arg* a : attention_args) check_sizes_not_negative(*a);
+  if (lse) check_sizes_not_negative(alse);
+
+  // c. null pointers
+  for (const Arg* a : attention_args) check_not_null(*a);
+  if (lse) check_not_null(alse);
+
+  // d. dtypes
+  if (q.dtype != DType::f16 && q.dtype != DType::bf16) {
+    std::ostringstream m;
+    m << "q: expected dtype float16 or bfloat16, got " << dtype_name(q.dtype);
+    fail(m);
+  }
+  for (const Arg* a : {&ak, &av, &aout}) {
+    if (a->view.dtype == q.dtype) continue;
+    std::ostringstream m;
+    m << a->name << ": expected dtype " << dtype_name(q.dtype) << " (same as q), got "
+      << dtype_name(a->view.dtype);
+    fail(m);
+  }
+  if (lse && lse->dtype != DType::f32) {
+    std::ostringstream m;
+    m << "lse: expected dtype float32, got " << dtype_name(lse->dtype);
+    fail(m);
+  }
+
+  // e. head dimension
+  const int64_t head_dim = q.shape[3];
+  if (!is_supported_head_dim(head_dim)) {
+    std::ostringstream m;
+    m << "q: head_dim (shape[3]) must be one of " << supported_head_dims() << ", got " << head_dim;
+    fail(m);
+  }
+  for (const Arg* a : {&ak, &av, &aout}) {
+    if (a->view.shape[3] == head_dim) continue;
+    std::ostringstream m;
+    m << a->name << ": expected head_dim " << head_dim << " (same as q), got " << a->view.shape[3];
+    fail(m);
+  }
+
+  // f. batch and shape agreement
+  const int64_t batch = q.shape[0];
+  for (const Arg* a : {&ak, &av, &aout}) {
+    if (a->view.shape[0] == batch) continue;
+    std::ostringstream m;
+    m << a->name << ": expected batch " << batch << " (same as q), got " << a->view.shape[0];
+    fail(m);
+  }
+  if (v.shape[1] != k.shape[1] || v.shape[2] != k.shape[2]) {
+    std::ostringstream m;
+    m << "v: expected shape " << shape_string(k) << " (same as k), got " << shape_string(v);
+    fail(m);
+  }
+  if (out.shape[1] != q.shape[1] || out.shape[2] != q.shape[2]) {
+    std::ostringstream m;
+    m << "out: expected shape " << shape_string(q) << " (same as q), got " << shape_string(out);
+    fail(m);
+  }
+  if (lse &&
+      (lse->shape[0] != batch || lse->shape[1] != q.shape[2] || lse->shape[2] != q.shape[1])) {
+    std::ostringstream m;
+    m << "lse: expected shape (batch, heads_q, seqlen_q) = (" << batch << ", " << q.shape[2] << ", "
+      << q.shape[1] << "), got " << shape_string(*lse);
+    fail(m);
+  }
+
+  // g. grouped-query heads: every query head maps onto one key/value head
+  const int64_t heads_q = q.shape[2];
+  const int64_t heads_kv = k.shape[2];
+  if (heads_q >= 1 && heads_kv < 1) {
+    std::ostringstream m;
+    m << "k: expected at least 1 key/value head for " << heads_q << " query heads, got "
+      << heads_kv;
+    fail(m);
+  }
+  if (heads_kv >= 1 && heads_q % heads_kv != 0) {
+    std::ostringstream m;
+    m << "k: query heads (" << heads_q << ") must be a multiple of key/value heads (" << heads_kv
+      << ")";
+    fail(m);
+  }
+
+  // h. innermost dimension contiguous
+  for (const Arg* a : attention_args) check_last_dim_contiguous(*a);
+  if (lse) check_last_dim_contiguous(alse);
+
+  // i. alignment and strides
+  for (const Arg* a : attention_args) check_alignment_and_strides(*a, kTmaAlignBytes, true);
+  if (lse) check_alignment_and_strides(alse, dtype_size(DType::f32), false);
+
+  // j. 32-bit coordinates (v matches k, out and lse match q, so q and k cover every size)
+  check_coordinates_fit(aq);
+  check_coordinates_fit(ak);
+
+  // k. softmax scale: positive, because the kernel tracks each row's maximum raw score and
+  // folds the scale into the exponent (a negative scale would turn that max into a min).
+  if (options.softmax_scale) {
+    const float s = *options.softmax_scale;
+    if (!std::isfinite(s) || !(s > 0.f)) {
+      std::ostringstream m;
+      m << "softmax_scale: expected a finite positive value, got " << s;
+      fail(m);
+    }
+  }
+
+  // l. outputs must not alias anything else the call reads or writes
+  for (const Arg* a : {&aq, &ak, &av}) check_no_overlap(aout, *a);
+  if (lse) {
+    check_no_overlap(aout, alse);
+    for (const Arg* a : {&aq, &ak, &av}) check_no_overlap(alse, *a);
+  }
+
+  ForwardProblem p;
+  p.batch = batch;
+  p.seqlen_q = q.shape[1];
+  p.seqlen_k = k.shape[1];
+  p.heads_q = heads_q;
+  p.heads_kv = heads_kv;
+  p.head_dim = head_dim;
+  p.dtype = q.dtype;
+  p.softmax_scale = options.softmax_scale
+                        ? *options.softmax_scale
+                        : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  p.causal = options.causal;
+  p.has_lse = lse.has_value();
+  return p;
+}
+
+namespace {
+
+[[noreturn]] void no_hopper(const std::string& why) {
+  throw Error("no CUDA device with compute capability 9.0 (Hopper) found: " + why);
+}
+
+// A failed query leaves its error as the runtime's last error; clear it so that a caller who
+// catches our Error does not meet it again from an unrelated, later cudaGetLastError.
+[[noreturn]] void no_hopper_after(cudaError_t e, const char* call) {
+  cudaGetLastError();
+  no_hopper(std::string(call) + ": " + cudaGetErrorString(e));
+}
+
+}  // namespace
+
+void require_sm90_device() {
+  int count = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess)
+    no_hopper_after(e, "cudaGetDeviceCount");
+  if (count == 0) no_hopper("cudaGetDeviceCount reported 0 devices");
+
+  int device = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) no_hopper_after(e, "cudaGetDevice");
+  int major = 0, minor = 0;
+  if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+      e != cudaSuccess)
+    no_hopper_after(e, "cudaDeviceGetAttribute");
+  if (cudaError_t e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+      e != cudaSuccess)
+    no_hopper_after(e, "cudaDeviceGetAttribute");
+  // The kernels are built for sm_90a only, and sm_90a code runs on compute capability 9.0 alone.
+  if (major != 9 || minor != 0)
+    no_hopper("found sm_" + std::to_string(major) + std::to_string(minor) + " (current device " +
+              std::to_string(device) + ")");
+}
+
+}  // namespace warpattn::detail

@@ -1,0 +1,133 @@
+// A consumer warpgroup's main loop: 64 query rows against every visible key tile.
+//
+// Two overlaps (FlashAttention-3, sections 3.1 and 3.2):
+//  * intra-warpgroup: S_j = Q·K_jᵀ is issued together with O += P_{j-1}·V_{j-1}; the softmax
+//    of S_j runs while the P·V GEMM is still on the tensor cores;
+//  * ping-pong: the two consumer warpgroups take turns issuing their GEMMs (named barriers),
+//    so one warpgroup's softmax runs under the other's GEMMs.
+// Key tiles are visited from the last to the first, so the masked ones (the seqlen_k tail and
+// the causal diagonal) come first and the rest run without mask code.
+#pragma once
+
+#include "hopper/barriers.hpp"
+#include "hopper/consumer_gemms.cuh"
+#include "hopper/forward_params.hpp"
+#include "hopper/fragment.cuh"
+#include "hopper/kv_tiles.hpp"
+#include "hopper/mask.cuh"
+#include "hopper/producer.cuh"
+#include "hopper/ptx/mbarrier.cuh"
+#include "hopper/ptx/warpgroup.cuh"
+#include "hopper/shared_storage.cuh"
+#include "hopper/softmax.cuh"
+
+namespace warpattn::detail {
+
+// Ping-pong turns. Both warpgroups take exactly n_tiles + 1 turns; warpgroup 1 hands
+// warpgroup 0 the first turn, and skips handing over after its own last turn so that no
+// arrival is left pending at exit.
+struct PingPong {
+  int warpgroup;
+  __device__ __forceinline__ void wait_turn() const {
+    ptx::named_barrier_sync(Barrier::kTurn0 + warpgroup, 256);
+  }
+  __device__ __forceinline__ void pass_turn() const {
+    ptx::named_barrier_arrive(Barrier::kTurn0 + (warpgroup ^ 1), 256);
+  }
+};
+
+// One elected thread per warpgroup releases a ring slot once the warpgroup's wgmma reading it
+// has completed (empty barriers count one arrival per consumer warpgroup).
+__device__ __forceinline__ void release_slot(uint64_t* empty_bar) {
+  if (threadIdx.x % 128 == 0) ptx::mbarrier_arrive(ptx::smem_addr(empty_bar));
+}
+
+template <class Cfg>
+__device__ __forceinline__ void run_consumer(SharedStorage<Cfg>& ss, const ForwardParams& params,
+                                             int warpgroup, int m_block, int n_tiles,
+                                             float (&o)[Cfg::kHeadDim / 2], OnlineSoftmax& softmax) {
+  using namespace ptx;
+  constexpr int kS = Cfg::kBlockN / 2;
+  const FragmentCoords f(threadIdx.x % 128);
+  const PingPong turns{warpgroup};
+  const int m_start = m_block * Cfg::kBlockM;
+  const int row0 = m_start + warpgroup * 64 + f.row(0);
+  const uint32_t q_rows = smem_addr(ss.q) + warpgroup * 64 * 128;
+
+#pragma unroll
+  for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
+  if (n_tiles <= 0) return;
+  if (warpgroup == 1) turns.pass_turn();
+
+  float s[kS];
+  uint32_t p[Cfg::kBlockN / 16][4];
+  float alpha[2];
+  auto mask_if_needed = [&](int n) {
+    if (kv_tile_needs_mask(n, Cfg::kBlockN, m_start, params.seqlen_q, params.seqlen_k, Cfg::kCausal))
+      mask_scores<Cfg::kCausal>(s, f, row0, n * Cfg::kBlockN, params.seqlen_q, params.seqlen_k);
+  };
+
+  mbarrier_wait(smem_addr(&ss.q_full), 0);
+
+  // First tile: S only.
+  {
+    turns.wait_turn();
+    mbarrier_wait(smem_addr(&ss.k_full[0]), 0);
+    issue_qk_gemm<Cfg>(s, q_rows, smem_addr(ss.k[0]));
+    wgmma_commit();
+    turns.pass_turn();
+    wgmma_wait<0>();
+    pin(s);
+    release_slot(&ss.k_empty[0]);
+    mask_if_needed(n_tiles - 1);
+    softmax.step<true>(s, alpha);
+    convert_to_operand<Cfg>(s, p);
+  }
+
+  // Steady state: S_it with P_{it-1}·V_{it-1}.
+  for (int it = 1; it < n_tiles; ++it) {
+    const int n = n_tiles - 1 - it;
+    const RingSlot ks = ring_slot<Cfg::kStages>(it);
+    const RingSlot vs = ring_slot<Cfg::kStages>(it - 1);
+    turns.wait_turn();
+    mbarrier_wait(smem_addr(&ss.k_full[ks.stage]), ks.phase);
+    pin(o);
+    pin(p);
+    issue_qk_gemm<Cfg>(s, q_rows, smem_addr(ss.k[ks.stage]));
+    wgmma_commit();
+    mbarrier_wait(smem_addr(&ss.v_full[vs.stage]), vs.phase);
+    issue_pv_gemm<Cfg>(o, p, smem_addr(ss.v[vs.stage]));
+    wgmma_commit();
+    turns.pass_turn();
+
+    wgmma_wait<1>();  // S_it is done; P·V may still run
+    pin(s);
+    release_slot(&ss.k_empty[ks.stage]);
+    mask_if_needed(n);
+    softmax.step<false>(s, alpha);
+
+    wgmma_wait<0>();  // P·V done: O and P may be touched again
+    pin(o);
+    pin(p);
+    release_slot(&ss.v_empty[vs.stage]);
+    rescale_rows(o, alpha);
+    convert_to_operand<Cfg>(s, p);
+  }
+
+  // Last P·V.
+  {
+    const RingSlot vs = ring_slot<Cfg::kStages>(n_tiles - 1);
+    turns.wait_turn();
+    mbarrier_wait(smem_addr(&ss.v_full[vs.stage]), vs.phase);
+    pin(o);
+    pin(p);
+    issue_pv_gemm<Cfg>(o, p, smem_addr(ss.v[vs.stage]));
+    wgmma_commit();
+    if (warpgroup == 0) turns.pass_turn();
+    wgmma_wait<0>();
+    pin(o);
+    release_slot(&ss.v_empty[vs.stage]);
+  }
+}
+
+}  // namespace warpattn::detail

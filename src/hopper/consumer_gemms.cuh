@@ -1,0 +1,64 @@
+// The two GEMMs of a consumer warpgroup, issued (not waited) as one wgmma group each. Each
+// starts with wgmma.fence: the registers it reads were last written by ordinary instructions
+// (softmax, rescale), and a fence in the same basic block keeps ptxas from injecting its own.
+//   S = Q·Kᵀ : A = the warpgroup's 64 Q rows, B = a K tile, both K-major in smem.
+//   O += P·V : A = P from registers (the S accumulator converted in place), B = a V tile read
+//              MN-major (tnspB = 1) straight from its TMA layout.
+#pragma once
+#include <cstdint>
+
+#include "hopper/ptx/math.cuh"
+#include "hopper/ptx/warpgroup.cuh"
+#include "hopper/ptx/wgmma_ops.cuh"
+
+namespace warpattn::detail {
+
+// K-major 128B-swizzled operand: 8-row groups 1024 B apart; LBO unused (16 B by convention).
+__device__ __forceinline__ uint64_t kmajor_desc(uint32_t addr) {
+  return ptx::make_smem_desc(addr, 16, 1024);
+}
+
+// Moves a descriptor's start address by a byte offset (a multiple of 16). Shared addresses
+// stay below 2^18, so the 14-bit field never carries.
+__device__ __forceinline__ uint64_t advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
+template <class Cfg>
+__device__ __forceinline__ void issue_qk_gemm(float (&s)[Cfg::kBlockN / 2], uint32_t q_rows,
+                                              uint32_t k_tile) {
+  using Mma = ptx::WgmmaSS<typename Cfg::Element, Cfg::kBlockN>;
+  const uint64_t qd = kmajor_desc(q_rows), kd = kmajor_desc(k_tile);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int p = 0; p < Cfg::kPanels; ++p)
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)  // four k16 steps of 32 B inside a 128-byte panel row
+      Mma::mma(s, advance(qd, p * Cfg::kBlockM * 128 + kk * 32),
+               advance(kd, p * Cfg::kBlockN * 128 + kk * 32), p > 0 || kk > 0);
+}
+
+template <class Cfg>
+__device__ __forceinline__ void issue_pv_gemm(float (&o)[Cfg::kHeadDim / 2],
+                                              const uint32_t (&p)[Cfg::kBlockN / 16][4],
+                                              uint32_t v_tile) {
+  using Mma = ptx::WgmmaRS<typename Cfg::Element, Cfg::kHeadDim>;
+  // MN-major V: LBO = distance between 64-column panels, SBO = between 8-key groups.
+  const uint64_t vd = ptx::make_smem_desc(v_tile, Cfg::kBlockN * 128, 1024);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk)  // 16 keys = 16 rows of 128 B per step
+    Mma::mma(o, p[kk], advance(vd, kk * 16 * 128), 1);
+}
+
+// S (f32 accumulator) -> P as the A operand of the P·V GEMM: for keys 16kk..16kk+15 the
+// accumulator registers s[8kk .. 8kk+7] already sit where the m64k16 A fragment wants them.
+template <class Cfg>
+__device__ __forceinline__ void convert_to_operand(const float (&s)[Cfg::kBlockN / 2],
+                                                   uint32_t (&p)[Cfg::kBlockN / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      p[kk][i] = ptx::pack_pair<typename Cfg::Element>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+}
+
+}  // namespace warpattn::detail

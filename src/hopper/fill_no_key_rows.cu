@@ -1,0 +1,35 @@
+// seqlen_k == 0: no query row has a key, so O is zero and LSE is -inf (the convention that
+// lets split-KV and ring attention merge such a partial with weight exp(-inf) = 0).
+#include <cmath>
+
+#include "hopper/launch.hpp"
+#include "hopper/run_forward.cuh"
+
+namespace warpattn::detail {
+
+__global__ void fill_no_key_rows_kernel(uint16_t* out, int64_t rows, int heads, int seqlen,
+                                        int head_dim, int64_t sb, int64_t ss, int64_t sh,
+                                        float* lse, int64_t lb, int64_t lh, int64_t ls) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int h = static_cast<int>(i % heads);
+    const int64_t s = (i / heads) % seqlen, b = i / heads / seqlen;
+    uint16_t* row = out + b * sb + s * ss + h * sh;
+    for (int d = 0; d < head_dim; ++d) row[d] = 0;  // +0 in fp16 and bf16
+    if (lse) lse[b * lb + h * lh + s * ls] = -INFINITY;
+  }
+}
+
+void fill_no_key_rows(const ForwardProblem& p, const TensorView& out,
+                      const std::optional<TensorView>& lse, cudaStream_t stream) {
+  const int64_t rows = p.batch * p.seqlen_q * p.heads_q;
+  const int blocks = static_cast<int>(std::min<int64_t>((rows + 255) / 256, 65536));
+  fill_no_key_rows_kernel<<<blocks, 256, 0, stream>>>(
+      static_cast<uint16_t*>(out.data), rows, static_cast<int>(p.heads_q),
+      static_cast<int>(p.seqlen_q), static_cast<int>(p.head_dim), out.stride[0], out.stride[1],
+      out.stride[2], lse ? static_cast<float*>(lse->data) : nullptr, lse ? lse->stride[0] : 0,
+      lse ? lse->stride[1] : 0, lse ? lse->stride[2] : 0);
+  check_launch(cudaGetLastError(), "fill_no_key_rows_kernel: launch failed");
+}
+
+}  // namespace warpattn::detail

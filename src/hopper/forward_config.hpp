@@ -1,0 +1,33 @@
+// Compile-time shape of one forward kernel instantiation.
+#pragma once
+
+namespace warpattn::detail {
+
+template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kCausal_>
+struct ForwardConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  // Two consumer warpgroups, 64 query rows each (one m64 wgmma row block).
+  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kBlockM = 64 * kConsumerWarpgroups;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
+  static constexpr bool kCausal = kCausal_;
+  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  // Head dim in 64-element (128-byte) panels: the width of one 128B-swizzled TMA box row.
+  static constexpr int kPanels = kHeadDim / 64;
+  // setmaxnreg split. The pool is the launch allocation: 384 threads x 168 registers =
+  // 64,512 = 128 x 24 + 256 x 240, so these must sum to it or the consumers hang.
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters == 384 * 168);
+
+  static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKVTileBytes = kBlockN * kHeadDim * 2;
+
+  static_assert(kHeadDim % 64 == 0, "head dim is stored as 64-element panels");
+  static_assert(kBlockN % 16 == 0, "kBlockN is the K extent of the P·V GEMM (k16 steps)");
+  static_assert(kBlockN <= 256 && kHeadDim <= 256, "wgmma N is at most 256");
+};
+
+}  // namespace warpattn::detail

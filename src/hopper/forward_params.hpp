@@ -1,0 +1,16 @@
+// Runtime arguments of the forward kernel besides its tensor maps.
+#pragma once
+#include <cstdint>
+
+namespace warpattn::detail {
+
+struct ForwardParams {
+  float* lse = nullptr;  // optional (B, Hq, Sq) fp32
+  int64_t lse_stride_batch = 0, lse_stride_head = 0, lse_stride_row = 0;
+  int batch = 0, heads_q = 0, seqlen_q = 0, seqlen_k = 0;
+  int kv_group = 1;      // query heads per key/value head (GQA)
+  int m_blocks = 0;      // query blocks per (batch, head)
+  float scale_log2 = 0;  // softmax_scale * log2(e): one FFMA + EX2 per score
+};
+
+}  // namespace warpattn::detail

@@ -1,0 +1,30 @@
+// Where a thread's registers sit in a wgmma m64nN f32 accumulator (PTX "Register Fragments"):
+// thread t of the warpgroup holds d[4j + 2r + c] = D[16 w + g + 8 r][8 j + 2 q + c] with
+// w = warp, g = lane / 4, q = lane % 4. A row is shared by the 4 lanes of a quad.
+#pragma once
+
+namespace warpattn::detail {
+
+struct FragmentCoords {
+  int warp, group, quad;
+  __device__ __forceinline__ explicit FragmentCoords(int thread_in_warpgroup)
+      : warp(thread_in_warpgroup / 32),
+        group((thread_in_warpgroup % 32) / 4),
+        quad(thread_in_warpgroup % 4) {}
+  // Row (within the warpgroup's 64) of register half r = 0, 1.
+  __device__ __forceinline__ int row(int r) const { return 16 * warp + group + 8 * r; }
+  // Column of register d[4 j + 2 r + c].
+  __device__ __forceinline__ int col(int j, int c) const { return 8 * j + 2 * quad + c; }
+};
+
+// Reductions across the quad that shares a row.
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+}  // namespace warpattn::detail

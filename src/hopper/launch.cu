@@ -1,0 +1,31 @@
+// Dispatch: dtype x head dim -> one instantiation (causal is chosen inside it).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "hopper/launch.hpp"
+#include "hopper/run_forward.cuh"
+
+namespace warpattn::detail {
+
+template <class Element>
+static void dispatch_head_dim(const ForwardProblem& p, const TensorView& q, const TensorView& k,
+                              const TensorView& v, const TensorView& out,
+                              const std::optional<TensorView>& lse, cudaStream_t stream) {
+  switch (p.head_dim) {
+    case 64: return run_forward_head_dim<Element, 64>(p, q, k, v, out, lse, stream);
+    case 128: return run_forward_head_dim<Element, 128>(p, q, k, v, out, lse, stream);
+    case 256: return run_forward_head_dim<Element, 256>(p, q, k, v, out, lse, stream);
+  }
+  throw Error("q: head dim " + std::to_string(p.head_dim) + " has no kernel");  // validated before
+}
+
+void launch_forward_sm90(const ForwardProblem& p, const TensorView& q, const TensorView& k,
+                         const TensorView& v, const TensorView& out,
+                         const std::optional<TensorView>& lse, cudaStream_t stream) {
+  if (p.dtype == DType::bf16)
+    dispatch_head_dim<__nv_bfloat16>(p, q, k, v, out, lse, stream);
+  else
+    dispatch_head_dim<__half>(p, q, k, v, out, lse, stream);
+}
+
+}  // namespace warpattn::detail

@@ -1,0 +1,19 @@
+// The host side of the Hopper forward kernel: tensor maps, launch configuration, launch.
+#pragma once
+
+#include <optional>
+
+#include "api/problem.hpp"
+
+namespace warpattn::detail {
+
+// Runs the forward kernel for a validated problem with batch, seqlen_q and seqlen_k >= 1.
+void launch_forward_sm90(const ForwardProblem& p, const TensorView& q, const TensorView& k,
+                         const TensorView& v, const TensorView& out,
+                         const std::optional<TensorView>& lse, cudaStream_t stream);
+
+// seqlen_k == 0 (and seqlen_q >= 1): every query row has no key, so out is zero and lse -inf.
+void fill_no_key_rows(const ForwardProblem& p, const TensorView& out,
+                      const std::optional<TensorView>& lse, cudaStream_t stream);
+
+}  // namespace warpattn::detail

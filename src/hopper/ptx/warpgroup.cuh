@@ -1,0 +1,68 @@
+// Warpgroup-level PTX: register reallocation (setmaxnreg), named barriers, wgmma
+// fence/commit/wait and the shared-memory matrix descriptor.
+#pragma once
+#include <cstdint>
+
+#include "hopper/ptx/arch_guard.cuh"
+
+namespace warpattn::ptx {
+
+// setmaxnreg: N must be a multiple of 8 in [24, 256]; all warps of the warpgroup execute it.
+template <int N>
+__device__ __forceinline__ void release_registers() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void acquire_registers() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+}
+
+// Named barriers (bar.sync / bar.arrive). Id 0 is __syncthreads; the thread count is a
+// multiple of 32. The id comes from a register because it depends on the consumer
+// warpgroup; ptxas then reserves all 16 ids, which costs nothing at one CTA per SM.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int Pending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(Pending) : "memory");
+}
+
+// Keeps the compiler from moving accesses of registers that an in-flight wgmma owns across
+// fence/wait (the asm names no registers otherwise).
+template <int N>
+__device__ __forceinline__ void pin(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void pin(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+template <int M, int N>
+__device__ __forceinline__ void pin(uint32_t (&r)[M][N]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i) pin(r[i]);
+}
+
+// Shared-memory matrix descriptor for a 128-byte-swizzled operand (sm_90 layout type 1).
+// Byte offsets: lbo = leading-dimension offset, sbo = stride between 8-row groups.
+// The base-offset field stays 0 (measured exact for TMA-written tiles).
+__device__ __forceinline__ uint64_t make_smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
+         (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+}
+
+}  // namespace warpattn::ptx

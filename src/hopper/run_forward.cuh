@@ -1,0 +1,69 @@
+// Host side of one forward instantiation: tensor maps, launch configuration, launch.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "api/problem.hpp"
+#include "hopper/forward_kernel.cuh"
+#include "hopper/kv_tiles.hpp"
+#include "hopper/tensor_map.hpp"
+
+namespace warpattn::detail {
+
+inline void check_launch(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(std::string(what) + ": " + cudaGetErrorString(e));
+  }
+}
+
+template <class Cfg>
+void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView& k,
+                 const TensorView& v, const TensorView& out, const std::optional<TensorView>& lse,
+                 cudaStream_t stream) {
+  const CUtensorMap tm_q = make_panel_tensor_map(q, "q", Cfg::kBlockM, Cfg::kPanels);
+  const CUtensorMap tm_k = make_panel_tensor_map(k, "k", Cfg::kBlockN, Cfg::kPanels);
+  const CUtensorMap tm_v = make_panel_tensor_map(v, "v", Cfg::kBlockN, Cfg::kPanels);
+  // O leaves one 64-row, 64-column panel per store (see epilogue.cuh).
+  const CUtensorMap tm_o = make_panel_tensor_map(out, "out", 64, 1);
+
+  ForwardParams params;
+  if (lse) {
+    params.lse = static_cast<float*>(lse->data);
+    params.lse_stride_batch = lse->stride[0];
+    params.lse_stride_head = lse->stride[1];
+    params.lse_stride_row = lse->stride[2];
+  }
+  params.batch = static_cast<int>(p.batch);
+  params.heads_q = static_cast<int>(p.heads_q);
+  params.seqlen_q = static_cast<int>(p.seqlen_q);
+  params.seqlen_k = static_cast<int>(p.seqlen_k);
+  params.kv_group = static_cast<int>(p.heads_q / p.heads_kv);
+  params.m_blocks = ceil_div(params.seqlen_q, Cfg::kBlockM);
+  params.scale_log2 = static_cast<float>(p.softmax_scale * 1.4426950408889634);
+
+  const int64_t blocks = static_cast<int64_t>(params.m_blocks) * p.heads_q * p.batch;
+  if (blocks > std::numeric_limits<int>::max())
+    throw Error("q: batch x heads x ceil(seqlen_q / 128) = " + std::to_string(blocks) +
+                " query blocks exceed the 2^31 - 1 CUDA grid limit");
+
+  auto kernel = attention_forward_kernel<Cfg>;
+  constexpr int kSmem = sizeof(SharedStorage<Cfg>);
+  check_launch(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+               "attention_forward_kernel: setting its shared-memory size");
+  kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, kSmem, stream>>>(tm_q, tm_k, tm_v, tm_o,
+                                                                         params);
+  check_launch(cudaGetLastError(), "attention_forward_kernel: launch failed");
+}
+
+// Declared here, defined (explicitly instantiated) in forward_<dtype>_d<dim>.cu, one file per
+// dtype and head dim so that builds spread over cores.
+template <class Element, int kHeadDim>
+void run_forward_head_dim(const ForwardProblem& p, const TensorView& q, const TensorView& k,
+                          const TensorView& v, const TensorView& out,
+                          const std::optional<TensorView>& lse, cudaStream_t stream);
+
+}  // namespace warpattn::detail

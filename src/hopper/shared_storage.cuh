@@ -1,0 +1,21 @@
+// Shared-memory layout of the forward kernel: Q once, a ring of K and V stages, barriers.
+// Every tile is a stack of 64-column panels, [panel][row][128 B], 128B-swizzled by TMA and
+// 1024-byte aligned so the swizzle's row phase is the row index mod 8.
+#pragma once
+#include <cstdint>
+
+namespace warpattn::detail {
+
+template <class Cfg>
+struct SharedStorage {
+  alignas(1024) uint8_t q[Cfg::kQTileBytes];  // reused for the O tile in the epilogue
+  alignas(1024) uint8_t k[Cfg::kStages][Cfg::kKVTileBytes];
+  alignas(1024) uint8_t v[Cfg::kStages][Cfg::kKVTileBytes];
+  alignas(8) uint64_t q_full;
+  uint64_t k_full[Cfg::kStages];
+  uint64_t k_empty[Cfg::kStages];
+  uint64_t v_full[Cfg::kStages];
+  uint64_t v_empty[Cfg::kStages];
+};
+
+}  // namespace warpattn::detail

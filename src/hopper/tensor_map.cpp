@@ -1,0 +1,60 @@
+#include "hopper/tensor_map.hpp"
+
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace warpattn::detail {
+namespace {
+
+// The driver's encoder, reached through the runtime so the library needs no -lcuda.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                           cudaEnableDefault, &found);
+    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) {
+      cudaGetLastError();
+      throw Error(std::string("cuTensorMapEncodeTiled is not available from the CUDA driver: ") +
+                  cudaGetErrorString(e));
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+}  // namespace
+
+CUtensorMap make_panel_tensor_map(const TensorView& t, const char* name, int box_rows,
+                                  int box_panels) {
+  const int64_t batch = t.shape[0], seqlen = t.shape[1], heads = t.shape[2], dim = t.shape[3];
+  const int64_t esize = dtype_size(t.dtype);
+  // A dimension of size 1 is never stepped over; give it a natural stride so that an
+  // arbitrary one (PyTorch keeps any stride there) cannot upset the encoder.
+  auto stride_bytes = [&](int axis, int64_t natural) {
+    return static_cast<cuuint64_t>((t.shape[axis] == 1 ? natural : t.stride[axis]) * esize);
+  };
+  const cuuint64_t dims[5] = {64, static_cast<cuuint64_t>(seqlen), static_cast<cuuint64_t>(dim / 64),
+                              static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
+  const cuuint64_t strides[4] = {stride_bytes(1, heads * dim), 128, stride_bytes(2, dim),
+                                 stride_bytes(0, seqlen * heads * dim)};
+  const cuuint32_t box[5] = {64, static_cast<cuuint32_t>(box_rows), static_cast<cuuint32_t>(box_panels), 1, 1};
+  const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
+  const CUtensorMapDataType type = t.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                          : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  CUtensorMap map;
+  const CUresult r = tensor_map_encoder()(
+      &map, type, 5, t.data, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw Error(std::string(name) + ": cuTensorMapEncodeTiled failed (CUresult " +
+                std::to_string(static_cast<int>(r)) + ") for a tensor of shape (" +
+                std::to_string(batch) + ", " + std::to_string(seqlen) + ", " +
+                std::to_string(heads) + ", " + std::to_string(dim) + ")");
+  return map;
+}
+
+}  // namespace warpattn::detail

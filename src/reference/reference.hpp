@@ -1,0 +1,57 @@
+// The CPU reference for exact attention: what every GPU result is judged against.
+//
+// Straightforward two-pass softmax per query row (scores, then max-subtracted exponentials),
+// in fp64 by default; an fp32 variant of the same algorithm shows how much of a GPU error is
+// simply fp32 accumulation. Inputs are the values the GPU sees (already rounded to fp16/bf16
+// and widened to float), in contiguous row-major arrays:
+//   q: [B][Sq][Hq][D]    k, v: [B][Sk][Hkv][D]    out: [B][Sq][Hq][D]    lse: [B][Hq][Sq]
+#pragma once
+
+#include <cstdint>
+
+namespace warpattn::reference {
+
+struct AttentionShape {
+  int64_t batch = 0;
+  int64_t seqlen_q = 0;
+  int64_t seqlen_k = 0;
+  int64_t heads_q = 0;
+  int64_t heads_kv = 0;
+  int64_t head_dim = 0;
+  double softmax_scale = 1.0;
+  // Bottom-right aligned: query `row` sees key j iff j <= row + seqlen_k - seqlen_q.
+  bool causal = false;
+};
+
+// How many keys query `row` sees: all of them, or the causal prefix (0 when the row's diagonal
+// lies before the first key, which happens when seqlen_q > seqlen_k).
+int64_t visible_keys(const AttentionShape& s, int64_t row);
+
+// One output row: batch b, query head h, query position `row`. Query head h reads key/value
+// head h / (Hq / Hkv). Writes head_dim values to out_row and the natural-log log-sum-exp of
+// the scaled scores to *lse (lse may be null). A row with no visible key gets zeros and -inf.
+void attention_row(const AttentionShape& s, const float* q, const float* k, const float* v,
+                   int64_t b, int64_t h, int64_t row, double* out_row, double* lse);
+
+// The same algorithm with every sum, exponential and product in float32.
+void attention_row_fp32(const AttentionShape& s, const float* q, const float* k, const float* v,
+                        int64_t b, int64_t h, int64_t row, float* out_row, float* lse);
+
+// Every row, spread over std::thread::hardware_concurrency() threads. lse may be null.
+void attention(const AttentionShape& s, const float* q, const float* k, const float* v, double* out,
+               double* lse);
+
+// How far `got` (a GPU result widened to float) is from `want` (the reference).
+struct ErrorStats {
+  double rel_l2 = 0;         // ||got - want|| / ||want||; infinite if any got is NaN
+  double max_abs = 0;        // largest |got - want|; infinite if any got is NaN
+  int64_t nan_count = 0;     // NaNs in got
+  int64_t worst_index = -1;  // where max_abs occurs (the first NaN if there is one); -1 if n == 0
+};
+
+// Infinite `want` values (the -inf lse of rows with no visible key) match only an identical
+// `got` and are left out of both norms; any other `got` there counts as an infinite error.
+// If ||want|| is zero, rel_l2 is 0 when got matches exactly and infinite otherwise.
+ErrorStats compare(const float* got, const double* want, int64_t n);
+
+}  // namespace warpattn::reference

@@ -1,0 +1,151 @@
+// Shared by the GPU tests: device detection (skip with a reason), error checks, device-side
+// random fill, and strided attention tensors with host copies of what the GPU sees.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/host_float16.hpp"
+#include "harness.hpp"
+#include "warpattn/warpattn.hpp"
+
+namespace gpu_test {
+
+// Empty when an sm_90 device is present, else why not.
+inline std::string why_no_hopper() {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return std::string("no CUDA device: ") + cudaGetErrorString(e);
+  }
+  if (count == 0) return "no CUDA device";
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  if (major != 9) return "device 0 is sm_" + std::to_string(major) + std::to_string(minor) + ", not sm_90";
+  return "";
+}
+
+#define REQUIRE_HOPPER()                                   \
+  do {                                                     \
+    const std::string why_ = gpu_test::why_no_hopper();    \
+    if (!why_.empty()) SKIP("needs an sm_90 GPU: " + why_); \
+  } while (0)
+
+#define CUDA_OK(call)                                                               \
+  do {                                                                              \
+    const cudaError_t e_ = (call);                                                  \
+    REQUIRE(e_ == cudaSuccess) << #call << " -> " << cudaGetErrorString(e_);        \
+  } while (0)
+
+// A seed that differs on every run: fresh random data each time (printed for replay).
+inline uint64_t fresh_seed() {
+  static std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+__host__ __device__ inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Fills the logical elements of a strided (B, S, H, D) 16-bit tensor with N(0, 1) values
+// (Box-Muller on a counter hash) rounded to bf16 or fp16.
+__global__ void fill_normal_kernel(uint16_t* base, int64_t b_n, int64_t s_n, int64_t h_n, int64_t d_n,
+                                   int64_t sb, int64_t ss, int64_t sh, uint64_t seed, bool bf16) {
+  const int64_t n = b_n * s_n * h_n * d_n;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint64_t r = splitmix64(seed ^ (static_cast<uint64_t>(i) * 0xD1B54A32D192ED03ull));
+    const float u1 = (static_cast<float>(r >> 40) + 1.f) / 16777217.f;  // (0, 1]
+    const float u2 = static_cast<float>((r >> 16) & 0xFFFFFF) / 16777216.f;
+    const float x = sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
+    const int64_t d = i % d_n, h = (i / d_n) % h_n, s = (i / d_n / h_n) % s_n, b = i / d_n / h_n / s_n;
+    uint16_t bits;
+    if (bf16) {
+      const __nv_bfloat16 v = __float2bfloat16_rn(x);
+      memcpy(&bits, &v, 2);
+    } else {
+      const __half v = __float2half_rn(x);
+      memcpy(&bits, &v, 2);
+    }
+    base[b * sb + s * ss + h * sh + d] = bits;
+  }
+}
+
+// A device (B, S, H, D) tensor whose allocation may be larger than its view (padded head,
+// sequence and batch strides: gaps that the kernel must never write).
+struct DeviceTensor {
+  warpattn::TensorView view;
+  uint16_t* mem = nullptr;
+  int64_t alloc_elems = 0;
+
+  DeviceTensor(warpattn::DType dtype, int64_t b, int64_t s, int64_t h, int64_t d, bool padded) {
+    const int64_t hs = padded ? d + 64 : d;  // head stride
+    const int64_t ss = h * hs + (padded ? 8 : 0);
+    const int64_t bs = s * ss + (padded ? 136 : 0);
+    view.dtype = dtype;
+    view.rank = 4;
+    const int64_t shape[4] = {b, s, h, d}, stride[4] = {bs, ss, hs, 1};
+    for (int i = 0; i < 4; ++i) view.shape[i] = shape[i], view.stride[i] = stride[i];
+    alloc_elems = std::max<int64_t>(b * bs, 1) + 64;
+    if (cudaMalloc(&mem, alloc_elems * 2) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
+    view.data = mem;
+  }
+  ~DeviceTensor() { cudaFree(mem); }
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+
+  void fill_normal(uint64_t seed) {
+    fill_normal_kernel<<<1024, 256>>>(mem, view.shape[0], view.shape[1], view.shape[2], view.shape[3],
+                                     view.stride[0], view.stride[1], view.stride[2], seed,
+                                     view.dtype == warpattn::DType::bf16);
+  }
+  void poison() { cudaMemset(mem, 0xFF, alloc_elems * 2); }  // NaN in fp16 and bf16
+
+  std::vector<uint16_t> raw() const {
+    std::vector<uint16_t> h(alloc_elems);
+    cudaMemcpy(h.data(), mem, alloc_elems * 2, cudaMemcpyDeviceToHost);
+    return h;
+  }
+  float to_float(uint16_t bits) const {
+    return view.dtype == warpattn::DType::bf16 ? warpattn::host::bf16_to_float(bits)
+                                               : warpattn::host::f16_to_float(bits);
+  }
+  // The logical elements, contiguous [B][S][H][D], as floats.
+  std::vector<float> logical(const std::vector<uint16_t>& r) const {
+    const auto& v = view;
+    std::vector<float> out(v.shape[0] * v.shape[1] * v.shape[2] * v.shape[3]);
+    int64_t i = 0;
+    for (int64_t b = 0; b < v.shape[0]; ++b)
+      for (int64_t s = 0; s < v.shape[1]; ++s)
+        for (int64_t h = 0; h < v.shape[2]; ++h)
+          for (int64_t d = 0; d < v.shape[3]; ++d)
+            out[i++] = to_float(r[b * v.stride[0] + s * v.stride[1] + h * v.stride[2] + d]);
+    return out;
+  }
+  // Counts allocation elements outside the view that no longer hold the 0xFFFF poison.
+  int64_t written_outside_view(const std::vector<uint16_t>& r) const {
+    std::vector<char> inside(alloc_elems, 0);
+    const auto& v = view;
+    for (int64_t b = 0; b < v.shape[0]; ++b)
+      for (int64_t s = 0; s < v.shape[1]; ++s)
+        for (int64_t h = 0; h < v.shape[2]; ++h)
+          memset(&inside[b * v.stride[0] + s * v.stride[1] + h * v.stride[2]], 1, v.shape[3]);
+    int64_t n = 0;
+    for (int64_t i = 0; i < alloc_elems; ++i) n += !inside[i] && r[i] != 0xFFFF;
+    return n;
+  }
+};
+
+}  // namespace gpu_test

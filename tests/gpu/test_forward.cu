@@ -1,0 +1,341 @@
+// GPU tests of warpattn::forward against the CPU reference, on fresh random data with the
+// outputs poisoned (NaN) before every run. Skips with the reason where no sm_90 GPU exists.
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+#include <thread>
+
+#include "gpu_test_support.cuh"
+#include "reference/reference.hpp"
+
+using gpu_test::DeviceTensor;
+using warpattn::DType;
+
+namespace {
+
+struct Case {
+  DType dtype = DType::bf16;
+  int head_dim = 128;
+  bool causal = false;
+  int64_t batch = 1, seqlen_q = 128, seqlen_k = 128, heads_q = 8, heads_kv = 8;
+  bool padded = false;  // non-contiguous batch / sequence / head strides
+  bool with_lse = true;
+};
+
+struct Outcome {
+  double rel_l2 = 0, max_abs = 0, lse_max_err = 0;
+  int64_t nan = 0, written_outside = 0, lse_written_outside = 0, rows = 0;
+};
+
+std::string describe(const Case& c) {
+  char buf[200];
+  snprintf(buf, sizeof buf, "%s d=%d %s B=%lld Sq=%lld Sk=%lld Hq=%lld Hkv=%lld%s%s",
+           c.dtype == DType::bf16 ? "bf16" : "fp16", c.head_dim, c.causal ? "causal" : "full",
+           (long long)c.batch, (long long)c.seqlen_q, (long long)c.seqlen_k, (long long)c.heads_q,
+           (long long)c.heads_kv, c.padded ? " strided" : "", c.with_lse ? "" : " no-lse");
+  return buf;
+}
+
+// The (b, h, row) triples to check: all of them when the reference is cheap, else the first
+// and last rows of every (b, h) plus random ones.
+std::vector<int64_t> rows_to_check(const Case& c, std::mt19937_64& rng) {
+  std::vector<int64_t> rows;
+  const double work = double(c.batch) * c.heads_q * c.seqlen_q * c.seqlen_k * c.head_dim;
+  for (int64_t bh = 0; bh < c.batch * c.heads_q; ++bh) {
+    if (work <= 3e8) {
+      for (int64_t r = 0; r < c.seqlen_q; ++r) rows.push_back(bh * c.seqlen_q + r);
+      continue;
+    }
+    std::vector<int64_t> pick = {0, 1, c.seqlen_q - 2, c.seqlen_q - 1};
+    for (int i = 0; i < 60; ++i) pick.push_back(static_cast<int64_t>(rng() % c.seqlen_q));
+    std::sort(pick.begin(), pick.end());
+    pick.erase(std::unique(pick.begin(), pick.end()), pick.end());
+    for (int64_t r : pick)
+      if (r >= 0 && r < c.seqlen_q) rows.push_back(bh * c.seqlen_q + r);
+  }
+  return rows;
+}
+
+template <class F>
+void parallel_for(int64_t n, F f) {
+  const int threads = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      for (int64_t i = t; i < n; i += threads) f(i);
+    });
+  for (auto& th : pool) th.join();
+}
+
+Outcome run_case(const Case& c, uint64_t seed) {
+  Outcome res;
+  DeviceTensor q(c.dtype, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.padded);
+  DeviceTensor k(c.dtype, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.padded);
+  DeviceTensor v(c.dtype, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.padded);
+  DeviceTensor out(c.dtype, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.padded);
+  q.fill_normal(seed);
+  k.fill_normal(seed + 1);
+  v.fill_normal(seed + 2);
+  out.poison();
+  // LSE with a padded row stride when the tensors are strided.
+  const int64_t lse_row_stride = c.padded ? 2 : 1;
+  const int64_t lse_head_stride = c.seqlen_q * lse_row_stride + (c.padded ? 4 : 0);
+  const int64_t lse_elems = c.batch * c.heads_q * lse_head_stride + 8;
+  float* lse_mem = nullptr;
+  if (cudaMalloc(&lse_mem, lse_elems * 4) != cudaSuccess) throw std::runtime_error("cudaMalloc lse");
+  cudaMemset(lse_mem, 0xFF, lse_elems * 4);
+  std::optional<warpattn::TensorView> lse;
+  if (c.with_lse) {
+    warpattn::TensorView l;
+    l.data = lse_mem;
+    l.dtype = DType::f32;
+    l.rank = 3;
+    l.shape[0] = c.batch, l.shape[1] = c.heads_q, l.shape[2] = c.seqlen_q;
+    l.stride[0] = c.heads_q * lse_head_stride, l.stride[1] = lse_head_stride, l.stride[2] = lse_row_stride;
+    lse = l;
+  }
+  if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("setup failed");
+
+  warpattn::forward(q.view, k.view, v.view, out.view, lse, {}, nullptr);
+  const cudaError_t e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) throw std::runtime_error(std::string("kernel failed: ") + cudaGetErrorString(e));
+
+  const auto out_raw = out.raw();
+  res.written_outside = out.written_outside_view(out_raw);
+  const auto got = out.logical(out_raw);
+  std::vector<float> lse_host(lse_elems);
+  cudaMemcpy(lse_host.data(), lse_mem, lse_elems * 4, cudaMemcpyDeviceToHost);
+  cudaFree(lse_mem);
+
+  const auto qf = q.logical(q.raw()), kf = k.logical(k.raw()), vf = v.logical(v.raw());
+  warpattn::reference::AttentionShape shape{c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv,
+                                            c.head_dim, 1.0 / std::sqrt(double(c.head_dim)), c.causal};
+  std::mt19937_64 rng(seed);
+  const auto rows = rows_to_check(c, rng);  // index = (b * Hq + h) * Sq + row
+  const int64_t D = c.head_dim;
+  std::vector<double> want(rows.size() * D), want_lse(rows.size());
+  std::vector<float> got_rows(rows.size() * D), got_lse(rows.size());
+  parallel_for(static_cast<int64_t>(rows.size()), [&](int64_t i) {
+    const int64_t bh = rows[i] / c.seqlen_q, row = rows[i] % c.seqlen_q;
+    const int64_t b = bh / c.heads_q, h = bh % c.heads_q;
+    warpattn::reference::attention_row(shape, qf.data(), kf.data(), vf.data(), b, h, row,
+                                       &want[i * D], &want_lse[i]);
+    std::copy_n(&got[((b * c.seqlen_q + row) * c.heads_q + h) * D], D, &got_rows[i * D]);
+    got_lse[i] = lse_host[b * c.heads_q * lse_head_stride + h * lse_head_stride + row * lse_row_stride];
+  });
+  const auto stats = warpattn::reference::compare(got_rows.data(), want.data(), static_cast<int64_t>(want.size()));
+  res.rel_l2 = stats.rel_l2;
+  res.max_abs = stats.max_abs;
+  res.nan = stats.nan_count;
+  res.rows = static_cast<int64_t>(rows.size());
+  if (c.with_lse) {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const double w = want_lse[i], g = got_lse[i];
+      const double err = std::isinf(w) ? (g == w ? 0.0 : INFINITY) : std::fabs(g - w);
+      res.lse_max_err = std::max(res.lse_max_err, std::isnan(g) ? INFINITY : err);
+    }
+    // Every LSE slot outside the view must still hold the poison.
+    std::vector<char> inside(lse_elems, 0);
+    for (int64_t b = 0; b < c.batch; ++b)
+      for (int64_t h = 0; h < c.heads_q; ++h)
+        for (int64_t r = 0; r < c.seqlen_q; ++r)
+          inside[b * c.heads_q * lse_head_stride + h * lse_head_stride + r * lse_row_stride] = 1;
+    for (int64_t i = 0; i < lse_elems; ++i) {
+      uint32_t bits;
+      memcpy(&bits, &lse_host[i], 4);
+      res.lse_written_outside += !inside[i] && bits != 0xFFFFFFFFu;
+    }
+  }
+  return res;
+}
+
+double tolerance(DType t) { return t == DType::bf16 ? 5e-3 : 1e-3; }
+
+void check_case(const Case& c) {
+  const uint64_t seed = gpu_test::fresh_seed();
+  const Outcome r = run_case(c, seed);
+  const bool ok = r.nan == 0 && r.rel_l2 <= tolerance(c.dtype) && r.written_outside == 0 &&
+                  (!c.with_lse || (r.lse_max_err <= 1e-4 && r.lse_written_outside == 0));
+  printf("    %-58s rows %6lld  relL2 %.2e  max|d| %.2e  lse %.1e  %s\n", describe(c).c_str(),
+         (long long)r.rows, r.rel_l2, r.max_abs, r.lse_max_err, ok ? "ok" : "FAIL");
+  CHECK(r.nan == 0) << describe(c) << " NaN in output: " << r.nan << " seed " << seed;
+  CHECK(r.rel_l2 <= tolerance(c.dtype)) << describe(c) << " rel L2 " << r.rel_l2 << " seed " << seed;
+  CHECK(r.written_outside == 0) << describe(c) << " wrote " << r.written_outside << " elements outside out";
+  if (c.with_lse) {
+    CHECK(r.lse_max_err <= 1e-4) << describe(c) << " LSE error " << r.lse_max_err << " seed " << seed;
+    CHECK(r.lse_written_outside == 0) << describe(c) << " wrote " << r.lse_written_outside << " outside lse";
+  }
+}
+
+// The matrix of the issue: every GQA ratio (1, 4, all heads on one KV head) and sequence
+// shape for one dtype x head dim x causal.
+void run_matrix(DType dtype, int head_dim, bool causal) {
+  REQUIRE_HOPPER();
+  const int64_t seqlens[][2] = {{1, 1},       {17, 17},     {128, 128},   {1000, 1000}, {4097, 4097},
+                                {16385, 16385}, {1000, 4097}, {4097, 1000}, {1, 1000},    {128, 17}};
+  const int64_t kv_heads[] = {8, 2, 1};
+  for (const auto& s : seqlens)
+    for (int64_t hkv : kv_heads) {
+      Case c;
+      c.dtype = dtype, c.head_dim = head_dim, c.causal = causal;
+      c.seqlen_q = s[0], c.seqlen_k = s[1];
+      c.batch = std::max<int64_t>(s[0], s[1]) > 4096 ? 1 : 2;
+      c.heads_q = 8, c.heads_kv = hkv;
+      c.padded = hkv == 2;  // one ratio in three runs on non-contiguous strides
+      check_case(c);
+    }
+}
+
+}  // namespace
+
+TEST(forward_bf16_d64_full) { run_matrix(DType::bf16, 64, false); }
+TEST(forward_bf16_d64_causal) { run_matrix(DType::bf16, 64, true); }
+TEST(forward_bf16_d128_full) { run_matrix(DType::bf16, 128, false); }
+TEST(forward_bf16_d128_causal) { run_matrix(DType::bf16, 128, true); }
+TEST(forward_bf16_d256_full) { run_matrix(DType::bf16, 256, false); }
+TEST(forward_bf16_d256_causal) { run_matrix(DType::bf16, 256, true); }
+TEST(forward_f16_d64_full) { run_matrix(DType::f16, 64, false); }
+TEST(forward_f16_d64_causal) { run_matrix(DType::f16, 64, true); }
+TEST(forward_f16_d128_full) { run_matrix(DType::f16, 128, false); }
+TEST(forward_f16_d128_causal) { run_matrix(DType::f16, 128, true); }
+TEST(forward_f16_d256_full) { run_matrix(DType::f16, 256, false); }
+TEST(forward_f16_d256_causal) { run_matrix(DType::f16, 256, true); }
+
+// ---- beyond the matrix
+
+TEST(forward_without_lse_and_custom_scale) {
+  REQUIRE_HOPPER();
+  Case c;
+  c.with_lse = false;
+  c.seqlen_q = 300, c.seqlen_k = 777, c.heads_kv = 4;
+  check_case(c);
+  c.dtype = DType::f16, c.head_dim = 64, c.causal = true;
+  check_case(c);
+}
+
+// A race shows as results that move between runs on the same inputs.
+TEST(forward_is_deterministic) {
+  REQUIRE_HOPPER();
+  for (bool causal : {false, true}) {
+    DeviceTensor q(DType::bf16, 2, 3000, 4, 128, false), k(DType::bf16, 2, 3000, 2, 128, false),
+        v(DType::bf16, 2, 3000, 2, 128, false), o(DType::bf16, 2, 3000, 4, 128, false);
+    const uint64_t seed = gpu_test::fresh_seed();
+    q.fill_normal(seed), k.fill_normal(seed + 1), v.fill_normal(seed + 2);
+    std::vector<uint16_t> first;
+    for (int run = 0; run < 5; ++run) {
+      o.poison();
+      warpattn::ForwardOptions opt;
+      opt.causal = causal;
+      warpattn::forward(q.view, k.view, v.view, o.view, std::nullopt, opt, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      auto r = o.raw();
+      if (run == 0) first = r;
+      else CHECK(r == first) << "run " << run << " differs from run 0 (causal " << causal << ")";
+    }
+  }
+}
+
+// The stream argument is honoured: work queued on a busy stream runs after what precedes it.
+TEST(forward_runs_on_the_given_stream) {
+  REQUIRE_HOPPER();
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DeviceTensor q(DType::bf16, 1, 2048, 4, 64, false), k(DType::bf16, 1, 2048, 4, 64, false),
+      v(DType::bf16, 1, 2048, 4, 64, false), o(DType::bf16, 1, 2048, 4, 64, false),
+      ref(DType::bf16, 1, 2048, 4, 64, false);
+  const uint64_t seed = gpu_test::fresh_seed();
+  q.fill_normal(seed), k.fill_normal(seed + 1), v.fill_normal(seed + 2);
+  warpattn::forward(q.view, k.view, v.view, ref.view, std::nullopt, {}, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  o.poison();
+  CUDA_OK(cudaDeviceSynchronize());
+  // Refill v on the stream, then attend on it: the result must use the new v.
+  gpu_test::fill_normal_kernel<<<1024, 256, 0, stream>>>(v.mem, 1, 2048, 4, 64, v.view.stride[0],
+                                                         v.view.stride[1], v.view.stride[2], seed + 7, true);
+  warpattn::forward(q.view, k.view, v.view, o.view, std::nullopt, {}, stream);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  DeviceTensor again(DType::bf16, 1, 2048, 4, 64, false);
+  warpattn::forward(q.view, k.view, v.view, again.view, std::nullopt, {}, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  CHECK(o.raw() == again.raw()) << "result on the stream differs from the same call on the default stream";
+  CHECK(o.raw() != ref.raw()) << "v was refilled on the stream, yet the output did not change";
+  cudaStreamDestroy(stream);
+}
+
+// seqlen_k == 0: every row has no key: O = 0, LSE = -inf. An empty batch writes nothing.
+TEST(forward_zero_length_keys_and_empty_batch) {
+  REQUIRE_HOPPER();
+  DeviceTensor q(DType::f16, 2, 33, 4, 128, true), k(DType::f16, 2, 0, 2, 128, false),
+      v(DType::f16, 2, 0, 2, 128, false), o(DType::f16, 2, 33, 4, 128, true);
+  q.fill_normal(1);
+  o.poison();
+  float* lse_mem;
+  CUDA_OK(cudaMalloc(&lse_mem, 2 * 4 * 33 * 4));
+  CUDA_OK(cudaMemset(lse_mem, 0, 2 * 4 * 33 * 4));
+  const int64_t lse_shape[3] = {2, 4, 33};
+  const auto lse = warpattn::make_contiguous_view(lse_mem, DType::f32, 3, lse_shape);
+  warpattn::forward(q.view, k.view, v.view, o.view, lse, {}, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto raw = o.raw();
+  CHECK(o.written_outside_view(raw) == 0);
+  const auto vals = o.logical(raw);
+  CHECK(std::all_of(vals.begin(), vals.end(), [](float x) { return x == 0.f; })) << "O rows must be zero";
+  std::vector<float> l(2 * 4 * 33);
+  CUDA_OK(cudaMemcpy(l.data(), lse_mem, l.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK(std::all_of(l.begin(), l.end(), [](float x) { return std::isinf(x) && x < 0; })) << "LSE must be -inf";
+  cudaFree(lse_mem);
+
+  DeviceTensor q0(DType::f16, 0, 33, 4, 128, false), k0(DType::f16, 0, 40, 2, 128, false),
+      v0(DType::f16, 0, 40, 2, 128, false), o0(DType::f16, 0, 33, 4, 128, false);
+  o0.poison();
+  warpattn::forward(q0.view, k0.view, v0.view, o0.view, std::nullopt, {}, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto raw0 = o0.raw();
+  CHECK(std::all_of(raw0.begin(), raw0.end(), [](uint16_t x) { return x == 0xFFFF; }));
+}
+
+// 64K tokens against an fp32 reference, elementwise (FlashAttention-3's parity bound).
+void check_64k(bool causal) {
+  REQUIRE_HOPPER();
+  const int64_t S = 65536, H = 2, D = 128;
+  DeviceTensor q(DType::bf16, 1, S, H, D, false), k(DType::bf16, 1, S, H, D, false),
+      v(DType::bf16, 1, S, H, D, false), o(DType::bf16, 1, S, H, D, false);
+  const uint64_t seed = gpu_test::fresh_seed();
+  q.fill_normal(seed), k.fill_normal(seed + 1), v.fill_normal(seed + 2);
+  o.poison();
+  warpattn::ForwardOptions opt;
+  opt.causal = causal;
+  warpattn::forward(q.view, k.view, v.view, o.view, std::nullopt, opt, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto got = o.logical(o.raw());
+  const auto qf = q.logical(q.raw()), kf = k.logical(k.raw()), vf = v.logical(v.raw());
+  warpattn::reference::AttentionShape shape{1, S, S, H, H, D, 1.0 / std::sqrt(double(D)), causal};
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> rows = {0, 1, 2, 100, S - 1};
+  for (int i = 0; i < 40; ++i) rows.push_back(static_cast<int64_t>(rng() % S));
+  std::vector<double> worst(rows.size() * H, 0), excess(rows.size() * H, 0);
+  parallel_for(static_cast<int64_t>(rows.size() * H), [&](int64_t i) {
+    const int64_t row = rows[i / H], h = i % H;
+    std::vector<float> want(D);
+    float lse;
+    warpattn::reference::attention_row_fp32(shape, qf.data(), kf.data(), vf.data(), 0, h, row, want.data(), &lse);
+    for (int64_t d = 0; d < D; ++d) {
+      const float g = got[(row * H + h) * D + d];
+      const double delta = std::isnan(g) ? INFINITY : std::fabs(double(g) - want[d]);
+      const double ulp = want[d] == 0.f ? 0.0 : std::ldexp(1.0, std::ilogb(want[d]) - 7);
+      const double bound = 1.5e-3 + (causal ? ulp : 0.0);
+      worst[i] = std::max(worst[i], delta);
+      excess[i] = std::max(excess[i], delta - bound);
+    }
+  });
+  const double max_delta = *std::max_element(worst.begin(), worst.end());
+  const double max_excess = *std::max_element(excess.begin(), excess.end());
+  printf("    64K %s: max |delta| %.3e over %zu rows x %lld heads (bound 1.5e-3%s)\n",
+         causal ? "causal" : "full", max_delta, rows.size(), (long long)H, causal ? " + 1 ulp" : "");
+  CHECK(max_excess <= 0) << "max |delta| " << max_delta << " exceeds the bound by " << max_excess
+                         << " seed " << seed;
+}
+TEST(forward_64k_tokens_full) { check_64k(false); }
+TEST(forward_64k_tokens_causal) { check_64k(true); }
+
+HARNESS_MAIN()
