@@ -24,7 +24,7 @@ fi
 if stage forward; then
   timeout -k 5 ${FORWARD_TIMEOUT:-400} ./build/test_gpu_forward ${FORWARD_FILTER:-} > "$OUT/forward.log" 2>&1
   echo "forward rc=$?: $(tail -1 "$OUT/forward.log")"
-  grep -E "FAIL|failed|64K" "$OUT/forward.log" | head -40
+  grep -E "FAIL|failed|64K" "$OUT/forward.log" | head -${FORWARD_LINES:-40}
 fi
 if stage sanitize; then
   timeout -k 5 300 compute-sanitizer --tool racecheck ./build/test_gpu_forward forward_is_deterministic > "$OUT/racecheck.log" 2>&1

@@ -316,7 +316,7 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
 
   // h. innermost dimension contiguous
   for (const Arg* a : attention_args) check_last_dim_contiguous(*a);
-  if (lse) check_last_dim_contiguous(alse);
+  // lse is written from registers, not by TMA: any positive strides will do.
 
   // i. alignment and strides
   for (const Arg* a : attention_args) check_alignment_and_strides(*a, kTmaAlignBytes, true);

@@ -23,8 +23,8 @@
 
 namespace warpattn::detail {
 
-// Ping-pong turns. Both warpgroups take exactly n_tiles + 1 turns; warpgroup 1 hands
-// warpgroup 0 the first turn, and skips handing over after its own last turn so that no
+// Ping-pong turns. Both warpgroups of a CTA take the same number of turns; warpgroup 1 hands
+// warpgroup 0 the first turn, and does not hand over after its own last turn, so that no
 // arrival is left pending at exit.
 struct PingPong {
   int warpgroup;
@@ -33,6 +33,12 @@ struct PingPong {
   }
   __device__ __forceinline__ void pass_turn() const {
     ptx::named_barrier_arrive(Barrier::kTurn0 + (warpgroup ^ 1), 256);
+  }
+  __device__ __forceinline__ void start() const {
+    if (warpgroup == 1) pass_turn();
+  }
+  __device__ __forceinline__ void pass_last_turn() const {
+    if (warpgroup == 0) pass_turn();
   }
 };
 
@@ -57,7 +63,7 @@ __device__ __forceinline__ void run_consumer(SharedStorage<Cfg>& ss, const Forwa
 #pragma unroll
   for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
   if (n_tiles <= 0) return;
-  if (warpgroup == 1) turns.pass_turn();
+  turns.start();
 
   float s[kS];
   uint32_t p[Cfg::kBlockN / 16][4];
@@ -123,10 +129,70 @@ __device__ __forceinline__ void run_consumer(SharedStorage<Cfg>& ss, const Forwa
     pin(p);
     issue_pv_gemm<Cfg>(o, p, smem_addr(ss.v[vs.stage]));
     wgmma_commit();
-    if (warpgroup == 0) turns.pass_turn();
+    turns.pass_last_turn();
     wgmma_wait<0>();
     pin(o);
     release_slot(&ss.v_empty[vs.stage]);
+  }
+}
+
+// The same attention with P carried in two 16-bit parts and no overlap inside the warpgroup.
+// Used for the query blocks whose rows see few keys (the start of a causal sequence, short
+// key sequences): there each output row is an average of few V rows, so rounding P to bf16
+// (2^-9 relative) would show directly in O, while these blocks are too short for the overlap
+// to matter. Both warpgroups of a CTA take 2 turns per tile.
+template <class Cfg>
+__device__ __forceinline__ void run_consumer_precise(SharedStorage<Cfg>& ss,
+                                                     const ForwardParams& params, int warpgroup,
+                                                     int m_block, int n_tiles,
+                                                     float (&o)[Cfg::kHeadDim / 2],
+                                                     OnlineSoftmax& softmax) {
+  using namespace ptx;
+  const FragmentCoords f(threadIdx.x % 128);
+  const PingPong turns{warpgroup};
+  const int m_start = m_block * Cfg::kBlockM;
+  const int row0 = m_start + warpgroup * 64 + f.row(0);
+  const uint32_t q_rows = smem_addr(ss.q) + warpgroup * 64 * 128;
+
+#pragma unroll
+  for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
+  if (n_tiles <= 0) return;
+  turns.start();
+  mbarrier_wait(smem_addr(&ss.q_full), 0);
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int n = n_tiles - 1 - it;
+    const RingSlot slot = ring_slot<Cfg::kStages>(it);
+    float s[Cfg::kBlockN / 2];
+    turns.wait_turn();
+    mbarrier_wait(smem_addr(&ss.k_full[slot.stage]), slot.phase);
+    issue_qk_gemm<Cfg>(s, q_rows, smem_addr(ss.k[slot.stage]));
+    wgmma_commit();
+    turns.pass_turn();
+    wgmma_wait<0>();
+    pin(s);
+    release_slot(&ss.k_empty[slot.stage]);
+    if (kv_tile_needs_mask(n, Cfg::kBlockN, m_start, params.seqlen_q, params.seqlen_k, Cfg::kCausal))
+      mask_scores<Cfg::kCausal>(s, f, row0, n * Cfg::kBlockN, params.seqlen_q, params.seqlen_k);
+    float alpha[2];
+    softmax.step<false>(s, alpha);  // from the initial -inf max, alpha = 0 and O = 0 stay exact
+    rescale_rows(o, alpha);
+    uint32_t hi[Cfg::kBlockN / 16][4], lo[Cfg::kBlockN / 16][4];
+    convert_to_split_operand<Cfg>(s, hi, lo);
+
+    turns.wait_turn();
+    mbarrier_wait(smem_addr(&ss.v_full[slot.stage]), slot.phase);
+    pin(o);
+    pin(hi);
+    pin(lo);
+    issue_pv_gemm<Cfg>(o, hi, smem_addr(ss.v[slot.stage]));
+    issue_pv_gemm<Cfg>(o, lo, smem_addr(ss.v[slot.stage]));
+    wgmma_commit();
+    if (it + 1 < n_tiles) turns.pass_turn();
+    else turns.pass_last_turn();
+    wgmma_wait<0>();
+    pin(o);
+    release_slot(&ss.v_empty[slot.stage]);
   }
 }
 

@@ -61,4 +61,22 @@ __device__ __forceinline__ void convert_to_operand(const float (&s)[Cfg::kBlockN
       p[kk][i] = ptx::pack_pair<typename Cfg::Element>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
 }
 
+// P split in two 16-bit parts, hi = round(P) and lo = round(P - hi), so that
+// hi·V + lo·V carries P to about 16 significant bits instead of 8 (bf16) or 11 (fp16).
+template <class Cfg>
+__device__ __forceinline__ void convert_to_split_operand(const float (&s)[Cfg::kBlockN / 2],
+                                                         uint32_t (&hi)[Cfg::kBlockN / 16][4],
+                                                         uint32_t (&lo)[Cfg::kBlockN / 16][4]) {
+  using Element = typename Cfg::Element;
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float a = s[8 * kk + 2 * i], b = s[8 * kk + 2 * i + 1];
+      hi[kk][i] = ptx::pack_pair<Element>(a, b);
+      const float2 h = ptx::unpack_pair<Element>(hi[kk][i]);
+      lo[kk][i] = ptx::pack_pair<Element>(a - h.x, b - h.y);
+    }
+}
+
 }  // namespace warpattn::detail

@@ -73,7 +73,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int consumer = warpgroup - 1;
     float o[Cfg::kHeadDim / 2];
     OnlineSoftmax softmax(params.scale_log2);
-    run_consumer<Cfg>(ss, params, consumer, bc.m_block, n_tiles, o, softmax);
+    if (sees_few_keys(bc.m_block * Cfg::kBlockM, params.seqlen_q, params.seqlen_k, Cfg::kCausal))
+      run_consumer_precise<Cfg>(ss, params, consumer, bc.m_block, n_tiles, o, softmax);
+    else
+      run_consumer<Cfg>(ss, params, consumer, bc.m_block, n_tiles, o, softmax);
     float lse[2];
     softmax.finalize(o, lse);
     store_output<Cfg>(o, lse, ss.q, &tm_o, params, FragmentCoords(threadIdx.x % 128), consumer,

@@ -37,4 +37,16 @@ WARPATTN_HOST_DEVICE bool kv_tile_needs_mask(int n, int block_n, int m_start, in
   return causal && last_key > m_start + seqlen_k - seqlen_q;
 }
 
+// Rows that see fewer keys than this get P in two 16-bit parts (run_consumer_precise): an
+// output row averaging k keys carries P's rounding error roughly / sqrt(k), and from 256 keys
+// on that stays well under the 1.5e-3 elementwise bound FlashAttention-3 is held to.
+inline constexpr int kPreciseKeyLimit = 256;
+
+// True when the first row of the query block starting at m_start sees fewer keys than
+// kPreciseKeyLimit (the block's other rows see at least as many).
+WARPATTN_HOST_DEVICE bool sees_few_keys(int m_start, int seqlen_q, int seqlen_k, bool causal) {
+  const int keys = causal ? m_start + seqlen_k - seqlen_q + 1 : seqlen_k;
+  return keys < kPreciseKeyLimit;
+}
+
 }  // namespace warpattn::detail

@@ -32,4 +32,17 @@ __device__ __forceinline__ uint32_t pack_pair<__half>(float lo, float hi) {
   return r;
 }
 
+// The two values of a 16-bit pair, widened back to float (exact).
+template <class Element>
+__device__ __forceinline__ float2 unpack_pair(uint32_t pair);
+
+template <>
+__device__ __forceinline__ float2 unpack_pair<__nv_bfloat16>(uint32_t pair) {
+  return make_float2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xFFFF0000u));
+}
+template <>
+__device__ __forceinline__ float2 unpack_pair<__half>(uint32_t pair) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&pair));
+}
+
 }  // namespace warpattn::ptx
