@@ -1,4 +1,5 @@
-// A consumer warpgroup's main loop: 64 query rows against every visible key tile.
+// A consumer warpgroup's main loop for one work tile: 64 query rows against every visible
+// key tile.
 //
 // Two overlaps (FlashAttention-3, sections 3.1 and 3.2):
 //  * intra-warpgroup: S_j = Q·K_jᵀ is issued together with O += P_{j-1}·V_{j-1}; the softmax
@@ -23,9 +24,10 @@
 
 namespace warpattn::detail {
 
-// Ping-pong turns. Both warpgroups of a CTA take the same number of turns; warpgroup 1 hands
-// warpgroup 0 the first turn, and does not hand over after its own last turn, so that no
-// arrival is left pending at exit.
+// Ping-pong turns. Both consumer warpgroups of a CTA take the same number of turns over the
+// kernel's life. Warpgroup 1 hands warpgroup 0 the first turn once (start); warpgroup 0
+// takes one extra turn at exit (finish) to consume the last hand-over, so no arrival is left
+// pending, whatever the number of tiles.
 struct PingPong {
   int warpgroup;
   __device__ __forceinline__ void wait_turn() const {
@@ -37,9 +39,18 @@ struct PingPong {
   __device__ __forceinline__ void start() const {
     if (warpgroup == 1) pass_turn();
   }
-  __device__ __forceinline__ void pass_last_turn() const {
-    if (warpgroup == 0) pass_turn();
+  __device__ __forceinline__ void finish() const {
+    if (warpgroup == 0) wait_turn();
   }
+};
+
+// What a consumer needs to know about the work tile it is on.
+struct TileContext {
+  int warpgroup;
+  int m_block;
+  int n_tiles;  // key tiles to visit (> 0)
+  int kv_base;  // K/V ring ordinal of this tile's first key tile
+  uint32_t q_phase;
 };
 
 // One elected thread per warpgroup releases a ring slot once the warpgroup's wgmma reading it
@@ -49,151 +60,144 @@ __device__ __forceinline__ void release_slot(uint64_t* empty_bar) {
 }
 
 template <class Cfg>
-__device__ __forceinline__ void run_consumer(SharedStorage<Cfg>& ss, const ForwardParams& params,
-                                             int warpgroup, int m_block, int n_tiles,
-                                             float (&o)[Cfg::kHeadDim / 2], OnlineSoftmax& softmax) {
-  using namespace ptx;
-  constexpr int kS = Cfg::kBlockN / 2;
-  const FragmentCoords f(threadIdx.x % 128);
-  const PingPong turns{warpgroup};
-  const int m_start = m_block * Cfg::kBlockM;
-  const int row0 = m_start + warpgroup * 64 + f.row(0);
-  const uint32_t q_rows = smem_addr(ss.q) + warpgroup * 64 * 128;
+struct ConsumerTile {
+  SharedStorage<Cfg>& ss;
+  const ForwardParams& params;
+  const TileContext& t;
+  const FragmentCoords f;
+  const PingPong turns;
+  const int m_start, row0;
+  const uint32_t q_rows;
 
-#pragma unroll
-  for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
-  if (n_tiles <= 0) return;
-  turns.start();
+  __device__ __forceinline__ ConsumerTile(SharedStorage<Cfg>& ss_, const ForwardParams& p,
+                                          const TileContext& t_)
+      : ss(ss_),
+        params(p),
+        t(t_),
+        f(threadIdx.x % 128),
+        turns{t_.warpgroup},
+        m_start(t_.m_block * Cfg::kBlockM),
+        row0(t_.m_block * Cfg::kBlockM + t_.warpgroup * 64 + f.row(0)),
+        q_rows(ptx::smem_addr(ss_.q) + t_.warpgroup * 64 * 128) {}
 
-  float s[kS];
-  uint32_t p[Cfg::kBlockN / 16][4];
-  float alpha[2];
-  auto mask_if_needed = [&](int n) {
+  __device__ __forceinline__ void mask_if_needed(float (&s)[Cfg::kBlockN / 2], int n) const {
     if (kv_tile_needs_mask(n, Cfg::kBlockN, m_start, params.seqlen_q, params.seqlen_k, Cfg::kCausal))
       mask_scores<Cfg::kCausal>(s, f, row0, n * Cfg::kBlockN, params.seqlen_q, params.seqlen_k);
-  };
-
-  mbarrier_wait(smem_addr(&ss.q_full), 0);
-
-  // First tile: S only.
-  {
-    turns.wait_turn();
-    mbarrier_wait(smem_addr(&ss.k_full[0]), 0);
-    issue_qk_gemm<Cfg>(s, q_rows, smem_addr(ss.k[0]));
-    wgmma_commit();
-    turns.pass_turn();
-    wgmma_wait<0>();
-    pin(s);
-    release_slot(&ss.k_empty[0]);
-    mask_if_needed(n_tiles - 1);
-    softmax.step<true>(s, alpha);
-    convert_to_operand<Cfg>(s, p);
+  }
+  // After the S GEMM of key tile `it` has completed: free its K slot, and after the tile's last
+  // S GEMM also the Q buffer.
+  __device__ __forceinline__ void release_k(int it, int stage) const {
+    release_slot(&ss.k_empty[stage]);
+    if (it == t.n_tiles - 1) release_slot(&ss.q_empty);
   }
 
-  // Steady state: S_it with P_{it-1}·V_{it-1}.
-  for (int it = 1; it < n_tiles; ++it) {
-    const int n = n_tiles - 1 - it;
-    const RingSlot ks = ring_slot<Cfg::kStages>(it);
-    const RingSlot vs = ring_slot<Cfg::kStages>(it - 1);
-    turns.wait_turn();
-    mbarrier_wait(smem_addr(&ss.k_full[ks.stage]), ks.phase);
-    pin(o);
-    pin(p);
-    issue_qk_gemm<Cfg>(s, q_rows, smem_addr(ss.k[ks.stage]));
-    wgmma_commit();
-    mbarrier_wait(smem_addr(&ss.v_full[vs.stage]), vs.phase);
-    issue_pv_gemm<Cfg>(o, p, smem_addr(ss.v[vs.stage]));
-    wgmma_commit();
-    turns.pass_turn();
-
-    wgmma_wait<1>();  // S_it is done; P·V may still run
-    pin(s);
-    release_slot(&ss.k_empty[ks.stage]);
-    mask_if_needed(n);
-    softmax.step<false>(s, alpha);
-
-    wgmma_wait<0>();  // P·V done: O and P may be touched again
-    pin(o);
-    pin(p);
-    release_slot(&ss.v_empty[vs.stage]);
-    rescale_rows(o, alpha);
-    convert_to_operand<Cfg>(s, p);
-  }
-
-  // Last P·V.
-  {
-    const RingSlot vs = ring_slot<Cfg::kStages>(n_tiles - 1);
-    turns.wait_turn();
-    mbarrier_wait(smem_addr(&ss.v_full[vs.stage]), vs.phase);
-    pin(o);
-    pin(p);
-    issue_pv_gemm<Cfg>(o, p, smem_addr(ss.v[vs.stage]));
-    wgmma_commit();
-    turns.pass_last_turn();
-    wgmma_wait<0>();
-    pin(o);
-    release_slot(&ss.v_empty[vs.stage]);
-  }
-}
-
-// The same attention with P carried in two 16-bit parts and no overlap inside the warpgroup.
-// Used for the query blocks whose rows see few keys (the start of a causal sequence, short
-// key sequences): there each output row is an average of few V rows, so rounding P to bf16
-// (2^-9 relative) would show directly in O, while these blocks are too short for the overlap
-// to matter. Both warpgroups of a CTA take 2 turns per tile.
-template <class Cfg>
-__device__ __forceinline__ void run_consumer_precise(SharedStorage<Cfg>& ss,
-                                                     const ForwardParams& params, int warpgroup,
-                                                     int m_block, int n_tiles,
-                                                     float (&o)[Cfg::kHeadDim / 2],
-                                                     OnlineSoftmax& softmax) {
-  using namespace ptx;
-  const FragmentCoords f(threadIdx.x % 128);
-  const PingPong turns{warpgroup};
-  const int m_start = m_block * Cfg::kBlockM;
-  const int row0 = m_start + warpgroup * 64 + f.row(0);
-  const uint32_t q_rows = smem_addr(ss.q) + warpgroup * 64 * 128;
-
-#pragma unroll
-  for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
-  if (n_tiles <= 0) return;
-  turns.start();
-  mbarrier_wait(smem_addr(&ss.q_full), 0);
-
-  for (int it = 0; it < n_tiles; ++it) {
-    const int n = n_tiles - 1 - it;
-    const RingSlot slot = ring_slot<Cfg::kStages>(it);
+  // The overlapped main loop (FlashAttention-3's intra-warpgroup pipeline).
+  __device__ __forceinline__ void run(float (&o)[Cfg::kHeadDim / 2], OnlineSoftmax& softmax) const {
+    using namespace ptx;
     float s[Cfg::kBlockN / 2];
-    turns.wait_turn();
-    mbarrier_wait(smem_addr(&ss.k_full[slot.stage]), slot.phase);
-    issue_qk_gemm<Cfg>(s, q_rows, smem_addr(ss.k[slot.stage]));
-    wgmma_commit();
-    turns.pass_turn();
-    wgmma_wait<0>();
-    pin(s);
-    release_slot(&ss.k_empty[slot.stage]);
-    if (kv_tile_needs_mask(n, Cfg::kBlockN, m_start, params.seqlen_q, params.seqlen_k, Cfg::kCausal))
-      mask_scores<Cfg::kCausal>(s, f, row0, n * Cfg::kBlockN, params.seqlen_q, params.seqlen_k);
+    uint32_t p[Cfg::kBlockN / 16][4];
     float alpha[2];
-    softmax.step<false>(s, alpha);  // from the initial -inf max, alpha = 0 and O = 0 stay exact
-    rescale_rows(o, alpha);
-    uint32_t hi[Cfg::kBlockN / 16][4], lo[Cfg::kBlockN / 16][4];
-    convert_to_split_operand<Cfg>(s, hi, lo);
 
-    turns.wait_turn();
-    mbarrier_wait(smem_addr(&ss.v_full[slot.stage]), slot.phase);
-    pin(o);
-    pin(hi);
-    pin(lo);
-    issue_pv_gemm<Cfg>(o, hi, smem_addr(ss.v[slot.stage]));
-    issue_pv_gemm<Cfg>(o, lo, smem_addr(ss.v[slot.stage]));
-    wgmma_commit();
-    if (it + 1 < n_tiles) turns.pass_turn();
-    else turns.pass_last_turn();
-    wgmma_wait<0>();
-    pin(o);
-    release_slot(&ss.v_empty[slot.stage]);
+    // First key tile: S only.
+    {
+      const RingSlot ks = ring_slot<Cfg::kStages>(t.kv_base);
+      turns.wait_turn();
+      mbarrier_wait(smem_addr(&ss.k_full[ks.stage]), ks.phase);
+      issue_qk_gemm<Cfg>(s, q_rows, smem_addr(ss.k[ks.stage]));
+      wgmma_commit();
+      turns.pass_turn();
+      wgmma_wait<0>();
+      pin(s);
+      release_k(0, ks.stage);
+      mask_if_needed(s, t.n_tiles - 1);
+      softmax.step<true>(s, alpha);
+      convert_to_operand<Cfg>(s, p);
+    }
+
+    // Steady state: S_it with P_{it-1}·V_{it-1}.
+    for (int it = 1; it < t.n_tiles; ++it) {
+      const RingSlot ks = ring_slot<Cfg::kStages>(t.kv_base + it);
+      const RingSlot vs = ring_slot<Cfg::kStages>(t.kv_base + it - 1);
+      turns.wait_turn();
+      mbarrier_wait(smem_addr(&ss.k_full[ks.stage]), ks.phase);
+      pin(o);
+      pin(p);
+      issue_qk_gemm<Cfg>(s, q_rows, smem_addr(ss.k[ks.stage]));
+      wgmma_commit();
+      mbarrier_wait(smem_addr(&ss.v_full[vs.stage]), vs.phase);
+      issue_pv_gemm<Cfg>(o, p, smem_addr(ss.v[vs.stage]));
+      wgmma_commit();
+      turns.pass_turn();
+
+      wgmma_wait<1>();  // S_it is done; P·V may still run
+      pin(s);
+      release_k(it, ks.stage);
+      mask_if_needed(s, t.n_tiles - 1 - it);
+      softmax.step<false>(s, alpha);
+
+      wgmma_wait<0>();  // P·V done: O and P may be touched again
+      pin(o);
+      pin(p);
+      release_slot(&ss.v_empty[vs.stage]);
+      rescale_rows(o, alpha);
+      convert_to_operand<Cfg>(s, p);
+    }
+
+    // Last P·V.
+    {
+      const RingSlot vs = ring_slot<Cfg::kStages>(t.kv_base + t.n_tiles - 1);
+      turns.wait_turn();
+      mbarrier_wait(smem_addr(&ss.v_full[vs.stage]), vs.phase);
+      pin(o);
+      pin(p);
+      issue_pv_gemm<Cfg>(o, p, smem_addr(ss.v[vs.stage]));
+      wgmma_commit();
+      turns.pass_turn();
+      wgmma_wait<0>();
+      pin(o);
+      release_slot(&ss.v_empty[vs.stage]);
+    }
   }
-}
+
+  // The same attention with P carried in two 16-bit parts and no overlap inside the
+  // warpgroup. Used for the query blocks whose rows see few keys (the start of a causal
+  // sequence, short key sequences): there each output row is an average of few V rows, so
+  // rounding P to bf16 (2^-9 relative) would show directly in O, while these tiles are too
+  // short for the overlap to matter. Two turns per key tile.
+  __device__ __forceinline__ void run_precise(float (&o)[Cfg::kHeadDim / 2], OnlineSoftmax& softmax) const {
+    using namespace ptx;
+    for (int it = 0; it < t.n_tiles; ++it) {
+      const RingSlot slot = ring_slot<Cfg::kStages>(t.kv_base + it);
+      float s[Cfg::kBlockN / 2];
+      turns.wait_turn();
+      mbarrier_wait(smem_addr(&ss.k_full[slot.stage]), slot.phase);
+      issue_qk_gemm<Cfg>(s, q_rows, smem_addr(ss.k[slot.stage]));
+      wgmma_commit();
+      turns.pass_turn();
+      wgmma_wait<0>();
+      pin(s);
+      release_k(it, slot.stage);
+      mask_if_needed(s, t.n_tiles - 1 - it);
+      float alpha[2];
+      softmax.step<false>(s, alpha);  // from the initial -inf max, alpha = 0 and O = 0 stay exact
+      rescale_rows(o, alpha);
+      uint32_t hi[Cfg::kBlockN / 16][4], lo[Cfg::kBlockN / 16][4];
+      convert_to_split_operand<Cfg>(s, hi, lo);
+
+      turns.wait_turn();
+      mbarrier_wait(smem_addr(&ss.v_full[slot.stage]), slot.phase);
+      pin(o);
+      pin(hi);
+      pin(lo);
+      issue_pv_gemm<Cfg>(o, hi, smem_addr(ss.v[slot.stage]));
+      issue_pv_gemm<Cfg>(o, lo, smem_addr(ss.v[slot.stage]));
+      wgmma_commit();
+      turns.pass_turn();
+      wgmma_wait<0>();
+      pin(o);
+      release_slot(&ss.v_empty[slot.stage]);
+    }
+  }
+};
 
 }  // namespace warpattn::detail

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "hopper/launch.hpp"
-#include "hopper/run_forward.cuh"
+#include "hopper/cuda_check.hpp"
 
 namespace warpattn::detail {
 
@@ -29,7 +29,7 @@ void fill_no_key_rows(const ForwardProblem& p, const TensorView& out,
       static_cast<int>(p.seqlen_q), static_cast<int>(p.head_dim), out.stride[0], out.stride[1],
       out.stride[2], lse ? static_cast<float*>(lse->data) : nullptr, lse ? lse->stride[0] : 0,
       lse ? lse->stride[1] : 0, lse ? lse->stride[2] : 0);
-  check_launch(cudaGetLastError(), "fill_no_key_rows_kernel: launch failed");
+  check_cuda(cudaGetLastError(), "fill_no_key_rows_kernel: launch failed");
 }
 
 }  // namespace warpattn::detail

@@ -5,6 +5,8 @@
 namespace warpattn::detail {
 
 struct ForwardParams {
+  void* out = nullptr;  // (B, Sq, Hq, D), 16-bit; strides in elements
+  int64_t out_stride_batch = 0, out_stride_row = 0, out_stride_head = 0;
   float* lse = nullptr;  // optional (B, Hq, Sq) fp32
   int64_t lse_stride_batch = 0, lse_stride_head = 0, lse_stride_row = 0;
   int batch = 0, heads_q = 0, seqlen_q = 0, seqlen_k = 0;

@@ -1,11 +1,14 @@
-// The producer warpgroup: one thread streams Q once and the K/V tiles of one query block
-// through the ring, in the order the consumers use them (last tile first; K_j before
+// The producer warpgroup: one thread streams, for each work tile, Q once and the K/V tiles
+// through the ring, in the order the consumers use them (last key tile first; K_j before
 // V_{j+1} so the next S GEMM can start before the previous P·V has its operand).
 #pragma once
 
 #include "hopper/ptx/mbarrier.cuh"
 #include "hopper/ptx/tma.cuh"
+#include "hopper/forward_params.hpp"
+#include "hopper/kv_tiles.hpp"
 #include "hopper/shared_storage.cuh"
+#include "hopper/tile_scheduler.cuh"
 
 namespace warpattn::detail {
 
@@ -38,23 +41,36 @@ __device__ __forceinline__ void load_kv_tile(SharedStorage<Cfg>& ss, const CUten
               batch);
 }
 
+// Walks the same tiles as the consumers. The K/V ring ordinal and the Q phase run on across
+// tiles (phases are never reset); a tile without visible keys loads nothing.
 template <class Cfg>
 __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUtensorMap* tm_q,
                                              const CUtensorMap* tm_k, const CUtensorMap* tm_v,
-                                             int m_block, int head, int head_kv, int batch,
-                                             int n_tiles) {
+                                             const ForwardParams& params) {
   using namespace ptx;
-  if (n_tiles <= 0) return;
-  const uint32_t q_bar = smem_addr(&ss.q_full);
-  mbarrier_arrive_expect_tx(q_bar, Cfg::kQTileBytes);
-  tma_load_5d(smem_addr(ss.q), tm_q, q_bar, 0, m_block * Cfg::kBlockM, 0, head, batch);
-
-  load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, 0, n_tiles - 1, head_kv, batch);
-  for (int it = 1; it < n_tiles; ++it) {
-    load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, it, n_tiles - 1 - it, head_kv, batch);
-    load_kv_tile<Cfg>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, it - 1, n_tiles - it, head_kv, batch);
+  int kv = 0;      // K/V tiles loaded so far
+  int q_iter = 0;  // Q tiles loaded so far
+  for (TileScheduler sched(params); sched.valid(); sched.advance()) {
+    const WorkTile w = sched.current(params);
+    const int n_tiles = kv_tile_count(w.m_block, Cfg::kBlockM, Cfg::kBlockN, params.seqlen_q,
+                                      params.seqlen_k, Cfg::kCausal);
+    if (n_tiles <= 0) continue;
+    const int head_kv = w.head / params.kv_group;
+    // The first K tile can go into a ring slot freed during the previous tile; Q must wait
+    // until both consumers' last S GEMM of the previous tile has read the Q buffer.
+    load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv, n_tiles - 1, head_kv, w.batch);
+    mbarrier_wait(smem_addr(&ss.q_empty), (q_iter & 1) ^ 1);
+    const uint32_t q_bar = smem_addr(&ss.q_full);
+    mbarrier_arrive_expect_tx(q_bar, Cfg::kQTileBytes);
+    tma_load_5d(smem_addr(ss.q), tm_q, q_bar, 0, w.m_block * Cfg::kBlockM, 0, w.head, w.batch);
+    for (int it = 1; it < n_tiles; ++it) {
+      load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, n_tiles - 1 - it, head_kv, w.batch);
+      load_kv_tile<Cfg>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1, n_tiles - it, head_kv, w.batch);
+    }
+    load_kv_tile<Cfg>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + n_tiles - 1, 0, head_kv, w.batch);
+    kv += n_tiles;
+    ++q_iter;
   }
-  load_kv_tile<Cfg>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, n_tiles - 1, 0, head_kv, batch);
 }
 
 }  // namespace warpattn::detail

@@ -7,18 +7,13 @@
 #include <string>
 
 #include "api/problem.hpp"
+#include "hopper/cuda_check.hpp"
+#include "hopper/device_info.hpp"
 #include "hopper/forward_kernel.cuh"
 #include "hopper/kv_tiles.hpp"
 #include "hopper/tensor_map.hpp"
 
 namespace warpattn::detail {
-
-inline void check_launch(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    throw Error(std::string(what) + ": " + cudaGetErrorString(e));
-  }
-}
 
 template <class Cfg>
 void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView& k,
@@ -27,10 +22,11 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
   const CUtensorMap tm_q = make_panel_tensor_map(q, "q", Cfg::kBlockM, Cfg::kPanels);
   const CUtensorMap tm_k = make_panel_tensor_map(k, "k", Cfg::kBlockN, Cfg::kPanels);
   const CUtensorMap tm_v = make_panel_tensor_map(v, "v", Cfg::kBlockN, Cfg::kPanels);
-  // O leaves one 64-row, 64-column panel per store (see epilogue.cuh).
-  const CUtensorMap tm_o = make_panel_tensor_map(out, "out", 64, 1);
-
   ForwardParams params;
+  params.out = out.data;
+  params.out_stride_batch = out.stride[0];
+  params.out_stride_row = out.stride[1];
+  params.out_stride_head = out.stride[2];
   if (lse) {
     params.lse = static_cast<float*>(lse->data);
     params.lse_stride_batch = lse->stride[0];
@@ -45,18 +41,19 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
   params.m_blocks = ceil_div(params.seqlen_q, Cfg::kBlockM);
   params.scale_log2 = static_cast<float>(p.softmax_scale * 1.4426950408889634);
 
-  const int64_t blocks = static_cast<int64_t>(params.m_blocks) * p.heads_q * p.batch;
-  if (blocks > std::numeric_limits<int>::max())
-    throw Error("q: batch x heads x ceil(seqlen_q / 128) = " + std::to_string(blocks) +
-                " query blocks exceed the 2^31 - 1 CUDA grid limit");
+  const int64_t tiles = static_cast<int64_t>(params.m_blocks) * p.heads_q * p.batch;
+  if (tiles > std::numeric_limits<int>::max())
+    throw Error("q: batch x heads x ceil(seqlen_q / 128) = " + std::to_string(tiles) +
+                " query blocks exceed 2^31 - 1");
+  // Persistent grid: one CTA per SM (the register file holds one), or fewer for small problems.
+  const int64_t blocks = std::min<int64_t>(tiles, multiprocessor_count());
 
   auto kernel = attention_forward_kernel<Cfg>;
   constexpr int kSmem = sizeof(SharedStorage<Cfg>);
-  check_launch(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                "attention_forward_kernel: setting its shared-memory size");
-  kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, kSmem, stream>>>(tm_q, tm_k, tm_v, tm_o,
-                                                                         params);
-  check_launch(cudaGetLastError(), "attention_forward_kernel: launch failed");
+  kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, kSmem, stream>>>(tm_q, tm_k, tm_v, params);
+  check_cuda(cudaGetLastError(), "attention_forward_kernel: launch failed");
 }
 
 // Declared here, defined (explicitly instantiated) in forward_<dtype>_d<dim>.cu, one file per
