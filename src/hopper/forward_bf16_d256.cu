@@ -9,10 +9,14 @@ void run_forward_head_dim<__nv_bfloat16, 256>(const ForwardProblem& p, const Ten
                                       const TensorView& k, const TensorView& v,
                                       const TensorView& out, const std::optional<TensorView>& lse,
                                       cudaStream_t stream) {
-  if (p.causal)
+  const bool alt = tuning().alt_block_n;  // TEMPORARY: see tuning.hpp
+  if (p.causal) {
+    if (alt) return run_forward<ForwardConfig<__nv_bfloat16, 256, 64, 2, true>>(p, q, k, v, out, lse, stream);
     run_forward<ForwardConfigFor<__nv_bfloat16, 256, true>>(p, q, k, v, out, lse, stream);
-  else
+  } else {
+    if (alt) return run_forward<ForwardConfig<__nv_bfloat16, 256, 64, 2, false>>(p, q, k, v, out, lse, stream);
     run_forward<ForwardConfigFor<__nv_bfloat16, 256, false>>(p, q, k, v, out, lse, stream);
+  }
 }
 
 }  // namespace warpattn::detail

@@ -12,6 +12,7 @@ struct ForwardParams {
   int batch = 0, heads_q = 0, seqlen_q = 0, seqlen_k = 0;
   int kv_group = 1;      // query heads per key/value head (GQA)
   int m_blocks = 0;      // query blocks per (batch, head)
+  int chunk_heads = 1;   // (batch, head) pairs whose K/V the scheduler keeps in L2 together
   float scale_log2 = 0;  // softmax_scale * log2(e): one FFMA + EX2 per score
 };
 

@@ -2,6 +2,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -12,6 +13,7 @@
 #include "hopper/forward_kernel.cuh"
 #include "hopper/kv_tiles.hpp"
 #include "hopper/tensor_map.hpp"
+#include "hopper/tuning.hpp"
 
 namespace warpattn::detail {
 
@@ -39,6 +41,12 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
   params.seqlen_k = static_cast<int>(p.seqlen_k);
   params.kv_group = static_cast<int>(p.heads_q / p.heads_kv);
   params.m_blocks = ceil_div(params.seqlen_q, Cfg::kBlockM);
+  // Half of L2 for the K and V of the (batch, head) pairs in flight; query heads of one GQA
+  // group share theirs.
+  const int64_t kv_bytes_per_query_head =
+      std::max<int64_t>(1, 2 * p.seqlen_k * p.head_dim * 2 / params.kv_group);
+  params.chunk_heads = static_cast<int>(std::clamp<int64_t>(
+      l2_cache_bytes() / 2 / kv_bytes_per_query_head, 1, p.heads_q * p.batch));
   params.scale_log2 = static_cast<float>(p.softmax_scale * 1.4426950408889634);
 
   const int64_t tiles = static_cast<int64_t>(params.m_blocks) * p.heads_q * p.batch;
@@ -46,7 +54,7 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
     throw Error("q: batch x heads x ceil(seqlen_q / 128) = " + std::to_string(tiles) +
                 " query blocks exceed 2^31 - 1");
   // Persistent grid: one CTA per SM (the register file holds one), or fewer for small problems.
-  const int64_t blocks = std::min<int64_t>(tiles, multiprocessor_count());
+  const int64_t blocks = tuning().one_tile_per_cta ? tiles : std::min<int64_t>(tiles, multiprocessor_count());
 
   auto kernel = attention_forward_kernel<Cfg>;
   constexpr int kSmem = sizeof(SharedStorage<Cfg>);

@@ -1,7 +1,9 @@
-// The persistent tile scheduler: one CTA per SM walks the work tiles (one 128-row query block
-// of one (batch, head) each) with a static stride. The tile order puts the last query blocks
-// first: under a causal mask they see the most keys, so every CTA starts with long tiles and
-// the short ones fill in at the end instead of forming a tail.
+// The tile scheduler: CTAs walk the work tiles (one 128-row query block of one (batch, head)
+// each) with a static stride of gridDim.x.
+// Tile order: (batch, head) pairs are taken in chunks whose K and V fit in L2 together
+// (chunk_heads), so the CTAs running at one time share key/value tiles through L2; inside a
+// chunk the last query blocks come first: under a causal mask they see the most keys, so long
+// tiles start early and short ones fill in at the end instead of forming a tail.
 #pragma once
 
 #include "hopper/forward_params.hpp"
@@ -21,8 +23,13 @@ struct TileScheduler {
   __device__ __forceinline__ void advance() { tile += static_cast<int>(gridDim.x); }
   __device__ __forceinline__ WorkTile current(const ForwardParams& p) const {
     const int heads_batches = p.heads_q * p.batch;
-    const int hb = tile % heads_batches;
-    return {p.m_blocks - 1 - tile / heads_batches, hb % p.heads_q, hb / p.heads_q};
+    const int per_chunk = p.chunk_heads * p.m_blocks;
+    const int chunk = tile / per_chunk;
+    const int first = chunk * p.chunk_heads;
+    const int heads_here = min(p.chunk_heads, heads_batches - first);
+    const int i = tile - chunk * per_chunk;
+    const int hb = first + i % heads_here;
+    return {p.m_blocks - 1 - i / heads_here, hb % p.heads_q, hb / p.heads_q};
   }
 };
 
