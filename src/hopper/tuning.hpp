@@ -9,7 +9,7 @@ namespace warpattn::detail {
 
 struct Tuning {
   bool one_tile_per_cta = false;  // grid = tiles instead of one CTA per SM
-XX
+  bool alt_block_n = false;       // the alternative kBlockN of each head dim
 };
 
 inline Tuning tuning() {
