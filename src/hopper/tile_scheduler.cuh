@@ -1,5 +1,7 @@
 // The tile scheduler: CTAs walk the work tiles (one 128-row query block of one (batch, head)
-// each) with a static stride of gridDim.x.
+// each) in rounds of gridDim.x tiles, snaking: in even rounds CTA c takes the round's c-th
+// tile, in odd rounds its (gridDim.x - 1 - c)-th. Tiles come longest first (below), so over
+// two rounds every CTA gets about the same amount of work.
 // Tile order: (batch, head) pairs are taken in chunks whose K and V fit in L2 together
 // (chunk_heads), so the CTAs running at one time share key/value tiles through L2; inside a
 // chunk the last query blocks come first: under a causal mask they see the most keys, so long
@@ -15,12 +17,17 @@ struct WorkTile {
 };
 
 struct TileScheduler {
+  int round = 0;
   int tile;
   int total;
   __device__ __forceinline__ explicit TileScheduler(const ForwardParams& p)
       : tile(static_cast<int>(blockIdx.x)), total(p.m_blocks * p.heads_q * p.batch) {}
   __device__ __forceinline__ bool valid() const { return tile < total; }
-  __device__ __forceinline__ void advance() { tile += static_cast<int>(gridDim.x); }
+  __device__ __forceinline__ void advance() {
+    ++round;
+    const int g = static_cast<int>(gridDim.x), c = static_cast<int>(blockIdx.x);
+    tile = round * g + ((round & 1) ? g - 1 - c : c);
+  }
   __device__ __forceinline__ WorkTile current(const ForwardParams& p) const {
     const int heads_batches = p.heads_q * p.batch;
     const int per_chunk = p.chunk_heads * p.m_blocks;
