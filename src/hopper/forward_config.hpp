@@ -17,10 +17,13 @@ struct ForwardConfig {
   // Head dim in 64-element (128-byte) panels: the width of one 128B-swizzled TMA box row.
   static constexpr int kPanels = kHeadDim / 64;
   // setmaxnreg split. The pool is the launch allocation: 384 threads x 168 registers =
-  // 64,512 = 128 x 24 + 256 x 240, so these must sum to it or the consumers hang.
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = 240;
-  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters == 384 * 168);
+  // 64,512 = 128 x 40 + 256 x 232; a split over it makes the consumers' .inc wait forever.
+  // The producer needs 40 since it also chooses tiles (24 spilled); the consumers fit in 232
+  // with no spill at every head dim.
+  static constexpr int kProducerRegisters = 40;
+  static constexpr int kConsumerRegisters = 232;
+  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 384 * 168,
+                "setmaxnreg.inc would wait forever for registers the CTA does not have");
 
   static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVTileBytes = kBlockN * kHeadDim * 2;

@@ -23,6 +23,7 @@ __device__ __forceinline__ void init_barriers(SharedStorage<Cfg>& ss) {
   using namespace ptx;
   mbarrier_init(smem_addr(&ss.q_full), 1);
   mbarrier_init(smem_addr(&ss.q_empty), Cfg::kConsumerWarpgroups);
+  ss.tiles.init();
 #pragma unroll
   for (int s = 0; s < Cfg::kStages; ++s) {
     mbarrier_init(smem_addr(&ss.k_full[s]), 1);
@@ -41,8 +42,11 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
   const FragmentCoords f(threadIdx.x % 128);
   turns.start();
   int kv = 0, q_iter = 0;  // as in the producer
-  for (TileScheduler sched(params); sched.valid(); sched.advance()) {
-    const WorkTile w = sched.current(params);
+  const int total = total_tiles(params);
+  for (int i = 0;; ++i) {
+    const int tile = ss.tiles.receive(i);
+    if (tile >= total) break;
+    const WorkTile w = tile_coords(tile, params);
     const int n_tiles = kv_tile_count(w.m_block, Cfg::kBlockM, Cfg::kBlockN, params.seqlen_q,
                                       params.seqlen_k, Cfg::kCausal);
     float o[Cfg::kHeadDim / 2];

@@ -50,8 +50,12 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
   using namespace ptx;
   int kv = 0;      // K/V tiles loaded so far
   int q_iter = 0;  // Q tiles loaded so far
-  for (TileScheduler sched(params); sched.valid(); sched.advance()) {
-    const WorkTile w = sched.current(params);
+  const int total = total_tiles(params);
+  TileChooser chooser;
+  for (int i = 0;; ++i, chooser.advance(params)) {
+    ss.tiles.publish(i, chooser.tile);
+    if (chooser.tile >= total) break;
+    const WorkTile w = tile_coords(chooser.tile, params);
     const int n_tiles = kv_tile_count(w.m_block, Cfg::kBlockM, Cfg::kBlockN, params.seqlen_q,
                                       params.seqlen_k, Cfg::kCausal);
     if (n_tiles <= 0) continue;

@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+#include "hopper/tile_scheduler.cuh"
+
 namespace warpattn::detail {
 
 template <class Cfg>
@@ -17,6 +19,7 @@ struct SharedStorage {
   uint64_t k_empty[Cfg::kStages];
   uint64_t v_full[Cfg::kStages];
   uint64_t v_empty[Cfg::kStages];
+  TileSlots tiles;
 };
 
 }  // namespace warpattn::detail

@@ -1,14 +1,25 @@
-// The tile scheduler: CTAs walk the work tiles (one 128-row query block of one (batch, head)
-// each) in rounds of gridDim.x tiles, snaking: in even rounds CTA c takes the round's c-th
-// tile, in odd rounds its (gridDim.x - 1 - c)-th. Tiles come longest first (below), so over
-// two rounds every CTA gets about the same amount of work.
-// Tile order: (batch, head) pairs are taken in chunks whose K and V fit in L2 together
+// The tile scheduler of the persistent grid. A work tile is one 128-row query block of one
+// (batch, head).
+//
+// Order: (batch, head) pairs are taken in chunks whose K and V fit in L2 together
 // (chunk_heads), so the CTAs running at one time share key/value tiles through L2; inside a
 // chunk the last query blocks come first: under a causal mask they see the most keys, so long
 // tiles start early and short ones fill in at the end instead of forming a tail.
+//
+// Assignment: CTA c starts with tile c. Then, with a tile counter (dynamic), the producer
+// takes the next free tile with one atomicAdd, so a CTA that finishes early takes more
+// (greedy, like the hardware's block scheduler); the counter resets itself when the last CTA
+// is done, ready for the next launch on that stream. Without one (static), CTAs walk rounds of
+// gridDim.x tiles, snaking (CTA c takes the round's c-th tile in even rounds and its
+// (gridDim.x - 1 - c)-th in odd rounds), which evens out the longest-first order over two
+// rounds.
+//
+// The producer chooses each tile and publishes it to the consumers through a two-slot ring
+// in shared memory (TileSlots); an index >= total ends the CTA's work.
 #pragma once
 
 #include "hopper/forward_params.hpp"
+#include "hopper/ptx/mbarrier.cuh"
 
 namespace warpattn::detail {
 
@@ -16,27 +27,72 @@ struct WorkTile {
   int m_block, head, batch;
 };
 
-struct TileScheduler {
+__device__ __forceinline__ int total_tiles(const ForwardParams& p) {
+  return p.m_blocks * p.heads_q * p.batch;
+}
+
+__device__ __forceinline__ WorkTile tile_coords(int tile, const ForwardParams& p) {
+  const int heads_batches = p.heads_q * p.batch;
+  const int per_chunk = p.chunk_heads * p.m_blocks;
+  const int chunk = tile / per_chunk;
+  const int first = chunk * p.chunk_heads;
+  const int heads_here = min(p.chunk_heads, heads_batches - first);
+  const int i = tile - chunk * per_chunk;
+  const int hb = first + i % heads_here;
+  return {p.m_blocks - 1 - i / heads_here, hb % p.heads_q, hb / p.heads_q};
+}
+
+// The producer's side: which tile comes next.
+struct TileChooser {
   int round = 0;
-  int tile;
-  int total;
-  __device__ __forceinline__ explicit TileScheduler(const ForwardParams& p)
-      : tile(static_cast<int>(blockIdx.x)), total(p.m_blocks * p.heads_q * p.batch) {}
-  __device__ __forceinline__ bool valid() const { return tile < total; }
-  __device__ __forceinline__ void advance() {
-    ++round;
-    const int g = static_cast<int>(gridDim.x), c = static_cast<int>(blockIdx.x);
-    tile = round * g + ((round & 1) ? g - 1 - c : c);
+  int tile = static_cast<int>(blockIdx.x);
+
+  __device__ __forceinline__ void advance(const ForwardParams& p) {
+    const int g = static_cast<int>(gridDim.x);
+    if (p.tile_counter != nullptr) {
+      tile = g + atomicAdd(p.tile_counter, 1);
+      if (tile >= total_tiles(p)) {
+        // Every CTA stops fetching once it draws past the end; the last one to stop resets
+        // the counter for the next launch.
+        __threadfence();
+        if (atomicAdd(p.tile_counter + 1, 1) == g - 1) {
+          p.tile_counter[0] = 0;
+          p.tile_counter[1] = 0;
+        }
+      }
+    } else {
+      ++round;
+      const int c = static_cast<int>(blockIdx.x);
+      tile = round * g + ((round & 1) ? g - 1 - c : c);
+    }
   }
-  __device__ __forceinline__ WorkTile current(const ForwardParams& p) const {
-    const int heads_batches = p.heads_q * p.batch;
-    const int per_chunk = p.chunk_heads * p.m_blocks;
-    const int chunk = tile / per_chunk;
-    const int first = chunk * p.chunk_heads;
-    const int heads_here = min(p.chunk_heads, heads_batches - first);
-    const int i = tile - chunk * per_chunk;
-    const int hb = first + i % heads_here;
-    return {p.m_blocks - 1 - i / heads_here, hb % p.heads_q, hb / p.heads_q};
+};
+
+// Two slots of tile indices from the producer to the consumer warpgroups.
+struct TileSlots {
+  int index[2];
+  uint64_t full[2];   // count 1: the producer's arrival
+  uint64_t empty[2];  // count 256: every consumer thread has read it
+
+  __device__ __forceinline__ void init() {
+    for (int s = 0; s < 2; ++s) {
+      ptx::mbarrier_init(ptx::smem_addr(&full[s]), 1);
+      ptx::mbarrier_init(ptx::smem_addr(&empty[s]), 256);
+    }
+  }
+  // i: how many tiles this CTA has published before.
+  __device__ __forceinline__ void publish(int i, int tile) {
+    const int s = i & 1;
+    ptx::mbarrier_wait(ptx::smem_addr(&empty[s]), ((i >> 1) & 1) ^ 1);
+    index[s] = tile;
+    ptx::mbarrier_arrive(ptx::smem_addr(&full[s]));  // release: orders the store above
+  }
+  __device__ __forceinline__ int receive(int i) {
+    const int s = i & 1;
+    ptx::mbarrier_wait(ptx::smem_addr(&full[s]), (i >> 1) & 1);
+    const int tile = *static_cast<volatile int*>(&index[s]);
+    ptx::mbarrier_arrive(ptx::smem_addr(&empty[s]));
+    return tile;
   }
 };
 
