@@ -50,7 +50,7 @@ struct TileContext {
   int m_block;
   int n_tiles;  // key tiles to visit (> 0)
   int kv_base;  // K/V ring ordinal of this tile's first key tile
-  uint32_t q_phase;
+  int q_stage;  // Q buffer
 };
 
 // One elected thread per warpgroup releases a ring slot once the warpgroup's wgmma reading it
@@ -78,7 +78,7 @@ struct ConsumerTile {
         turns{t_.warpgroup},
         m_start(t_.m_block * Cfg::kBlockM),
         row0(t_.m_block * Cfg::kBlockM + t_.warpgroup * 64 + f.row(0)),
-        q_rows(ptx::smem_addr(ss_.q) + t_.warpgroup * 64 * 128) {}
+        q_rows(ptx::smem_addr(ss_.q[t_.q_stage]) + t_.warpgroup * 64 * 128) {}
 
   __device__ __forceinline__ void mask_if_needed(float (&s)[Cfg::kBlockN / 2], int n) const {
     if (kv_tile_needs_mask(n, Cfg::kBlockN, m_start, params.seqlen_q, params.seqlen_k, Cfg::kCausal))
@@ -88,7 +88,7 @@ struct ConsumerTile {
   // S GEMM also the Q buffer.
   __device__ __forceinline__ void release_k(int it, int stage) const {
     release_slot(&ss.k_empty[stage]);
-    if (it == t.n_tiles - 1) release_slot(&ss.q_empty);
+    if (it == t.n_tiles - 1) release_slot(&ss.q_empty[t.q_stage]);
   }
 
   // The overlapped main loop (FlashAttention-3's intra-warpgroup pipeline).

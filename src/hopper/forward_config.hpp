@@ -3,7 +3,9 @@
 
 namespace warpattn::detail {
 
-template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kCausal_>
+// kQStages_: Q buffers (1 or 2; 0 = 2 when shared memory allows). With two, the next work
+// tile's Q loads during the whole current tile instead of after its last S GEMM.
+template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kCausal_, int kQStages_ = 0>
 struct ForwardConfig {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -27,6 +29,10 @@ struct ForwardConfig {
 
   static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVTileBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kSharedMemoryLimit = 227 * 1024;  // per CTA on sm_90
+  static constexpr int kQStages =
+      kQStages_ > 0 ? kQStages_
+                    : (2 * kQTileBytes + 2 * kStages * kKVTileBytes + 1024 <= kSharedMemoryLimit ? 2 : 1);
 
   static_assert(kHeadDim % 64 == 0, "head dim is stored as 64-element panels");
   static_assert(kBlockN % 16 == 0, "kBlockN is the K extent of the P·V GEMM (k16 steps)");

@@ -11,10 +11,10 @@ void run_forward_head_dim<__half, 64>(const ForwardProblem& p, const TensorView&
                                       cudaStream_t stream) {
   const bool alt = tuning().alt_block_n;  // TEMPORARY: see tuning.hpp
   if (p.causal) {
-    if (alt) return run_forward<ForwardConfig<__half, 64, 192, 2, true>>(p, q, k, v, out, lse, stream);
+    if (alt) return run_forward<ForwardConfig<__half, 64, 128, 2, true, 1>>(p, q, k, v, out, lse, stream);
     run_forward<ForwardConfigFor<__half, 64, true>>(p, q, k, v, out, lse, stream);
   } else {
-    if (alt) return run_forward<ForwardConfig<__half, 64, 192, 2, false>>(p, q, k, v, out, lse, stream);
+    if (alt) return run_forward<ForwardConfig<__half, 64, 128, 2, false, 1>>(p, q, k, v, out, lse, stream);
     run_forward<ForwardConfigFor<__half, 64, false>>(p, q, k, v, out, lse, stream);
   }
 }

@@ -21,8 +21,11 @@ namespace warpattn::detail {
 template <class Cfg>
 __device__ __forceinline__ void init_barriers(SharedStorage<Cfg>& ss) {
   using namespace ptx;
-  mbarrier_init(smem_addr(&ss.q_full), 1);
-  mbarrier_init(smem_addr(&ss.q_empty), Cfg::kConsumerWarpgroups);
+#pragma unroll
+  for (int s = 0; s < Cfg::kQStages; ++s) {
+    mbarrier_init(smem_addr(&ss.q_full[s]), 1);
+    mbarrier_init(smem_addr(&ss.q_empty[s]), Cfg::kConsumerWarpgroups);
+  }
   ss.tiles.init();
 #pragma unroll
   for (int s = 0; s < Cfg::kStages; ++s) {
@@ -54,8 +57,9 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
     for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
     OnlineSoftmax softmax(params.scale_log2);
     if (n_tiles > 0) {
-      const TileContext t{warpgroup, w.m_block, n_tiles, kv, static_cast<uint32_t>(q_iter & 1)};
-      ptx::mbarrier_wait(ptx::smem_addr(&ss.q_full), t.q_phase);
+      const RingSlot qs = ring_slot<Cfg::kQStages>(q_iter);
+      const TileContext t{warpgroup, w.m_block, n_tiles, kv, qs.stage};
+      ptx::mbarrier_wait(ptx::smem_addr(&ss.q_full[qs.stage]), qs.phase);
       const ConsumerTile<Cfg> tile(ss, params, t);
       if (sees_few_keys(w.m_block * Cfg::kBlockM, params.seqlen_q, params.seqlen_k, Cfg::kCausal))
         tile.run_precise(o, softmax);

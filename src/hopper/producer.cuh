@@ -61,12 +61,13 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
     if (n_tiles <= 0) continue;
     const int head_kv = w.head / params.kv_group;
     // The first K tile can go into a ring slot freed during the previous tile; Q must wait
-    // until both consumers' last S GEMM of the previous tile has read the Q buffer.
+    // until both consumers' last S GEMM of the tile that used its buffer has read it.
     load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv, n_tiles - 1, head_kv, w.batch);
-    mbarrier_wait(smem_addr(&ss.q_empty), (q_iter & 1) ^ 1);
-    const uint32_t q_bar = smem_addr(&ss.q_full);
+    const RingSlot qs = ring_slot<Cfg::kQStages>(q_iter);
+    mbarrier_wait(smem_addr(&ss.q_empty[qs.stage]), qs.phase ^ 1);
+    const uint32_t q_bar = smem_addr(&ss.q_full[qs.stage]);
     mbarrier_arrive_expect_tx(q_bar, Cfg::kQTileBytes);
-    tma_load_5d(smem_addr(ss.q), tm_q, q_bar, 0, w.m_block * Cfg::kBlockM, 0, w.head, w.batch);
+    tma_load_5d(smem_addr(ss.q[qs.stage]), tm_q, q_bar, 0, w.m_block * Cfg::kBlockM, 0, w.head, w.batch);
     for (int it = 1; it < n_tiles; ++it) {
       load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, n_tiles - 1 - it, head_kv, w.batch);
       load_kv_tile<Cfg>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1, n_tiles - it, head_kv, w.batch);

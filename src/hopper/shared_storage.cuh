@@ -10,11 +10,11 @@ namespace warpattn::detail {
 
 template <class Cfg>
 struct SharedStorage {
-  alignas(1024) uint8_t q[Cfg::kQTileBytes];
+  alignas(1024) uint8_t q[Cfg::kQStages][Cfg::kQTileBytes];
   alignas(1024) uint8_t k[Cfg::kStages][Cfg::kKVTileBytes];
   alignas(1024) uint8_t v[Cfg::kStages][Cfg::kKVTileBytes];
-  alignas(8) uint64_t q_full;
-  uint64_t q_empty;  // both consumers' last S GEMM of a tile has read Q
+  alignas(8) uint64_t q_full[Cfg::kQStages];
+  uint64_t q_empty[Cfg::kQStages];  // both consumers' last S GEMM of a tile has read it
   uint64_t k_full[Cfg::kStages];
   uint64_t k_empty[Cfg::kStages];
   uint64_t v_full[Cfg::kStages];
