@@ -14,7 +14,7 @@ void run_forward_head_dim<__nv_bfloat16, 128>(const ForwardProblem& p, const Ten
     if (alt) return run_forward<ForwardConfig<__nv_bfloat16, 128, 128, 3, true>>(p, q, k, v, out, lse, stream);
     run_forward<ForwardConfigFor<__nv_bfloat16, 128, true>>(p, q, k, v, out, lse, stream);
   } else {
-    if (alt) return run_forward<ForwardConfig<__nv_bfloat16, 128, 160, 2, false>>(p, q, k, v, out, lse, stream);
+    if (alt) return run_forward<ForwardConfig<__nv_bfloat16, 128, 176, 2, false>>(p, q, k, v, out, lse, stream);
     run_forward<ForwardConfigFor<__nv_bfloat16, 128, false>>(p, q, k, v, out, lse, stream);
   }
 }

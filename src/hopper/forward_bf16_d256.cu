@@ -11,10 +11,10 @@ void run_forward_head_dim<__nv_bfloat16, 256>(const ForwardProblem& p, const Ten
                                       cudaStream_t stream) {
   const bool alt = tuning().alt_block_n;  // TEMPORARY: see tuning.hpp
   if (p.causal) {
-    if (alt) return run_forward<ForwardConfig<__nv_bfloat16, 256, 64, 2, true>>(p, q, k, v, out, lse, stream);
+    if (alt) return run_forward<ForwardConfig<__nv_bfloat16, 256, 80, 2, true>>(p, q, k, v, out, lse, stream);
     run_forward<ForwardConfigFor<__nv_bfloat16, 256, true>>(p, q, k, v, out, lse, stream);
   } else {
-    if (alt) return run_forward<ForwardConfig<__nv_bfloat16, 256, 64, 2, false>>(p, q, k, v, out, lse, stream);
+    if (alt) return run_forward<ForwardConfig<__nv_bfloat16, 256, 80, 2, false>>(p, q, k, v, out, lse, stream);
     run_forward<ForwardConfigFor<__nv_bfloat16, 256, false>>(p, q, k, v, out, lse, stream);
   }
 }

@@ -14,7 +14,7 @@ void run_forward_head_dim<__half, 128>(const ForwardProblem& p, const TensorView
     if (alt) return run_forward<ForwardConfig<__half, 128, 128, 3, true>>(p, q, k, v, out, lse, stream);
     run_forward<ForwardConfigFor<__half, 128, true>>(p, q, k, v, out, lse, stream);
   } else {
-    if (alt) return run_forward<ForwardConfig<__half, 128, 160, 2, false>>(p, q, k, v, out, lse, stream);
+    if (alt) return run_forward<ForwardConfig<__half, 128, 176, 2, false>>(p, q, k, v, out, lse, stream);
     run_forward<ForwardConfigFor<__half, 128, false>>(p, q, k, v, out, lse, stream);
   }
 }

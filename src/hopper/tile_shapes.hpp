@@ -21,11 +21,11 @@ struct TileShape<64, kCausal> {
 };
 template <bool kCausal>
 struct TileShape<128, kCausal> {
-  static constexpr int kBlockN = kCausal ? 128 : 176, kStages = 2;
+  static constexpr int kBlockN = kCausal ? 128 : 160, kStages = 2;
 };
 template <bool kCausal>
 struct TileShape<256, kCausal> {
-  static constexpr int kBlockN = 80, kStages = 2;
+  static constexpr int kBlockN = 64, kStages = 2;
 };
 
 template <class Element, int kHeadDim, bool kCausal>
