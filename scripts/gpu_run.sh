@@ -39,8 +39,3 @@ if stage bench; then
     --out "$OUT" ${BENCH_ARGS:---quick} > "$OUT/bench.log" 2> "$OUT/bench.err"
   echo "bench rc=$?"; tail -5 "$OUT/bench.err"; tail -40 "$OUT/bench.log"
 fi
-if stage tune; then
-  PYTHONUNBUFFERED=1 timeout -k 5 ${TUNE_TIMEOUT:-240} python3 benchmarks/tune.py --lib build/libwarpattn.so \
-    ${TUNE_ARGS:-} > "$OUT/tune.log" 2>&1
-  echo "tune rc=$?"; cat "$OUT/tune.log" | tail -30
-fi

@@ -36,19 +36,17 @@ __device__ __forceinline__ void issue_qk_gemm(float (&s)[Cfg::kBlockN / 2], uint
                advance(kd, p * Cfg::kBlockN * 128 + kk * 32), p > 0 || kk > 0);
 }
 
-// accumulate = 0 starts O afresh (O = P·V), so a new work tile needs no zeroing of O by
-// ordinary instructions between wgmmas (which would serialise them: ptxas C7515).
 template <class Cfg>
 __device__ __forceinline__ void issue_pv_gemm(float (&o)[Cfg::kHeadDim / 2],
                                               const uint32_t (&p)[Cfg::kBlockN / 16][4],
-                                              uint32_t v_tile, int accumulate = 1) {
+                                              uint32_t v_tile) {
   using Mma = ptx::WgmmaRS<typename Cfg::Element, Cfg::kHeadDim>;
   // MN-major V: LBO = distance between 64-column panels, SBO = between 8-key groups.
   const uint64_t vd = ptx::make_smem_desc(v_tile, Cfg::kBlockN * 128, 1024);
   ptx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk)  // 16 keys = 16 rows of 128 B per step
-    Mma::mma(o, p[kk], advance(vd, kk * 16 * 128), kk > 0 || accumulate);
+    Mma::mma(o, p[kk], advance(vd, kk * 16 * 128), 1);
 }
 
 // S (f32 accumulator) -> P as the A operand of the P·V GEMM: for keys 16kk..16kk+15 the

@@ -9,14 +9,10 @@ void run_forward_head_dim<__nv_bfloat16, 128>(const ForwardProblem& p, const Ten
                                       const TensorView& k, const TensorView& v,
                                       const TensorView& out, const std::optional<TensorView>& lse,
                                       cudaStream_t stream) {
-  const bool alt = tuning().alt_block_n;  // TEMPORARY: see tuning.hpp
-  if (p.causal) {
-    if (alt) return run_forward<ForwardConfig<__nv_bfloat16, 128, 128, 3, true>>(p, q, k, v, out, lse, stream);
+  if (p.causal)
     run_forward<ForwardConfigFor<__nv_bfloat16, 128, true>>(p, q, k, v, out, lse, stream);
-  } else {
-    if (alt) return run_forward<ForwardConfig<__nv_bfloat16, 128, 176, 2, false>>(p, q, k, v, out, lse, stream);
+  else
     run_forward<ForwardConfigFor<__nv_bfloat16, 128, false>>(p, q, k, v, out, lse, stream);
-  }
 }
 
 }  // namespace warpattn::detail

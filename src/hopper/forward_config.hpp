@@ -34,12 +34,6 @@ struct ForwardConfig {
       kQStages_ > 0 ? kQStages_
                     : (2 * kQTileBytes + 2 * kStages * kKVTileBytes + 1024 <= kSharedMemoryLimit ? 2 : 1);
 
-  // Overlap a work tile's last P·V and epilogue with the next tile's first S GEMM (consumer.cuh)
-  // where the registers allow: O, S and P of the next tile live at once, plus the epilogue's
-  // temporaries. Measured by ptxas: up to 184 registers of O + S + P compile without spills
-  // (d=128 x 160, d=256 x 64); 188 (d=256 x 80) and 196 (d=128 x 176) spill.
-  static constexpr bool kOverlapTiles = kHeadDim / 2 + kBlockN / 2 + kBlockN / 4 <= 184;
-
   static_assert(kHeadDim % 64 == 0, "head dim is stored as 64-element panels");
   static_assert(kBlockN % 16 == 0, "kBlockN is the K extent of the P·V GEMM (k16 steps)");
   static_assert(kBlockN <= 256 && kHeadDim <= 256, "wgmma N is at most 256");

@@ -9,14 +9,10 @@ void run_forward_head_dim<__half, 256>(const ForwardProblem& p, const TensorView
                                       const TensorView& k, const TensorView& v,
                                       const TensorView& out, const std::optional<TensorView>& lse,
                                       cudaStream_t stream) {
-  const bool alt = tuning().alt_block_n;  // TEMPORARY: see tuning.hpp
-  if (p.causal) {
-    if (alt) return run_forward<ForwardConfig<__half, 256, 80, 2, true>>(p, q, k, v, out, lse, stream);
+  if (p.causal)
     run_forward<ForwardConfigFor<__half, 256, true>>(p, q, k, v, out, lse, stream);
-  } else {
-    if (alt) return run_forward<ForwardConfig<__half, 256, 80, 2, false>>(p, q, k, v, out, lse, stream);
+  else
     run_forward<ForwardConfigFor<__half, 256, false>>(p, q, k, v, out, lse, stream);
-  }
 }
 
 }  // namespace warpattn::detail

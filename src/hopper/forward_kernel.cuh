@@ -39,6 +39,43 @@ __device__ __forceinline__ void init_barriers(SharedStorage<Cfg>& ss) {
 }
 
 template <class Cfg>
+__device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, const ForwardParams& params,
+                                                       int warpgroup) {
+  const PingPong turns{warpgroup};
+  const FragmentCoords f(threadIdx.x % 128);
+  turns.start();
+  int kv = 0, q_iter = 0;  // as in the producer
+  const int total = total_tiles(params);
+  for (int i = 0;; ++i) {
+    const int tile = ss.tiles.receive(i);
+    if (tile >= total) break;
+    const WorkTile w = tile_coords(tile, params);
+    const int n_tiles = kv_tile_count(w.m_block, Cfg::kBlockM, Cfg::kBlockN, params.seqlen_q,
+                                      params.seqlen_k, Cfg::kCausal);
+    float o[Cfg::kHeadDim / 2];
+#pragma unroll
+    for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
+    OnlineSoftmax softmax(params.scale_log2);
+    if (n_tiles > 0) {
+      const RingSlot qs = ring_slot<Cfg::kQStages>(q_iter);
+      const TileContext t{warpgroup, w.m_block, n_tiles, kv, qs.stage};
+      ptx::mbarrier_wait(ptx::smem_addr(&ss.q_full[qs.stage]), qs.phase);
+      const ConsumerTile<Cfg> tile(ss, params, t);
+      if (sees_few_keys(w.m_block * Cfg::kBlockM, params.seqlen_q, params.seqlen_k, Cfg::kCausal))
+        tile.run_precise(o, softmax);
+      else
+        tile.run(o, softmax);
+      kv += n_tiles;
+      ++q_iter;
+    }
+    float lse[2];
+    softmax.finalize(o, lse);
+    store_output<Cfg>(o, lse, params, f, warpgroup, w.m_block, w.head, w.batch);
+  }
+  turns.finish();
+}
+
+template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     attention_forward_kernel(const __grid_constant__ CUtensorMap tm_q,
                              const __grid_constant__ CUtensorMap tm_k,
@@ -62,7 +99,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   } else {
     acquire_registers<Cfg::kConsumerRegisters>();
-    ConsumerWarpgroup<Cfg>(ss, params, warpgroup - 1).run();
+    run_consumer_warpgroup<Cfg>(ss, params, warpgroup - 1);
   }
 }
 

@@ -14,7 +14,6 @@
 #include "hopper/kv_tiles.hpp"
 #include "hopper/tensor_map.hpp"
 #include "hopper/tile_counter.hpp"
-#include "hopper/tuning.hpp"
 
 namespace warpattn::detail {
 
@@ -55,9 +54,9 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
     throw Error("q: batch x heads x ceil(seqlen_q / 128) = " + std::to_string(tiles) +
                 " query blocks exceed 2^31 - 1");
   // Persistent grid: one CTA per SM (the register file holds one), or fewer for small problems.
-  const int64_t blocks = tuning().one_tile_per_cta ? tiles : std::min<int64_t>(tiles, multiprocessor_count());
+  const int64_t blocks = std::min<int64_t>(tiles, multiprocessor_count());
   // More tiles than CTAs: hand them out dynamically (greedy, as the hardware would).
-  if (blocks < tiles && !tuning().static_order) params.tile_counter = tile_counter_for(stream);
+  if (blocks < tiles) params.tile_counter = tile_counter_for(stream);
 
   auto kernel = attention_forward_kernel<Cfg>;
   constexpr int kSmem = sizeof(SharedStorage<Cfg>);

@@ -1,12 +1,15 @@
 // Tile shapes per head dimension: the one place where they are chosen.
-// kBlockM is fixed at 128 (two consumer warpgroups of 64 rows). Why each kBlockN / stage count:
-//  d=64 : 128 x 128, 2 stages. S and P for 128 keys plus a 32-register O fit easily.
-//  d=128: 128 x 176 non-causal, 128 x 128 causal, 2 stages (FlashAttention-3's tiles): the
-//         wider tile halves nothing but the per-tile overhead, and measured +4% at N=16k
-//         non-causal; causal blocks gain nothing from it (more masked work on the diagonal).
+// kBlockM is fixed at 128 (two consumer warpgroups of 64 rows). The measurements behind each
+// choice are in docs/perf/LOG.md (runs 5-9, bf16, beside cuDNN in the same process):
+//  d=64 : 128 x 128, 2 stages, two Q buffers. 128 x 192 gains 1-4% at N=16k but loses 9% at
+//         N=1024 (a partial last key tile); a single Q buffer measured the same.
+//  d=128: non-causal 128 x 176, 2 stages (FlashAttention-3's tile): +4% over 128 x 128 at
+//         N=16k, and +5% over 128 x 160 at N=512 (3 full key tiles instead of 4 partial).
+//         Causal 128 x 128 with 3 stages: +2% over 2 stages at N=16k; a wider tile only adds
+//         masked work on the diagonal.
 //  d=256: 128 x 80, 2 stages: O alone takes 128 registers per thread, and Q 64 KB +
 //         2 x (K 40 + V 40) KB = 224 KB is just under the 227 KB shared-memory limit.
-// Measured figures behind these choices live in docs/perf/.
+//         128 x 64 is 5-8% slower at N >= 2048.
 #pragma once
 
 #include "hopper/forward_config.hpp"
@@ -21,11 +24,11 @@ struct TileShape<64, kCausal> {
 };
 template <bool kCausal>
 struct TileShape<128, kCausal> {
-  static constexpr int kBlockN = kCausal ? 128 : 160, kStages = 2;
+  static constexpr int kBlockN = kCausal ? 128 : 176, kStages = kCausal ? 3 : 2;
 };
 template <bool kCausal>
 struct TileShape<256, kCausal> {
-  static constexpr int kBlockN = 64, kStages = 2;
+  static constexpr int kBlockN = 80, kStages = 2;
 };
 
 template <class Element, int kHeadDim, bool kCausal>
