@@ -27,8 +27,11 @@ if stage forward; then
   grep -E "FAIL|failed|64K" "$OUT/forward.log" | head -${FORWARD_LINES:-40}
 fi
 if stage sanitize; then
-  timeout -k 5 300 compute-sanitizer --tool racecheck ./build/test_gpu_forward forward_is_deterministic > "$OUT/racecheck.log" 2>&1
-  echo "racecheck rc=$?"; tail -5 "$OUT/racecheck.log"
+  for tool in memcheck racecheck synccheck; do
+    timeout -k 5 ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 9 \
+      ./build/test_gpu_forward ${SANITIZE_FILTER:-forward_is_deterministic} > "$OUT/$tool.log" 2>&1
+    echo "$tool rc=$?: $(grep -E "ERROR SUMMARY|passed" "$OUT/$tool.log" | tr '\n' ' ')"
+  done
 fi
 if stage cli; then
   timeout -k 5 180 ./build/warpattn --json "$OUT/cli.json" > "$OUT/cli.log" 2>&1
