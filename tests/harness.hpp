@@ -1,7 +1,8 @@
 // A minimal test harness: each test is a function registered by TEST(name); CHECK records a
 // failure and goes on, REQUIRE stops the test, SKIP ends it as skipped with a printed reason.
 // main() runs every test (or those whose name contains argv[1]) and ends with the line
-// "N passed, N failed, N skipped"; the exit code is non-zero if any test failed.
+// "N passed, N failed, N skipped"; the exit code is 1 if any test failed, 77 if every test
+// skipped, else 0.
 #pragma once
 
 #include <cstdio>
@@ -59,6 +60,8 @@ class Failure {
   bool fatal_;
 };
 
+inline constexpr int kAllSkipped = 77;
+
 inline int run_all(int argc, char** argv) {
   const char* filter = argc > 1 ? argv[1] : nullptr;
   int passed = 0, failed = 0, skipped = 0;
@@ -92,7 +95,9 @@ inline int run_all(int argc, char** argv) {
     std::fflush(stdout);
   }
   std::printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
-  return failed ? 1 : 0;
+  // 77 when every test skipped, so CTest reports the suite as skipped (SKIP_RETURN_CODE), not
+  // as passed.
+  return failed ? 1 : (passed == 0 && skipped > 0 ? kAllSkipped : 0);
 }
 
 }  // namespace harness
