@@ -91,6 +91,22 @@ struct ConsumerTile {
     if (it == t.n_tiles - 1) release_slot(&ss.q_empty[t.q_stage]);
   }
 
+  // The masked scores of key tile `it` from an S GEMM issued alone in its own turn (nothing to
+  // overlap it with: a tile's first key tile, or the precise path).
+  __device__ __forceinline__ void scores_alone(float (&s)[Cfg::kBlockN / 2], int it) const {
+    using namespace ptx;
+    const RingSlot ks = ring_slot<Cfg::kStages>(t.kv_base + it);
+    turns.wait_turn();
+    mbarrier_wait(smem_addr(&ss.k_full[ks.stage]), ks.phase);
+    issue_qk_gemm<Cfg>(s, q_rows, smem_addr(ss.k[ks.stage]));
+    wgmma_commit();
+    turns.pass_turn();
+    wgmma_wait<0>();
+    pin(s);
+    release_k(it, ks.stage);
+    mask_if_needed(s, t.n_tiles - 1 - it);
+  }
+
   // The overlapped main loop (FlashAttention-3's intra-warpgroup pipeline).
   __device__ __forceinline__ void run(float (&o)[Cfg::kHeadDim / 2], OnlineSoftmax& softmax) const {
     using namespace ptx;
@@ -99,20 +115,9 @@ struct ConsumerTile {
     float alpha[2];
 
     // First key tile: S only.
-    {
-      const RingSlot ks = ring_slot<Cfg::kStages>(t.kv_base);
-      turns.wait_turn();
-      mbarrier_wait(smem_addr(&ss.k_full[ks.stage]), ks.phase);
-      issue_qk_gemm<Cfg>(s, q_rows, smem_addr(ss.k[ks.stage]));
-      wgmma_commit();
-      turns.pass_turn();
-      wgmma_wait<0>();
-      pin(s);
-      release_k(0, ks.stage);
-      mask_if_needed(s, t.n_tiles - 1);
-      softmax.step<true>(s, alpha);
-      convert_to_operand<Cfg>(s, p);
-    }
+    scores_alone(s, 0);
+    softmax.step<true>(s, alpha);
+    convert_to_operand<Cfg>(s, p);
 
     // Steady state: S_it with P_{it-1}·V_{it-1}.
     for (int it = 1; it < t.n_tiles; ++it) {
@@ -169,15 +174,7 @@ struct ConsumerTile {
     for (int it = 0; it < t.n_tiles; ++it) {
       const RingSlot slot = ring_slot<Cfg::kStages>(t.kv_base + it);
       float s[Cfg::kBlockN / 2];
-      turns.wait_turn();
-      mbarrier_wait(smem_addr(&ss.k_full[slot.stage]), slot.phase);
-      issue_qk_gemm<Cfg>(s, q_rows, smem_addr(ss.k[slot.stage]));
-      wgmma_commit();
-      turns.pass_turn();
-      wgmma_wait<0>();
-      pin(s);
-      release_k(it, slot.stage);
-      mask_if_needed(s, t.n_tiles - 1 - it);
+      scores_alone(s, it);
       float alpha[2];
       softmax.step<false>(s, alpha);  // from the initial -inf max, alpha = 0 and O = 0 stay exact
       rescale_rows(o, alpha);

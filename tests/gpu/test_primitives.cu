@@ -449,13 +449,14 @@ TEST(wgmma_rs_pv_d256_four_panels_n80) {
 // 384 threads at 168 registers each; the producer warpgroup drops to 24 and the consumers
 // rise to 240 and keep 192 floats live. The result must be bit-exact with the host's.
 constexpr int kLive = 192;
+template <int kProducer, int kConsumer>
 __global__ void __launch_bounds__(384, 1) register_split_kernel(const float* in, float* out, int rounds) {
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    ptx::release_registers<24>();
+    ptx::release_registers<kProducer>();
     return;
   }
-  ptx::acquire_registers<240>();
+  ptx::acquire_registers<kConsumer>();
   const int t = threadIdx.x - 128;
   float acc[kLive];
 #pragma unroll
@@ -467,8 +468,8 @@ __global__ void __launch_bounds__(384, 1) register_split_kernel(const float* in,
   for (int i = 0; i < kLive; ++i) out[t * kLive + i] = acc[i];
 }
 
-TEST(setmaxnreg_producer_24_consumers_240) {
-  REQUIRE_HOPPER();
+template <int kProducer, int kConsumer>
+void check_register_split() {
   const int n = 256 * kLive, rounds = 3;
   std::vector<float> in(n);
   std::mt19937_64 rng(3);
@@ -478,7 +479,7 @@ TEST(setmaxnreg_producer_24_consumers_240) {
   CUDA_OK(cudaMalloc(&d_out, n * 4));
   CUDA_OK(cudaMemcpy(d_in, in.data(), n * 4, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemset(d_out, 0xFF, n * 4));
-  register_split_kernel<<<264, 384>>>(d_in, d_out, rounds);  // two waves over 132 SMs
+  register_split_kernel<kProducer, kConsumer><<<264, 384>>>(d_in, d_out, rounds);  // two waves
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> got(n);
   CUDA_OK(cudaMemcpy(got.data(), d_out, n * 4, cudaMemcpyDeviceToHost));
@@ -489,9 +490,19 @@ TEST(setmaxnreg_producer_24_consumers_240) {
       for (int i = 0; i < kLive; ++i) acc[i] = std::fma(acc[i], 0.5f, acc[(i + 1) % kLive]);
     for (int i = 0; i < kLive; ++i) wrong += got[t * kLive + i] != acc[i];
   }
-  CHECK(wrong == 0) << wrong << " of " << n << " results differ";
+  CHECK(wrong == 0) << kProducer << "/" << kConsumer << ": " << wrong << " of " << n << " results differ";
   cudaFree(d_in);
   cudaFree(d_out);
+}
+
+TEST(setmaxnreg_producer_24_consumers_240) {
+  REQUIRE_HOPPER();
+  check_register_split<24, 240>();
+}
+// The forward kernel's split (forward_config.hpp).
+TEST(setmaxnreg_producer_40_consumers_232) {
+  REQUIRE_HOPPER();
+  check_register_split<40, 232>();
 }
 
 }  // namespace
