@@ -6,7 +6,7 @@
 set -u -o pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-"primitives forward cli bench"}
+STAGES=${STAGES:-"primitives forward cli bench"}  # also: sanitize, python
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/configure.log" 2>&1 || { tail -20 "$OUT/configure.log"; exit 1; }
 if ! cmake --build build -j"$(nproc)" > "$OUT/build.log" 2>&1; then
@@ -38,7 +38,22 @@ if stage cli; then
   echo "cli rc=$?"; tail -12 "$OUT/cli.log"
 fi
 if stage bench; then
-  PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 benchmarks/bench.py --lib build/libwarpattn.so \
+  PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 python/warpattn/bench.py --lib build/libwarpattn.so \
     --out "$OUT" ${BENCH_ARGS:---quick} > "$OUT/bench.log" 2> "$OUT/bench.err"
   echo "bench rc=$?"; tail -5 "$OUT/bench.err"; tail -40 "$OUT/bench.log"
+fi
+if stage python; then
+  # The package as a user installs it (no network there: no build isolation), its tests, and
+  # the benchmark through the package (quick unless PY_BENCH_ARGS says otherwise).
+  if timeout -k 5 300 python3 -m pip install -q --no-build-isolation --no-deps . > "$OUT/pip.log" 2>&1; then
+    (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${PYTEST_TIMEOUT:-400} python3 -m pytest -q -rs -x \
+      "$OLDPWD/tests/python" > "$OUT/pytest.log" 2>&1)
+    echo "pytest rc=$?: $(tail -1 "$OUT/pytest.log")"
+    grep -E "FAILED|Error|SKIPPED" "$OUT/pytest.log" | head -15
+    (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 -m warpattn.bench --out "$OUT" \
+      ${PY_BENCH_ARGS:---quick} > "$OUT/pybench.log" 2> "$OUT/pybench.err")
+    echo "python bench rc=$?"; tail -4 "$OUT/pybench.err"
+  else
+    echo "pip install failed"; tail -20 "$OUT/pip.log"
+  fi
 fi

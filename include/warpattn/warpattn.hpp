@@ -74,4 +74,11 @@ void forward(const TensorView& q, const TensorView& k, const TensorView& v, cons
              const std::optional<TensorView>& lse, const ForwardOptions& options,
              cudaStream_t stream = nullptr);
 
+// Checks every argument rule of forward() on the host, touching neither memory nor the GPU;
+// throws the Error that forward() would throw. For bindings that need to report argument
+// errors before they look at where the memory lives.
+void validate_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& out, const std::optional<TensorView>& lse,
+                      const ForwardOptions& options);
+
 }  // namespace warpattn

@@ -15,7 +15,7 @@ namespace {
 static_assert(static_cast<int>(warpattn::DType::f16) == WARPATTN_DTYPE_F16);
 static_assert(static_cast<int>(warpattn::DType::bf16) == WARPATTN_DTYPE_BF16);
 static_assert(static_cast<int>(warpattn::DType::f32) == WARPATTN_DTYPE_F32);
-// The ctypes mirror in benchmarks/bench.py hard-codes this layout.
+// The ctypes mirror in python/warpattn/bench.py (its --lib mode) hard-codes this layout.
 static_assert(sizeof(void*) != 8 || sizeof(warpattn_tensor) == 80,
               "warpattn_tensor layout changed: update warpattn_c.h's comment and FFI mirrors");
 

@@ -17,4 +17,10 @@ void forward(const TensorView& q, const TensorView& k, const TensorView& v, cons
     detail::launch_forward_sm90(p, q, k, v, out, lse, stream);
 }
 
+void validate_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& out, const std::optional<TensorView>& lse,
+                      const ForwardOptions& options) {
+  detail::validate_forward(q, k, v, out, lse, options);
+}
+
 }  // namespace warpattn

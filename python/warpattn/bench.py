@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Side-by-side forward benchmark: warpattn beside cuDNN and FlashAttention-2, one process.
 
-    python3 benchmarks/bench.py --lib build/libwarpattn.so --out docs/perf
+    python -m warpattn.bench [--out docs/perf]                  # the installed package
+    python -m warpattn.bench --lib build/libwarpattn.so          # a CMake build, via its C ABI
+    python -m warpattn.bench --plot-only docs/perf/bench-<date>.json   # redraw the plots
 
 Why one process and the same tensors: the H200 is power-limited, so absolute TFLOP/s drift
 from day to day and even within a run; only figures measured back to back on the same data
 compare. For every point, q, k and v are made once (fresh torch.randn, never zeros: zeros draw
 less power and flatter every kernel) in the (B, N, H, d) layout; warpattn reads them through
-its C ABI (ctypes, raw pointers, PyTorch's current stream); cuDNN and FlashAttention-2 read
+the Python extension (or the C ABI through ctypes with --lib), raw pointers, PyTorch's current
+stream; cuDNN and FlashAttention-2 read
 q.transpose(1, 2) views of the very same memory through scaled_dot_product_attention. The dense
 GEMM rate (torch.matmul, 8192^3) is measured in the same run as the ceiling.
 
@@ -15,7 +18,9 @@ The sweep is MISSION.md's: 16384 tokens in total, H*d = 2048 (so H = 2048/d, B =
 N in 512..16384, d in 64/128/256, causal and not, bf16 and fp16; the source article's
 configuration (B=1, H=16, N=16384, d=128) is the sweep's d=128, N=16384 point.
 
-Writes docs/perf/bench-<date>[-<tag>].json and .md, and prints the Markdown table last.
+Writes docs/perf/bench-<date>[-<tag>].json, .md and one PNG plot per dtype (TFLOP/s against
+N, a panel per head dim and causal setting, a line per implementation), and prints the Markdown
+table last.
 """
 
 import argparse
@@ -104,7 +109,11 @@ def parse_args(argv):
     p = argparse.ArgumentParser(
         description="warpattn vs cuDNN and FlashAttention-2 (PyTorch SDPA), same process, "
         "same tensors; writes bench-<date>.json/.md")
-    p.add_argument("--lib", required=True, help="path to libwarpattn.so")
+    p.add_argument("--lib", default=None,
+                   help="path to a CMake build's libwarpattn.so, called through its C ABI "
+                   "(default: the installed warpattn package)")
+    p.add_argument("--plot-only", default=None, metavar="JSON",
+                   help="only draw the PNG plots of an earlier run's JSON, next to it")
     p.add_argument("--out", default="docs/perf", help="output folder (default docs/perf)")
     p.add_argument("--dtypes", default="bf16,fp16",
                    help="comma-separated subset of bf16,fp16 (default both)")
@@ -214,6 +223,14 @@ def describe(t, dtype_name):
 
 def warpattn_call(lib, torch, q, k, v, out, dtype, causal):
     """A zero-argument launcher (descriptors built once, outside the timed loop)."""
+    if lib is None:  # the installed Python extension
+        from warpattn import _warpattn
+        stream = torch.cuda.current_stream().cuda_stream
+
+        def launch_ext():
+            _warpattn.forward(q, k, v, out, None, None, causal, stream)
+
+        return launch_ext
     descs = [describe(t, dtype) for t in (q, k, v, out)]
     refs = [ctypes.byref(d) for d in descs]
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
@@ -459,7 +476,7 @@ def environment(torch, args):
         "date": now.strftime("%Y-%m-%d"),
         "time_utc": now.strftime("%H:%M:%SZ"),
         "commit": commit,
-        "lib": os.path.abspath(args.lib),
+        "lib": os.path.abspath(args.lib) if args.lib else "warpattn Python package",
         "argv": sys.argv[1:],
     }
 
@@ -532,13 +549,68 @@ def markdown(env, ceilings, method, rows, dtypes):
 
 # ---------------------------------------------------------------------------------------------
 
+LABELS = {"warpattn": "warpattn", "cudnn_sdpa": "cuDNN (SDPA)", "fa2_sdpa": "FlashAttention-2 (SDPA)"}
+STYLES = {"warpattn": "o-", "cudnn_sdpa": "s--", "fa2_sdpa": "^:"}
+
+
+def plot(result, stem):
+    """One PNG per dtype: TFLOP/s against N, a panel per (d, causal), a line per
+    implementation, the in-run GEMM rate as a reference line. Returns the paths written
+    (none when matplotlib is missing: the JSON and Markdown are the record)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot", file=sys.stderr)
+        return []
+    rows = result["rows"]
+    paths = []
+    for dtype in sorted({r["dtype"] for r in rows}):
+        fig, axes = plt.subplots(2, len(SWEEP_D), figsize=(5 * len(SWEEP_D), 8), squeeze=False)
+        for col, d in enumerate(SWEEP_D):
+            for line, causal in enumerate((False, True)):
+                ax = axes[line][col]
+                for impl in IMPLS:
+                    pts = sorted({(r["N"], r["tflops"]) for r in rows
+                                  if r["dtype"] == dtype and r["d"] == d and r["causal"] == causal
+                                  and r["impl"] == impl and r.get("tflops")})
+                    if pts:
+                        ax.plot([n for n, _ in pts], [t for _, t in pts], STYLES[impl], label=LABELS[impl])
+                ceiling = result.get("ceilings", {}).get(dtype, {}).get("tflops")
+                if ceiling:
+                    ax.axhline(ceiling, color="gray", lw=0.8, ls="-.", label="GEMM (torch.matmul 8192³)")
+                ax.set_xscale("log", base=2)
+                ax.set_title("d=%d, %s" % (d, "causal" if causal else "non-causal"))
+                ax.set_xlabel("sequence length N (16384 tokens, H·d = 2048)")
+                ax.set_ylabel("TFLOP/s")
+                ax.set_ylim(bottom=0)
+                ax.grid(True, alpha=0.3)
+        axes[0][0].legend(loc="lower right", fontsize=8)
+        fig.suptitle("%s forward on %s, %s (commit %s)" % (
+            dtype, result.get("card", result.get("gpu", "GPU")), result.get("date", ""),
+            result.get("commit", "?")))
+        fig.tight_layout()
+        path = "%s-%s.png" % (stem, dtype)
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.plot_only:
+        with open(args.plot_only) as f:
+            result = json.load(f)
+        for path in plot(result, os.path.splitext(args.plot_only)[0]):
+            print("wrote %s" % path, file=sys.stderr)
+        return 0
     import torch
 
     if not torch.cuda.is_available():
         sys.exit("bench.py: no CUDA device visible to PyTorch")
-    lib = load_warpattn(args.lib)
+    lib = load_warpattn(args.lib) if args.lib else None
     timer, method = make_timer(torch, args.warmup_ms, args.rep_ms)
     env = environment(torch, args)
 
@@ -582,6 +654,8 @@ def main(argv=None):
     with open(md_path, "w") as f:
         f.write(table)
     print("wrote %s and %s" % (json_path, md_path), file=sys.stderr, flush=True)
+    for path in plot(result, os.path.join(args.out, stem)):
+        print("wrote %s" % path, file=sys.stderr, flush=True)
     sys.stdout.write(table)
     sys.stdout.flush()
     # Non-zero when warpattn failed its guard or could not run somewhere; the files are

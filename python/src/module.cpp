@@ -1,0 +1,88 @@
+// The Python extension: warpattn.forward on any DLPack tensor (PyTorch, JAX, CuPy, NumPy),
+// without copies. Argument errors come out as ValueError (TypeError for a tensor that is not
+// on a CUDA device or has a dtype warpattn does not know), with warpattn's own message.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "warpattn/warpattn.hpp"
+
+namespace nb = nanobind;
+
+namespace {
+
+using AnyArray = nb::ndarray<nb::ro>;  // any device, dtype, shape and strides
+
+// The dtype warpattn calls it, or a TypeError naming the argument.
+warpattn::DType dtype_of(const AnyArray& a, const char* name) {
+  const nb::dlpack::dtype t = a.dtype();
+  if (t.bits == 16 && t.lanes == 1) {
+    if (t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float)) return warpattn::DType::f16;
+    if (t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat)) return warpattn::DType::bf16;
+  }
+  if (t.bits == 32 && t.lanes == 1 && t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float))
+    return warpattn::DType::f32;
+  throw nb::type_error((std::string(name) + ": expected a float16, bfloat16 or float32 tensor, got DLPack dtype code " +
+                        std::to_string(t.code) + " with " + std::to_string(t.bits) + " bits")
+                           .c_str());
+}
+
+warpattn::TensorView view_of(const AnyArray& a, const char* name) {
+  if (a.ndim() > 4)
+    throw nb::value_error((std::string(name) + ": expected rank 4 (3 for lse), got rank " + std::to_string(a.ndim())).c_str());
+  warpattn::TensorView v;
+  v.data = const_cast<void*>(a.data());
+  v.dtype = dtype_of(a, name);
+  v.rank = static_cast<int>(a.ndim());
+  for (int i = 0; i < v.rank; ++i) {
+    v.shape[i] = static_cast<int64_t>(a.shape(i));
+    v.stride[i] = static_cast<int64_t>(a.stride(i));  // nanobind gives strides in elements
+  }
+  return v;
+}
+
+bool on_cuda(const AnyArray& a) { return a.device_type() == nb::device::cuda::value; }
+
+void forward(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& out,
+             const std::optional<AnyArray>& lse, std::optional<float> softmax_scale, bool causal,
+             uintptr_t stream) {
+  const warpattn::TensorView vq = view_of(q, "q"), vk = view_of(k, "k"), vv = view_of(v, "v"),
+                             vo = view_of(out, "out");
+  std::optional<warpattn::TensorView> vl;
+  if (lse) vl = view_of(*lse, "lse");
+  warpattn::ForwardOptions options;
+  options.softmax_scale = softmax_scale;
+  options.causal = causal;
+  try {
+    // Argument rules first, wherever the memory lives, so every error is reported the same.
+    warpattn::validate_forward(vq, vk, vv, vo, vl, options);
+    const char* names[] = {"q", "k", "v", "out", "lse"};
+    const AnyArray* arrays[] = {&q, &k, &v, &out, lse ? &*lse : nullptr};
+    for (int i = 0; i < 5; ++i)
+      if (arrays[i] && !on_cuda(*arrays[i]))
+        throw nb::type_error((std::string(names[i]) +
+                              ": CUDA tensor required (warpattn runs on the GPU), got a tensor on DLPack device type " +
+                              std::to_string(arrays[i]->device_type()))
+                                 .c_str());
+    nb::gil_scoped_release release;
+    warpattn::forward(vq, vk, vv, vo, vl, options, reinterpret_cast<cudaStream_t>(stream));
+  } catch (const warpattn::Error& e) {
+    throw nb::value_error(e.what());
+  }
+}
+
+}  // namespace
+
+NB_MODULE(_warpattn, m) {
+  m.doc() = "warpattn: exact attention for NVIDIA Hopper (sm_90a). Use warpattn.flash_attn_func.";
+  m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
+        nb::arg("lse").none(), nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("stream"),
+        "Writes softmax(scale q k^T) v into `out` (and the log-sum-exp into `lse`), on `stream` (a "
+        "cudaStream_t as an integer). All tensors in (batch, seqlen, heads, head_dim) layout.");
+  m.attr("supported_head_dims") = nb::make_tuple(64, 128, 256);
+}

@@ -1,0 +1,145 @@
+"""The Python package on an sm_90 GPU, against scaled_dot_product_attention in fp32 on the
+same inputs; skipped with the reason elsewhere."""
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+if torch.cuda.get_device_capability() != (9, 0):
+    pytest.skip("needs an sm_90 GPU, found sm_%d%d" % torch.cuda.get_device_capability(), allow_module_level=True)
+
+import warpattn  # noqa: E402
+
+TOL = {torch.bfloat16: 5e-3, torch.float16: 1e-3}
+
+
+def reference(q, k, v, causal, scale=None):
+    """fp32 attention in (B, S, H, D) layout with GQA and bottom-right causal alignment;
+    rows that see no key are 0 and their LSE -inf (warpattn's convention)."""
+    qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))
+    group = qf.shape[1] // kf.shape[1]
+    kf, vf = kf.repeat_interleave(group, 1), vf.repeat_interleave(group, 1)
+    sq, sk = qf.shape[2], kf.shape[2]
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    mask = None
+    if causal:
+        mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(diagonal=sk - sq)
+    scores = (qf @ kf.transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    bias = None if mask is None else torch.zeros(sq, sk, device=q.device).masked_fill(~mask, float("-inf"))
+    out = torch.nn.functional.scaled_dot_product_attention(qf, kf, vf, attn_mask=bias, scale=scale)
+    return out.nan_to_num(0.0).transpose(1, 2), lse
+
+
+def rel_l2(got, want):
+    return ((got.float() - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def check(q, k, v, causal, scale=None):
+    out, lse = warpattn.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)
+    want, want_lse = reference(q, k, v, causal, scale)
+    assert not out.isnan().any()
+    err = rel_l2(out, want)
+    assert err <= TOL[q.dtype], err
+    finite = want_lse.isfinite()
+    assert torch.equal(finite, lse.isfinite())
+    assert (lse[finite] - want_lse[finite]).abs().max().item() <= 1e-4 if finite.any() else True
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads_kv", [8, 2, 1])
+@pytest.mark.parametrize("sq,sk", [(1, 1), (17, 17), (1000, 1000), (300, 777), (777, 300)])
+def test_against_sdpa(dtype, d, causal, heads_kv, sq, sk):
+    q = torch.randn(2, sq, 8, d, device="cuda", dtype=dtype)
+    k = torch.randn(2, sk, heads_kv, d, device="cuda", dtype=dtype)
+    v = torch.randn(2, sk, heads_kv, d, device="cuda", dtype=dtype)
+    check(q, k, v, causal)
+
+
+@pytest.mark.gpu
+def test_non_contiguous_views_of_a_packed_qkv():
+    qkv = torch.randn(2, 513, 3, 4, 128, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    assert not q.is_contiguous()
+    check(q, k, v, causal=True, scale=0.1)
+
+
+@pytest.mark.gpu
+def test_out_argument_and_side_stream():
+    q, k, v = (torch.randn(1, 1024, 4, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    out = torch.full_like(q, float("nan"))
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        result = warpattn.flash_attn_func(q, k, v, out=out)
+    side.synchronize()
+    assert result is out
+    assert rel_l2(out, reference(q, k, v, False)[0]) <= 1e-3
+
+
+@pytest.mark.gpu
+def test_torch_compile():
+    q, k, v = (torch.randn(2, 512, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    fn = torch.compile(lambda a, b, c: warpattn.flash_attn_func(a, b, c, causal=True) * 2, fullgraph=True)
+    torch.testing.assert_close(fn(q, k, v), warpattn.flash_attn_func(q, k, v, causal=True) * 2, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture():
+    q, k, v = (torch.randn(2, 700, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    warpattn.flash_attn_func(q, k, v)  # warm-up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = warpattn.flash_attn_func(q, k, v)
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_l2(out, reference(q, k, v, False)[0]) <= 5e-3
+
+
+@pytest.mark.gpu
+def test_gradient_request_is_a_clear_error():
+    q, k, v = (torch.randn(1, 128, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    out = warpattn.flash_attn_func(q, k, v)
+    with pytest.raises(RuntimeError, match="backward pass is not implemented"):
+        out.sum().backward()
+
+
+@pytest.mark.gpu
+def test_argument_errors_on_cuda_tensors():
+    q, k, v = (torch.randn(1, 128, 4, 96, device="cuda", dtype=torch.float16) for _ in range(3))
+    with pytest.raises(ValueError, match="must be one of 64, 128, 256, got 96"):
+        warpattn.flash_attn_func(q, k, v)
+    with pytest.raises(TypeError, match="CUDA tensor required"):
+        q, k, v = (torch.randn(1, 128, 4, 64, dtype=torch.float16) for _ in range(3))
+        warpattn.flash_attn_func(q, k, v)
+
+
+@pytest.mark.gpu
+def test_cupy_inputs():
+    cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
+    q, k, v = (torch.randn(2, 333, 4, 128, device="cuda", dtype=torch.float16) for _ in range(3))
+    cq, ck, cv = (cupy.from_dlpack(t) for t in (q, k, v))
+    out = warpattn.flash_attn_func(cq, ck, cv, causal=True)
+    assert isinstance(out, cupy.ndarray)
+    cupy.cuda.get_current_stream().synchronize()
+    assert rel_l2(torch.from_dlpack(out), reference(q, k, v, True)[0]) <= 1e-3
+
+
+@pytest.mark.gpu
+def test_jax_inputs():
+    jax = pytest.importorskip("jax", reason="JAX is not installed")
+    if not any(dev.platform == "gpu" for dev in jax.devices()):
+        pytest.skip("JAX sees no GPU")
+    q, k, v = (torch.randn(1, 256, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    torch.cuda.synchronize()
+    jq, jk, jv = (jax.dlpack.from_dlpack(t) for t in (q, k, v))
+    out = warpattn.flash_attn_func(jq, jk, jv)
+    assert isinstance(out, jax.Array)
+    assert rel_l2(torch.from_dlpack(out), reference(q, k, v, False)[0]) <= 5e-3
