@@ -46,7 +46,7 @@ if stage python; then
   # The package as a user installs it (no network there: no build isolation), its tests, and
   # the benchmark through the package (quick unless PY_BENCH_ARGS says otherwise).
   if timeout -k 5 300 python3 -m pip install -q --no-build-isolation --no-deps . > "$OUT/pip.log" 2>&1; then
-    (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${PYTEST_TIMEOUT:-400} python3 -m pytest -q -rs -x \
+    (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${PYTEST_TIMEOUT:-400} python3 -m pytest -q -rs \
       "$OLDPWD/tests/python" > "$OUT/pytest.log" 2>&1)
     echo "pytest rc=$?: $(tail -1 "$OUT/pytest.log")"
     grep -E "FAILED|Error|SKIPPED" "$OUT/pytest.log" | head -15
