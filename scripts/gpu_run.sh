@@ -46,13 +46,17 @@ if stage python; then
   # The package as a user installs it (no network there: no build isolation), its tests, and
   # the benchmark through the package (quick unless PY_BENCH_ARGS says otherwise).
   if timeout -k 5 300 python3 -m pip install -q --no-build-isolation --no-deps . > "$OUT/pip.log" 2>&1; then
-    (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${PYTEST_TIMEOUT:-400} python3 -m pytest -q -rs \
-      "$OLDPWD/tests/python" > "$OUT/pytest.log" 2>&1)
-    echo "pytest rc=$?: $(tail -1 "$OUT/pytest.log")"
-    grep -E "FAILED|Error|SKIPPED" "$OUT/pytest.log" | head -15
-    (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 -m warpattn.bench --out "$OUT" \
-      ${PY_BENCH_ARGS:---quick} > "$OUT/pybench.log" 2> "$OUT/pybench.err")
-    echo "python bench rc=$?"; tail -4 "$OUT/pybench.err"
+    for part in gpu cpu; do  # separately: a crash in one part still leaves the other's result
+      (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${PYTEST_TIMEOUT:-400} python3 -X faulthandler -m pytest -q -rs \
+        "$OLDPWD/tests/python/test_$part.py" > "$OUT/pytest-$part.log" 2>&1)
+      echo "pytest $part rc=$?: $(tail -1 "$OUT/pytest-$part.log")"
+      grep -E "FAILED|Error|SKIPPED|Fatal|line [0-9]+ in" "$OUT/pytest-$part.log" | head -12
+    done
+    if [ -z "${SKIP_PY_BENCH:-}" ]; then
+      (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 -m warpattn.bench --out "$OUT" \
+        ${PY_BENCH_ARGS:---quick} > "$OUT/pybench.log" 2> "$OUT/pybench.err")
+      echo "python bench rc=$?"; tail -4 "$OUT/pybench.err"
+    fi
   else
     echo "pip install failed"; tail -20 "$OUT/pip.log"
   fi
