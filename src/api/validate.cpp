@@ -7,9 +7,9 @@
 // argument, says what was expected and what came.
 #include <cmath>
 #include <cstdint>
-#include <sstream>
 #include <string>
 
+#include "api/message.hpp"
 #include "api/problem.hpp"
 
 namespace warpattn::detail {
@@ -33,19 +33,13 @@ struct Arg {
   int expected_rank;
 };
 
-[[noreturn]] void fail(const std::ostringstream& message) { throw Error(message.str()); }
+[[noreturn]] void fail(const Message& message) { throw Error(message.str()); }
 
 std::string shape_string(const TensorView& t) {
-  std::ostringstream s;
+  Message s;
   s << "(";
   for (int i = 0; i < t.rank; ++i) s << (i ? ", " : "") << t.shape[i];
   s << ")";
-  return s.str();
-}
-
-std::string hex(uint64_t value) {
-  std::ostringstream s;
-  s << "0x" << std::hex << value;
   return s.str();
 }
 
@@ -60,7 +54,7 @@ bool is_empty(const TensorView& t) {
 // ---- a. rank
 void check_rank(const Arg& a) {
   if (a.view.rank == a.expected_rank) return;
-  std::ostringstream m;
+  Message m;
   m << a.name << ": expected rank " << a.expected_rank << " (";
   for (int i = 0; i < a.expected_rank; ++i) m << (i ? ", " : "") << a.dim_names[i];
   m << "), got rank " << a.view.rank;
@@ -71,7 +65,7 @@ void check_rank(const Arg& a) {
 void check_sizes_not_negative(const Arg& a) {
   for (int i = 0; i < a.view.rank; ++i) {
     if (a.view.shape[i] >= 0) continue;
-    std::ostringstream m;
+    Message m;
     m << a.name << ": shape[" << i << "] (" << a.dim_names[i] << ") must not be negative, got "
       << a.view.shape[i];
     fail(m);
@@ -81,7 +75,7 @@ void check_sizes_not_negative(const Arg& a) {
 // ---- c. null data: allowed only where there is nothing to read or write
 void check_not_null(const Arg& a) {
   if (a.view.data != nullptr || is_empty(a.view)) return;
-  std::ostringstream m;
+  Message m;
   m << a.name << ": data is null, expected a device pointer for a non-empty tensor of shape "
     << shape_string(a.view);
   fail(m);
@@ -91,7 +85,7 @@ void check_not_null(const Arg& a) {
 void check_last_dim_contiguous(const Arg& a) {
   const int last = a.view.rank - 1;
   if (a.view.stride[last] == 1) return;
-  std::ostringstream m;
+  Message m;
   m << a.name << ": last dimension (" << a.dim_names[last] << ") must be contiguous (stride["
     << last << "] == 1), got stride[" << last << "] = " << a.view.stride[last];
   fail(m);
@@ -106,7 +100,7 @@ void check_alignment_and_strides(const Arg& a, int64_t base_align, bool tma_stri
   if (is_empty(t)) return;
   const auto address = reinterpret_cast<uintptr_t>(t.data);
   if (address % static_cast<uintptr_t>(base_align) != 0) {
-    std::ostringstream m;
+    Message m;
     m << a.name << ": data pointer " << hex(address) << " must be " << base_align << "-byte aligned"
       << (tma_strides ? " (TMA)" : "");
     fail(m);
@@ -115,7 +109,7 @@ void check_alignment_and_strides(const Arg& a, int64_t base_align, bool tma_stri
   for (int i = 0; i < t.rank - 1; ++i) {
     const int64_t s = t.stride[i];
     if (s < 0) {
-      std::ostringstream m;
+      Message m;
       m << a.name << ": stride[" << i << "] (" << a.dim_names[i] << ") must not be negative, got "
         << s;
       fail(m);
@@ -125,7 +119,7 @@ void check_alignment_and_strides(const Arg& a, int64_t base_align, bool tma_stri
     // for every tensor keeps it simple; a size-1 dimension is never stepped over, so any
     // stride is fine there.
     if (s == 0 && t.shape[i] > 1) {
-      std::ostringstream m;
+      Message m;
       m << a.name << ": stride[" << i << "] (" << a.dim_names[i]
         << ") must be positive for a dimension of size " << t.shape[i] << ", got 0";
       fail(m);
@@ -133,13 +127,13 @@ void check_alignment_and_strides(const Arg& a, int64_t base_align, bool tma_stri
     if (!tma_strides) continue;
     // Compared in elements so that a huge stride cannot overflow the byte count.
     if (s >= kTmaStrideLimitBytes / elem) {
-      std::ostringstream m;
+      Message m;
       m << a.name << ": stride[" << i << "] (" << a.dim_names[i] << ") = " << s
         << " elements must be less than 2^40 bytes (TMA)";
       fail(m);
     }
     if ((s * elem) % kTmaAlignBytes != 0) {
-      std::ostringstream m;
+      Message m;
       m << a.name << ": stride[" << i << "] (" << a.dim_names[i] << ") = " << s
         << " elements = " << s * elem << " bytes must be a multiple of 16 bytes (TMA)";
       fail(m);
@@ -151,7 +145,7 @@ void check_alignment_and_strides(const Arg& a, int64_t base_align, bool tma_stri
 void check_coordinates_fit(const Arg& a) {
   for (int i = 0; i < a.view.rank; ++i) {
     if (a.view.shape[i] < kCoordinateLimit) continue;
-    std::ostringstream m;
+    Message m;
     m << a.name << ": " << a.dim_names[i] << " (shape[" << i << "]) = " << a.view.shape[i]
       << " must be less than 2^31 (the kernel uses 32-bit coordinates)";
     fail(m);
@@ -191,7 +185,7 @@ void check_no_overlap(const Arg& written, const Arg& other) {
   const ByteRange w = byte_range(written.view);
   const ByteRange o = byte_range(other.view);
   if (w.last < o.first || o.last < w.first) return;
-  std::ostringstream m;
+  Message m;
   m << written.name << ": must not overlap " << other.name << " in memory, but " << written.name
     << " spans bytes [" << hex(w.first) << ", " << hex(w.last) << "] and " << other.name
     << " spans [" << hex(o.first) << ", " << hex(o.last) << "]";
@@ -199,7 +193,7 @@ void check_no_overlap(const Arg& written, const Arg& other) {
 }
 
 std::string supported_head_dims() {
-  std::ostringstream s;
+  Message s;
   bool first = true;
   for (int d : kSupportedHeadDims) {
     s << (first ? "" : ", ") << d;
@@ -241,19 +235,19 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
 
   // d. dtypes
   if (q.dtype != DType::f16 && q.dtype != DType::bf16) {
-    std::ostringstream m;
+    Message m;
     m << "q: expected dtype float16 or bfloat16, got " << dtype_name(q.dtype);
     fail(m);
   }
   for (const Arg* a : {&ak, &av, &aout}) {
     if (a->view.dtype == q.dtype) continue;
-    std::ostringstream m;
+    Message m;
     m << a->name << ": expected dtype " << dtype_name(q.dtype) << " (same as q), got "
       << dtype_name(a->view.dtype);
     fail(m);
   }
   if (lse && lse->dtype != DType::f32) {
-    std::ostringstream m;
+    Message m;
     m << "lse: expected dtype float32, got " << dtype_name(lse->dtype);
     fail(m);
   }
@@ -261,13 +255,13 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
   // e. head dimension
   const int64_t head_dim = q.shape[3];
   if (!is_supported_head_dim(head_dim)) {
-    std::ostringstream m;
+    Message m;
     m << "q: head_dim (shape[3]) must be one of " << supported_head_dims() << ", got " << head_dim;
     fail(m);
   }
   for (const Arg* a : {&ak, &av, &aout}) {
     if (a->view.shape[3] == head_dim) continue;
-    std::ostringstream m;
+    Message m;
     m << a->name << ": expected head_dim " << head_dim << " (same as q), got " << a->view.shape[3];
     fail(m);
   }
@@ -276,23 +270,23 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
   const int64_t batch = q.shape[0];
   for (const Arg* a : {&ak, &av, &aout}) {
     if (a->view.shape[0] == batch) continue;
-    std::ostringstream m;
+    Message m;
     m << a->name << ": expected batch " << batch << " (same as q), got " << a->view.shape[0];
     fail(m);
   }
   if (v.shape[1] != k.shape[1] || v.shape[2] != k.shape[2]) {
-    std::ostringstream m;
+    Message m;
     m << "v: expected shape " << shape_string(k) << " (same as k), got " << shape_string(v);
     fail(m);
   }
   if (out.shape[1] != q.shape[1] || out.shape[2] != q.shape[2]) {
-    std::ostringstream m;
+    Message m;
     m << "out: expected shape " << shape_string(q) << " (same as q), got " << shape_string(out);
     fail(m);
   }
   if (lse &&
       (lse->shape[0] != batch || lse->shape[1] != q.shape[2] || lse->shape[2] != q.shape[1])) {
-    std::ostringstream m;
+    Message m;
     m << "lse: expected shape (batch, heads_q, seqlen_q) = (" << batch << ", " << q.shape[2] << ", "
       << q.shape[1] << "), got " << shape_string(*lse);
     fail(m);
@@ -302,13 +296,13 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
   const int64_t heads_q = q.shape[2];
   const int64_t heads_kv = k.shape[2];
   if (heads_q >= 1 && heads_kv < 1) {
-    std::ostringstream m;
+    Message m;
     m << "k: expected at least 1 key/value head for " << heads_q << " query heads, got "
       << heads_kv;
     fail(m);
   }
   if (heads_kv >= 1 && heads_q % heads_kv != 0) {
-    std::ostringstream m;
+    Message m;
     m << "k: query heads (" << heads_q << ") must be a multiple of key/value heads (" << heads_kv
       << ")";
     fail(m);
@@ -331,7 +325,7 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
   if (options.softmax_scale) {
     const float s = *options.softmax_scale;
     if (!std::isfinite(s) || !(s > 0.f)) {
-      std::ostringstream m;
+      Message m;
       m << "softmax_scale: expected a finite positive value, got " << s;
       fail(m);
     }
