@@ -2,11 +2,7 @@
 // Host-and-device functions so the CPU tests check them against brute force.
 #pragma once
 
-#if defined(__CUDACC__)
-#define WARPATTN_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define WARPATTN_HOST_DEVICE inline
-#endif
+#include "hopper/host_device.hpp"
 
 namespace warpattn::detail {
 

@@ -1,10 +1,5 @@
-// The tile scheduler of the persistent grid. A work tile is one 128-row query block of one
-// (batch, head).
-//
-// Order: (batch, head) pairs are taken in chunks whose K and V fit in L2 together
-// (chunk_heads), so the CTAs running at one time share key/value tiles through L2; inside a
-// chunk the last query blocks come first: under a causal mask they see the most keys, so long
-// tiles start early and short ones fill in at the end instead of forming a tail.
+// The tile scheduler of the persistent grid: which CTA takes which work tile (the order of
+// the tiles is tile_order.hpp's).
 //
 // Assignment: CTA c starts with tile c. Then, with a tile counter (dynamic), the producer
 // takes the next free tile with one atomicAdd, so a CTA that finishes early takes more
@@ -20,27 +15,9 @@
 
 #include "hopper/forward_params.hpp"
 #include "hopper/ptx/mbarrier.cuh"
+#include "hopper/tile_order.hpp"
 
 namespace warpattn::detail {
-
-struct WorkTile {
-  int m_block, head, batch;
-};
-
-__device__ __forceinline__ int total_tiles(const ForwardParams& p) {
-  return p.m_blocks * p.heads_q * p.batch;
-}
-
-__device__ __forceinline__ WorkTile tile_coords(int tile, const ForwardParams& p) {
-  const int heads_batches = p.heads_q * p.batch;
-  const int per_chunk = p.chunk_heads * p.m_blocks;
-  const int chunk = tile / per_chunk;
-  const int first = chunk * p.chunk_heads;
-  const int heads_here = min(p.chunk_heads, heads_batches - first);
-  const int i = tile - chunk * per_chunk;
-  const int hb = first + i % heads_here;
-  return {p.m_blocks - 1 - i / heads_here, hb % p.heads_q, hb / p.heads_q};
-}
 
 // The producer's side: which tile comes next.
 struct TileChooser {

@@ -1,5 +1,6 @@
 // The tile-range and mask decisions of the forward kernel (hopper/kv_tiles.hpp) against brute
 // force over every (query row, key) pair.
+#include <algorithm>
 #include <cstdio>
 
 #include "harness.hpp"
@@ -76,4 +77,38 @@ TEST(few_key_blocks_are_those_whose_first_row_sees_under_the_limit) {
   CHECK(sees_few_keys(0, 1000, 255, false));
   CHECK(!sees_few_keys(0, 1000, kPreciseKeyLimit, false));
   CHECK(sees_few_keys(0, 4097, 1000, true));  // seqlen_q > seqlen_k: early rows see no key
+}
+
+#include <set>
+#include <tuple>
+
+#include "hopper/tile_order.hpp"
+
+// Every (query block, head, batch) exactly once; chunks of chunk_heads (batch, head) pairs;
+// inside a chunk the query blocks never increase (longest causal blocks first).
+TEST(tile_order_is_a_permutation_chunked_and_longest_first) {
+  using warpattn::detail::ForwardParams;
+  int bad = 0;
+  for (int m_blocks : {1, 3, 128})
+    for (int heads : {1, 5, 16})
+      for (int batch : {1, 3})
+        for (int chunk : {1, 4, 7, 1000}) {
+          ForwardParams p;
+          p.m_blocks = m_blocks, p.heads_q = heads, p.batch = batch;
+          p.chunk_heads = std::min(chunk, heads * batch);
+          std::set<std::tuple<int, int, int>> seen;
+          int prev_chunk = -1, prev_m = 0;
+          for (int t = 0; t < warpattn::detail::total_tiles(p); ++t) {
+            const auto w = warpattn::detail::tile_coords(t, p);
+            const bool in_range = w.m_block >= 0 && w.m_block < m_blocks && w.head >= 0 &&
+                                  w.head < heads && w.batch >= 0 && w.batch < batch;
+            const int hb_chunk = (w.batch * heads + w.head) / p.chunk_heads;
+            bad += !in_range || !seen.insert({w.m_block, w.head, w.batch}).second;
+            if (hb_chunk == prev_chunk) bad += w.m_block > prev_m;  // never a longer block later
+            else bad += hb_chunk != prev_chunk + 1;                 // chunks in order
+            prev_chunk = hb_chunk, prev_m = w.m_block;
+          }
+          bad += static_cast<int>(seen.size()) != m_blocks * heads * batch;
+        }
+  CHECK(bad == 0) << bad << " violations";
 }
