@@ -6,7 +6,7 @@
 set -u -o pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-"primitives forward cli bench"}  # also: sanitize, python
+STAGES=${STAGES:-"primitives forward cli bench"}  # also: sanitize, python, ncu
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/configure.log" 2>&1 || { tail -20 "$OUT/configure.log"; exit 1; }
 if ! cmake --build build -j"$(nproc)" > "$OUT/build.log" 2>&1; then
@@ -49,7 +49,12 @@ if stage python; then
     for part in gpu cpu; do  # separately: a crash in one part still leaves the other's result
       (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${PYTEST_TIMEOUT:-400} python3 -X faulthandler -m pytest -q -rs \
         "$OLDPWD/tests/python/test_$part.py" > "$OUT/pytest-$part.log" 2>&1)
-      echo "pytest $part rc=$?: $(tail -1 "$OUT/pytest-$part.log")"
+      rc=$?; echo "pytest $part rc=$rc: $(tail -1 "$OUT/pytest-$part.log")"
+      if [ $rc -ge 128 ] && [ ! -f "$OUT/crash.log" ]; then  # a crash: where, by cuda-gdb (no gdb there)
+        (cd /tmp && timeout -k 5 120 cuda-gdb -batch -ex run -ex bt -ex "info sharedlibrary" \
+          --args python3 "$OLDPWD/scripts/py_error_repro.py" > "$OUT/crash.log" 2>&1)
+        grep -E "^#|signal|no crash" "$OUT/crash.log" | head -20
+      fi
       grep -E "FAILED|Error|SKIPPED|Fatal|line [0-9]+ in" "$OUT/pytest-$part.log" | head -12
     done
     if [ -z "${SKIP_PY_BENCH:-}" ]; then
@@ -60,4 +65,24 @@ if stage python; then
   else
     echo "pip install failed"; tail -20 "$OUT/pip.log"
   fi
+fi
+if stage ncu; then
+  # Nsight Compute on one launch per shape in $NCU_SHAPES ("d:N:causal" ...; 16k tokens, H*d = 2048
+  # as in the sweep): the details page as text, and per-instruction stall samples of the first.
+  first=1
+  for shape in ${NCU_SHAPES:-128:512:0 64:1024:0}; do
+    IFS=: read -r d n c <<< "$shape"
+    name="ncu-d$d-n$n-c$c"
+    timeout -k 5 ${NCU_TIMEOUT:-200} ncu --clock-control none --kernel-name regex:attention_forward \
+      --launch-skip 2 --launch-count 1 --set full --import-source no -f -o "/tmp/$name" \
+      ./build/warpattn --batch $((16384 / n)) --heads $((2048 / d)) --seqlen-q "$n" --head-dim "$d" \
+      --dtype bf16 --causal "$c" --iters 1 --warmup 2 --check-rows 1 > "/tmp/$name.run.log" 2>&1
+    echo "ncu $shape rc=$?"
+    ncu -i "/tmp/$name.ncu-rep" --page details --print-details all > "$OUT/$name.txt" 2>&1
+    if [ $first = 1 ]; then
+      ncu -i "/tmp/$name.ncu-rep" --page source --print-source sass --csv > "$OUT/$name-sass.csv" 2>&1
+      first=0
+    fi
+    grep -E "Duration|Tensor|Issue Slots Busy|No Eligible|Compute \(SM\) Throughput" "$OUT/$name.txt" | head -12
+  done
 fi
