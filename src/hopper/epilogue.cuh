@@ -1,5 +1,5 @@
 // Epilogue of a consumer warpgroup: its 64 normalised O rows go from registers straight to
-// global memory (rows past seqlen_q are skipped) and LSE goes out per row. Writing from
+// global memory in 16-byte stores (rows past seqlen_q are skipped) and LSE goes out per row. Writing from
 // registers leaves the Q buffer free as soon as the last S GEMM has read it, so the producer
 // can load the next tile's Q while this epilogue runs.
 #pragma once
@@ -19,13 +19,25 @@ __device__ __forceinline__ void store_output(const float (&o)[Cfg::kHeadDim / 2]
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row_start + f.row(r);
-    if (row >= params.seqlen_q) continue;
-    uint32_t* out_row = reinterpret_cast<uint32_t*>(
-        static_cast<uint16_t*>(params.out) + batch * params.out_stride_batch +
-        row * params.out_stride_row + head * params.out_stride_head);
+    // A quad holds a row as 4-byte pairs (lane q: columns 8j + 2q, 8j + 2q + 1). Transposed
+    // across the quad, four groups j at a time, lane q gets the 16 contiguous bytes of group
+    // 4a + q: a quarter of the store instructions, each writing whole 16-byte pieces.
+    uint32_t pieces[Cfg::kHeadDim / 32][4];
 #pragma unroll
-    for (int j = 0; j < Cfg::kHeadDim / 8; ++j)  // columns 8j + 2q, 8j + 2q + 1
-      out_row[f.col(j, 0) / 2] = ptx::pack_pair<typename Cfg::Element>(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
+    for (int a = 0; a < Cfg::kHeadDim / 32; ++a) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int j = 4 * a + k;
+        pieces[a][k] = ptx::pack_pair<typename Cfg::Element>(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
+      }
+      quad_transpose(pieces[a], f.quad);
+    }
+    if (row >= params.seqlen_q) continue;  // after the shuffles, which need the whole warp
+    uint4* out_row = reinterpret_cast<uint4*>(static_cast<uint16_t*>(params.out) + batch * params.out_stride_batch +
+                                              row * params.out_stride_row + head * params.out_stride_head);
+#pragma unroll
+    for (int a = 0; a < Cfg::kHeadDim / 32; ++a)  // group 4a + q: columns 8 (4a + q) ... + 7
+      out_row[4 * a + f.quad] = make_uint4(pieces[a][0], pieces[a][1], pieces[a][2], pieces[a][3]);
     if (params.lse != nullptr && f.quad == 0)
       params.lse[batch * params.lse_stride_batch + head * params.lse_stride_head +
                  row * params.lse_stride_row] = lse[r];

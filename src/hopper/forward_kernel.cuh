@@ -45,13 +45,10 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
   const FragmentCoords f(threadIdx.x % 128);
   turns.start();
   int kv = 0, q_iter = 0;  // as in the producer
-  const int total = total_tiles(params);
   for (int i = 0;; ++i) {
-    const int tile = ss.tiles.receive(i);
-    if (tile >= total) break;
-    const WorkTile w = tile_coords(tile, params);
-    const int n_tiles = kv_tile_count(w.m_block, Cfg::kBlockM, Cfg::kBlockN, params.seqlen_q,
-                                      params.seqlen_k, Cfg::kCausal);
+    const ScheduledTile w = ss.tiles.receive(i);
+    if (w.is_end()) break;
+    const int n_tiles = w.n_tiles;
     float o[Cfg::kHeadDim / 2];
 #pragma unroll
     for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;

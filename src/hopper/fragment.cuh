@@ -2,6 +2,7 @@
 // thread t of the warpgroup holds d[4j + 2r + c] = D[16 w + g + 8 r][8 j + 2 q + c] with
 // w = warp, g = lane / 4, q = lane % 4. A row is shared by the 4 lanes of a quad.
 #pragma once
+#include <cstdint>
 
 namespace warpattn::detail {
 
@@ -25,6 +26,27 @@ __device__ __forceinline__ float quad_max(float x) {
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// A 4 x 4 transpose across the quad: afterwards lane q's x[k] is what lane k's x[q] was.
+// Two butterfly rounds (lane bit 0, then bit 1); in each, a lane swaps with its partner the
+// two entries whose index bit differs from its own lane bit.
+__device__ __forceinline__ void quad_transpose(uint32_t (&x)[4], int quad) {
+#pragma unroll
+  for (int b = 0; b < 2; ++b) {
+    const int bit = 1 << b;
+    const bool upper = (quad & bit) != 0;
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const int k0 = b == 0 ? 2 * m : m;  // bit b clear, the other index bit = m
+      const int k1 = k0 | bit;
+      const uint32_t got = __shfl_xor_sync(0xffffffffu, upper ? x[k0] : x[k1], bit);
+      if (upper)
+        x[k0] = got;
+      else
+        x[k1] = got;
+    }
+  }
 }
 
 }  // namespace warpattn::detail

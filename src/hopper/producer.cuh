@@ -7,6 +7,7 @@
 #include "hopper/ptx/tma.cuh"
 #include "hopper/forward_params.hpp"
 #include "hopper/kv_tiles.hpp"
+#include "hopper/tile_order.hpp"
 #include "hopper/shared_storage.cuh"
 #include "hopper/tile_scheduler.cuh"
 
@@ -41,8 +42,19 @@ __device__ __forceinline__ void load_kv_tile(SharedStorage<Cfg>& ss, const CUten
               batch);
 }
 
+// The tile with index `tile` of tile_order.hpp's order, or the end marker past the last.
+template <class Cfg>
+__device__ __forceinline__ ScheduledTile schedule_tile(int tile, const ForwardParams& params) {
+  if (tile >= total_tiles(params)) return {-1, 0, 0, 0};
+  const WorkTile w = tile_coords(tile, params);
+  return {w.m_block, w.head, w.batch,
+          kv_tile_count(w.m_block, Cfg::kBlockM, Cfg::kBlockN, params.seqlen_q, params.seqlen_k, Cfg::kCausal)};
+}
+
 // Walks the same tiles as the consumers. The K/V ring ordinal and the Q phase run on across
-// tiles (phases are never reset); a tile without visible keys loads nothing.
+// tiles (phases are never reset); a tile without visible keys loads nothing. The next tile is
+// chosen and published once this tile's first loads are out: the tile counter's atomicAdd
+// then runs while the consumers still have work, not between two of their tiles.
 template <class Cfg>
 __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUtensorMap* tm_q,
                                              const CUtensorMap* tm_k, const CUtensorMap* tm_v,
@@ -50,31 +62,35 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
   using namespace ptx;
   int kv = 0;      // K/V tiles loaded so far
   int q_iter = 0;  // Q tiles loaded so far
-  const int total = total_tiles(params);
   TileChooser chooser;
-  for (int i = 0;; ++i, chooser.advance(params)) {
-    ss.tiles.publish(i, chooser.tile);
-    if (chooser.tile >= total) break;
-    const WorkTile w = tile_coords(chooser.tile, params);
-    const int n_tiles = kv_tile_count(w.m_block, Cfg::kBlockM, Cfg::kBlockN, params.seqlen_q,
-                                      params.seqlen_k, Cfg::kCausal);
-    if (n_tiles <= 0) continue;
+  ScheduledTile w = schedule_tile<Cfg>(chooser.tile, params);
+  ss.tiles.publish(0, w);
+  for (int i = 0; !w.is_end(); ++i) {
+    const int n_tiles = w.n_tiles;
     const int head_kv = w.head / params.kv_group;
-    // The first K tile can go into a ring slot freed during the previous tile; Q must wait
-    // until both consumers' last S GEMM of the tile that used its buffer has read it.
-    load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv, n_tiles - 1, head_kv, w.batch);
-    const RingSlot qs = ring_slot<Cfg::kQStages>(q_iter);
-    mbarrier_wait(smem_addr(&ss.q_empty[qs.stage]), qs.phase ^ 1);
-    const uint32_t q_bar = smem_addr(&ss.q_full[qs.stage]);
-    mbarrier_arrive_expect_tx(q_bar, Cfg::kQTileBytes);
-    tma_load_5d(smem_addr(ss.q[qs.stage]), tm_q, q_bar, 0, w.m_block * Cfg::kBlockM, 0, w.head, w.batch);
-    for (int it = 1; it < n_tiles; ++it) {
-      load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, n_tiles - 1 - it, head_kv, w.batch);
-      load_kv_tile<Cfg>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1, n_tiles - it, head_kv, w.batch);
+    if (n_tiles > 0) {
+      // The first K tile can go into a ring slot freed during the previous tile; Q must wait
+      // until both consumers' last S GEMM of the tile that used its buffer has read it.
+      load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv, n_tiles - 1, head_kv, w.batch);
+      const RingSlot qs = ring_slot<Cfg::kQStages>(q_iter);
+      mbarrier_wait(smem_addr(&ss.q_empty[qs.stage]), qs.phase ^ 1);
+      const uint32_t q_bar = smem_addr(&ss.q_full[qs.stage]);
+      mbarrier_arrive_expect_tx(q_bar, Cfg::kQTileBytes);
+      tma_load_5d(smem_addr(ss.q[qs.stage]), tm_q, q_bar, 0, w.m_block * Cfg::kBlockM, 0, w.head, w.batch);
     }
-    load_kv_tile<Cfg>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + n_tiles - 1, 0, head_kv, w.batch);
-    kv += n_tiles;
-    ++q_iter;
+    chooser.advance(params);
+    const ScheduledTile next = schedule_tile<Cfg>(chooser.tile, params);
+    ss.tiles.publish(i + 1, next);
+    if (n_tiles > 0) {
+      for (int it = 1; it < n_tiles; ++it) {
+        load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, n_tiles - 1 - it, head_kv, w.batch);
+        load_kv_tile<Cfg>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1, n_tiles - it, head_kv, w.batch);
+      }
+      load_kv_tile<Cfg>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + n_tiles - 1, 0, head_kv, w.batch);
+      kv += n_tiles;
+      ++q_iter;
+    }
+    w = next;
   }
 }
 

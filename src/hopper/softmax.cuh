@@ -56,7 +56,7 @@ struct OnlineSoftmax {
       const float l = quad_sum(row_sum[r]);
       const bool empty = !(l > 0.f);  // also catches NaN
       const float inv = empty ? 0.f : 1.f / l;
-      lse[r] = empty ? -INFINITY : (row_max[r] * scale_log2 + log2f(l)) * 0.69314718055994531f;
+      lse[r] = empty ? -INFINITY : (row_max[r] * scale_log2 + ptx::log2_approx(l)) * 0.69314718055994531f;
 #pragma unroll
       for (int j = 0; j < kRegs / 4; ++j) {
         o[4 * j + 2 * r] *= inv;

@@ -9,8 +9,9 @@
 // (gridDim.x - 1 - c)-th in odd rounds), which evens out the longest-first order over two
 // rounds.
 //
-// The producer chooses each tile and publishes it to the consumers through a two-slot ring
-// in shared memory (TileSlots); an index >= total ends the CTA's work.
+// The producer chooses each tile and publishes it to the consumers, one tile ahead of its
+// loads, through a two-slot ring in shared memory (TileSlots); an end marker ends the CTA's
+// work.
 #pragma once
 
 #include "hopper/forward_params.hpp"
@@ -45,9 +46,19 @@ struct TileChooser {
   }
 };
 
-// Two slots of tile indices from the producer to the consumer warpgroups.
+// A work tile as the producer hands it to the consumers: its coordinates and key-tile count
+// worked out once, so the divisions of tile_coords stay off the consumers' path.
+struct ScheduledTile {
+  int m_block, head, batch;
+  int n_tiles;  // key tiles with a visible key (0: every row of the block is empty)
+  __device__ __forceinline__ bool is_end() const { return m_block < 0; }
+};
+
+// Two slots of scheduled tiles from the producer to the consumer warpgroups. The producer
+// fills slot i + 1 while the consumers work on tile i - 1 or i, so they never wait for the
+// tile counter's atomicAdd.
 struct TileSlots {
-  int index[2];
+  ScheduledTile tile[2];
   uint64_t full[2];   // count 1: the producer's arrival
   uint64_t empty[2];  // count 256: every consumer thread has read it
 
@@ -58,18 +69,19 @@ struct TileSlots {
     }
   }
   // i: how many tiles this CTA has published before.
-  __device__ __forceinline__ void publish(int i, int tile) {
+  __device__ __forceinline__ void publish(int i, const ScheduledTile& t) {
     const int s = i & 1;
     ptx::mbarrier_wait(ptx::smem_addr(&empty[s]), ((i >> 1) & 1) ^ 1);
-    index[s] = tile;
-    ptx::mbarrier_arrive(ptx::smem_addr(&full[s]));  // release: orders the store above
+    tile[s] = t;
+    ptx::mbarrier_arrive(ptx::smem_addr(&full[s]));  // release: orders the stores above
   }
-  __device__ __forceinline__ int receive(int i) {
+  __device__ __forceinline__ ScheduledTile receive(int i) {
     const int s = i & 1;
     ptx::mbarrier_wait(ptx::smem_addr(&full[s]), (i >> 1) & 1);
-    const int tile = *static_cast<volatile int*>(&index[s]);
+    const volatile ScheduledTile& v = tile[s];
+    const ScheduledTile t{v.m_block, v.head, v.batch, v.n_tiles};
     ptx::mbarrier_arrive(ptx::smem_addr(&empty[s]));
-    return tile;
+    return t;
   }
 };
 
