@@ -46,10 +46,9 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
   const int64_t kv_bytes_per_query_head =
       std::max<int64_t>(1, 2 * p.seqlen_k * p.head_dim * 2 / params.kv_group);
   int64_t chunk = l2_cache_bytes() / 2 / kv_bytes_per_query_head;
-#if WARPATTN_TUNE_CHUNK_WAVE
-  // No more pairs than one wave of CTAs covers: their K/V are then read while still in L2.
-  chunk = std::min<int64_t>(chunk, (multiprocessor_count() + params.m_blocks - 1) / params.m_blocks);
-#endif
+  // And no more pairs than one wave of CTAs covers, so each pair's K/V is read by all of its
+  // query blocks at about the same time (run 18: +4-10% at N <= 1024 non-causal).
+  chunk = std::min<int64_t>(chunk, ceil_div(multiprocessor_count(), params.m_blocks));
   params.chunk_heads = static_cast<int>(std::clamp<int64_t>(chunk, 1, p.heads_q * p.batch));
   params.scale_log2 = static_cast<float>(p.softmax_scale * 1.4426950408889634);
 

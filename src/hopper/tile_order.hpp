@@ -1,6 +1,7 @@
 // The order of the work tiles (one 128-row query block of one (batch, head) each).
-// (batch, head) pairs are taken in chunks whose K and V fit in L2 together (chunk_heads), so
-// the CTAs running at one time share key/value tiles through L2; inside a chunk the last query
+// (batch, head) pairs are taken in chunks whose K and V fit in L2 together and whose query
+// blocks one wave of CTAs covers (chunk_heads), so the CTAs running at one time share
+// key/value tiles through L2; inside a chunk the last query
 // blocks come first: under a causal mask they see the most keys, so long tiles start early and
 // short ones fill in at the end instead of forming a tail.
 #pragma once

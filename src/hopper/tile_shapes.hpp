@@ -22,17 +22,9 @@ template <bool kCausal>
 struct TileShape<64, kCausal> {
   static constexpr int kBlockN = 128, kStages = 2;
 };
-// Tuning experiments build a second library with these overridden (docs/perf/LOG.md).
-#ifndef WARPATTN_TUNE_D128_BLOCK_N
-#define WARPATTN_TUNE_D128_BLOCK_N 176
-#endif
-#ifndef WARPATTN_TUNE_D128_CAUSAL_STAGES
-#define WARPATTN_TUNE_D128_CAUSAL_STAGES 3
-#endif
 template <bool kCausal>
 struct TileShape<128, kCausal> {
-  static constexpr int kBlockN = kCausal ? 128 : WARPATTN_TUNE_D128_BLOCK_N;
-  static constexpr int kStages = kCausal ? WARPATTN_TUNE_D128_CAUSAL_STAGES : 2;
+  static constexpr int kBlockN = kCausal ? 128 : 176, kStages = kCausal ? 3 : 2;
 };
 template <bool kCausal>
 struct TileShape<256, kCausal> {

@@ -72,9 +72,9 @@ TEST(few_key_blocks_are_those_whose_first_row_sees_under_the_limit) {
   using warpattn::detail::kPreciseKeyLimit;
   using warpattn::detail::sees_few_keys;
   CHECK(sees_few_keys(0, 65536, 65536, true));  // row 0 sees 1 key
-  CHECK(sees_few_keys(128, 65536, 65536, true));  // row 128 sees 129
-  CHECK(!sees_few_keys(256, 65536, 65536, true));  // row 256 sees 257
-  CHECK(sees_few_keys(0, 1000, 255, false));
+  CHECK(sees_few_keys(126, 65536, 65536, true));   // row 126 sees 127
+  CHECK(!sees_few_keys(128, 65536, 65536, true));  // row 128 sees 129
+  CHECK(sees_few_keys(0, 1000, kPreciseKeyLimit - 1, false));
   CHECK(!sees_few_keys(0, 1000, kPreciseKeyLimit, false));
   CHECK(sees_few_keys(0, 4097, 1000, true));  // seqlen_q > seqlen_k: early rows see no key
 }

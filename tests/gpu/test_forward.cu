@@ -338,7 +338,10 @@ void check_64k(bool causal) {
   const auto qf = q.logical(q.raw()), kf = k.logical(k.raw()), vf = v.logical(v.raw());
   warpattn::reference::AttentionShape shape{1, S, S, H, H, D, 1.0 / std::sqrt(double(D)), causal};
   std::mt19937_64 rng(seed);
-  std::vector<int64_t> rows = {0, 1, 2, 100, S - 1};
+  // The first rows, the rows around the precise path's limit (kPreciseKeyLimit = 128: the
+  // query block from row 128 on sees >= 129 keys and takes the fast path, the block before it
+  // the precise one), the last, and random ones.
+  std::vector<int64_t> rows = {0, 1, 2, 100, 126, 127, 128, 129, 160, 191, 192, 255, 256, S - 1};
   for (int i = 0; i < 40; ++i) rows.push_back(static_cast<int64_t>(rng() % S));
   std::vector<double> worst(rows.size() * H, 0), excess(rows.size() * H, 0);
   parallel_for(static_cast<int64_t>(rows.size() * H), [&](int64_t i) {
