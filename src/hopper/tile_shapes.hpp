@@ -26,12 +26,9 @@ template <bool kCausal>
 struct TileShape<128, kCausal> {
   static constexpr int kBlockN = kCausal ? 128 : 176, kStages = kCausal ? 3 : 2;
 };
-#ifndef WARPATTN_TUNE_D256_CAUSAL_BLOCK_N
-#define WARPATTN_TUNE_D256_CAUSAL_BLOCK_N 80
-#endif
 template <bool kCausal>
 struct TileShape<256, kCausal> {
-  static constexpr int kBlockN = kCausal ? WARPATTN_TUNE_D256_CAUSAL_BLOCK_N : 80, kStages = 2;
+  static constexpr int kBlockN = 80, kStages = 2;
 };
 
 template <class Element, int kHeadDim, bool kCausal>
