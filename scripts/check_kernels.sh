@@ -13,7 +13,8 @@
 # From the SASS of the library (cuobjdump -sass, see HOPPER-PRIMER.md §1.4):
 #   3. There must be at least one forward kernel: an entry function whose name contains
 #      "attention_forward". With none, the check fails instead of passing vacuously.
-#   4. Each forward kernel must contain HGMMA instructions.
+#   4. Each forward kernel must contain wgmma instructions of its type: HGMMA (fp16/bf16),
+#      QGMMA (FP8 kernels, whose names carry __nv_fp8_e4m3).
 #   5. Each forward kernel must have a ptxas report in the log. Without one, the log is stale
 #      or incomplete, so checks 1 and 2 would have seen too little.
 #   6. Each function named as in check 1 must have STACK:0 and LOCAL:0 in cuobjdump
@@ -41,8 +42,8 @@ done
 
 HOPPER_RE='attention_forward|hopper'   # names under checks 1 and 6
 FORWARD_RE='attention_forward'         # forward kernels: checks 3-5
-# FP8 kernels (planned) would show QGMMA instead; extend GMMA_RE when they land.
 GMMA_RE='[[:space:]]HGMMA[.]'
+QGMMA_RE='[[:space:]]QGMMA[.]'
 TOOLS_VERSION=13.2.86
 
 FAILED=0
@@ -197,12 +198,13 @@ awk '
     print "U\t" name "\t" reg + 0 "\t" stk + 0 "\t" loc + 0; name = ""
   }
 ' "$TMP/res-usage.txt" >> "$TMP/records.tsv"
-awk -v gmma="$GMMA_RE" '
-  function emit() { if (name != "") print "S\t" arch "\t" name "\t" n; name = "" }
+awk -v gmma="$GMMA_RE" -v qgmma="$QGMMA_RE" '
+  function emit() { if (name != "") print "S\t" arch "\t" name "\t" n "\t" q; name = "" }
   /^Fatbin / { emit(); arch = "?" }
   /code for sm_/ { emit(); arch = $NF }
-  /^[ \t]*Function : / { emit(); name = $NF; n = 0; next }
+  /^[ \t]*Function : / { emit(); name = $NF; n = 0; q = 0; next }
   name != "" && $0 ~ gmma { n++ }
+  name != "" && $0 ~ qgmma { q++ }
   END { emit() }
 ' "$TMP/sass.txt" >> "$TMP/records.tsv"
 cat "$TMP/log_funcs.tsv" >> "$TMP/records.tsv"
@@ -212,7 +214,8 @@ awk -F '\t' -v fwd="$FORWARD_RE" -v hop="$HOPPER_RE" '
   $1 == "E" { entry[$2] = 1; n_entry++ }
   $1 == "U" { if (!($2 in reg) || $3 > reg[$2]) reg[$2] = $3
               if ($4 + $5 > 0 && $2 ~ hop) printf "FAIL\tkernel [%s]: cuobjdump -res-usage shows STACK:%d LOCAL:%d (must be 0)\n", $2, $4, $5 }
-  $1 == "S" { k = $2 SUBSEP $3; if (!(k in g) || $4 < g[k]) g[k] = $4; order[++ns] = k }
+  $1 == "S" { k = $2 SUBSEP $3; if (!(k in g) || $4 < g[k]) g[k] = $4; if (!(k in gq) || $5 < gq[k]) gq[k] = $5
+              order[++ns] = k }
   $1 == "F" { if (($2 == "sm_90a" || $2 == "?")) logged[$3] = 1 }
   END {
     for (i = 1; i <= ns; i++) {
@@ -221,8 +224,10 @@ awk -F '\t' -v fwd="$FORWARD_RE" -v hop="$HOPPER_RE" '
       if (name !~ fwd) continue
       if (n_entry > 0 && !(name in entry)) continue   # a device function, not a kernel
       nk++
-      printf "K\t%s\t%s\t%d\t%s\n", arch, name, g[k], (name in reg) ? reg[name] : "?"
-      if (g[k] == 0) printf "FAIL\tforward kernel [%s] (%s) has no HGMMA in its SASS: the WGMMA path was not compiled\n", name, arch
+      fp8 = name ~ /fp8_e4m3/
+      printf "K\t%s\t%s\t%s\t%s\n", arch, name, fp8 ? gq[k] " QGMMA" : g[k] " HGMMA", (name in reg) ? reg[name] : "?"
+      if (!fp8 && g[k] == 0) printf "FAIL\tforward kernel [%s] (%s) has no HGMMA in its SASS: the WGMMA path was not compiled\n", name, arch
+      if (fp8 && gq[k] == 0) printf "FAIL\tFP8 forward kernel [%s] (%s) has no QGMMA in its SASS: the FP8 WGMMA path was not compiled\n", name, arch
       if (arch != "sm_90a") printf "FAIL\tforward kernel [%s] is compiled for %s, expected sm_90a\n", name, arch
       if (!(name in logged)) printf "FAIL\tforward kernel [%s] has no ptxas report in the compile log (stale or incomplete log: run bash scripts/build.sh)\n", name
     }
@@ -247,9 +252,9 @@ done < "$TMP/verdict.tsv"
 nk=$(grep -c '^K' "$TMP/verdict.tsv" || true)
 say "forward kernels in $LIB: $nk"
 if [ "$nk" -gt 0 ]; then
-  printf '  %-7s %6s %5s  %s\n' arch HGMMA REG kernel
+  printf '  %-7s %12s %5s  %s\n' arch wgmma REG kernel
   while IFS=$'\t' read -r _ arch name n r; do
-    printf '  %-7s %6s %5s  %s\n' "$arch" "$n" "$r" "$(demangle_short "$name")"
+    printf '  %-7s %12s %5s  %s\n' "$arch" "$n" "$r" "$(demangle_short "$name")"
   done < <(grep '^K' "$TMP/verdict.tsv")
 fi
 

@@ -6,7 +6,7 @@
 set -u -o pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-"primitives forward cli bench"}  # also: sanitize, python, ncu
+STAGES=${STAGES:-"primitives forward cli bench"}  # also: fp8, sanitize, python, ncu
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/configure.log" 2>&1 || { tail -20 "$OUT/configure.log"; exit 1; }
 if ! cmake --build build -j"$(nproc)" > "$OUT/build.log" 2>&1; then
@@ -25,6 +25,11 @@ if stage forward; then
   timeout -k 5 ${FORWARD_TIMEOUT:-400} ./build/test_gpu_forward ${FORWARD_FILTER:-} > "$OUT/forward.log" 2>&1
   echo "forward rc=$?: $(tail -1 "$OUT/forward.log")"
   grep -E "FAIL|failed|64K" "$OUT/forward.log" | head -${FORWARD_LINES:-40}
+fi
+if stage fp8; then
+  timeout -k 5 ${FP8_TIMEOUT:-300} ./build/test_gpu_fp8 ${FP8_FILTER:-} > "$OUT/fp8.log" 2>&1
+  echo "fp8 rc=$?: $(tail -1 "$OUT/fp8.log")"
+  grep -E "FAIL|failed|RMSE|ratio|per tensor /|rel L2 [0-9.e-]+[^0]" "$OUT/fp8.log" | head -${FP8_LINES:-40}
 fi
 if stage sanitize; then
   for tool in memcheck racecheck synccheck; do

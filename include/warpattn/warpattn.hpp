@@ -18,10 +18,11 @@
 
 namespace warpattn {
 
-enum class DType : int { f16 = 0, bf16 = 1, f32 = 2 };
+// e4m3: FP8 E4M3 ("float8_e4m3fn"), the operand type of forward_fp8 (warpattn/fp8.hpp).
+enum class DType : int { f16 = 0, bf16 = 1, f32 = 2, e4m3 = 3 };
 
 // Bytes per element of a dtype.
-constexpr int dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
+constexpr int dtype_size(DType t) { return t == DType::f32 ? 4 : (t == DType::e4m3 ? 1 : 2); }
 const char* dtype_name(DType t);
 
 // A strided view of device memory. Strides are in elements, not bytes.

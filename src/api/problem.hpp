@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "warpattn/fp8.hpp"
 #include "warpattn/warpattn.hpp"
 
 namespace warpattn::detail {
@@ -24,6 +25,21 @@ struct ForwardProblem {
 // Throws Error naming the argument, what was expected and what came.
 ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                                 const TensorView& out, const std::optional<TensorView>& lse,
+                                const ForwardOptions& options);
+
+// The checked sizes of an FP8 call (warpattn/fp8.hpp).
+struct Fp8Problem {
+  int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
+};
+
+// Every rule of Fp8Operands (shapes, dtypes, TMA layout of q, k, vt; descale shapes).
+Fp8Problem validate_fp8_operands(const Fp8Operands& f);
+
+// quantize_fp8: q, k, v as forward() takes them, matching `f` in sizes and not overlapping it.
+Fp8Problem validate_quantize(const TensorView& q, const TensorView& k, const TensorView& v, const Fp8Operands& f);
+
+// forward_fp8: the operands, then out and lse as forward() takes them (out fp16 or bf16).
+Fp8Problem validate_forward_fp8(const Fp8Operands& f, const TensorView& out, const std::optional<TensorView>& lse,
                                 const ForwardOptions& options);
 
 // Throws Error unless the current CUDA device has compute capability 9.0 (Hopper).

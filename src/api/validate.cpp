@@ -354,6 +354,172 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
   return p;
 }
 
+// ---- FP8 (warpattn/fp8.hpp). The same rule letters, in the same order.
+namespace {
+
+const char* const kVtDimNames[4] = {"batch", "heads", "head_dim", "keys"};
+const char* const kDescaleDimNames[3] = {"batch", "heads", "blocks"};
+
+void check_dtype(const Arg& a, DType want) {
+  if (a.view.dtype == want) return;
+  Message m;
+  m << a.name << ": expected dtype " << dtype_name(want) << ", got " << dtype_name(a.view.dtype);
+  fail(m);
+}
+
+void check_shape(const Arg& a, const int64_t* want, const char* why) {
+  bool same = true;
+  for (int i = 0; i < a.expected_rank; ++i) same = same && a.view.shape[i] == want[i];
+  if (same) return;
+  Message m;
+  m << a.name << ": expected shape (";
+  for (int i = 0; i < a.expected_rank; ++i) m << (i ? ", " : "") << want[i];
+  m << ") " << why << ", got " << shape_string(a.view);
+  fail(m);
+}
+
+int64_t blocks_of(int64_t rows) { return (rows + kFp8BlockRows - 1) / kFp8BlockRows; }
+
+}  // namespace
+
+Fp8Problem validate_fp8_operands(const Fp8Operands& f) {
+  const Arg aq{"q", f.q, kAttentionDimNames, 4}, ak{"k", f.k, kAttentionDimNames, 4},
+      avt{"vt", f.vt, kVtDimNames, 4}, aqs{"q_descale", f.q_descale, kDescaleDimNames, 3},
+      aks{"k_descale", f.k_descale, kDescaleDimNames, 3}, avs{"v_descale", f.v_descale, kDescaleDimNames, 3};
+  const Arg* const tensors[3] = {&aq, &ak, &avt};
+  const Arg* const scales[3] = {&aqs, &aks, &avs};
+  for (const Arg* a : tensors) check_rank(*a);
+  for (const Arg* a : scales) check_rank(*a);
+  for (const Arg* a : tensors) check_sizes_not_negative(*a);
+  for (const Arg* a : scales) check_sizes_not_negative(*a);
+  for (const Arg* a : tensors) check_not_null(*a);
+  for (const Arg* a : scales) check_not_null(*a);
+  for (const Arg* a : tensors) check_dtype(*a, DType::e4m3);
+  for (const Arg* a : scales) check_dtype(*a, DType::f32);
+  const int64_t head_dim = f.q.shape[3];
+  bool supported = false;
+  for (int d : kFp8HeadDims) supported = supported || d == head_dim;
+  if (!supported) {
+    Message m;
+    m << "q: head_dim (shape[3]) must be one of ";
+    bool first = true;
+    for (int d : kFp8HeadDims) {
+      m << (first ? "" : ", ") << d;
+      first = false;
+    }
+    m << " for FP8, got " << head_dim;
+    fail(m);
+  }
+  Fp8Problem p;
+  p.batch = f.q.shape[0];
+  p.seqlen_q = f.q.shape[1];
+  p.heads_q = f.q.shape[2];
+  p.head_dim = head_dim;
+  p.seqlen_k = f.k.shape[1];
+  p.heads_kv = f.k.shape[2];
+  const int64_t k_want[4] = {p.batch, p.seqlen_k, p.heads_kv, head_dim};
+  check_shape(ak, k_want, "(batch and head_dim as q)");
+  const int64_t vt_want[4] = {p.batch, p.heads_kv, head_dim, fp8_padded_keys(p.seqlen_k)};
+  check_shape(avt, vt_want, "(batch, heads_kv, head_dim, seqlen_k rounded up to 16)");
+  const int64_t qs_want[3] = {p.batch, p.heads_q, blocks_of(p.seqlen_q)};
+  check_shape(aqs, qs_want, "(batch, heads_q, ceil(seqlen_q / 128))");
+  const int64_t kvs_want[3] = {p.batch, p.heads_kv, blocks_of(p.seqlen_k)};
+  check_shape(aks, kvs_want, "(batch, heads_kv, ceil(seqlen_k / 128))");
+  check_shape(avs, kvs_want, "(batch, heads_kv, ceil(seqlen_k / 128))");
+  if (p.heads_q >= 1 && p.heads_kv < 1) {
+    Message m;
+    m << "k: expected at least 1 key/value head for " << p.heads_q << " query heads, got " << p.heads_kv;
+    fail(m);
+  }
+  if (p.heads_kv >= 1 && p.heads_q % p.heads_kv != 0) {
+    Message m;
+    m << "k: query heads (" << p.heads_q << ") must be a multiple of key/value heads (" << p.heads_kv << ")";
+    fail(m);
+  }
+  for (const Arg* a : tensors) check_last_dim_contiguous(*a);
+  for (const Arg* a : tensors) check_alignment_and_strides(*a, kTmaAlignBytes, true);
+  for (const Arg* a : scales) check_alignment_and_strides(*a, dtype_size(DType::f32), false);
+  check_coordinates_fit(aq);
+  check_coordinates_fit(ak);
+  check_coordinates_fit(avt);
+  return p;
+}
+
+Fp8Problem validate_quantize(const TensorView& q, const TensorView& k, const TensorView& v, const Fp8Operands& f) {
+  // The inputs first, by forward()'s rules (with q standing in for out, which is not written):
+  // rank, sizes, null, dtype, head dim, shapes, GQA, layout.
+  const Arg aq{"q", q, kAttentionDimNames, 4}, ak{"k", k, kAttentionDimNames, 4}, av{"v", v, kAttentionDimNames, 4};
+  const Arg* const inputs[3] = {&aq, &ak, &av};
+  for (const Arg* a : inputs) check_rank(*a);
+  for (const Arg* a : inputs) check_sizes_not_negative(*a);
+  for (const Arg* a : inputs) check_not_null(*a);
+  if (q.dtype != DType::f16 && q.dtype != DType::bf16) {
+    Message m;
+    m << "q: expected dtype float16 or bfloat16, got " << dtype_name(q.dtype);
+    fail(m);
+  }
+  for (const Arg* a : {&ak, &av}) check_dtype(*a, q.dtype);
+  const Fp8Problem p = validate_fp8_operands(f);
+  const Arg fq{"fp8.q", f.q, kAttentionDimNames, 4}, fk{"fp8.k", f.k, kAttentionDimNames, 4};
+  check_shape(aq, f.q.shape, "(same as fp8.q)");
+  check_shape(ak, f.k.shape, "(same as fp8.k)");
+  check_shape(av, f.k.shape, "(same as fp8.k)");
+  for (const Arg* a : inputs) check_last_dim_contiguous(*a);
+  for (const Arg* a : inputs) check_alignment_and_strides(*a, kTmaAlignBytes, true);
+  const Arg avt{"fp8.vt", f.vt, kVtDimNames, 4}, aqs{"fp8.q_descale", f.q_descale, kDescaleDimNames, 3},
+      aks{"fp8.k_descale", f.k_descale, kDescaleDimNames, 3}, avs{"fp8.v_descale", f.v_descale, kDescaleDimNames, 3};
+  const Arg* const outputs[6] = {&fq, &fk, &avt, &aqs, &aks, &avs};
+  for (int i = 0; i < 6; ++i) {
+    for (const Arg* in : inputs) check_no_overlap(*outputs[i], *in);
+    for (int j = i + 1; j < 6; ++j) check_no_overlap(*outputs[i], *outputs[j]);
+  }
+  return p;
+}
+
+Fp8Problem validate_forward_fp8(const Fp8Operands& f, const TensorView& out, const std::optional<TensorView>& lse,
+                                const ForwardOptions& options) {
+  const Fp8Problem p = validate_fp8_operands(f);
+  const Arg aout{"out", out, kAttentionDimNames, 4};
+  const TensorView no_lse;
+  const Arg alse{"lse", lse ? *lse : no_lse, kLseDimNames, 3};
+  check_rank(aout);
+  if (lse) check_rank(alse);
+  check_sizes_not_negative(aout);
+  if (lse) check_sizes_not_negative(alse);
+  check_not_null(aout);
+  if (lse) check_not_null(alse);
+  if (out.dtype != DType::f16 && out.dtype != DType::bf16) {
+    Message m;
+    m << "out: expected dtype float16 or bfloat16, got " << dtype_name(out.dtype);
+    fail(m);
+  }
+  if (lse) check_dtype(alse, DType::f32);
+  check_shape(aout, f.q.shape, "(same as q)");
+  if (lse) {
+    const int64_t want[3] = {p.batch, p.heads_q, p.seqlen_q};
+    check_shape(alse, want, "(batch, heads_q, seqlen_q)");
+  }
+  check_last_dim_contiguous(aout);
+  check_alignment_and_strides(aout, kTmaAlignBytes, true);
+  if (lse) check_alignment_and_strides(alse, dtype_size(DType::f32), false);
+  if (options.softmax_scale) {
+    const float s = *options.softmax_scale;
+    if (!std::isfinite(s) || !(s > 0.f)) {
+      Message m;
+      m << "softmax_scale: expected a finite positive value, got " << s;
+      fail(m);
+    }
+  }
+  const Arg aq{"q", f.q, kAttentionDimNames, 4}, ak{"k", f.k, kAttentionDimNames, 4},
+      avt{"vt", f.vt, kVtDimNames, 4};
+  for (const Arg* a : {&aq, &ak, &avt}) check_no_overlap(aout, *a);
+  if (lse) {
+    check_no_overlap(aout, alse);
+    for (const Arg* a : {&aq, &ak, &avt}) check_no_overlap(alse, *a);
+  }
+  return p;
+}
+
 namespace {
 
 [[noreturn]] void no_hopper(const std::string& why) {

@@ -47,7 +47,7 @@ struct PingPong {
 // What a consumer needs to know about the work tile it is on.
 struct TileContext {
   int warpgroup;
-  int m_block;
+  int m_block, head, batch;
   int n_tiles;  // key tiles to visit (> 0)
   int kv_base;  // K/V ring ordinal of this tile's first key tile
   int q_stage;  // Q buffer
@@ -68,6 +68,7 @@ struct ConsumerTile {
   const PingPong turns;
   const int m_start, row0;
   const uint32_t q_rows;
+  const float q_scale;  // softmax_scale log2(e), times Q's descale for FP8
 
   __device__ __forceinline__ ConsumerTile(SharedStorage<Cfg>& ss_, const ForwardParams& p,
                                           const TileContext& t_)
@@ -78,7 +79,33 @@ struct ConsumerTile {
         turns{t_.warpgroup},
         m_start(t_.m_block * Cfg::kBlockM),
         row0(t_.m_block * Cfg::kBlockM + t_.warpgroup * 64 + f.row(0)),
-        q_rows(ptx::smem_addr(ss_.q[t_.q_stage]) + t_.warpgroup * 64 * 128) {}
+        q_rows(ptx::smem_addr(ss_.q[t_.q_stage]) + t_.warpgroup * 64 * 128),
+        q_scale(Cfg::kFp8 ? p.scale_log2 * p.q_descale[t_.batch * p.q_descale_stride[0] +
+                                                          t_.head * p.q_descale_stride[1] +
+                                                          t_.m_block * p.q_descale_stride[2]]
+                          : p.scale_log2) {}
+
+  // Scores of key tile n (ordinal it = n_tiles - 1 - n) to log2 units: with FP8, times the
+  // tile's K descale.
+  __device__ __forceinline__ float score_scale(int it) const {
+    if constexpr (Cfg::kFp8) {
+      const int n = t.n_tiles - 1 - it, head_kv = t.head / params.kv_group;
+      return q_scale * params.k_descale[t.batch * params.k_descale_stride[0] +
+                                        head_kv * params.k_descale_stride[1] + n * params.k_descale_stride[2]];
+    } else {
+      return q_scale;
+    }
+  }
+  // FP8: V's descale for ordinal it (O is kept in units of the V tile it accumulates next).
+  __device__ __forceinline__ float v_scale(int it) const {
+    if constexpr (Cfg::kFp8) {
+      const int n = t.n_tiles - 1 - it, head_kv = t.head / params.kv_group;
+      return params.v_descale[t.batch * params.v_descale_stride[0] + head_kv * params.v_descale_stride[1] +
+                              n * params.v_descale_stride[2]];
+    } else {
+      return 1.f;
+    }
+  }
 
   __device__ __forceinline__ void mask_if_needed(float (&s)[Cfg::kBlockN / 2], int n) const {
     if (kv_tile_needs_mask(n, Cfg::kBlockN, m_start, params.seqlen_q, params.seqlen_k, Cfg::kCausal))
@@ -111,12 +138,12 @@ struct ConsumerTile {
   __device__ __forceinline__ void run(float (&o)[Cfg::kHeadDim / 2], OnlineSoftmax& softmax) const {
     using namespace ptx;
     float s[Cfg::kBlockN / 2];
-    uint32_t p[Cfg::kBlockN / 16][4];
+    uint32_t p[Cfg::kPvSteps][4];
     float alpha[2];
 
     // First key tile: S only.
     scores_alone(s, 0);
-    softmax.step<true>(s, alpha);
+    softmax.step<true>(s, alpha, score_scale(0));
     convert_to_operand<Cfg>(s, p);
 
     // Steady state: S_it with P_{it-1}·V_{it-1}.
@@ -138,13 +165,13 @@ struct ConsumerTile {
       pin(s);
       release_k(it, ks.stage);
       mask_if_needed(s, t.n_tiles - 1 - it);
-      softmax.step<false>(s, alpha);
+      softmax.step<false>(s, alpha, score_scale(it));
 
       wgmma_wait<0>();  // P·V done: O and P may be touched again
       pin(o);
       pin(p);
       release_slot(&ss.v_empty[vs.stage]);
-      rescale_rows(o, alpha);
+      rescale_rows(o, alpha, Cfg::kFp8 ? v_scale(it - 1) / v_scale(it) : 1.f);
       convert_to_operand<Cfg>(s, p);
     }
 
@@ -176,9 +203,9 @@ struct ConsumerTile {
       float s[Cfg::kBlockN / 2];
       scores_alone(s, it);
       float alpha[2];
-      softmax.step<false>(s, alpha);  // from the initial -inf max, alpha = 0 and O = 0 stay exact
+      softmax.step<false>(s, alpha, q_scale);  // from the initial -inf max, alpha = 0 and O = 0 stay exact
       rescale_rows(o, alpha);
-      uint32_t hi[Cfg::kBlockN / 16][4], lo[Cfg::kBlockN / 16][4];
+      uint32_t hi[Cfg::kPvSteps][4], lo[Cfg::kPvSteps][4];
       convert_to_split_operand<Cfg>(s, hi, lo);
 
       turns.wait_turn();

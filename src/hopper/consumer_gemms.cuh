@@ -3,7 +3,8 @@
 // (softmax, rescale), and a fence in the same basic block keeps ptxas from injecting its own.
 //   S = Q·Kᵀ : A = the warpgroup's 64 Q rows, B = a K tile, both K-major in smem.
 //   O += P·V : A = P from registers (the S accumulator converted in place), B = a V tile read
-//              MN-major (tnspB = 1) straight from its TMA layout.
+//              MN-major (tnspB = 1) straight from its TMA layout; for FP8, a Vᵀ tile read
+//              K-major (FP8 wgmma has no transpose), its keys in kFp8KeyOrder.
 #pragma once
 #include <cstdint>
 
@@ -38,27 +39,55 @@ __device__ __forceinline__ void issue_qk_gemm(float (&s)[Cfg::kBlockN / 2], uint
 
 template <class Cfg>
 __device__ __forceinline__ void issue_pv_gemm(float (&o)[Cfg::kHeadDim / 2],
-                                              const uint32_t (&p)[Cfg::kBlockN / 16][4],
+                                              const uint32_t (&p)[Cfg::kPvSteps][4],
                                               uint32_t v_tile) {
   using Mma = ptx::WgmmaRS<typename Cfg::Element, Cfg::kHeadDim>;
-  // MN-major V: LBO = distance between 64-column panels, SBO = between 8-key groups.
-  const uint64_t vd = ptx::make_smem_desc(v_tile, Cfg::kBlockN * 128, 1024);
-  ptx::wgmma_fence();
+  if constexpr (Cfg::kFp8) {
+    // Vᵀ: head_dim rows of 128 keys (128 B), K-major; each k32 step is 32 B further.
+    const uint64_t vd = kmajor_desc(v_tile);
+    ptx::wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk)  // 16 keys = 16 rows of 128 B per step
-    Mma::mma(o, p[kk], advance(vd, kk * 16 * 128), 1);
+    for (int kk = 0; kk < Cfg::kPvSteps; ++kk) Mma::mma(o, p[kk], advance(vd, kk * 32), 1);
+  } else {
+    // MN-major V: LBO = distance between 64-column panels, SBO = between 8-key groups.
+    const uint64_t vd = ptx::make_smem_desc(v_tile, Cfg::kBlockN * 128, 1024);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kPvSteps; ++kk)  // 16 keys = 16 rows of 128 B per step
+      Mma::mma(o, p[kk], advance(vd, kk * 16 * 128), 1);
+  }
 }
 
-// S (f32 accumulator) -> P as the A operand of the P·V GEMM: for keys 16kk..16kk+15 the
-// accumulator registers s[8kk .. 8kk+7] already sit where the m64k16 A fragment wants them.
+// S (f32 accumulator) -> P as the A operand of the P·V GEMM.
+// 16-bit: for keys 16kk..16kk+15 the accumulator registers s[8kk .. 8kk+7] already sit where
+// the m64k16 A fragment wants them.
+// FP8 (HOPPER-PRIMER.md §5.4): the m64k32 A fragment wants 4 consecutive keys per byte-packed
+// register, the accumulator gives pairs. Swapping (s[8i+2], s[8i+3]) with (s[8i+4], s[8i+5])
+// and packing 4 in order makes slot s of every 16 keys hold key kFp8KeyOrder[s], the order
+// the quantisation pass gave Vᵀ: the product is the same sum in another order.
 template <class Cfg>
 __device__ __forceinline__ void convert_to_operand(const float (&s)[Cfg::kBlockN / 2],
-                                                   uint32_t (&p)[Cfg::kBlockN / 16][4]) {
+                                                   uint32_t (&p)[Cfg::kPvSteps][4]) {
+  if constexpr (Cfg::kFp8) {
 #pragma unroll
-  for (int kk = 0; kk < Cfg::kBlockN / 16; ++kk)
+    for (int kk = 0; kk < Cfg::kPvSteps; ++kk)
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      p[kk][i] = ptx::pack_pair<typename Cfg::Element>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+      for (int r = 0; r < 4; ++r) {
+        // register r of step kk packs permuted slots 16kk + 4r .. +3; within each group of 8,
+        // slots (2, 3) and (4, 5) trade places
+        const int b = 16 * kk + 4 * r;
+        const int g = b & ~7, o = b & 7;  // o is 0 or 4
+        const float x0 = s[g + (o == 0 ? 0 : 2)], x1 = s[g + (o == 0 ? 1 : 3)];
+        const float x2 = s[g + (o == 0 ? 4 : 6)], x3 = s[g + (o == 0 ? 5 : 7)];
+        p[kk][r] = ptx::pack_e4m3x4(x0, x1, x2, x3);
+      }
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kPvSteps; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        p[kk][i] = ptx::pack_pair<typename Cfg::Element>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+  }
 }
 
 // P split in two 16-bit parts, hi = round(P) and lo = round(P - hi), so that

@@ -28,7 +28,7 @@ __device__ __forceinline__ void store_output(const float (&o)[Cfg::kHeadDim / 2]
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int j = 4 * a + k;
-        pieces[a][k] = ptx::pack_pair<typename Cfg::Element>(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
+        pieces[a][k] = ptx::pack_pair<typename Cfg::OutElement>(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
       }
       quad_transpose(pieces[a], f.quad);
     }

@@ -1,13 +1,22 @@
 // Compile-time shape of one forward kernel instantiation.
 #pragma once
+#include <cuda_fp8.h>
+
+#include <type_traits>
 
 namespace warpattn::detail {
 
+// Element_: the operand type of both GEMMs: __half, __nv_bfloat16, or __nv_fp8_e4m3 (FP8:
+// Q, K and Vᵀ in e4m3 with descales, O written as OutElement_).
 // kQStages_: Q buffers (1 or 2; 0 = 2 when shared memory allows). With two, the next work
 // tile's Q loads during the whole current tile instead of after its last S GEMM.
-template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kCausal_, int kQStages_ = 0>
+template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kCausal_, int kQStages_ = 0,
+          class OutElement_ = Element_>
 struct ForwardConfig {
   using Element = Element_;
+  using OutElement = OutElement_;
+  static constexpr bool kFp8 = std::is_same_v<Element, __nv_fp8_e4m3>;
+  static constexpr int kElementBytes = kFp8 ? 1 : 2;
   static constexpr int kHeadDim = kHeadDim_;
   // Two consumer warpgroups, 64 query rows each (one m64 wgmma row block).
   static constexpr int kConsumerWarpgroups = 2;
@@ -16,26 +25,34 @@ struct ForwardConfig {
   static constexpr int kStages = kStages_;
   static constexpr bool kCausal = kCausal_;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
-  // Head dim in 64-element (128-byte) panels: the width of one 128B-swizzled TMA box row.
-  static constexpr int kPanels = kHeadDim / 64;
+  // Head dim in 128-byte panels (64 16-bit or 128 FP8 elements): the width of one
+  // 128B-swizzled TMA box row.
+  static constexpr int kPanels = kHeadDim * kElementBytes / 128;
+  // k steps of the P·V GEMM over one key tile (k16, or k32 for FP8).
+  static constexpr int kPvSteps = kBlockN / (kFp8 ? 32 : 16);
+  // FP8 P is scaled by 2^8 before its conversion (the e4m3 range reaches 448; P <= 1 would
+  // waste it), undone in the LSE; O and the row sums carry the same factor, so it cancels.
+  static constexpr float kPLog2Offset = kFp8 ? 8.f : 0.f;
   // setmaxnreg split. The pool is the launch allocation: 384 threads x 168 registers =
   // 64,512 = 128 x 40 + 256 x 232; a split over it makes the consumers' .inc wait forever.
   // The producer needs 40 since it also chooses tiles (24 spilled); the consumers fit in 232
   // with no spill at every head dim.
-  static constexpr int kProducerRegisters = 40;
-  static constexpr int kConsumerRegisters = 232;
+  static constexpr bool kWideConsumers = kFp8 && kHeadDim == 256;
+  static constexpr int kProducerRegisters = kWideConsumers ? 24 : 40;
+  static constexpr int kConsumerRegisters = kWideConsumers ? 240 : 232;
   static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 384 * 168,
                 "setmaxnreg.inc would wait forever for registers the CTA does not have");
 
-  static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;
-  static constexpr int kKVTileBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kQTileBytes = kBlockM * kHeadDim * kElementBytes;
+  static constexpr int kKVTileBytes = kBlockN * kHeadDim * kElementBytes;
   static constexpr int kSharedMemoryLimit = 227 * 1024;  // per CTA on sm_90
   static constexpr int kQStages =
       kQStages_ > 0 ? kQStages_
                     : (2 * kQTileBytes + 2 * kStages * kKVTileBytes + 1024 <= kSharedMemoryLimit ? 2 : 1);
 
-  static_assert(kHeadDim % 64 == 0, "head dim is stored as 64-element panels");
-  static_assert(kBlockN % 16 == 0, "kBlockN is the K extent of the P·V GEMM (k16 steps)");
+  static_assert(kHeadDim * kElementBytes % 128 == 0, "head dim is stored as 128-byte panels");
+  static_assert(kBlockN % (kFp8 ? 32 : 16) == 0, "kBlockN is the K extent of the P·V GEMM");
+  static_assert(!kFp8 || kBlockN == 128, "FP8 Vᵀ tiles are one 128-byte panel of keys");
   static_assert(kBlockN <= 256 && kHeadDim <= 256, "wgmma N is at most 256");
 };
 

@@ -52,21 +52,28 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
     float o[Cfg::kHeadDim / 2];
 #pragma unroll
     for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
-    OnlineSoftmax softmax(params.scale_log2);
+    OnlineSoftmax softmax(Cfg::kPLog2Offset);
+    float o_scale = 1.f;  // FP8: the V descale of the last key tile (O is in its units)
     if (n_tiles > 0) {
       const RingSlot qs = ring_slot<Cfg::kQStages>(q_iter);
-      const TileContext t{warpgroup, w.m_block, n_tiles, kv, qs.stage};
+      const TileContext t{warpgroup, w.m_block, w.head, w.batch, n_tiles, kv, qs.stage};
       ptx::mbarrier_wait(ptx::smem_addr(&ss.q_full[qs.stage]), qs.phase);
       const ConsumerTile<Cfg> tile(ss, params, t);
-      if (sees_few_keys(w.m_block * Cfg::kBlockM, params.seqlen_q, params.seqlen_k, Cfg::kCausal))
-        tile.run_precise(o, softmax);
-      else
+      if constexpr (Cfg::kFp8) {
+        // FP8 P has 3 mantissa bits; splitting it would not buy the 16-bit path's precision.
         tile.run(o, softmax);
+        o_scale = tile.v_scale(n_tiles - 1);
+      } else {
+        if (sees_few_keys(w.m_block * Cfg::kBlockM, params.seqlen_q, params.seqlen_k, Cfg::kCausal))
+          tile.run_precise(o, softmax);
+        else
+          tile.run(o, softmax);
+      }
       kv += n_tiles;
       ++q_iter;
     }
     float lse[2];
-    softmax.finalize(o, lse);
+    softmax.finalize(o, lse, o_scale);
     store_output<Cfg>(o, lse, params, f, warpgroup, w.m_block, w.head, w.batch);
   }
   turns.finish();

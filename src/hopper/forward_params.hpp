@@ -15,6 +15,13 @@ struct ForwardParams {
   int chunk_heads = 1;   // (batch, head) pairs whose K/V the scheduler keeps in L2 together
   float scale_log2 = 0;  // softmax_scale * log2(e): one FFMA + EX2 per score
   int* tile_counter = nullptr;  // [next tile, CTAs done], zero at launch; null: static order
+  // FP8 only: descales per (batch, head, block of 128 rows/keys); strides in elements.
+  const float* q_descale = nullptr;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+  int64_t q_descale_stride[3] = {0, 0, 0};
+  int64_t k_descale_stride[3] = {0, 0, 0};
+  int64_t v_descale_stride[3] = {0, 0, 0};
 };
 
 }  // namespace warpattn::detail

@@ -12,6 +12,10 @@ void launch_forward_sm90(const ForwardProblem& p, const TensorView& q, const Ten
                          const TensorView& v, const TensorView& out,
                          const std::optional<TensorView>& lse, cudaStream_t stream);
 
+// FP8: p.dtype is the output's; seqlen_k >= 1.
+void launch_forward_fp8_sm90(const ForwardProblem& p, const Fp8Operands& fp8, const TensorView& out,
+                             const std::optional<TensorView>& lse, cudaStream_t stream);
+
 // seqlen_k == 0 (and seqlen_q >= 1): every query row has no key, so out is zero and lse -inf.
 void fill_no_key_rows(const ForwardProblem& p, const TensorView& out,
                       const std::optional<TensorView>& lse, cudaStream_t stream);

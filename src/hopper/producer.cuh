@@ -25,7 +25,9 @@ __device__ __forceinline__ RingSlot ring_slot(int it) {
   return {it % kStages, static_cast<uint32_t>((it / kStages) & 1)};
 }
 
-template <class Cfg>
+// kKeysInner: the tensor is FP8's Vᵀ, keys innermost (its map is {keys, head_dim, 1, heads,
+// batch}); otherwise a (batch, seqlen, heads, head_dim) panel map.
+template <class Cfg, bool kKeysInner = false>
 __device__ __forceinline__ void load_kv_tile(SharedStorage<Cfg>& ss, const CUtensorMap* map,
                                              uint8_t (&tiles)[Cfg::kStages][Cfg::kKVTileBytes],
                                              uint64_t (&full)[Cfg::kStages],
@@ -38,8 +40,10 @@ __device__ __forceinline__ void load_kv_tile(SharedStorage<Cfg>& ss, const CUten
   mbarrier_wait(smem_addr(&empty[slot.stage]), slot.phase ^ 1);
   const uint32_t bar = smem_addr(&full[slot.stage]);
   mbarrier_arrive_expect_tx(bar, Cfg::kKVTileBytes);  // the full box, even past seqlen_k
-  tma_load_5d(smem_addr(tiles[slot.stage]), map, bar, 0, n_block * Cfg::kBlockN, 0, head_kv,
-              batch);
+  if constexpr (kKeysInner)
+    tma_load_5d(smem_addr(tiles[slot.stage]), map, bar, n_block * Cfg::kBlockN, 0, 0, head_kv, batch);
+  else
+    tma_load_5d(smem_addr(tiles[slot.stage]), map, bar, 0, n_block * Cfg::kBlockN, 0, head_kv, batch);
 }
 
 // The tile with index `tile` of tile_order.hpp's order, or the end marker past the last.
@@ -97,9 +101,9 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
     if (n_tiles > 0) {
       for (int it = 1; it < n_tiles; ++it) {
         load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, n_tiles - 1 - it, head_kv, w.batch);
-        load_kv_tile<Cfg>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1, n_tiles - it, head_kv, w.batch);
+        load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1, n_tiles - it, head_kv, w.batch);
       }
-      load_kv_tile<Cfg>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + n_tiles - 1, 0, head_kv, w.batch);
+      load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + n_tiles - 1, 0, head_kv, w.batch);
       kv += n_tiles;
       ++q_iter;
     }

@@ -17,14 +17,26 @@
 
 namespace warpattn::detail {
 
+// For FP8 (Cfg::kFp8) v is the operands' Vᵀ and `fp8` gives the descales.
 template <class Cfg>
 void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView& k,
                  const TensorView& v, const TensorView& out, const std::optional<TensorView>& lse,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, const Fp8Operands* fp8 = nullptr) {
   const CUtensorMap tm_q = make_panel_tensor_map(q, "q", Cfg::kBlockM, Cfg::kPanels);
   const CUtensorMap tm_k = make_panel_tensor_map(k, "k", Cfg::kBlockN, Cfg::kPanels);
-  const CUtensorMap tm_v = make_panel_tensor_map(v, "v", Cfg::kBlockN, Cfg::kPanels);
+  const CUtensorMap tm_v = Cfg::kFp8 ? make_vt_tensor_map(v, "vt", Cfg::kBlockN)
+                                     : make_panel_tensor_map(v, "v", Cfg::kBlockN, Cfg::kPanels);
   ForwardParams params;
+  if constexpr (Cfg::kFp8) {
+    params.q_descale = static_cast<const float*>(fp8->q_descale.data);
+    params.k_descale = static_cast<const float*>(fp8->k_descale.data);
+    params.v_descale = static_cast<const float*>(fp8->v_descale.data);
+    for (int i = 0; i < 3; ++i) {
+      params.q_descale_stride[i] = fp8->q_descale.stride[i];
+      params.k_descale_stride[i] = fp8->k_descale.stride[i];
+      params.v_descale_stride[i] = fp8->v_descale.stride[i];
+    }
+  }
   params.out = out.data;
   params.out_stride_batch = out.stride[0];
   params.out_stride_row = out.stride[1];
@@ -44,7 +56,7 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
   // Half of L2 for the K and V of the (batch, head) pairs in flight; query heads of one GQA
   // group share theirs.
   const int64_t kv_bytes_per_query_head =
-      std::max<int64_t>(1, 2 * p.seqlen_k * p.head_dim * 2 / params.kv_group);
+      std::max<int64_t>(1, 2 * p.seqlen_k * p.head_dim * Cfg::kElementBytes / params.kv_group);
   int64_t chunk = l2_cache_bytes() / 2 / kv_bytes_per_query_head;
   // And no more pairs than one wave of CTAs covers, so each pair's K/V is read by all of its
   // query blocks at about the same time (run 18: +4-10% at N <= 1024 non-causal).
@@ -75,5 +87,10 @@ template <class Element, int kHeadDim>
 void run_forward_head_dim(const ForwardProblem& p, const TensorView& q, const TensorView& k,
                           const TensorView& v, const TensorView& out,
                           const std::optional<TensorView>& lse, cudaStream_t stream);
+
+// FP8, in forward_fp8_d<dim>.cu: p.dtype is the output's dtype.
+template <int kHeadDim>
+void run_forward_fp8_head_dim(const ForwardProblem& p, const Fp8Operands& fp8, const TensorView& out,
+                              const std::optional<TensorView>& lse, cudaStream_t stream);
 
 }  // namespace warpattn::detail

@@ -1,10 +1,12 @@
 // Online softmax in base 2 for one thread's two rows of a 64 x kBlockN score tile.
-// c = softmax_scale * log2(e) is folded in, so each probability is one FFMA and one MUFU.EX2:
-//   m_new = max(m_old, rowmax(S));  alpha = 2^((m_old - m_new) c);  P = 2^(S c - m_new c)
-//   l = alpha l + rowsum(P);        O = alpha O + P V
-// The running max stays in raw score units. A row that has seen only -inf uses 0 in place of
-// its max, so it never computes -inf - (-inf): its P, l and alpha are 0.
-// Row sums stay per-thread until finalize (only the max needs the quad each tile).
+// c = softmax_scale * log2(e) (times the FP8 descales of the tile) is folded in, so each
+// probability is one FFMA and one MUFU.EX2:
+//   m_new = max(m_old, c rowmax(S));  alpha = 2^(m_old - m_new);  P = 2^(S c - m_new + offset)
+//   l = alpha l + rowsum(P);          O = alpha O + P V
+// The running max is kept in scaled (log2) units, so c may change from key tile to key tile.
+// offset (kPLog2Offset) lifts FP8's P into e4m3's range; the LSE takes it out again.
+// A row that has seen only -inf uses 0 in place of its max, so it never computes
+// -inf - (-inf): its P, l and alpha are 0. Row sums stay per-thread until finalize.
 #pragma once
 
 #include <cmath>
@@ -17,46 +19,47 @@ namespace warpattn::detail {
 struct OnlineSoftmax {
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
-  float scale_log2;
+  float p_log2_offset;
 
-  __device__ __forceinline__ explicit OnlineSoftmax(float c) : scale_log2(c) {}
+  __device__ __forceinline__ explicit OnlineSoftmax(float offset = 0.f) : p_log2_offset(offset) {}
 
   // Replaces s by unnormalised probabilities; alpha gets each row's rescale factor for O.
+  // c (> 0) converts this tile's raw scores to log2 units.
   template <bool kFirst, int kRegs>
-  __device__ __forceinline__ void step(float (&s)[kRegs], float (&alpha)[2]) {
+  __device__ __forceinline__ void step(float (&s)[kRegs], float (&alpha)[2], float c) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float m = row_max[r];
+      float m = -INFINITY;
 #pragma unroll
       for (int j = 0; j < kRegs / 4; ++j)
         m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-      m = quad_max(m);
-      const float m_scaled = (m == -INFINITY ? 0.f : m) * scale_log2;
-      alpha[r] = kFirst ? 1.f : ptx::exp2_approx(row_max[r] * scale_log2 - m_scaled);
+      m = fmaxf(row_max[r], quad_max(m) * c);
+      const float base = (m == -INFINITY ? 0.f : m) - p_log2_offset;
+      alpha[r] = kFirst ? 1.f : ptx::exp2_approx(row_max[r] - (m == -INFINITY ? 0.f : m));
       row_max[r] = m;
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < kRegs / 4; ++j)
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          float& x = s[4 * j + 2 * r + c];
-          x = ptx::exp2_approx(fmaf(x, scale_log2, -m_scaled));
+        for (int k = 0; k < 2; ++k) {
+          float& x = s[4 * j + 2 * r + k];
+          x = ptx::exp2_approx(fmaf(x, c, -base));
           sum += x;
         }
       row_sum[r] = kFirst ? sum : fmaf(row_sum[r], alpha[r], sum);
     }
   }
 
-  // Normalises O by the full row sums and returns each row's natural-log LSE; rows with no
-  // visible key get O = 0 and LSE = -inf.
+  // Normalises O by the full row sums (times o_scale: FP8's V descale) and returns each row's
+  // natural-log LSE; rows with no visible key get O = 0 and LSE = -inf.
   template <int kRegs>
-  __device__ __forceinline__ void finalize(float (&o)[kRegs], float (&lse)[2]) {
+  __device__ __forceinline__ void finalize(float (&o)[kRegs], float (&lse)[2], float o_scale = 1.f) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float l = quad_sum(row_sum[r]);
       const bool empty = !(l > 0.f);  // also catches NaN
-      const float inv = empty ? 0.f : 1.f / l;
-      lse[r] = empty ? -INFINITY : (row_max[r] * scale_log2 + ptx::log2_approx(l)) * 0.69314718055994531f;
+      const float inv = empty ? 0.f : o_scale / l;
+      lse[r] = empty ? -INFINITY : (row_max[r] + ptx::log2_approx(l) - p_log2_offset) * 0.69314718055994531f;
 #pragma unroll
       for (int j = 0; j < kRegs / 4; ++j) {
         o[4 * j + 2 * r] *= inv;
@@ -66,16 +69,20 @@ struct OnlineSoftmax {
   }
 };
 
-// O *= alpha per row (after the P·V GEMM that wrote O has completed).
+// O *= alpha per row, times `units` for all rows (FP8: the ratio of the previous key tile's V
+// descale to the next one's, so O stays in units of the V tile it accumulates next). After
+// the P·V GEMM that wrote O has completed.
 template <int kRegs>
-__device__ __forceinline__ void rescale_rows(float (&o)[kRegs], const float (&alpha)[2]) {
+__device__ __forceinline__ void rescale_rows(float (&o)[kRegs], const float (&alpha)[2], float units = 1.f) {
 #pragma unroll
-  for (int j = 0; j < kRegs / 4; ++j)
+  for (int r = 0; r < 2; ++r) {
+    const float a = alpha[r] * units;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      o[4 * j + 2 * r] *= alpha[r];
-      o[4 * j + 2 * r + 1] *= alpha[r];
+    for (int j = 0; j < kRegs / 4; ++j) {
+      o[4 * j + 2 * r] *= a;
+      o[4 * j + 2 * r + 1] *= a;
     }
+  }
 }
 
 }  // namespace warpattn::detail

@@ -27,23 +27,15 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 }  // namespace
 
-CUtensorMap make_panel_tensor_map(const TensorView& t, const char* name, int box_rows,
-                                  int box_panels) {
-  const int64_t batch = t.shape[0], seqlen = t.shape[1], heads = t.shape[2], dim = t.shape[3];
-  const int64_t esize = dtype_size(t.dtype);
-  // A dimension of size 1 is never stepped over; give it a natural stride so that an
-  // arbitrary one (PyTorch keeps any stride there) cannot upset the encoder.
-  auto stride_bytes = [&](int axis, int64_t natural) {
-    return static_cast<cuuint64_t>((t.shape[axis] == 1 ? natural : t.stride[axis]) * esize);
-  };
-  const cuuint64_t dims[5] = {64, static_cast<cuuint64_t>(seqlen), static_cast<cuuint64_t>(dim / 64),
-                              static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
-  const cuuint64_t strides[4] = {stride_bytes(1, heads * dim), 128, stride_bytes(2, dim),
-                                 stride_bytes(0, seqlen * heads * dim)};
-  const cuuint32_t box[5] = {64, static_cast<cuuint32_t>(box_rows), static_cast<cuuint32_t>(box_panels), 1, 1};
+namespace {
+
+CUtensorMap encode(const TensorView& t, const char* name, const cuuint64_t (&dims)[5],
+                   const cuuint64_t (&strides)[4], const cuuint32_t (&box)[5]) {
   const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
-  const CUtensorMapDataType type = t.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                          : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  // TMA has no FP8 type: e4m3 bytes travel as UINT8.
+  const CUtensorMapDataType type = t.dtype == DType::bf16   ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                   : t.dtype == DType::f16  ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                            : CU_TENSOR_MAP_DATA_TYPE_UINT8;
   CUtensorMap map;
   const CUresult r = tensor_map_encoder()(
       &map, type, 5, t.data, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -52,9 +44,44 @@ CUtensorMap make_panel_tensor_map(const TensorView& t, const char* name, int box
   if (r != CUDA_SUCCESS)
     throw Error(std::string(name) + ": cuTensorMapEncodeTiled failed (CUresult " +
                 std::to_string(static_cast<int>(r)) + ") for a tensor of shape (" +
-                std::to_string(batch) + ", " + std::to_string(seqlen) + ", " +
-                std::to_string(heads) + ", " + std::to_string(dim) + ")");
+                std::to_string(t.shape[0]) + ", " + std::to_string(t.shape[1]) + ", " +
+                std::to_string(t.shape[2]) + ", " + std::to_string(t.shape[3]) + ")");
   return map;
+}
+
+}  // namespace
+
+CUtensorMap make_panel_tensor_map(const TensorView& t, const char* name, int box_rows,
+                                  int box_panels) {
+  const int64_t batch = t.shape[0], seqlen = t.shape[1], heads = t.shape[2], dim = t.shape[3];
+  const int64_t esize = dtype_size(t.dtype);
+  const int64_t panel = 128 / esize;  // elements in a 128-byte panel row
+  // A dimension of size 1 is never stepped over; give it a natural stride so that an
+  // arbitrary one (PyTorch keeps any stride there) cannot upset the encoder.
+  auto stride_bytes = [&](int axis, int64_t natural) {
+    return static_cast<cuuint64_t>((t.shape[axis] == 1 ? natural : t.stride[axis]) * esize);
+  };
+  const cuuint64_t dims[5] = {static_cast<cuuint64_t>(panel), static_cast<cuuint64_t>(seqlen),
+                              static_cast<cuuint64_t>(dim / panel), static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(batch)};
+  const cuuint64_t strides[4] = {stride_bytes(1, heads * dim), 128, stride_bytes(2, dim),
+                                 stride_bytes(0, seqlen * heads * dim)};
+  const cuuint32_t box[5] = {static_cast<cuuint32_t>(panel), static_cast<cuuint32_t>(box_rows),
+                             static_cast<cuuint32_t>(box_panels), 1, 1};
+  return encode(t, name, dims, strides, box);
+}
+
+CUtensorMap make_vt_tensor_map(const TensorView& vt, const char* name, int box_keys) {
+  const int64_t batch = vt.shape[0], heads = vt.shape[1], dim = vt.shape[2], keys = vt.shape[3];
+  auto stride_bytes = [&](int axis, int64_t natural) {  // e4m3: one byte per element
+    return static_cast<cuuint64_t>(vt.shape[axis] == 1 ? natural : vt.stride[axis]);
+  };
+  const cuuint64_t dims[5] = {static_cast<cuuint64_t>(keys), static_cast<cuuint64_t>(dim), 1,
+                              static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
+  const cuuint64_t strides[4] = {stride_bytes(2, keys), stride_bytes(2, keys) * dim, stride_bytes(1, dim * keys),
+                                 stride_bytes(0, heads * dim * keys)};
+  const cuuint32_t box[5] = {static_cast<cuuint32_t>(box_keys), static_cast<cuuint32_t>(dim), 1, 1, 1};
+  return encode(vt, name, dims, strides, box);
 }
 
 }  // namespace warpattn::detail

@@ -31,6 +31,11 @@ struct TileShape<256, kCausal> {
   static constexpr int kBlockN = 80, kStages = 2;
 };
 
+// FP8: 128-key tiles (Vᵀ's 128-byte panel); 1-byte operands leave room for two Q buffers and,
+// at d=128, three stages.
+template <int kHeadDim, bool kCausal, class OutElement>
+using Fp8ForwardConfigFor = ForwardConfig<__nv_fp8_e4m3, kHeadDim, 128, kHeadDim == 128 ? 3 : 2, kCausal, 0, OutElement>;
+
 template <class Element, int kHeadDim, bool kCausal>
 using ForwardConfigFor = ForwardConfig<Element, kHeadDim, TileShape<kHeadDim, kCausal>::kBlockN,
                                        TileShape<kHeadDim, kCausal>::kStages, kCausal>;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "common/fp8_signs.hpp"
 #include "common/host_fp8.hpp"
 
 namespace warpattn::reference {
@@ -23,15 +24,7 @@ void walsh_hadamard(double* x, int n) {
 
 std::vector<int8_t> random_signs(int n, uint64_t seed) {
   std::vector<int8_t> signs(n);
-  uint64_t s = seed;
-  for (int i = 0; i < n; ++i) {
-    s += 0x9E3779B97F4A7C15ull;  // splitmix64
-    uint64_t z = s;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    signs[i] = (z & 1) ? 1 : -1;
-  }
+  for (int i = 0; i < n; ++i) signs[i] = fp8_sign_is_negative(seed, i) ? -1 : 1;
   return signs;
 }
 

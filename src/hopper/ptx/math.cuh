@@ -39,6 +39,15 @@ __device__ __forceinline__ uint32_t pack_pair<__half>(float lo, float hi) {
   return r;
 }
 
+// Four floats to four E4M3 bytes (round to nearest even, saturating at +-448), x0 in the
+// lowest byte. cvt's first source goes to the upper byte of each pair.
+__device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, float x3) {
+  uint16_t lo, hi;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(x1), "f"(x0));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(x3), "f"(x2));
+  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+}
+
 // The two values of a 16-bit pair, widened back to float (exact).
 template <class Element>
 __device__ __forceinline__ float2 unpack_pair(uint32_t pair);

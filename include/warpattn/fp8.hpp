@@ -1,0 +1,67 @@
+// warpattn FP8: attention with E4M3 operands (FlashAttention-3's second headline).
+//
+//   warpattn::quantize_fp8(q, k, v, fp8, options, stream);   // bf16/fp16 -> e4m3 + descales
+//   warpattn::forward_fp8(fp8, out, lse, forward_options, stream);
+//
+// quantize_fp8 can rotate Q and K (incoherent processing: a random +-1 diagonal, then the
+// normalised Walsh-Hadamard transform, the same on both, so q.k is unchanged in exact
+// arithmetic) and scales per block of 128 rows (the kernel's tiles) or per tensor. A caller
+// may also make the operands itself: Fp8Operands says exactly what forward_fp8 reads.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "warpattn/warpattn.hpp"
+
+namespace warpattn {
+
+// Rows of Q, and keys of K and V, that share one descale factor: the kernel's tile heights.
+inline constexpr int kFp8BlockRows = 128;
+
+// Head dimensions with an FP8 kernel.
+inline constexpr int kFp8HeadDims[] = {128, 256};
+
+// Inside every group of 16 keys of Vᵀ, column 16g + s holds key 16g + kFp8KeyOrder[s]. This is
+// the order in which the FP8 P·V GEMM meets P's values in registers (HOPPER-PRIMER.md §5.4):
+// storing Vᵀ in it saves the kernel a shuffle of P.
+inline constexpr int kFp8KeyOrder[16] = {0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15};
+
+// Sk rounded up to a multiple of 16: the key count of Vᵀ's rows.
+constexpr int64_t fp8_padded_keys(int64_t seqlen_k) { return (seqlen_k + 15) / 16 * 16; }
+
+// The operands of forward_fp8 (dtype e4m3 for q, k, vt; float32 for the descales):
+//   q         (B, Sq, Hq, D)
+//   k         (B, Sk, Hkv, D)
+//   vt        (B, Hkv, D, fp8_padded_keys(Sk)): V transposed, keys in kFp8KeyOrder, zero past Sk
+//   q_descale (B, Hq, ceil(Sq / 128));  k_descale, v_descale (B, Hkv, ceil(Sk / 128))
+// The value an element stands for is its e4m3 value times the descale of its block.
+// q, k and vt follow the TMA rules of forward(); descales need only positive strides.
+struct Fp8Operands {
+  TensorView q, k, vt, q_descale, k_descale, v_descale;
+};
+
+enum class Fp8Scaling : int {
+  per_block = 0,   // one descale per 128 rows (keys) per head: block amax / 448
+  per_tensor = 1,  // one descale for the whole tensor (every block gets the same value)
+};
+
+struct QuantizeOptions {
+  bool rotate = true;  // incoherent processing of Q and K
+  uint64_t seed = 0;   // seed of the random signs (the same signs on Q and K)
+  Fp8Scaling scaling = Fp8Scaling::per_block;
+};
+
+// Writes `fp8` from q, k, v (fp16 or bf16, the layouts and rules of forward()). One pass reads
+// each input once under per-block scaling; per-tensor scaling reads Q and K twice (amax, then
+// codes). Nothing is written if an argument is invalid.
+void quantize_fp8(const TensorView& q, const TensorView& k, const TensorView& v, const Fp8Operands& fp8,
+                  const QuantizeOptions& options, cudaStream_t stream = nullptr);
+
+// out = softmax(scale · q·kᵀ [+ causal mask]) · v on the dequantised operands, out fp16 or bf16
+// (B, Sq, Hq, D); lse as in forward(). The descales are read back to the host and checked
+// (finite and > 0) before the launch, so this call synchronises with `stream` once.
+void forward_fp8(const Fp8Operands& fp8, const TensorView& out, const std::optional<TensorView>& lse,
+                 const ForwardOptions& options, cudaStream_t stream = nullptr);
+
+}  // namespace warpattn

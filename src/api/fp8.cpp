@@ -1,0 +1,172 @@
+// warpattn::quantize_fp8 and warpattn::forward_fp8: validate, then launch. Nothing is launched
+// or written before every rule has passed.
+#include <cmath>
+#include <vector>
+
+#include "api/message.hpp"
+#include "api/problem.hpp"
+#include "common/fp8_signs.hpp"
+#include "fp8/quantize.hpp"
+#include "hopper/cuda_check.hpp"
+#include "hopper/launch.hpp"
+
+namespace warpattn {
+namespace {
+
+bool is_empty(const TensorView& t) {
+  for (int i = 0; i < t.rank; ++i)
+    if (t.shape[i] == 0) return true;
+  return false;
+}
+
+void copy3(int64_t (&dst)[3], const int64_t* src) {
+  for (int i = 0; i < 3; ++i) dst[i] = src[i];
+}
+
+// A per-tensor pass needs one float of device scratch per tensor for the global amax.
+struct DeviceScratch {
+  float* ptr = nullptr;
+  cudaStream_t stream;
+  explicit DeviceScratch(cudaStream_t s, int n) : stream(s) {
+    detail::check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&ptr), n * sizeof(float), s),
+                       "quantize_fp8: allocating 12 bytes of scratch");
+  }
+  ~DeviceScratch() { cudaFreeAsync(ptr, stream); }
+};
+
+void quantize_rows(const TensorView& in, const TensorView& out, const TensorView& descale,
+                   const QuantizeOptions& options, int head_dim, float* global_amax, cudaStream_t stream) {
+  if (is_empty(in)) return;
+  detail::QuantizeRowsParams p{};
+  p.in = in.data;
+  copy3(p.in_stride, in.stride);
+  p.out = out.data;
+  copy3(p.out_stride, out.stride);
+  p.descale = static_cast<float*>(descale.data);
+  copy3(p.descale_stride, descale.stride);
+  p.seqlen = static_cast<int>(in.shape[1]);
+  p.rotate = options.rotate;
+  for (int i = 0; i < head_dim; ++i)
+    if (fp8_sign_is_negative(options.seed, i)) p.signs[i / 64] |= uint64_t(1) << (i % 64);
+  const int blocks = static_cast<int>(descale.shape[2]), heads = static_cast<int>(in.shape[2]),
+            batch = static_cast<int>(in.shape[0]);
+  if (options.scaling == Fp8Scaling::per_block) {
+    p.mode = detail::QuantizeMode::block_amax;
+  } else {
+    p.mode = detail::QuantizeMode::amax_only;
+    detail::launch_quantize_rows(in.dtype, head_dim, p, blocks, heads, batch, stream);
+    const int64_t n[3] = {descale.shape[0], descale.shape[1], descale.shape[2]};
+    const int64_t s[3] = {descale.stride[0], descale.stride[1], descale.stride[2]};
+    detail::launch_max_reduce(static_cast<const float*>(descale.data), n, s, global_amax, stream);
+    p.mode = detail::QuantizeMode::global_amax;
+    p.global_amax = global_amax;
+  }
+  detail::launch_quantize_rows(in.dtype, head_dim, p, blocks, heads, batch, stream);
+}
+
+void quantize_v(const TensorView& v, const Fp8Operands& f, const QuantizeOptions& options, int head_dim,
+                float* global_amax, cudaStream_t stream) {
+  if (is_empty(v)) return;
+  detail::QuantizeVtParams p{};
+  p.in = v.data;
+  copy3(p.in_stride, v.stride);
+  p.out = f.vt.data;
+  copy3(p.out_stride, f.vt.stride);
+  p.descale = static_cast<float*>(f.v_descale.data);
+  copy3(p.descale_stride, f.v_descale.stride);
+  p.seqlen = static_cast<int>(v.shape[1]);
+  p.padded_keys = f.vt.shape[3];
+  for (int i = 0; i < 16; ++i) p.order[i] = kFp8KeyOrder[i];
+  const int blocks = static_cast<int>(f.v_descale.shape[2]), heads = static_cast<int>(v.shape[2]),
+            batch = static_cast<int>(v.shape[0]);
+  if (options.scaling == Fp8Scaling::per_block) {
+    p.mode = detail::QuantizeMode::block_amax;
+  } else {
+    p.mode = detail::QuantizeMode::amax_only;
+    detail::launch_quantize_vt(v.dtype, head_dim, p, blocks, heads, batch, stream);
+    const int64_t n[3] = {f.v_descale.shape[0], f.v_descale.shape[1], f.v_descale.shape[2]};
+    const int64_t s[3] = {f.v_descale.stride[0], f.v_descale.stride[1], f.v_descale.stride[2]};
+    detail::launch_max_reduce(static_cast<const float*>(f.v_descale.data), n, s, global_amax, stream);
+    p.mode = detail::QuantizeMode::global_amax;
+    p.global_amax = global_amax;
+  }
+  detail::launch_quantize_vt(v.dtype, head_dim, p, blocks, heads, batch, stream);
+}
+
+// Reads a descale array back and checks that every value is finite and > 0: a zero, negative
+// or NaN descale would turn the softmax into garbage without any other sign.
+void check_descales(const TensorView& t, const char* name, cudaStream_t stream) {
+  if (is_empty(t)) return;
+  int64_t span = 1;
+  for (int i = 0; i < 3; ++i) span += t.stride[i] * (t.shape[i] - 1);
+  std::vector<float> host(static_cast<size_t>(span));
+  detail::check_cuda(cudaMemcpyAsync(host.data(), t.data, span * sizeof(float), cudaMemcpyDeviceToHost, stream),
+                     "forward_fp8: reading the descales back");
+  detail::check_cuda(cudaStreamSynchronize(stream), "forward_fp8: reading the descales back");
+  for (int64_t a = 0; a < t.shape[0]; ++a)
+    for (int64_t b = 0; b < t.shape[1]; ++b)
+      for (int64_t c = 0; c < t.shape[2]; ++c) {
+        const float x = host[a * t.stride[0] + b * t.stride[1] + c * t.stride[2]];
+        if (std::isfinite(x) && x > 0.f) continue;
+        detail::Message m;
+        m << name << ": every descale must be finite and > 0, got " << x << " at [" << a << ", " << b << ", "
+          << c << "]";
+        throw Error(m.str());
+      }
+}
+
+}  // namespace
+
+void quantize_fp8(const TensorView& q, const TensorView& k, const TensorView& v, const Fp8Operands& fp8,
+                  const QuantizeOptions& options, cudaStream_t stream) {
+  const detail::Fp8Problem p = detail::validate_quantize(q, k, v, fp8);
+  if (options.scaling != Fp8Scaling::per_block && options.scaling != Fp8Scaling::per_tensor) {
+    detail::Message m;
+    m << "options.scaling: expected per_block (0) or per_tensor (1), got " << static_cast<int>(options.scaling);
+    throw Error(m.str());
+  }
+  if (p.batch == 0) return;
+  detail::require_sm90_device();
+  const int d = static_cast<int>(p.head_dim);
+  if (options.scaling == Fp8Scaling::per_tensor) {
+    DeviceScratch scratch(stream, 3);
+    quantize_rows(q, fp8.q, fp8.q_descale, options, d, scratch.ptr, stream);
+    quantize_rows(k, fp8.k, fp8.k_descale, options, d, scratch.ptr + 1, stream);
+    quantize_v(v, fp8, options, d, scratch.ptr + 2, stream);
+  } else {
+    quantize_rows(q, fp8.q, fp8.q_descale, options, d, nullptr, stream);
+    quantize_rows(k, fp8.k, fp8.k_descale, options, d, nullptr, stream);
+    quantize_v(v, fp8, options, d, nullptr, stream);
+  }
+}
+
+void forward_fp8(const Fp8Operands& fp8, const TensorView& out, const std::optional<TensorView>& lse,
+                 const ForwardOptions& options, cudaStream_t stream) {
+  const detail::Fp8Problem f = detail::validate_forward_fp8(fp8, out, lse, options);
+  if (f.batch == 0 || f.seqlen_q == 0 || f.heads_q == 0) return;
+  detail::require_sm90_device();
+  check_descales(fp8.q_descale, "q_descale", stream);
+  if (f.seqlen_k > 0) {
+    check_descales(fp8.k_descale, "k_descale", stream);
+    check_descales(fp8.v_descale, "v_descale", stream);
+  }
+  detail::ForwardProblem p;
+  p.batch = f.batch;
+  p.seqlen_q = f.seqlen_q;
+  p.seqlen_k = f.seqlen_k;
+  p.heads_q = f.heads_q;
+  p.heads_kv = f.heads_kv;
+  p.head_dim = f.head_dim;
+  p.dtype = out.dtype;
+  p.softmax_scale = options.softmax_scale
+                        ? *options.softmax_scale
+                        : static_cast<float>(1.0 / std::sqrt(static_cast<double>(f.head_dim)));
+  p.causal = options.causal;
+  p.has_lse = lse.has_value();
+  if (p.seqlen_k == 0)
+    detail::fill_no_key_rows(p, out, lse, stream);
+  else
+    detail::launch_forward_fp8_sm90(p, fp8, out, lse, stream);
+}
+
+}  // namespace warpattn

@@ -1,0 +1,469 @@
+// GPU tests of the FP8 path: the quantisation pass against the CPU reference (rotation, block
+// scales, E4M3 codes, the Vᵀ layout), forward_fp8 against the fp64 reference on the
+// dequantised operands, and the accuracy of the whole pipeline on FlashAttention-3's outlier
+// data. Fresh random data on every run (seed printed); outputs poisoned before each call.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include "common/host_float16.hpp"
+#include "common/host_fp8.hpp"
+#include "gpu_test_support.cuh"
+#include "reference/fp8_quant.hpp"
+#include "reference/reference.hpp"
+#include "warpattn/fp8.hpp"
+
+using gpu_test::DeviceTensor;
+using warpattn::DType;
+
+namespace {
+
+template <class F>
+void parallel_for(int64_t n, F f) {
+  const int threads = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      for (int64_t i = t; i < n; i += threads) f(i);
+    });
+  for (auto& th : pool) th.join();
+}
+
+// Device memory for a contiguous view, poisoned with `poison` bytes.
+struct DeviceBuffer {
+  void* mem = nullptr;
+  size_t bytes = 0;
+  DeviceBuffer(size_t n, int poison = 0xFF) : bytes(std::max<size_t>(n, 1)) {
+    if (cudaMalloc(&mem, bytes) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
+    cudaMemset(mem, poison, bytes);
+  }
+  ~DeviceBuffer() { cudaFree(mem); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  template <class T>
+  std::vector<T> get() const {
+    std::vector<T> h(bytes / sizeof(T));
+    cudaMemcpy(h.data(), mem, h.size() * sizeof(T), cudaMemcpyDeviceToHost);
+    return h;
+  }
+};
+
+warpattn::TensorView contiguous(void* p, DType t, std::initializer_list<int64_t> shape) {
+  const std::vector<int64_t> s(shape);
+  return warpattn::make_contiguous_view(p, t, static_cast<int>(s.size()), s.data());
+}
+
+int64_t blocks_of(int64_t n) { return (n + 127) / 128; }
+
+// The FP8 operands of one problem, in their own device buffers.
+struct Fp8Buffers {
+  DeviceBuffer q, k, vt, qs, ks, vs;
+  warpattn::Fp8Operands ops;
+  Fp8Buffers(int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d)
+      : q(b * sq * hq * d), k(b * sk * hkv * d), vt(b * hkv * d * warpattn::fp8_padded_keys(sk)),
+        qs(b * hq * blocks_of(sq) * 4), ks(b * hkv * blocks_of(sk) * 4), vs(b * hkv * blocks_of(sk) * 4) {
+    ops.q = contiguous(q.mem, DType::e4m3, {b, sq, hq, d});
+    ops.k = contiguous(k.mem, DType::e4m3, {b, sk, hkv, d});
+    ops.vt = contiguous(vt.mem, DType::e4m3, {b, hkv, d, warpattn::fp8_padded_keys(sk)});
+    ops.q_descale = contiguous(qs.mem, DType::f32, {b, hq, blocks_of(sq)});
+    ops.k_descale = contiguous(ks.mem, DType::f32, {b, hkv, blocks_of(sk)});
+    ops.v_descale = contiguous(vs.mem, DType::f32, {b, hkv, blocks_of(sk)});
+  }
+};
+
+// Host values rounded to the 16-bit dtype, uploaded into a contiguous DeviceTensor.
+// outlier_fraction > 0: FlashAttention-3's test data, N(0, 1) plus N(0, 10^2) on that
+// fraction of the entries.
+std::vector<float> upload_random(DeviceTensor& t, std::mt19937_64& rng, double outlier_fraction = 0) {
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_real_distribution<double> uniform(0, 1);
+  const int64_t n = t.view.numel();
+  std::vector<float> values(n);
+  std::vector<uint16_t> bits(n);
+  const bool bf16 = t.view.dtype == DType::bf16;
+  for (int64_t i = 0; i < n; ++i) {
+    float x = normal(rng);
+    if (outlier_fraction > 0 && uniform(rng) < outlier_fraction) x += 10.f * normal(rng);
+    bits[i] = bf16 ? warpattn::host::float_to_bf16(x) : warpattn::host::float_to_f16(x);
+    values[i] = bf16 ? warpattn::host::bf16_to_float(bits[i]) : warpattn::host::f16_to_float(bits[i]);
+  }
+  cudaMemcpy(t.mem, bits.data(), n * 2, cudaMemcpyHostToDevice);
+  return values;
+}
+
+// Rows (b, s, h, :) of a contiguous (B, S, H, D) float array for one (b, h), as doubles.
+std::vector<double> slice(const std::vector<float>& x, int64_t B, int64_t S, int64_t H, int64_t D, int64_t b,
+                          int64_t h) {
+  std::vector<double> out(S * D);
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t d = 0; d < D; ++d) out[s * D + d] = x[((b * S + s) * H + h) * D + d];
+  return out;
+}
+
+// ---------------------------------------------------------------------------------- quantize
+
+struct QuantizeCase {
+  int64_t b = 2, s = 300, h = 3, d = 128;
+  bool rotate = true;
+  warpattn::Fp8Scaling scaling = warpattn::Fp8Scaling::per_block;
+};
+
+// Checks one tensor's codes (B, S, H, D layout) and descales (B, H, blocks) against the CPU
+// reference; per-tensor scaling quantises every (b, h) with the tensor-wide descale.
+void check_rows(const char* what, const std::vector<float>& in, const std::vector<uint8_t>& codes,
+                const std::vector<float>& descales, const QuantizeCase& c, uint64_t seed) {
+  const auto signs = warpattn::reference::random_signs(static_cast<int>(c.d), seed);
+  std::vector<std::vector<double>> rotated(c.b * c.h);
+  double amax = 0;
+  for (int64_t b = 0; b < c.b; ++b)
+    for (int64_t h = 0; h < c.h; ++h) {
+      auto& r = rotated[b * c.h + h];
+      r = slice(in, c.b, c.s, c.h, c.d, b, h);
+      if (c.rotate) warpattn::reference::rotate_rows(r.data(), c.s, static_cast<int>(c.d), signs);
+      for (double x : r) amax = std::max(amax, std::fabs(x));
+    }
+  int64_t mismatched = 0, far = 0, bad_scale = 0;
+  const int64_t blocks = blocks_of(c.s);
+  for (int64_t b = 0; b < c.b; ++b)
+    for (int64_t h = 0; h < c.h; ++h) {
+      const auto& r = rotated[b * c.h + h];
+      warpattn::reference::Quantized want;
+      if (c.scaling == warpattn::Fp8Scaling::per_block) {
+        want = warpattn::reference::quantize_blocks(r.data(), c.s, static_cast<int>(c.d), 128);
+      } else {  // one descale for the tensor: quantise with a block spanning every row
+        std::vector<double> scaled(r);
+        want.n = static_cast<int>(c.d);
+        want.block_rows = static_cast<int>(c.s);
+        const float descale = amax > 0 ? static_cast<float>(amax / warpattn::host::kE4m3Max) : 1.f;
+        want.descales.assign(1, descale);
+        want.codes.resize(r.size());
+        for (size_t i = 0; i < r.size(); ++i) want.codes[i] = warpattn::host::float_to_e4m3(float(r[i] / descale));
+      }
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        const float got = descales[(b * c.h + h) * blocks + blk];
+        const float ref = want.descales[std::min<int64_t>(blk, want.descales.size() - 1)];
+        bad_scale += !(std::fabs(got - ref) <= 1e-5f * ref);
+      }
+      for (int64_t s = 0; s < c.s; ++s)
+        for (int64_t d = 0; d < c.d; ++d) {
+          const uint8_t g = codes[((b * c.s + s) * c.h + h) * c.d + d], w = want.codes[s * c.d + d];
+          if (g == w) continue;
+          ++mismatched;
+          // fp32 on the GPU against fp64 here: only a value on a rounding midpoint may differ,
+          // and then by one step.
+          const float gv = warpattn::host::e4m3_to_float(g), wv = warpattn::host::e4m3_to_float(w);
+          const float step = std::ldexp(1.f, std::max(std::ilogb(std::max(std::fabs(wv), 0x1p-6f)), -6) - 3);
+          far += !(std::fabs(gv - wv) <= step * 1.0001f);
+        }
+    }
+  const int64_t n = c.b * c.s * c.h * c.d;
+  printf("    %s: %lld of %lld codes differ from the reference (all by one step: %s), %lld bad descales\n", what,
+         (long long)mismatched, (long long)n, far ? "no" : "yes", (long long)bad_scale);
+  CHECK(bad_scale == 0) << what << ": descales differ from the reference";
+  CHECK(far == 0) << what << ": " << far << " codes differ by more than one E4M3 step";
+  CHECK(mismatched <= n / 1000) << what << ": " << mismatched << " codes differ (more than 0.1%)";
+}
+
+void run_quantize_case(const QuantizeCase& c) {
+  const uint64_t seed = gpu_test::fresh_seed();
+  std::mt19937_64 rng(seed);
+  printf("  d=%lld B=%lld S=%lld H=%lld rotate=%d %s seed %llu\n", (long long)c.d, (long long)c.b, (long long)c.s,
+         (long long)c.h, c.rotate, c.scaling == warpattn::Fp8Scaling::per_block ? "per-block" : "per-tensor",
+         (unsigned long long)seed);
+  DeviceTensor q(DType::bf16, c.b, c.s, c.h, c.d, false), k(DType::bf16, c.b, c.s, c.h, c.d, false),
+      v(DType::bf16, c.b, c.s, c.h, c.d, false);
+  const auto qf = upload_random(q, rng, 0.001), kf = upload_random(k, rng, 0.001), vf = upload_random(v, rng, 0.001);
+  Fp8Buffers f(c.b, c.s, c.s, c.h, c.h, c.d);
+  warpattn::QuantizeOptions o;
+  o.rotate = c.rotate;
+  o.seed = seed ^ 0x5EED;
+  o.scaling = c.scaling;
+  warpattn::quantize_fp8(q.view, k.view, v.view, f.ops, o, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  check_rows("q", qf, f.q.get<uint8_t>(), f.qs.get<float>(), c, o.seed);
+  check_rows("k", kf, f.k.get<uint8_t>(), f.ks.get<float>(), c, o.seed);
+  // V: never rotated; Vᵀ with keys in kFp8KeyOrder, zero past S.
+  QuantizeCase cv = c;
+  cv.rotate = false;
+  const auto vt = f.vt.get<uint8_t>();
+  const auto vs = f.vs.get<float>();
+  std::vector<uint8_t> v_codes(c.b * c.s * c.h * c.d);
+  const int64_t skp = warpattn::fp8_padded_keys(c.s);
+  int64_t pad_nonzero = 0;
+  for (int64_t b = 0; b < c.b; ++b)
+    for (int64_t h = 0; h < c.h; ++h)
+      for (int64_t d = 0; d < c.d; ++d)
+        for (int64_t col = 0; col < skp; ++col) {
+          const int64_t key = (col & ~15) + warpattn::kFp8KeyOrder[col & 15];
+          const uint8_t code = vt[((b * c.h + h) * c.d + d) * skp + col];
+          if (key >= c.s)
+            pad_nonzero += code != 0;
+          else
+            v_codes[((b * c.s + key) * c.h + h) * c.d + d] = code;
+        }
+  CHECK(pad_nonzero == 0) << "vt: " << pad_nonzero << " padding keys are not zero";
+  check_rows("vt", vf, v_codes, vs, cv, o.seed);
+}
+
+TEST(fp8_quantize_matches_reference) {
+  REQUIRE_HOPPER();
+  for (int d : {128, 256})
+    for (bool rotate : {true, false})
+      for (auto scaling : {warpattn::Fp8Scaling::per_block, warpattn::Fp8Scaling::per_tensor}) {
+        QuantizeCase c;
+        c.d = d;
+        c.rotate = rotate;
+        c.scaling = scaling;
+        run_quantize_case(c);
+      }
+}
+
+// Rotation keeps q.k: the dequantised, rotated operands give nearly the same scores.
+TEST(fp8_rotation_keeps_dot_products) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = gpu_test::fresh_seed();
+  std::mt19937_64 rng(seed);
+  const int64_t S = 64, D = 128;
+  DeviceTensor q(DType::bf16, 1, S, 1, D, false), k(DType::bf16, 1, S, 1, D, false), v(DType::bf16, 1, S, 1, D, false);
+  const auto qf = upload_random(q, rng), kf = upload_random(k, rng);
+  upload_random(v, rng);
+  Fp8Buffers f(1, S, S, 1, 1, D);
+  warpattn::QuantizeOptions o;
+  o.seed = seed;
+  warpattn::quantize_fp8(q.view, k.view, v.view, f.ops, o, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto qc = f.q.get<uint8_t>(), kc = f.k.get<uint8_t>();
+  const float qs = f.qs.get<float>()[0], ks = f.ks.get<float>()[0];
+  double worst = 0;
+  for (int64_t i = 0; i < S; ++i)
+    for (int64_t j = 0; j < S; ++j) {
+      double exact = 0, got = 0;
+      for (int64_t d = 0; d < D; ++d) {
+        exact += double(qf[i * D + d]) * kf[j * D + d];
+        got += double(warpattn::host::e4m3_to_float(qc[i * D + d])) * qs * warpattn::host::e4m3_to_float(kc[j * D + d]) * ks;
+      }
+      worst = std::max(worst, std::fabs(got - exact) / std::sqrt(double(D)));
+    }
+  printf("    max |q.k error| / sqrt(D) = %.3e (seed %llu)\n", worst, (unsigned long long)seed);
+  CHECK(worst < 0.15) << "rotated FP8 dot products are off by " << worst << " (x sqrt(D)); seed " << seed;
+}
+
+// ----------------------------------------------------------------------------------- forward
+
+struct ForwardCase {
+  int d = 128;
+  bool causal = false;
+  int64_t b = 2, sq = 300, sk = 300, hq = 4, hkv = 2;
+  DType out = DType::bf16;
+};
+
+// forward_fp8 on operands from quantize_fp8 against the fp64 reference on the dequantised
+// operands (the rotation is undone by nothing: rotated q.k equal the originals, and the
+// reference sees the rotated values too). What remains is P's E4M3 rounding in the kernel.
+void run_forward_case(const ForwardCase& c) {
+  const uint64_t seed = gpu_test::fresh_seed();
+  std::mt19937_64 rng(seed);
+  DeviceTensor q(DType::bf16, c.b, c.sq, c.hq, c.d, false), k(DType::bf16, c.b, c.sk, c.hkv, c.d, false),
+      v(DType::bf16, c.b, c.sk, c.hkv, c.d, false), out(c.out, c.b, c.sq, c.hq, c.d, false);
+  upload_random(q, rng);
+  upload_random(k, rng);
+  upload_random(v, rng);
+  Fp8Buffers f(c.b, c.sq, c.sk, c.hq, c.hkv, c.d);
+  warpattn::QuantizeOptions qo;
+  qo.seed = seed;
+  warpattn::quantize_fp8(q.view, k.view, v.view, f.ops, qo, nullptr);
+  out.poison();
+  DeviceBuffer lse_mem(c.b * c.hq * c.sq * 4);
+  const warpattn::TensorView lse = contiguous(lse_mem.mem, DType::f32, {c.b, c.hq, c.sq});
+  warpattn::ForwardOptions fo;
+  fo.causal = c.causal;
+  warpattn::forward_fp8(f.ops, out.view, lse, fo, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+
+  // Dequantised operands as (B, S, H, D) floats.
+  const auto qc = f.q.get<uint8_t>(), kc = f.k.get<uint8_t>(), vt = f.vt.get<uint8_t>();
+  const auto qs = f.qs.get<float>(), ks = f.ks.get<float>(), vs = f.vs.get<float>();
+  const int64_t skp = warpattn::fp8_padded_keys(c.sk);
+  std::vector<float> qd(qc.size()), kd(kc.size()), vd(kc.size());
+  for (int64_t b = 0; b < c.b; ++b)
+    for (int64_t s = 0; s < c.sq; ++s)
+      for (int64_t h = 0; h < c.hq; ++h)
+        for (int64_t d = 0; d < c.d; ++d) {
+          const int64_t i = ((b * c.sq + s) * c.hq + h) * c.d + d;
+          qd[i] = warpattn::host::e4m3_to_float(qc[i]) * qs[(b * c.hq + h) * blocks_of(c.sq) + s / 128];
+        }
+  for (int64_t b = 0; b < c.b; ++b)
+    for (int64_t s = 0; s < c.sk; ++s)
+      for (int64_t h = 0; h < c.hkv; ++h)
+        for (int64_t d = 0; d < c.d; ++d) {
+          const int64_t i = ((b * c.sk + s) * c.hkv + h) * c.d + d;
+          const int64_t blk = (b * c.hkv + h) * blocks_of(c.sk) + s / 128;
+          kd[i] = warpattn::host::e4m3_to_float(kc[i]) * ks[blk];
+          int64_t col = 0;  // where key s sits in its 16-key group of Vᵀ
+          while (warpattn::kFp8KeyOrder[col] != s % 16) ++col;
+          vd[i] = warpattn::host::e4m3_to_float(vt[((b * c.hkv + h) * c.d + d) * skp + (s & ~15) + col]) * vs[blk];
+        }
+  warpattn::reference::AttentionShape shape{c.b, c.sq, c.sk, c.hq, c.hkv, c.d, 1.0 / std::sqrt(double(c.d)), c.causal};
+  std::vector<double> want(qd.size()), want_lse(c.b * c.hq * c.sq);
+  warpattn::reference::attention(shape, qd.data(), kd.data(), vd.data(), want.data(), want_lse.data());
+  const auto got = out.logical(out.raw());
+  const auto got_lse = lse_mem.get<float>();
+  double err2 = 0, ref2 = 0, lse_err = 0;
+  int64_t nan = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    nan += std::isnan(got[i]);
+    err2 += (got[i] - want[i]) * (got[i] - want[i]);
+    ref2 += want[i] * want[i];
+  }
+  for (int64_t b = 0; b < c.b; ++b)
+    for (int64_t h = 0; h < c.hq; ++h)
+      for (int64_t s = 0; s < c.sq; ++s) {
+        const double w = want_lse[(b * c.hq + h) * c.sq + s];  // reference: (B, Hq, Sq)
+        const double g = got_lse[(b * c.hq + h) * c.sq + s];
+        lse_err = std::max(lse_err, std::isinf(w) && std::isinf(g) && (w < 0) == (g < 0) ? 0.0 : std::fabs(g - w));
+      }
+  const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
+  printf("    d=%d %s B=%lld Sq=%lld Sk=%lld Hq=%lld Hkv=%lld out=%s: rel L2 %.3e, LSE max err %.2e, NaN %lld (seed %llu)\n",
+         c.d, c.causal ? "causal" : "full", (long long)c.b, (long long)c.sq, (long long)c.sk, (long long)c.hq,
+         (long long)c.hkv, c.out == DType::bf16 ? "bf16" : "fp16", rel, lse_err, (long long)nan,
+         (unsigned long long)seed);
+  CHECK(nan == 0) << nan << " NaN outputs";
+  // P in E4M3 (3 mantissa bits): ~2% relative rounding per entry, averaged over many keys.
+  CHECK(rel < 2.5e-2) << "relative L2 error " << rel << " against the dequantised reference";
+  CHECK(lse_err < 2e-3) << "LSE off by " << lse_err;
+}
+
+TEST(fp8_forward_matches_dequantized_reference) {
+  REQUIRE_HOPPER();
+  for (int d : {128, 256})
+    for (bool causal : {false, true}) {
+      ForwardCase c;
+      c.d = d;
+      c.causal = causal;
+      run_forward_case(c);
+    }
+}
+
+TEST(fp8_forward_shapes) {
+  REQUIRE_HOPPER();
+  const int64_t lens[][2] = {{1, 1}, {17, 17}, {128, 128}, {1000, 1000}, {300, 700}, {700, 300}, {4097, 4097}};
+  for (auto [sq, sk] : lens)
+    for (bool causal : {false, true})
+      for (DType out : {DType::bf16, DType::f16}) {
+        ForwardCase c;
+        c.sq = sq;
+        c.sk = sk;
+        c.causal = causal;
+        c.out = out;
+        c.b = sq > 2000 ? 1 : 2;
+        c.hq = 4;
+        c.hkv = sq % 2 ? 1 : 4;  // MQA and plain
+        run_forward_case(c);
+      }
+}
+
+TEST(fp8_forward_rejects_bad_descales) {
+  REQUIRE_HOPPER();
+  const int64_t S = 256, D = 128;
+  DeviceTensor q(DType::bf16, 1, S, 2, D, false), out(DType::bf16, 1, S, 2, D, false);
+  std::mt19937_64 rng(1);
+  upload_random(q, rng);
+  Fp8Buffers f(1, S, S, 2, 2, D);
+  warpattn::quantize_fp8(q.view, q.view, q.view, f.ops, {}, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  for (float bad : {0.f, -1.f, NAN, INFINITY}) {
+    const float good = 1.f;
+    cudaMemcpy(static_cast<float*>(f.ks.mem) + 1, &bad, 4, cudaMemcpyHostToDevice);
+    out.poison();
+    bool threw = false;
+    try {
+      warpattn::forward_fp8(f.ops, out.view, std::nullopt, {}, nullptr);
+    } catch (const warpattn::Error& e) {
+      threw = std::string(e.what()).find("k_descale: every descale must be finite and > 0") != std::string::npos;
+      printf("    %g -> %s\n", bad, e.what());
+    }
+    CHECK(threw) << "descale " << bad << " was not refused";
+    const auto raw = out.raw();
+    CHECK(std::all_of(raw.begin(), raw.end(), [](uint16_t x) { return x == 0xFFFF; })) << "out was written";
+    cudaMemcpy(static_cast<float*>(f.ks.mem) + 1, &good, 4, cudaMemcpyHostToDevice);
+  }
+}
+
+// ---------------------------------------------------------------------------------- accuracy
+
+// FlashAttention-3's experiment (section 4.3): outlier data, RMSE of O against fp64 on the
+// original inputs, for the 16-bit kernel, FP8 per tensor, FP8 per block, FP8 per block with
+// the rotation. The bar (issue 4): per block + rotation >= 2.6x lower than per tensor, and
+// at most 0.9x FlashAttention-3's FP8 with the rotation applied by its caller.
+double rmse_of(const std::vector<float>& got, const std::vector<double>& want, const std::vector<int64_t>& idx,
+               int64_t d) {
+  double e = 0;
+  for (int64_t r : idx)
+    for (int64_t j = 0; j < d; ++j) {
+      const double x = got[r * d + j] - want[r * d + j];
+      e += x * x;
+    }
+  return std::sqrt(e / (idx.size() * d));
+}
+
+void accuracy_case(int64_t n, int d, double goal) {
+  const uint64_t seed = gpu_test::fresh_seed();
+  std::mt19937_64 rng(seed);
+  const int64_t H = 2;
+  DeviceTensor q(DType::bf16, 1, n, H, d, false), k(DType::bf16, 1, n, H, d, false), v(DType::bf16, 1, n, H, d, false),
+      out(DType::bf16, 1, n, H, d, false);
+  const auto qf = upload_random(q, rng, 0.001), kf = upload_random(k, rng, 0.001), vf = upload_random(v, rng, 0.001);
+  // Reference rows: 96 per head, spread over the sequence.
+  std::vector<int64_t> rows;  // index (s * H + h)
+  for (int64_t h = 0; h < H; ++h)
+    for (int i = 0; i < 96; ++i) rows.push_back((static_cast<int64_t>(rng() % n)) * H + h);
+  warpattn::reference::AttentionShape shape{1, n, n, H, H, d, 1.0 / std::sqrt(double(d)), false};
+  std::vector<double> want(n * H * d);
+  parallel_for(static_cast<int64_t>(rows.size()), [&](int64_t i) {
+    const int64_t s = rows[i] / H, h = rows[i] % H;
+    warpattn::reference::attention_row(shape, qf.data(), kf.data(), vf.data(), 0, h, s, &want[rows[i] * d], nullptr);
+  });
+  auto measure = [&](const char* name, std::optional<warpattn::QuantizeOptions> qo) {
+    out.poison();
+    if (!qo) {
+      warpattn::forward(q.view, k.view, v.view, out.view, std::nullopt, {}, nullptr);
+    } else {
+      Fp8Buffers f(1, n, n, H, H, d);
+      warpattn::quantize_fp8(q.view, k.view, v.view, f.ops, *qo, nullptr);
+      warpattn::forward_fp8(f.ops, out.view, std::nullopt, {}, nullptr);
+    }
+    if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("kernel failed");
+    const double e = rmse_of(out.logical(out.raw()), want, rows, d);
+    printf("    N=%lld d=%d %-26s RMSE %.3e\n", (long long)n, d, name, e);
+    return e;
+  };
+  warpattn::QuantizeOptions tensor, block, rotated;
+  tensor.rotate = false;
+  tensor.scaling = warpattn::Fp8Scaling::per_tensor;
+  block.rotate = false;
+  rotated.seed = seed;
+  measure("bf16 kernel", std::nullopt);
+  const double e_tensor = measure("fp8 per tensor", tensor);
+  const double e_block = measure("fp8 per block", block);
+  const double e_rot = measure("fp8 per block + Hadamard", rotated);
+  printf("    per tensor / (per block + Hadamard) = %.2f (bar 2.6); goal %.1e (seed %llu)\n", e_tensor / e_rot, goal,
+         (unsigned long long)seed);
+  CHECK(e_block <= e_tensor * 1.01) << "per-block scaling is not better than per tensor";
+  CHECK(e_tensor / e_rot >= 2.6) << "rotation + block scales cut the error only " << e_tensor / e_rot << "x";
+  CHECK(e_rot <= goal) << "RMSE " << e_rot << " above the goal " << goal;
+}
+
+TEST(fp8_accuracy_on_outlier_data) {
+  REQUIRE_HOPPER();
+  // Goals: 0.9 x FlashAttention-3 FP8 with the rotation, measured on our H200 (MISSION.md).
+  accuracy_case(4096, 128, 7.8e-3);
+  accuracy_case(8192, 256, 7.2e-3);
+  accuracy_case(16384, 128, 8.7e-3);
+}
+
+}  // namespace
+
+HARNESS_MAIN()
