@@ -67,6 +67,11 @@ if stage python; then
         ${PY_BENCH_ARGS:---quick} > "$OUT/pybench.log" 2> "$OUT/pybench.err")
       echo "python bench rc=$?"; tail -4 "$OUT/pybench.err"
     fi
+    if [ -n "${FP8_BENCH:-}" ]; then
+      (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 -m warpattn.bench_fp8 --out "$OUT" \
+        ${FP8_BENCH_ARGS:-} > "$OUT/fp8bench.log" 2> "$OUT/fp8bench.err")
+      echo "fp8 bench rc=$?"; tail -3 "$OUT/fp8bench.err"; cat "$OUT/fp8bench.log"
+    fi
   else
     echo "pip install failed"; tail -20 "$OUT/pip.log"
   fi

@@ -59,9 +59,10 @@ void quantize_fp8(const TensorView& q, const TensorView& k, const TensorView& v,
                   const QuantizeOptions& options, cudaStream_t stream = nullptr);
 
 // out = softmax(scale · q·kᵀ [+ causal mask]) · v on the dequantised operands, out fp16 or bf16
-// (B, Sq, Hq, D); lse as in forward(). The descales are read back to the host and checked
-// (finite and > 0) before the launch, so this call synchronises with `stream` once.
+// (B, Sq, Hq, D); lse as in forward(). With check_descales the descales are read back to the
+// host and checked (finite and > 0) before the launch, so the call synchronises with `stream`
+// once; pass false for operands known to be valid (quantize_fp8's) to keep it asynchronous.
 void forward_fp8(const Fp8Operands& fp8, const TensorView& out, const std::optional<TensorView>& lse,
-                 const ForwardOptions& options, cudaStream_t stream = nullptr);
+                 const ForwardOptions& options, cudaStream_t stream = nullptr, bool check_descales = true);
 
 }  // namespace warpattn

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "warpattn/fp8.hpp"
 #include "warpattn/warpattn.hpp"
 
 namespace nb = nanobind;
@@ -48,6 +49,82 @@ warpattn::TensorView view_of(const AnyArray& a, const char* name) {
 
 bool on_cuda(const AnyArray& a) { return a.device_type() == nb::device::cuda::value; }
 
+// FP8 operands travel as uint8 (the Python side views float8_e4m3fn tensors as bytes, since
+// not every framework exports FP8 through DLPack): the byte tensors are e4m3.
+warpattn::TensorView fp8_view_of(const AnyArray& a, const char* name) {
+  const nb::dlpack::dtype t = a.dtype();
+  if (!(t.bits == 8 && t.lanes == 1 && t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt)))
+    throw nb::type_error((std::string(name) + ": expected the bytes of an e4m3 tensor (uint8 view), got DLPack dtype code " +
+                          std::to_string(t.code) + " with " + std::to_string(t.bits) + " bits")
+                             .c_str());
+  if (a.ndim() > 4)
+    throw nb::value_error((std::string(name) + ": expected rank 4, got rank " + std::to_string(a.ndim())).c_str());
+  warpattn::TensorView v;
+  v.data = const_cast<void*>(a.data());
+  v.dtype = warpattn::DType::e4m3;
+  v.rank = static_cast<int>(a.ndim());
+  for (int i = 0; i < v.rank; ++i) {
+    v.shape[i] = static_cast<int64_t>(a.shape(i));
+    v.stride[i] = static_cast<int64_t>(a.stride(i));
+  }
+  return v;
+}
+
+void require_cuda(std::initializer_list<std::pair<const AnyArray*, const char*>> arrays) {
+  for (const auto& [a, name] : arrays)
+    if (a && !on_cuda(*a))
+      throw nb::type_error((std::string(name) + ": CUDA tensor required (warpattn runs on the GPU)").c_str());
+}
+
+warpattn::Fp8Operands fp8_operands(const AnyArray& q, const AnyArray& k, const AnyArray& vt, const AnyArray& qs,
+                                   const AnyArray& ks, const AnyArray& vs) {
+  warpattn::Fp8Operands f;
+  f.q = fp8_view_of(q, "q");
+  f.k = fp8_view_of(k, "k");
+  f.vt = fp8_view_of(vt, "vt");
+  f.q_descale = view_of(qs, "q_descale");
+  f.k_descale = view_of(ks, "k_descale");
+  f.v_descale = view_of(vs, "v_descale");
+  return f;
+}
+
+void quantize_fp8(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& fq, const AnyArray& fk,
+                  const AnyArray& fvt, const AnyArray& qs, const AnyArray& ks, const AnyArray& vs, bool rotate,
+                  uint64_t seed, bool per_tensor, uintptr_t stream) {
+  const warpattn::Fp8Operands f = fp8_operands(fq, fk, fvt, qs, ks, vs);
+  warpattn::QuantizeOptions o;
+  o.rotate = rotate;
+  o.seed = seed;
+  o.scaling = per_tensor ? warpattn::Fp8Scaling::per_tensor : warpattn::Fp8Scaling::per_block;
+  try {
+    require_cuda({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&fq, "fp8 q"}, {&fk, "fp8 k"}, {&fvt, "vt"}});
+    const warpattn::TensorView vq = view_of(q, "q"), vk = view_of(k, "k"), vv = view_of(v, "v");
+    nb::gil_scoped_release release;
+    warpattn::quantize_fp8(vq, vk, vv, f, o, reinterpret_cast<cudaStream_t>(stream));
+  } catch (const warpattn::Error& e) {
+    throw nb::value_error(e.what());
+  }
+}
+
+void forward_fp8(const AnyArray& fq, const AnyArray& fk, const AnyArray& fvt, const AnyArray& qs, const AnyArray& ks,
+                 const AnyArray& vs, const AnyArray& out, const std::optional<AnyArray>& lse,
+                 std::optional<float> softmax_scale, bool causal, uintptr_t stream, bool check_descales) {
+  const warpattn::Fp8Operands f = fp8_operands(fq, fk, fvt, qs, ks, vs);
+  const warpattn::TensorView vo = view_of(out, "out");
+  std::optional<warpattn::TensorView> vl;
+  if (lse) vl = view_of(*lse, "lse");
+  warpattn::ForwardOptions options;
+  options.softmax_scale = softmax_scale;
+  options.causal = causal;
+  try {
+    require_cuda({{&fq, "q"}, {&fk, "k"}, {&fvt, "vt"}, {&out, "out"}});
+    nb::gil_scoped_release release;
+    warpattn::forward_fp8(f, vo, vl, options, reinterpret_cast<cudaStream_t>(stream), check_descales);
+  } catch (const warpattn::Error& e) {
+    throw nb::value_error(e.what());
+  }
+}
+
 void forward(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& out,
              const std::optional<AnyArray>& lse, std::optional<float> softmax_scale, bool causal,
              uintptr_t stream) {
@@ -85,4 +162,13 @@ NB_MODULE(_warpattn, m) {
         "Writes softmax(scale q k^T) v into `out` (and the log-sum-exp into `lse`), on `stream` (a "
         "cudaStream_t as an integer). All tensors in (batch, seqlen, heads, head_dim) layout.");
   m.attr("supported_head_dims") = nb::make_tuple(64, 128, 256);
+  m.def("quantize_fp8", &quantize_fp8, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("fp8_q"), nb::arg("fp8_k"),
+        nb::arg("vt"), nb::arg("q_descale"), nb::arg("k_descale"), nb::arg("v_descale"), nb::arg("rotate"),
+        nb::arg("seed"), nb::arg("per_tensor"), nb::arg("stream"),
+        "Writes the FP8 operands of forward_fp8 (e4m3 bytes as uint8 tensors, fp32 descales); see warpattn/fp8.hpp.");
+  m.def("forward_fp8", &forward_fp8, nb::arg("q"), nb::arg("k"), nb::arg("vt"), nb::arg("q_descale"),
+        nb::arg("k_descale"), nb::arg("v_descale"), nb::arg("out"), nb::arg("lse").none(),
+        nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("stream"), nb::arg("check_descales") = true,
+        "FP8 attention on quantize_fp8's operands; out fp16 or bf16.");
+  m.attr("fp8_head_dims") = nb::make_tuple(128, 256);
 }

@@ -85,19 +85,6 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
     chooser.advance(params);
     const ScheduledTile next = schedule_tile<Cfg>(chooser.tile, params);
     ss.tiles.publish(i + 1, next);
-#ifndef WARPATTN_TUNE_L2_PREFETCH
-#define WARPATTN_TUNE_L2_PREFETCH 2
-#endif
-    if (WARPATTN_TUNE_L2_PREFETCH > 0 && !next.is_end() && next.n_tiles > 0) {
-      // Q is read by this CTA alone, so it comes from DRAM; with one Q buffer its load can
-      // only start after this tile's last S GEMM. Pulled into L2 now, it arrives in time.
-      tma_prefetch_l2_5d(tm_q, 0, next.m_block * Cfg::kBlockM, 0, next.head, next.batch);
-      if (WARPATTN_TUNE_L2_PREFETCH > 1) {
-        const int next_head_kv = next.head / params.kv_group;
-        tma_prefetch_l2_5d(tm_k, 0, (next.n_tiles - 1) * Cfg::kBlockN, 0, next_head_kv, next.batch);
-        tma_prefetch_l2_5d(tm_v, 0, (next.n_tiles - 1) * Cfg::kBlockN, 0, next_head_kv, next.batch);
-      }
-    }
     if (n_tiles > 0) {
       for (int it = 1; it < n_tiles; ++it) {
         load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, n_tiles - 1 - it, head_kv, w.batch);

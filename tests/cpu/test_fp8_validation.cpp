@@ -1,0 +1,193 @@
+// Argument validation of warpattn::quantize_fp8 and warpattn::forward_fp8: one test per rule.
+// As in test_validation.cpp the tensors carry fake device addresses (never dereferenced: every
+// rejected call throws before touching memory), 256 MiB apart.
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "harness.hpp"
+#include "warpattn/fp8.hpp"
+
+namespace {
+
+using warpattn::DType;
+using warpattn::TensorView;
+
+void* at(uintptr_t a) { return reinterpret_cast<void*>(a); }
+
+struct Fp8Call {
+  TensorView q, k, v;  // the 16-bit inputs of quantize_fp8
+  warpattn::Fp8Operands f;
+  TensorView out;
+  std::optional<TensorView> lse;
+};
+
+TensorView view(uintptr_t address, DType t, std::initializer_list<int64_t> shape) {
+  const std::vector<int64_t> s(shape);
+  return warpattn::make_contiguous_view(at(address), t, static_cast<int>(s.size()), s.data());
+}
+
+// B = 2, Sq = 300, Sk = 200, Hq = 8, Hkv = 2, D = 128.
+Fp8Call make_call(int64_t d = 128) {
+  Fp8Call c;
+  c.q = view(0x10000000, DType::bf16, {2, 300, 8, d});
+  c.k = view(0x20000000, DType::bf16, {2, 200, 2, d});
+  c.v = view(0x30000000, DType::bf16, {2, 200, 2, d});
+  c.f.q = view(0x40000000, DType::e4m3, {2, 300, 8, d});
+  c.f.k = view(0x50000000, DType::e4m3, {2, 200, 2, d});
+  c.f.vt = view(0x60000000, DType::e4m3, {2, 2, d, 208});
+  c.f.q_descale = view(0x70000000, DType::f32, {2, 8, 3});
+  c.f.k_descale = view(0x80000000, DType::f32, {2, 2, 2});
+  c.f.v_descale = view(0x90000000, DType::f32, {2, 2, 2});
+  c.out = view(0xA0000000, DType::bf16, {2, 300, 8, d});
+  c.lse = view(0xB0000000, DType::f32, {2, 8, 300});
+  return c;
+}
+
+std::string quantize_error(const Fp8Call& c) {
+  try {
+    warpattn::quantize_fp8(c.q, c.k, c.v, c.f, {});
+  } catch (const warpattn::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string forward_error(const Fp8Call& c) {
+  try {
+    warpattn::forward_fp8(c.f, c.out, c.lse, {});
+  } catch (const warpattn::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Both entry points reject the call with a message starting with `prefix` and holding `part`.
+void expect_both(const Fp8Call& c, const std::string& prefix, const std::string& part) {
+  for (const std::string& m : {quantize_error(c), forward_error(c)}) {
+    CHECK(m.rfind(prefix, 0) == 0 && m.find(part) != std::string::npos)
+        << "expected \"" << prefix << "...\" with \"" << part << "\", got \"" << m << "\"";
+  }
+}
+
+// A valid call passes validation; without a Hopper GPU it then stops at the device check.
+TEST(fp8_valid_call_reaches_the_device_check) {
+  const Fp8Call c = make_call();
+  for (const std::string& m : {quantize_error(c), forward_error(c)})
+    CHECK(m.empty() || m.find("compute capability 9.0") != std::string::npos) << m;
+}
+
+TEST(fp8_rank) {
+  Fp8Call c = make_call();
+  c.f.vt.rank = 3;
+  expect_both(c, "vt: ", "expected rank 4 (batch, heads, head_dim, keys), got rank 3");
+}
+
+TEST(fp8_null_pointer) {
+  Fp8Call c = make_call();
+  c.f.k_descale.data = nullptr;
+  expect_both(c, "k_descale: ", "data is null");
+}
+
+TEST(fp8_operand_dtype) {
+  Fp8Call c = make_call();
+  c.f.k.dtype = DType::bf16;
+  expect_both(c, "k: ", "expected dtype float8_e4m3fn, got bfloat16");
+}
+
+TEST(fp8_descale_dtype) {
+  Fp8Call c = make_call();
+  c.f.v_descale.dtype = DType::f16;
+  expect_both(c, "v_descale: ", "expected dtype float32, got float16");
+}
+
+TEST(fp8_head_dim) {
+  const Fp8Call c = make_call(64);
+  expect_both(c, "q: ", "must be one of 128, 256 for FP8, got 64");
+}
+
+TEST(fp8_vt_shape) {
+  Fp8Call c = make_call();
+  c.f.vt.shape[3] = 200;  // not padded to a multiple of 16
+  expect_both(c, "vt: ", "expected shape (2, 2, 128, 208) (batch, heads_kv, head_dim, seqlen_k rounded up to 16)");
+}
+
+TEST(fp8_descale_shape) {
+  Fp8Call c = make_call();
+  c.f.q_descale.shape[2] = 2;  // ceil(300 / 128) = 3 blocks
+  expect_both(c, "q_descale: ", "expected shape (2, 8, 3)");
+}
+
+TEST(fp8_gqa) {
+  Fp8Call c = make_call();
+  c.f.k = view(0x50000000, DType::e4m3, {2, 200, 3, 128});
+  c.f.vt = view(0x60000000, DType::e4m3, {2, 3, 128, 208});
+  c.f.k_descale = view(0x80000000, DType::f32, {2, 3, 2});
+  c.f.v_descale = view(0x90000000, DType::f32, {2, 3, 2});
+  expect_both(c, "k: ", "query heads (8) must be a multiple of key/value heads (3)");
+}
+
+TEST(fp8_tma_stride) {
+  Fp8Call c = make_call();
+  c.f.vt.stride[2] = 200;  // row of Vᵀ not a multiple of 16 bytes
+  expect_both(c, "vt: ", "must be a multiple of 16 bytes (TMA)");
+}
+
+TEST(fp8_quantize_input_shape) {
+  Fp8Call c = make_call();
+  c.v = view(0x30000000, DType::bf16, {2, 201, 2, 128});
+  CHECK(quantize_error(c).rfind("v: expected shape (2, 200, 2, 128) (same as fp8.k)", 0) == 0) << quantize_error(c);
+}
+
+TEST(fp8_quantize_input_dtype) {
+  Fp8Call c = make_call();
+  c.k.dtype = DType::f16;
+  CHECK(quantize_error(c).rfind("k: expected dtype bfloat16, got float16", 0) == 0) << quantize_error(c);
+}
+
+TEST(fp8_quantize_output_overlaps_input) {
+  Fp8Call c = make_call();
+  c.f.q.data = at(0x10000000 + 64);  // inside q
+  CHECK(quantize_error(c).rfind("fp8.q: must not overlap q", 0) == 0) << quantize_error(c);
+}
+
+TEST(fp8_forward_out_dtype) {
+  Fp8Call c = make_call();
+  c.out.dtype = DType::e4m3;
+  CHECK(forward_error(c).rfind("out: expected dtype float16 or bfloat16, got float8_e4m3fn", 0) == 0)
+      << forward_error(c);
+}
+
+TEST(fp8_forward_out_shape) {
+  Fp8Call c = make_call();
+  c.out = view(0xA0000000, DType::bf16, {2, 300, 4, 128});
+  CHECK(forward_error(c).rfind("out: expected shape (2, 300, 8, 128) (same as q)", 0) == 0) << forward_error(c);
+}
+
+TEST(fp8_forward_lse_shape) {
+  Fp8Call c = make_call();
+  c.lse = view(0xB0000000, DType::f32, {2, 300, 8});
+  CHECK(forward_error(c).rfind("lse: expected shape (2, 8, 300) (batch, heads_q, seqlen_q)", 0) == 0)
+      << forward_error(c);
+}
+
+TEST(fp8_forward_out_overlaps_operand) {
+  Fp8Call c = make_call();
+  c.out.data = at(0x60000000);
+  CHECK(forward_error(c).rfind("out: must not overlap vt", 0) == 0) << forward_error(c);
+}
+
+TEST(fp8_quantize_scaling_option) {
+  const Fp8Call c = make_call();
+  warpattn::QuantizeOptions o;
+  o.scaling = static_cast<warpattn::Fp8Scaling>(7);
+  std::string m;
+  try {
+    warpattn::quantize_fp8(c.q, c.k, c.v, c.f, o);
+  } catch (const warpattn::Error& e) {
+    m = e.what();
+  }
+  CHECK(m.rfind("options.scaling: expected per_block (0) or per_tensor (1), got 7", 0) == 0) << m;
+}
+
+}  // namespace
