@@ -90,7 +90,7 @@ def bench_point(torch, timer, p):
     fp8_forward()
     fp8_out = out.clone()
     row["bf16_tflops"] = tf(timer(lambda: warpattn.flash_attn_func(q, k, v, causal=p["causal"])))
-    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
         ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=p["causal"])
         row["cudnn_bf16_tflops"] = tf(timer(
