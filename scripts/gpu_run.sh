@@ -32,7 +32,7 @@ if stage fp8; then
   grep -E "FAIL|failed|RMSE|ratio|per tensor /|rel L2 [0-9.e-]+[^0]" "$OUT/fp8.log" | head -${FP8_LINES:-40}
 fi
 if stage sanitize; then
-  for tool in memcheck racecheck synccheck; do
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
     timeout -k 5 ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 9 \
       ./build/test_gpu_forward ${SANITIZE_FILTER:-forward_is_deterministic} > "$OUT/$tool.log" 2>&1
     echo "$tool rc=$?: $(grep -E "ERROR SUMMARY|passed" "$OUT/$tool.log" | tr '\n' ' ')"

@@ -423,10 +423,15 @@ void accuracy_case(int64_t n, int d, int64_t heads, double fa3, double goal) {
   DeviceTensor q(DType::bf16, 1, n, H, d, false), k(DType::bf16, 1, n, H, d, false), v(DType::bf16, 1, n, H, d, false),
       out(DType::bf16, 1, n, H, d, false);
   const auto qf = upload_random(q, rng, 0.001), kf = upload_random(k, rng, 0.001), vf = upload_random(v, rng, 0.001);
+  // Distinct rows (a row drawn twice would have two threads accumulate into its reference).
   const int64_t per_head = std::min<int64_t>(n, 2048);
   std::vector<int64_t> rows;  // index (s * H + h)
-  for (int64_t h = 0; h < H; ++h)
-    for (int64_t i = 0; i < per_head; ++i) rows.push_back((per_head == n ? i : static_cast<int64_t>(rng() % n)) * H + h);
+  for (int64_t h = 0; h < H; ++h) {
+    std::vector<int64_t> order(n);
+    for (int64_t i = 0; i < n; ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), rng);
+    for (int64_t i = 0; i < per_head; ++i) rows.push_back(order[i] * H + h);
+  }
   warpattn::reference::AttentionShape shape{1, n, n, H, H, d, 1.0 / std::sqrt(double(d)), false};
   std::vector<double> want(n * H * d);
   parallel_for(static_cast<int64_t>(rows.size()), [&](int64_t i) {
