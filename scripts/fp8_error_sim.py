@@ -1,0 +1,63 @@
+"""FP8 attention error budget in fp64 (CPU, NumPy + ml_dtypes): FlashAttention-3's outlier data,
+N = 4096, d = 128, one head, every row. Splits the RMSE of O into what Q/K, V and P rounding
+contribute (docs/perf/fp8-accuracy.md). Usage: python3 scripts/fp8_error_sim.py [seed]"""
+import numpy as np, ml_dtypes, sys
+rng=np.random.default_rng(int(sys.argv[1]) if len(sys.argv)>1 else 0)
+N,D=4096,128
+E=ml_dtypes.float8_e4m3fn
+bf=ml_dtypes.bfloat16
+def e4(x): return np.clip(x,-448,448).astype(E).astype(np.float64)
+def data():
+    x=rng.standard_normal((N,D)); m=rng.random((N,D))<0.001; x[m]+=10*rng.standard_normal(m.sum())
+    return x.astype(bf).astype(np.float64)
+q,k,v=data(),data(),data()
+rows=np.arange(N)
+def ref():
+    s=q[rows]@k.T/np.sqrt(D); s-=s.max(1,keepdims=True); p=np.exp(s); return (p@v)/p.sum(1,keepdims=True)
+R=ref()
+H=np.array([[1.0]])
+while H.shape[0]<D: H=np.block([[H,H],[H,-H]])
+H/=np.sqrt(D)
+signs=np.where(rng.random(D)<0.5,-1.0,1.0)
+def quant(x,block,rot):
+    if rot: x=(x*signs)@H.T
+    out=np.empty_like(x); sc=np.empty(N)
+    for b0 in range(0,N,block):
+        a=np.abs(x[b0:b0+block]).max(); d=a/448
+        out[b0:b0+block]=e4(x[b0:b0+block]/d)*d
+    return out
+def fp8_attn(block,rot,l_from_quant, pquant=True):
+    qq,kk,vv=quant(q,block,rot),quant(k,block,rot),quant(v,block,False)
+    s=(qq[rows]@kk.T/np.sqrt(D))*np.log2(np.e)
+    m=s.max(1,keepdims=True); p=np.exp2(s-m+8)
+    p8=e4(p) if pquant else p
+    l=(p8 if l_from_quant else p).sum(1,keepdims=True)
+    return (p8@vv)/l
+for name,block,rot in [("tensor",N,False),("block",128,False),("block+H",128,True)]:
+    for lq in (False,True):
+        o=fp8_attn(block,rot,lq)
+        print(f"{name:8s} l_from_quantP={lq}: RMSE {np.sqrt(((o-R)**2).mean()):.3e}")
+o=fp8_attn(128,True,False,pquant=False); print("block+H, P unquantized:", np.sqrt(((o-R)**2).mean()))
+def attn_custom(qq,kk,vv,pq=True):
+    s=(qq[rows]@kk.T/np.sqrt(D))*np.log2(np.e); m=s.max(1,keepdims=True); p=np.exp2(s-m+8)
+    p8=e4(p) if pq else p
+    return (p8@vv)/p.sum(1,keepdims=True)
+def rm(o): return np.sqrt(((o-R)**2).mean())
+Q,K,V=quant(q,128,True),quant(k,128,True),quant(v,128,False)
+qr=(q*signs)@H.T; kr=(k*signs)@H.T
+print("only V quantized:", rm(attn_custom(qr,kr,V,False)))
+print("only QK quantized:", rm(attn_custom(Q,K,v,False)))
+# per-row Q scale, per-block K
+def quant_rows(x,rot):
+    if rot: x=(x*signs)@H.T
+    d=np.abs(x).max(1,keepdims=True)/448; return e4(x/d)*d
+def quant_vcols(x,block):
+    out=np.empty_like(x)
+    for b0 in range(0,N,block):
+        d=np.abs(x[b0:b0+block]).max(0,keepdims=True)/448; out[b0:b0+block]=e4(x[b0:b0+block]/d)*d
+    return out
+print("Q per row + K block + V block:", rm(attn_custom(quant_rows(q,True),K,V)))
+print("Q block + K block + V per-column block:", rm(attn_custom(Q,K,quant_vcols(v,128))))
+print("Q row + K block + V col:", rm(attn_custom(quant_rows(q,True),K,quant_vcols(v,128))))
+print("Q row + K row + V col:", rm(attn_custom(quant_rows(q,True),quant_rows(k,True),quant_vcols(v,128))))
+print("ref rms", np.sqrt((R**2).mean()))
