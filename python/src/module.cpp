@@ -70,6 +70,18 @@ warpattn::TensorView fp8_view_of(const AnyArray& a, const char* name) {
   return v;
 }
 
+warpattn::ForwardOptions forward_options(std::optional<float> softmax_scale, bool causal) {
+  warpattn::ForwardOptions options;
+  options.softmax_scale = softmax_scale;
+  options.causal = causal;
+  return options;
+}
+
+std::optional<warpattn::TensorView> optional_view(const std::optional<AnyArray>& a, const char* name) {
+  if (!a) return std::nullopt;
+  return view_of(*a, name);
+}
+
 void require_cuda(std::initializer_list<std::pair<const AnyArray*, const char*>> arrays) {
   for (const auto& [a, name] : arrays)
     if (a && !on_cuda(*a))
@@ -111,11 +123,8 @@ void forward_fp8(const AnyArray& fq, const AnyArray& fk, const AnyArray& fvt, co
                  std::optional<float> softmax_scale, bool causal, uintptr_t stream, bool check_descales) {
   const warpattn::Fp8Operands f = fp8_operands(fq, fk, fvt, qs, ks, vs);
   const warpattn::TensorView vo = view_of(out, "out");
-  std::optional<warpattn::TensorView> vl;
-  if (lse) vl = view_of(*lse, "lse");
-  warpattn::ForwardOptions options;
-  options.softmax_scale = softmax_scale;
-  options.causal = causal;
+  const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
+  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal);
   try {
     require_cuda({{&fq, "q"}, {&fk, "k"}, {&fvt, "vt"}, {&out, "out"}});
     nb::gil_scoped_release release;
@@ -130,11 +139,8 @@ void forward(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyA
              uintptr_t stream) {
   const warpattn::TensorView vq = view_of(q, "q"), vk = view_of(k, "k"), vv = view_of(v, "v"),
                              vo = view_of(out, "out");
-  std::optional<warpattn::TensorView> vl;
-  if (lse) vl = view_of(*lse, "lse");
-  warpattn::ForwardOptions options;
-  options.softmax_scale = softmax_scale;
-  options.causal = causal;
+  const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
+  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal);
   try {
     // Argument rules first, wherever the memory lives, so every error is reported the same.
     warpattn::validate_forward(vq, vk, vv, vo, vl, options);

@@ -34,6 +34,25 @@ struct DeviceScratch {
   ~DeviceScratch() { cudaFreeAsync(ptr, stream); }
 };
 
+// One tensor's quantisation: per block in one launch; per tensor in three (each block's amax
+// into the descale array, their maximum into *global_amax, then the codes with it).
+template <class Params, class Launch>
+void run_pass(Params p, const TensorView& descale, const QuantizeOptions& options, float* global_amax,
+              cudaStream_t stream, const Launch& launch) {
+  if (options.scaling == Fp8Scaling::per_block) {
+    p.mode = detail::QuantizeMode::block_amax;
+  } else {
+    p.mode = detail::QuantizeMode::amax_only;
+    launch(p);
+    const int64_t n[3] = {descale.shape[0], descale.shape[1], descale.shape[2]};
+    const int64_t s[3] = {descale.stride[0], descale.stride[1], descale.stride[2]};
+    detail::launch_max_reduce(static_cast<const float*>(descale.data), n, s, global_amax, stream);
+    p.mode = detail::QuantizeMode::global_amax;
+    p.global_amax = global_amax;
+  }
+  launch(p);
+}
+
 void quantize_rows(const TensorView& in, const TensorView& out, const TensorView& descale,
                    const QuantizeOptions& options, int head_dim, float* global_amax, cudaStream_t stream) {
   if (is_empty(in)) return;
@@ -48,20 +67,10 @@ void quantize_rows(const TensorView& in, const TensorView& out, const TensorView
   p.rotate = options.rotate;
   for (int i = 0; i < head_dim; ++i)
     if (fp8_sign_is_negative(options.seed, i)) p.signs[i / 64] |= uint64_t(1) << (i % 64);
-  const int blocks = static_cast<int>(descale.shape[2]), heads = static_cast<int>(in.shape[2]),
-            batch = static_cast<int>(in.shape[0]);
-  if (options.scaling == Fp8Scaling::per_block) {
-    p.mode = detail::QuantizeMode::block_amax;
-  } else {
-    p.mode = detail::QuantizeMode::amax_only;
-    detail::launch_quantize_rows(in.dtype, head_dim, p, blocks, heads, batch, stream);
-    const int64_t n[3] = {descale.shape[0], descale.shape[1], descale.shape[2]};
-    const int64_t s[3] = {descale.stride[0], descale.stride[1], descale.stride[2]};
-    detail::launch_max_reduce(static_cast<const float*>(descale.data), n, s, global_amax, stream);
-    p.mode = detail::QuantizeMode::global_amax;
-    p.global_amax = global_amax;
-  }
-  detail::launch_quantize_rows(in.dtype, head_dim, p, blocks, heads, batch, stream);
+  run_pass(p, descale, options, global_amax, stream, [&](const detail::QuantizeRowsParams& params) {
+    detail::launch_quantize_rows(in.dtype, head_dim, params, static_cast<int>(descale.shape[2]),
+                                 static_cast<int>(in.shape[2]), static_cast<int>(in.shape[0]), stream);
+  });
 }
 
 void quantize_v(const TensorView& v, const Fp8Operands& f, const QuantizeOptions& options, int head_dim,
@@ -77,20 +86,10 @@ void quantize_v(const TensorView& v, const Fp8Operands& f, const QuantizeOptions
   p.seqlen = static_cast<int>(v.shape[1]);
   p.padded_keys = f.vt.shape[3];
   for (int i = 0; i < 16; ++i) p.order[i] = kFp8KeyOrder[i];
-  const int blocks = static_cast<int>(f.v_descale.shape[2]), heads = static_cast<int>(v.shape[2]),
-            batch = static_cast<int>(v.shape[0]);
-  if (options.scaling == Fp8Scaling::per_block) {
-    p.mode = detail::QuantizeMode::block_amax;
-  } else {
-    p.mode = detail::QuantizeMode::amax_only;
-    detail::launch_quantize_vt(v.dtype, head_dim, p, blocks, heads, batch, stream);
-    const int64_t n[3] = {f.v_descale.shape[0], f.v_descale.shape[1], f.v_descale.shape[2]};
-    const int64_t s[3] = {f.v_descale.stride[0], f.v_descale.stride[1], f.v_descale.stride[2]};
-    detail::launch_max_reduce(static_cast<const float*>(f.v_descale.data), n, s, global_amax, stream);
-    p.mode = detail::QuantizeMode::global_amax;
-    p.global_amax = global_amax;
-  }
-  detail::launch_quantize_vt(v.dtype, head_dim, p, blocks, heads, batch, stream);
+  run_pass(p, f.v_descale, options, global_amax, stream, [&](const detail::QuantizeVtParams& params) {
+    detail::launch_quantize_vt(v.dtype, head_dim, params, static_cast<int>(f.v_descale.shape[2]),
+                               static_cast<int>(v.shape[2]), static_cast<int>(v.shape[0]), stream);
+  });
 }
 
 // Reads a descale array back and checks that every value is finite and > 0: a zero, negative

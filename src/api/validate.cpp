@@ -192,6 +192,17 @@ void check_no_overlap(const Arg& written, const Arg& other) {
   fail(m);
 }
 
+// ---- k. softmax scale: positive, because the kernel tracks each row's maximum score and
+// folds the scale into the exponent (a negative scale would turn that max into a min).
+void check_softmax_scale(const ForwardOptions& options) {
+  if (!options.softmax_scale) return;
+  const float s = *options.softmax_scale;
+  if (std::isfinite(s) && s > 0.f) return;
+  Message m;
+  m << "softmax_scale: expected a finite positive value, got " << s;
+  fail(m);
+}
+
 std::string supported_head_dims() {
   Message s;
   bool first = true;
@@ -320,16 +331,8 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
   check_coordinates_fit(aq);
   check_coordinates_fit(ak);
 
-  // k. softmax scale: positive, because the kernel tracks each row's maximum raw score and
-  // folds the scale into the exponent (a negative scale would turn that max into a min).
-  if (options.softmax_scale) {
-    const float s = *options.softmax_scale;
-    if (!std::isfinite(s) || !(s > 0.f)) {
-      Message m;
-      m << "softmax_scale: expected a finite positive value, got " << s;
-      fail(m);
-    }
-  }
+  // k. softmax scale
+  check_softmax_scale(options);
 
   // l. outputs must not alias anything else the call reads or writes
   for (const Arg* a : {&aq, &ak, &av}) check_no_overlap(aout, *a);
@@ -502,14 +505,7 @@ Fp8Problem validate_forward_fp8(const Fp8Operands& f, const TensorView& out, con
   check_last_dim_contiguous(aout);
   check_alignment_and_strides(aout, kTmaAlignBytes, true);
   if (lse) check_alignment_and_strides(alse, dtype_size(DType::f32), false);
-  if (options.softmax_scale) {
-    const float s = *options.softmax_scale;
-    if (!std::isfinite(s) || !(s > 0.f)) {
-      Message m;
-      m << "softmax_scale: expected a finite positive value, got " << s;
-      fail(m);
-    }
-  }
+  check_softmax_scale(options);
   const Arg aq{"q", f.q, kAttentionDimNames, 4}, ak{"k", f.k, kAttentionDimNames, 4},
       avt{"vt", f.vt, kVtDimNames, 4};
   for (const Arg* a : {&aq, &ak, &avt}) check_no_overlap(aout, *a);

@@ -5,10 +5,13 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <thread>
+#include <vector>
 #include <string>
 #include <vector>
 
@@ -45,6 +48,18 @@ inline std::string why_no_hopper() {
     const cudaError_t e_ = (call);                                                  \
     REQUIRE(e_ == cudaSuccess) << #call << " -> " << cudaGetErrorString(e_);        \
   } while (0)
+
+// f(i) for i in [0, n), spread over the host's cores (the CPU references are the slow part).
+template <class F>
+void parallel_for(int64_t n, F f) {
+  const int threads = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      for (int64_t i = t; i < n; i += threads) f(i);
+    });
+  for (auto& th : pool) th.join();
+}
 
 // A seed that differs on every run: fresh random data each time (printed for replay).
 inline uint64_t fresh_seed() {

@@ -9,6 +9,7 @@
 #include "reference/reference.hpp"
 
 using gpu_test::DeviceTensor;
+using gpu_test::parallel_for;
 using warpattn::DType;
 
 namespace {
@@ -58,17 +59,6 @@ std::vector<int64_t> rows_to_check(const Case& c, std::mt19937_64& rng) {
       if (r >= 0 && r < c.seqlen_q) rows.push_back(bh * c.seqlen_q + r);
   }
   return rows;
-}
-
-template <class F>
-void parallel_for(int64_t n, F f) {
-  const int threads = std::max(1u, std::thread::hardware_concurrency());
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] {
-      for (int64_t i = t; i < n; i += threads) f(i);
-    });
-  for (auto& th : pool) th.join();
 }
 
 Outcome run_case(const Case& c, uint64_t seed) {

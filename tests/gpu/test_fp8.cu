@@ -18,20 +18,10 @@
 #include "warpattn/fp8.hpp"
 
 using gpu_test::DeviceTensor;
+using gpu_test::parallel_for;
 using warpattn::DType;
 
 namespace {
-
-template <class F>
-void parallel_for(int64_t n, F f) {
-  const int threads = std::max(1u, std::thread::hardware_concurrency());
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] {
-      for (int64_t i = t; i < n; i += threads) f(i);
-    });
-  for (auto& th : pool) th.join();
-}
 
 // Device memory for a contiguous view, poisoned with `poison` bytes.
 struct DeviceBuffer {
