@@ -1,4 +1,5 @@
-// Tile shapes per head dimension: the one place where they are chosen.
+// Tile shapes per head dimension: the one place where they are chosen (docs/tile-shapes.md
+// collects the measurements behind each choice).
 // kBlockM is fixed at 128 (two consumer warpgroups of 64 rows). The measurements behind each
 // choice are in docs/perf/LOG.md (runs 5-9, bf16, beside cuDNN in the same process):
 //  d=64 : 128 x 128, 2 stages, two Q buffers. 128 x 192 gains 1-4% at N=16k but loses 9% at
