@@ -36,7 +36,9 @@ constexpr int64_t fp8_padded_keys(int64_t seqlen_k) { return (seqlen_k + 15) / 1
 //   vt        (B, Hkv, D, fp8_padded_keys(Sk)): V transposed, keys in kFp8KeyOrder, zero past Sk
 //   q_descale (B, Hq, ceil(Sq / 128));  k_descale, v_descale (B, Hkv, ceil(Sk / 128))
 // The value an element stands for is its e4m3 value times the descale of its block.
-// q, k and vt follow the TMA rules of forward(); descales need only positive strides.
+// q, k and vt follow the TMA rules of forward(); descales need only positive strides, except
+// that forward_fp8 also takes a zero stride over the blocks: one descale per (batch, head), as
+// FlashAttention-3's API takes them.
 struct Fp8Operands {
   TensorView q, k, vt, q_descale, k_descale, v_descale;
 };

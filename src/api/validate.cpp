@@ -383,6 +383,17 @@ void check_shape(const Arg& a, const int64_t* want, const char* why) {
 
 int64_t blocks_of(int64_t rows) { return (rows + kFp8BlockRows - 1) / kFp8BlockRows; }
 
+// The blocks dimension of a descale array (its last, which check_alignment_and_strides leaves
+// alone): never negative; 0 broadcasts one descale per (batch, head) over the blocks, as
+// FlashAttention-3 takes them, which only an array that is read may do.
+void check_descale_block_stride(const Arg& a, bool written) {
+  const int64_t s = a.view.stride[2];
+  if (s > 0 || a.view.shape[2] <= 1 || (s == 0 && !written)) return;
+  Message m;
+  m << a.name << ": stride[2] (blocks) must be " << (written ? "positive" : "zero or positive") << ", got " << s;
+  fail(m);
+}
+
 }  // namespace
 
 Fp8Problem validate_fp8_operands(const Fp8Operands& f) {
@@ -442,6 +453,7 @@ Fp8Problem validate_fp8_operands(const Fp8Operands& f) {
   for (const Arg* a : tensors) check_last_dim_contiguous(*a);
   for (const Arg* a : tensors) check_alignment_and_strides(*a, kTmaAlignBytes, true);
   for (const Arg* a : scales) check_alignment_and_strides(*a, dtype_size(DType::f32), false);
+  for (const Arg* a : scales) check_descale_block_stride(*a, false);
   check_coordinates_fit(aq);
   check_coordinates_fit(ak);
   check_coordinates_fit(avt);
@@ -471,6 +483,7 @@ Fp8Problem validate_quantize(const TensorView& q, const TensorView& k, const Ten
   for (const Arg* a : inputs) check_alignment_and_strides(*a, kTmaAlignBytes, true);
   const Arg avt{"fp8.vt", f.vt, kVtDimNames, 4}, aqs{"fp8.q_descale", f.q_descale, kDescaleDimNames, 3},
       aks{"fp8.k_descale", f.k_descale, kDescaleDimNames, 3}, avs{"fp8.v_descale", f.v_descale, kDescaleDimNames, 3};
+  for (const Arg* a : {&aqs, &aks, &avs}) check_descale_block_stride(*a, true);
   const Arg* const outputs[6] = {&fq, &fk, &avt, &aqs, &aks, &avs};
   for (int i = 0; i < 6; ++i) {
     for (const Arg* in : inputs) check_no_overlap(*outputs[i], *in);

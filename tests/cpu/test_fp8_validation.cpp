@@ -177,6 +177,19 @@ TEST(fp8_forward_out_overlaps_operand) {
   CHECK(forward_error(c).rfind("out: must not overlap vt", 0) == 0) << forward_error(c);
 }
 
+TEST(fp8_descale_broadcast_over_blocks) {
+  Fp8Call c = make_call();
+  c.f.k_descale.stride[2] = 0;  // one descale per (batch, head): forward_fp8 takes it
+  const std::string f = forward_error(c);
+  CHECK(f.empty() || f.find("compute capability 9.0") != std::string::npos) << f;
+  // quantize_fp8 writes the descales: a broadcast would have every block write one float
+  CHECK(quantize_error(c).rfind("fp8.k_descale: stride[2] (blocks) must be positive, got 0", 0) == 0)
+      << quantize_error(c);
+  c.f.k_descale.stride[2] = -1;
+  CHECK(forward_error(c).rfind("k_descale: stride[2] (blocks) must be zero or positive, got -1", 0) == 0)
+      << forward_error(c);
+}
+
 TEST(fp8_quantize_scaling_option) {
   const Fp8Call c = make_call();
   warpattn::QuantizeOptions o;
