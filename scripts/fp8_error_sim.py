@@ -1,6 +1,7 @@
 """FP8 attention error budget in fp64 (CPU, NumPy + ml_dtypes): FlashAttention-3's outlier data,
 N = 4096, d = 128, one head, every row. Splits the RMSE of O into what Q/K, V and P rounding
-contribute (docs/perf/fp8-accuracy.md). Usage: python3 scripts/fp8_error_sim.py [seed]"""
+contribute, and what V in BF16 or a two-term Q would buy (docs/perf/fp8-accuracy.md).
+Usage: pip install numpy ml_dtypes; python3 scripts/fp8_error_sim.py [seed]"""
 import numpy as np, ml_dtypes, sys
 rng=np.random.default_rng(int(sys.argv[1]) if len(sys.argv)>1 else 0)
 N,D=4096,128
@@ -61,3 +62,10 @@ print("Q block + K block + V per-column block:", rm(attn_custom(Q,K,quant_vcols(
 print("Q row + K block + V col:", rm(attn_custom(quant_rows(q,True),K,quant_vcols(v,128))))
 print("Q row + K row + V col:", rm(attn_custom(quant_rows(q,True),quant_rows(k,True),quant_vcols(v,128))))
 print("ref rms", np.sqrt((R**2).mean()))
+# What costlier variants would buy: V kept in BF16; Q (and K) as two E4M3 terms.
+def two_term(x):
+    hi = quant(x, 128, True)
+    return hi + quant((x * signs) @ H.T - hi, 128, False)  # the rotated value's residual
+print("QK fp8 rotated, V bf16:", rm(attn_custom(Q, K, v)))
+print("two-term Q; K, V fp8:", rm(attn_custom(two_term(q), K, V)))
+print("two-term Q and K; V fp8:", rm(attn_custom(two_term(q), two_term(k), V)))
