@@ -33,19 +33,24 @@ warpattn::DType dtype_of(const AnyArray& a, const char* name) {
                            .c_str());
 }
 
-warpattn::TensorView view_of(const AnyArray& a, const char* name) {
+// A view of `a` as a tensor of `dtype` (nanobind gives strides in elements).
+warpattn::TensorView view_as(const AnyArray& a, const char* name, warpattn::DType dtype) {
   if (a.ndim() > 4)
-    throw nb::value_error((std::string(name) + ": expected rank 4 (3 for lse), got rank " + std::to_string(a.ndim())).c_str());
+    throw nb::value_error((std::string(name) + ": expected rank 4 (3 for lse and descales), got rank " +
+                           std::to_string(a.ndim()))
+                              .c_str());
   warpattn::TensorView v;
   v.data = const_cast<void*>(a.data());
-  v.dtype = dtype_of(a, name);
+  v.dtype = dtype;
   v.rank = static_cast<int>(a.ndim());
   for (int i = 0; i < v.rank; ++i) {
     v.shape[i] = static_cast<int64_t>(a.shape(i));
-    v.stride[i] = static_cast<int64_t>(a.stride(i));  // nanobind gives strides in elements
+    v.stride[i] = static_cast<int64_t>(a.stride(i));
   }
   return v;
 }
+
+warpattn::TensorView view_of(const AnyArray& a, const char* name) { return view_as(a, name, dtype_of(a, name)); }
 
 bool on_cuda(const AnyArray& a) { return a.device_type() == nb::device::cuda::value; }
 
@@ -57,17 +62,7 @@ warpattn::TensorView fp8_view_of(const AnyArray& a, const char* name) {
     throw nb::type_error((std::string(name) + ": expected the bytes of an e4m3 tensor (uint8 view), got DLPack dtype code " +
                           std::to_string(t.code) + " with " + std::to_string(t.bits) + " bits")
                              .c_str());
-  if (a.ndim() > 4)
-    throw nb::value_error((std::string(name) + ": expected rank 4, got rank " + std::to_string(a.ndim())).c_str());
-  warpattn::TensorView v;
-  v.data = const_cast<void*>(a.data());
-  v.dtype = warpattn::DType::e4m3;
-  v.rank = static_cast<int>(a.ndim());
-  for (int i = 0; i < v.rank; ++i) {
-    v.shape[i] = static_cast<int64_t>(a.shape(i));
-    v.stride[i] = static_cast<int64_t>(a.stride(i));
-  }
-  return v;
+  return view_as(a, name, warpattn::DType::e4m3);
 }
 
 warpattn::ForwardOptions forward_options(std::optional<float> softmax_scale, bool causal) {
@@ -85,7 +80,10 @@ std::optional<warpattn::TensorView> optional_view(const std::optional<AnyArray>&
 void require_cuda(std::initializer_list<std::pair<const AnyArray*, const char*>> arrays) {
   for (const auto& [a, name] : arrays)
     if (a && !on_cuda(*a))
-      throw nb::type_error((std::string(name) + ": CUDA tensor required (warpattn runs on the GPU)").c_str());
+      throw nb::type_error((std::string(name) +
+                            ": CUDA tensor required (warpattn runs on the GPU), got a tensor on DLPack device type " +
+                            std::to_string(a->device_type()))
+                               .c_str());
 }
 
 warpattn::Fp8Operands fp8_operands(const AnyArray& q, const AnyArray& k, const AnyArray& vt, const AnyArray& qs,
@@ -144,14 +142,7 @@ void forward(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyA
   try {
     // Argument rules first, wherever the memory lives, so every error is reported the same.
     warpattn::validate_forward(vq, vk, vv, vo, vl, options);
-    const char* names[] = {"q", "k", "v", "out", "lse"};
-    const AnyArray* arrays[] = {&q, &k, &v, &out, lse ? &*lse : nullptr};
-    for (int i = 0; i < 5; ++i)
-      if (arrays[i] && !on_cuda(*arrays[i]))
-        throw nb::type_error((std::string(names[i]) +
-                              ": CUDA tensor required (warpattn runs on the GPU), got a tensor on DLPack device type " +
-                              std::to_string(arrays[i]->device_type()))
-                                 .c_str());
+    require_cuda({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {lse ? &*lse : nullptr, "lse"}});
     nb::gil_scoped_release release;
     warpattn::forward(vq, vk, vv, vo, vl, options, reinterpret_cast<cudaStream_t>(stream));
   } catch (const warpattn::Error& e) {

@@ -13,12 +13,6 @@
 namespace warpattn {
 namespace {
 
-bool is_empty(const TensorView& t) {
-  for (int i = 0; i < t.rank; ++i)
-    if (t.shape[i] == 0) return true;
-  return false;
-}
-
 void copy3(int64_t (&dst)[3], const int64_t* src) {
   for (int i = 0; i < 3; ++i) dst[i] = src[i];
 }
@@ -55,7 +49,7 @@ void run_pass(Params p, const TensorView& descale, const QuantizeOptions& option
 
 void quantize_rows(const TensorView& in, const TensorView& out, const TensorView& descale,
                    const QuantizeOptions& options, int head_dim, float* global_amax, cudaStream_t stream) {
-  if (is_empty(in)) return;
+  if (detail::is_empty(in)) return;
   detail::QuantizeRowsParams p{};
   p.in = in.data;
   copy3(p.in_stride, in.stride);
@@ -75,7 +69,7 @@ void quantize_rows(const TensorView& in, const TensorView& out, const TensorView
 
 void quantize_v(const TensorView& v, const Fp8Operands& f, const QuantizeOptions& options, int head_dim,
                 float* global_amax, cudaStream_t stream) {
-  if (is_empty(v)) return;
+  if (detail::is_empty(v)) return;
   detail::QuantizeVtParams p{};
   p.in = v.data;
   copy3(p.in_stride, v.stride);
@@ -95,7 +89,7 @@ void quantize_v(const TensorView& v, const Fp8Operands& f, const QuantizeOptions
 // Reads a descale array back and checks that every value is finite and > 0: a zero, negative
 // or NaN descale would turn the softmax into garbage without any other sign.
 void check_descales(const TensorView& t, const char* name, cudaStream_t stream) {
-  if (is_empty(t)) return;
+  if (detail::is_empty(t)) return;
   int64_t span = 1;
   for (int i = 0; i < 3; ++i) span += t.stride[i] * (t.shape[i] - 1);
   std::vector<float> host(static_cast<size_t>(span));
@@ -118,7 +112,7 @@ void check_descales(const TensorView& t, const char* name, cudaStream_t stream) 
 
 void quantize_fp8(const TensorView& q, const TensorView& k, const TensorView& v, const Fp8Operands& fp8,
                   const QuantizeOptions& options, cudaStream_t stream) {
-  const detail::Fp8Problem p = detail::validate_quantize(q, k, v, fp8);
+  const detail::ProblemSizes p = detail::validate_quantize(q, k, v, fp8);
   if (options.scaling != Fp8Scaling::per_block && options.scaling != Fp8Scaling::per_tensor) {
     detail::Message m;
     m << "options.scaling: expected per_block (0) or per_tensor (1), got " << static_cast<int>(options.scaling);
@@ -141,27 +135,14 @@ void quantize_fp8(const TensorView& q, const TensorView& k, const TensorView& v,
 
 void forward_fp8(const Fp8Operands& fp8, const TensorView& out, const std::optional<TensorView>& lse,
                  const ForwardOptions& options, cudaStream_t stream, bool check) {
-  const detail::Fp8Problem f = detail::validate_forward_fp8(fp8, out, lse, options);
-  if (f.batch == 0 || f.seqlen_q == 0 || f.heads_q == 0) return;
+  const detail::ForwardProblem p = detail::validate_forward_fp8(fp8, out, lse, options);
+  if (p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0) return;
   detail::require_sm90_device();
   if (check) check_descales(fp8.q_descale, "q_descale", stream);
-  if (check && f.seqlen_k > 0) {
+  if (check && p.seqlen_k > 0) {
     check_descales(fp8.k_descale, "k_descale", stream);
     check_descales(fp8.v_descale, "v_descale", stream);
   }
-  detail::ForwardProblem p;
-  p.batch = f.batch;
-  p.seqlen_q = f.seqlen_q;
-  p.seqlen_k = f.seqlen_k;
-  p.heads_q = f.heads_q;
-  p.heads_kv = f.heads_kv;
-  p.head_dim = f.head_dim;
-  p.dtype = out.dtype;
-  p.softmax_scale = options.softmax_scale
-                        ? *options.softmax_scale
-                        : static_cast<float>(1.0 / std::sqrt(static_cast<double>(f.head_dim)));
-  p.causal = options.causal;
-  p.has_lse = lse.has_value();
   if (p.seqlen_k == 0)
     detail::fill_no_key_rows(p, out, lse, stream);
   else

@@ -27,20 +27,24 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
                                 const TensorView& out, const std::optional<TensorView>& lse,
                                 const ForwardOptions& options);
 
-// The checked sizes of an FP8 call (warpattn/fp8.hpp).
-struct Fp8Problem {
+// The checked sizes of a call (forward, quantize_fp8, forward_fp8).
+struct ProblemSizes {
   int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
 };
 
+// True when some dimension is 0 (nothing to read or write).
+bool is_empty(const TensorView& t);
+
 // Every rule of Fp8Operands (shapes, dtypes, TMA layout of q, k, vt; descale shapes).
-Fp8Problem validate_fp8_operands(const Fp8Operands& f);
+ProblemSizes validate_fp8_operands(const Fp8Operands& f);
 
 // quantize_fp8: q, k, v as forward() takes them, matching `f` in sizes and not overlapping it.
-Fp8Problem validate_quantize(const TensorView& q, const TensorView& k, const TensorView& v, const Fp8Operands& f);
+ProblemSizes validate_quantize(const TensorView& q, const TensorView& k, const TensorView& v, const Fp8Operands& f);
 
-// forward_fp8: the operands, then out and lse as forward() takes them (out fp16 or bf16).
-Fp8Problem validate_forward_fp8(const Fp8Operands& f, const TensorView& out, const std::optional<TensorView>& lse,
-                                const ForwardOptions& options);
+// forward_fp8: the operands, then out and lse as forward() takes them (out fp16 or bf16);
+// the problem's dtype is out's.
+ForwardProblem validate_forward_fp8(const Fp8Operands& f, const TensorView& out, const std::optional<TensorView>& lse,
+                                    const ForwardOptions& options);
 
 // Throws Error unless the current CUDA device has compute capability 9.0 (Hopper).
 void require_sm90_device();

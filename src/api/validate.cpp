@@ -13,6 +13,14 @@
 #include "api/problem.hpp"
 
 namespace warpattn::detail {
+// Any zero-sized dimension makes a tensor empty. Decided without multiplying the sizes, which
+// could overflow for the absurd shapes validation exists to reject.
+bool is_empty(const TensorView& t) {
+  for (int i = 0; i < t.rank; ++i)
+    if (t.shape[i] == 0) return true;
+  return false;
+}
+
 namespace {
 
 // The Tensor Memory Accelerator's rules for a global tensor: 16-byte aligned base, strides
@@ -43,13 +51,6 @@ std::string shape_string(const TensorView& t) {
   return s.str();
 }
 
-// Any zero-sized dimension makes a tensor empty. Decided without multiplying the sizes, which
-// could overflow for the absurd shapes validation exists to reject.
-bool is_empty(const TensorView& t) {
-  for (int i = 0; i < t.rank; ++i)
-    if (t.shape[i] == 0) return true;
-  return false;
-}
 
 // ---- a. rank
 void check_rank(const Arg& a) {
@@ -203,6 +204,24 @@ void check_softmax_scale(const ForwardOptions& options) {
   fail(m);
 }
 
+// What dispatch needs of a validated call; the softmax scale resolved to its default.
+ForwardProblem forward_problem(const ProblemSizes& sizes, DType dtype, const ForwardOptions& options, bool has_lse) {
+  ForwardProblem p;
+  p.batch = sizes.batch;
+  p.seqlen_q = sizes.seqlen_q;
+  p.seqlen_k = sizes.seqlen_k;
+  p.heads_q = sizes.heads_q;
+  p.heads_kv = sizes.heads_kv;
+  p.head_dim = sizes.head_dim;
+  p.dtype = dtype;
+  p.softmax_scale = options.softmax_scale
+                        ? *options.softmax_scale
+                        : static_cast<float>(1.0 / std::sqrt(static_cast<double>(sizes.head_dim)));
+  p.causal = options.causal;
+  p.has_lse = has_lse;
+  return p;
+}
+
 std::string supported_head_dims() {
   Message s;
   bool first = true;
@@ -341,20 +360,8 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
     for (const Arg* a : {&aq, &ak, &av}) check_no_overlap(alse, *a);
   }
 
-  ForwardProblem p;
-  p.batch = batch;
-  p.seqlen_q = q.shape[1];
-  p.seqlen_k = k.shape[1];
-  p.heads_q = heads_q;
-  p.heads_kv = heads_kv;
-  p.head_dim = head_dim;
-  p.dtype = q.dtype;
-  p.softmax_scale = options.softmax_scale
-                        ? *options.softmax_scale
-                        : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
-  p.causal = options.causal;
-  p.has_lse = lse.has_value();
-  return p;
+  return forward_problem({batch, q.shape[1], k.shape[1], heads_q, heads_kv, head_dim}, q.dtype, options,
+                         lse.has_value());
 }
 
 // ---- FP8 (warpattn/fp8.hpp). The same rule letters, in the same order.
@@ -396,7 +403,7 @@ void check_descale_block_stride(const Arg& a, bool written) {
 
 }  // namespace
 
-Fp8Problem validate_fp8_operands(const Fp8Operands& f) {
+ProblemSizes validate_fp8_operands(const Fp8Operands& f) {
   const Arg aq{"q", f.q, kAttentionDimNames, 4}, ak{"k", f.k, kAttentionDimNames, 4},
       avt{"vt", f.vt, kVtDimNames, 4}, aqs{"q_descale", f.q_descale, kDescaleDimNames, 3},
       aks{"k_descale", f.k_descale, kDescaleDimNames, 3}, avs{"v_descale", f.v_descale, kDescaleDimNames, 3};
@@ -424,7 +431,7 @@ Fp8Problem validate_fp8_operands(const Fp8Operands& f) {
     m << " for FP8, got " << head_dim;
     fail(m);
   }
-  Fp8Problem p;
+  ProblemSizes p;
   p.batch = f.q.shape[0];
   p.seqlen_q = f.q.shape[1];
   p.heads_q = f.q.shape[2];
@@ -460,7 +467,7 @@ Fp8Problem validate_fp8_operands(const Fp8Operands& f) {
   return p;
 }
 
-Fp8Problem validate_quantize(const TensorView& q, const TensorView& k, const TensorView& v, const Fp8Operands& f) {
+ProblemSizes validate_quantize(const TensorView& q, const TensorView& k, const TensorView& v, const Fp8Operands& f) {
   // The inputs first, by forward()'s rules (with q standing in for out, which is not written):
   // rank, sizes, null, dtype, head dim, shapes, GQA, layout.
   const Arg aq{"q", q, kAttentionDimNames, 4}, ak{"k", k, kAttentionDimNames, 4}, av{"v", v, kAttentionDimNames, 4};
@@ -474,7 +481,7 @@ Fp8Problem validate_quantize(const TensorView& q, const TensorView& k, const Ten
     fail(m);
   }
   for (const Arg* a : {&ak, &av}) check_dtype(*a, q.dtype);
-  const Fp8Problem p = validate_fp8_operands(f);
+  const ProblemSizes p = validate_fp8_operands(f);
   const Arg fq{"fp8.q", f.q, kAttentionDimNames, 4}, fk{"fp8.k", f.k, kAttentionDimNames, 4};
   check_shape(aq, f.q.shape, "(same as fp8.q)");
   check_shape(ak, f.k.shape, "(same as fp8.k)");
@@ -492,9 +499,9 @@ Fp8Problem validate_quantize(const TensorView& q, const TensorView& k, const Ten
   return p;
 }
 
-Fp8Problem validate_forward_fp8(const Fp8Operands& f, const TensorView& out, const std::optional<TensorView>& lse,
-                                const ForwardOptions& options) {
-  const Fp8Problem p = validate_fp8_operands(f);
+ForwardProblem validate_forward_fp8(const Fp8Operands& f, const TensorView& out, const std::optional<TensorView>& lse,
+                                    const ForwardOptions& options) {
+  const ProblemSizes p = validate_fp8_operands(f);
   const Arg aout{"out", out, kAttentionDimNames, 4};
   const TensorView no_lse;
   const Arg alse{"lse", lse ? *lse : no_lse, kLseDimNames, 3};
@@ -526,7 +533,7 @@ Fp8Problem validate_forward_fp8(const Fp8Operands& f, const TensorView& out, con
     check_no_overlap(aout, alse);
     for (const Arg* a : {&aq, &ak, &avt}) check_no_overlap(alse, *a);
   }
-  return p;
+  return forward_problem(p, out.dtype, options, lse.has_value());
 }
 
 namespace {
