@@ -6,7 +6,7 @@
 set -u -o pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-"primitives forward cli bench"}  # also: fp8, sanitize, python, ncu
+STAGES=${STAGES:-"primitives forward cli bench"}  # also: fp8, sanitize, python, ncu, ncu_fp8
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/configure.log" 2>&1 || { tail -20 "$OUT/configure.log"; exit 1; }
 if ! cmake --build build -j"$(nproc)" > "$OUT/build.log" 2>&1; then
@@ -88,6 +88,27 @@ if stage ncu; then
       ./build/warpattn --batch $((16384 / n)) --heads $((2048 / d)) --seqlen-q "$n" --head-dim "$d" \
       --dtype bf16 --causal "$c" --iters 1 --warmup 2 --check-rows 1 > "/tmp/$name.run.log" 2>&1
     echo "ncu $shape rc=$?"
+    ncu -i "/tmp/$name.ncu-rep" --page details --print-details all > "$OUT/$name.txt" 2>&1
+    if [ $first = 1 ]; then
+      ncu -i "/tmp/$name.ncu-rep" --page source --print-source sass --csv > "$OUT/$name-sass.csv" 2>&1
+      first=0
+    fi
+    grep -E "Duration|Tensor|Issue Slots Busy|No Eligible|Compute \(SM\) Throughput" "$OUT/$name.txt" | head -12
+  done
+fi
+if stage ncu_fp8; then
+  # Nsight Compute on the FP8 forward through the installed package (the python stage installs
+  # it): one launch per shape in $NCU_FP8_SHAPES ("d:N:causal"), the bench's first kernels
+  # named attention_forward are the FP8 ones (the BF16 comparison runs after them).
+  first=1
+  for shape in ${NCU_FP8_SHAPES:-256:16384:0}; do
+    IFS=: read -r d n c <<< "$shape"
+    name="ncu-fp8-d$d-n$n-c$c"
+    (cd /tmp && timeout -k 5 ${NCU_TIMEOUT:-200} ncu --clock-control none --kernel-name regex:attention_forward \
+      --launch-skip 3 --launch-count 1 --set full --import-source no -f -o "/tmp/$name" \
+      python3 -m warpattn.bench_fp8 --out /tmp/ncu-bench --points d=$d N=$n causal=$c \
+      --warmup-ms 1 --rep-ms 1 > "/tmp/$name.run.log" 2>&1)
+    echo "ncu fp8 $shape rc=$?"
     ncu -i "/tmp/$name.ncu-rep" --page details --print-details all > "$OUT/$name.txt" 2>&1
     if [ $first = 1 ]; then
       ncu -i "/tmp/$name.ncu-rep" --page source --print-source sass --csv > "$OUT/$name-sass.csv" 2>&1

@@ -80,31 +80,22 @@ struct ConsumerTile {
         m_start(t_.m_block * Cfg::kBlockM),
         row0(t_.m_block * Cfg::kBlockM + t_.warpgroup * 64 + f.row(0)),
         q_rows(ptx::smem_addr(ss_.q[t_.q_stage]) + t_.warpgroup * 64 * 128),
-        q_scale(Cfg::kFp8 ? p.scale_log2 * p.q_descale[t_.batch * p.q_descale_stride[0] +
-                                                          t_.head * p.q_descale_stride[1] +
-                                                          t_.m_block * p.q_descale_stride[2]]
-                          : p.scale_log2) {}
+        q_scale(Cfg::kFp8 ? p.scale_log2 * p.q_descale.at(t_.batch, t_.head, t_.m_block) : p.scale_log2) {}
 
   // Scores of key tile n (ordinal it = n_tiles - 1 - n) to log2 units: with FP8, times the
   // tile's K descale.
   __device__ __forceinline__ float score_scale(int it) const {
-    if constexpr (Cfg::kFp8) {
-      const int n = t.n_tiles - 1 - it, head_kv = t.head / params.kv_group;
-      return q_scale * params.k_descale[t.batch * params.k_descale_stride[0] +
-                                        head_kv * params.k_descale_stride[1] + n * params.k_descale_stride[2]];
-    } else {
+    if constexpr (Cfg::kFp8)
+      return q_scale * params.k_descale.at(t.batch, t.head / params.kv_group, t.n_tiles - 1 - it);
+    else
       return q_scale;
-    }
   }
   // FP8: V's descale for ordinal it (O is kept in units of the V tile it accumulates next).
   __device__ __forceinline__ float v_scale(int it) const {
-    if constexpr (Cfg::kFp8) {
-      const int n = t.n_tiles - 1 - it, head_kv = t.head / params.kv_group;
-      return params.v_descale[t.batch * params.v_descale_stride[0] + head_kv * params.v_descale_stride[1] +
-                              n * params.v_descale_stride[2]];
-    } else {
+    if constexpr (Cfg::kFp8)
+      return params.v_descale.at(t.batch, t.head / params.kv_group, t.n_tiles - 1 - it);
+    else
       return 1.f;
-    }
   }
 
   __device__ __forceinline__ void mask_if_needed(float (&s)[Cfg::kBlockN / 2], int n) const {
@@ -134,6 +125,23 @@ struct ConsumerTile {
     mask_if_needed(s, t.n_tiles - 1 - it);
   }
 
+  // O += P·V for key tile slot `vs`, issued alone in its own turn and waited for; P given as
+  // one or more operand parts (the precise path's hi and lo) summed by the same GEMM group.
+  template <class... Parts>
+  __device__ __forceinline__ void pv_alone(float (&o)[Cfg::kHeadDim / 2], RingSlot vs, Parts&... parts) const {
+    using namespace ptx;
+    turns.wait_turn();
+    mbarrier_wait(smem_addr(&ss.v_full[vs.stage]), vs.phase);
+    pin(o);
+    (pin(parts), ...);
+    (issue_pv_gemm<Cfg>(o, parts, smem_addr(ss.v[vs.stage])), ...);
+    wgmma_commit();
+    turns.pass_turn();
+    wgmma_wait<0>();
+    pin(o);
+    release_slot(&ss.v_empty[vs.stage]);
+  }
+
   // The overlapped main loop (FlashAttention-3's intra-warpgroup pipeline).
   __device__ __forceinline__ void run(float (&o)[Cfg::kHeadDim / 2], OnlineSoftmax& softmax) const {
     using namespace ptx;
@@ -146,8 +154,12 @@ struct ConsumerTile {
     softmax.step<true>(s, alpha, score_scale(0));
     convert_to_operand<Cfg>(s, p);
 
-    // Steady state: S_it with P_{it-1}·V_{it-1}.
+    // Steady state: S_it with P_{it-1}·V_{it-1}. FP8's descales of tile it are loaded before
+    // the GEMMs are issued, so their latency hides under them (a load after the wgmma wait
+    // would stall the softmax).
+    float v_prev = v_scale(0);
     for (int it = 1; it < t.n_tiles; ++it) {
+      const float c = score_scale(it), v_next = v_scale(it);
       const RingSlot ks = ring_slot<Cfg::kStages>(t.kv_base + it);
       const RingSlot vs = ring_slot<Cfg::kStages>(t.kv_base + it - 1);
       turns.wait_turn();
@@ -165,30 +177,19 @@ struct ConsumerTile {
       pin(s);
       release_k(it, ks.stage);
       mask_if_needed(s, t.n_tiles - 1 - it);
-      softmax.step<false>(s, alpha, score_scale(it));
+      softmax.step<false>(s, alpha, c);
 
       wgmma_wait<0>();  // P·V done: O and P may be touched again
       pin(o);
       pin(p);
       release_slot(&ss.v_empty[vs.stage]);
-      rescale_rows(o, alpha, Cfg::kFp8 ? v_scale(it - 1) / v_scale(it) : 1.f);
+      rescale_rows(o, alpha, Cfg::kFp8 ? v_prev / v_next : 1.f);
+      v_prev = v_next;
       convert_to_operand<Cfg>(s, p);
     }
 
     // Last P·V.
-    {
-      const RingSlot vs = ring_slot<Cfg::kStages>(t.kv_base + t.n_tiles - 1);
-      turns.wait_turn();
-      mbarrier_wait(smem_addr(&ss.v_full[vs.stage]), vs.phase);
-      pin(o);
-      pin(p);
-      issue_pv_gemm<Cfg>(o, p, smem_addr(ss.v[vs.stage]));
-      wgmma_commit();
-      turns.pass_turn();
-      wgmma_wait<0>();
-      pin(o);
-      release_slot(&ss.v_empty[vs.stage]);
-    }
+    pv_alone(o, ring_slot<Cfg::kStages>(t.kv_base + t.n_tiles - 1), p);
   }
 
   // The same attention with P carried in two 16-bit parts and no overlap inside the
@@ -208,18 +209,7 @@ struct ConsumerTile {
       uint32_t hi[Cfg::kPvSteps][4], lo[Cfg::kPvSteps][4];
       convert_to_split_operand<Cfg>(s, hi, lo);
 
-      turns.wait_turn();
-      mbarrier_wait(smem_addr(&ss.v_full[slot.stage]), slot.phase);
-      pin(o);
-      pin(hi);
-      pin(lo);
-      issue_pv_gemm<Cfg>(o, hi, smem_addr(ss.v[slot.stage]));
-      issue_pv_gemm<Cfg>(o, lo, smem_addr(ss.v[slot.stage]));
-      wgmma_commit();
-      turns.pass_turn();
-      wgmma_wait<0>();
-      pin(o);
-      release_slot(&ss.v_empty[slot.stage]);
+      pv_alone(o, slot, hi, lo);
     }
   }
 };

@@ -4,6 +4,18 @@
 
 namespace warpattn::detail {
 
+// FP8 descales per (batch, head, block of 128 rows/keys); strides in elements (the block
+// stride may be 0: one descale per head).
+struct DescaleArray {
+  const float* data = nullptr;
+  int64_t stride[3] = {0, 0, 0};
+#ifdef __CUDACC__
+  __device__ __forceinline__ float at(int batch, int head, int block) const {
+    return data[batch * stride[0] + head * stride[1] + block * stride[2]];
+  }
+#endif
+};
+
 struct ForwardParams {
   void* out = nullptr;  // (B, Sq, Hq, D), 16-bit; strides in elements
   int64_t out_stride_batch = 0, out_stride_row = 0, out_stride_head = 0;
@@ -15,13 +27,7 @@ struct ForwardParams {
   int chunk_heads = 1;   // (batch, head) pairs whose K/V the scheduler keeps in L2 together
   float scale_log2 = 0;  // softmax_scale * log2(e): one FFMA + EX2 per score
   int* tile_counter = nullptr;  // [next tile, CTAs done], zero at launch; null: static order
-  // FP8 only: descales per (batch, head, block of 128 rows/keys); strides in elements.
-  const float* q_descale = nullptr;
-  const float* k_descale = nullptr;
-  const float* v_descale = nullptr;
-  int64_t q_descale_stride[3] = {0, 0, 0};
-  int64_t k_descale_stride[3] = {0, 0, 0};
-  int64_t v_descale_stride[3] = {0, 0, 0};
+  DescaleArray q_descale, k_descale, v_descale;  // FP8 only
 };
 
 }  // namespace warpattn::detail

@@ -28,14 +28,15 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
                                      : make_panel_tensor_map(v, "v", Cfg::kBlockN, Cfg::kPanels);
   ForwardParams params;
   if constexpr (Cfg::kFp8) {
-    params.q_descale = static_cast<const float*>(fp8->q_descale.data);
-    params.k_descale = static_cast<const float*>(fp8->k_descale.data);
-    params.v_descale = static_cast<const float*>(fp8->v_descale.data);
-    for (int i = 0; i < 3; ++i) {
-      params.q_descale_stride[i] = fp8->q_descale.stride[i];
-      params.k_descale_stride[i] = fp8->k_descale.stride[i];
-      params.v_descale_stride[i] = fp8->v_descale.stride[i];
-    }
+    const auto descales = [](const TensorView& t) {
+      DescaleArray a;
+      a.data = static_cast<const float*>(t.data);
+      for (int i = 0; i < 3; ++i) a.stride[i] = t.stride[i];
+      return a;
+    };
+    params.q_descale = descales(fp8->q_descale);
+    params.k_descale = descales(fp8->k_descale);
+    params.v_descale = descales(fp8->v_descale);
   }
   params.out = out.data;
   params.out_stride_batch = out.stride[0];

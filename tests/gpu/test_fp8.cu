@@ -388,6 +388,44 @@ TEST(fp8_forward_rejects_bad_descales) {
   }
 }
 
+// Descales broadcast over the blocks (stride 0: one per batch and head, as FlashAttention-3
+// takes them) read the same values as the full arrays: with per-tensor scaling every block's
+// descale is equal, so both calls must write the same bits.
+TEST(fp8_forward_takes_per_head_descales) {
+  REQUIRE_HOPPER();
+  const int64_t B = 2, S = 700, H = 4, D = 128;
+  const uint64_t seed = gpu_test::fresh_seed();
+  std::mt19937_64 rng(seed);
+  DeviceTensor q(DType::bf16, B, S, H, D, false), k(DType::bf16, B, S, H, D, false),
+      v(DType::bf16, B, S, H, D, false), full(DType::bf16, B, S, H, D, false), per_head(DType::bf16, B, S, H, D, false);
+  upload_random(q, rng);
+  upload_random(k, rng);
+  upload_random(v, rng);
+  Fp8Buffers f(B, S, S, H, H, D);
+  warpattn::QuantizeOptions o;
+  o.seed = seed;
+  o.scaling = warpattn::Fp8Scaling::per_tensor;
+  warpattn::quantize_fp8(q.view, k.view, v.view, f.ops, o, nullptr);
+  full.poison();
+  per_head.poison();
+  warpattn::ForwardOptions fo;
+  fo.causal = true;
+  warpattn::forward_fp8(f.ops, full.view, std::nullopt, fo, nullptr);
+  warpattn::Fp8Operands broadcast = f.ops;
+  for (warpattn::TensorView* t : {&broadcast.q_descale, &broadcast.k_descale, &broadcast.v_descale}) t->stride[2] = 0;
+  warpattn::forward_fp8(broadcast, per_head.view, std::nullopt, fo, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto a = full.raw(), b = per_head.raw();
+  int64_t differ = 0, poisoned = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    differ += a[i] != b[i];
+    poisoned += b[i] == 0xFFFF;
+  }
+  printf("    per-head descales: %lld of %zu outputs differ, %lld left poisoned (seed %llu)\n", (long long)differ,
+         a.size(), (long long)poisoned, (unsigned long long)seed);
+  CHECK(differ == 0 && poisoned == 0) << "stride-0 descales gave other outputs; seed " << seed;
+}
+
 // 64K tokens, non-causal, N(0, 1) data: every checked element within 9.5e-3 of the fp64
 // reference on the original BF16 inputs (issue 4's bound; FlashAttention-3's paper reports its
 // FP8 parity at this length).
