@@ -97,6 +97,9 @@ if stage ncu; then
   done
 fi
 if stage ncu_fp8; then
+  if ! (cd /tmp && python3 -c "import warpattn._warpattn") 2>/dev/null; then
+    timeout -k 5 300 python3 -m pip install -q --no-build-isolation --no-deps . > "$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"
+  fi
   # Nsight Compute on the FP8 forward through the installed package (the python stage installs
   # it): one launch per shape in $NCU_FP8_SHAPES ("d:N:causal"), the bench's first kernels
   # named attention_forward are the FP8 ones (the BF16 comparison runs after them).
@@ -117,3 +120,6 @@ if stage ncu_fp8; then
     grep -E "Duration|Tensor|Issue Slots Busy|No Eligible|Compute \(SM\) Throughput" "$OUT/$name.txt" | head -12
   done
 fi
+# Only 8 files come back from $OUT: everything but the console log goes into one archive.
+tar czf /tmp/gpu-logs.tgz --exclude=run.log -C "$OUT" . && find "$OUT" -mindepth 1 ! -name run.log -delete &&
+  mv /tmp/gpu-logs.tgz "$OUT/"

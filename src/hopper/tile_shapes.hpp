@@ -33,9 +33,19 @@ struct TileShape<256, kCausal> {
 };
 
 // FP8: 128-key tiles (Vᵀ's 128-byte panel); 1-byte operands leave room for two Q buffers and,
-// at d=128, three stages.
+// at d=128, three stages. WARPATTN_TUNE_FP8_STAGES / _QSTAGES override both head dims for
+// tuning runs (scripts/bench_fp8_variant.sh).
+#ifndef WARPATTN_TUNE_FP8_STAGES
+#define WARPATTN_TUNE_FP8_STAGES 0
+#endif
+#ifndef WARPATTN_TUNE_FP8_QSTAGES
+#define WARPATTN_TUNE_FP8_QSTAGES 0
+#endif
+template <int kHeadDim>
+inline constexpr int kFp8Stages = WARPATTN_TUNE_FP8_STAGES > 0 ? WARPATTN_TUNE_FP8_STAGES : (kHeadDim == 256 ? 2 : 3);
 template <int kHeadDim, bool kCausal, class OutElement>
-using Fp8ForwardConfigFor = ForwardConfig<__nv_fp8_e4m3, kHeadDim, 128, kHeadDim == 128 ? 3 : 2, kCausal, 0, OutElement>;
+using Fp8ForwardConfigFor = ForwardConfig<__nv_fp8_e4m3, kHeadDim, 128, kFp8Stages<kHeadDim>, kCausal,
+                                          WARPATTN_TUNE_FP8_QSTAGES, OutElement>;
 
 template <class Element, int kHeadDim, bool kCausal>
 using ForwardConfigFor = ForwardConfig<Element, kHeadDim, TileShape<kHeadDim, kCausal>::kBlockN,

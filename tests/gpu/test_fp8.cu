@@ -142,21 +142,22 @@ void check_rows(const char* what, const std::vector<float>& in, const std::vecto
           const uint8_t g = codes[((b * c.s + s) * c.h + h) * c.d + d], w = want.codes[s * c.d + d];
           if (g == w) continue;
           ++mismatched;
-          // fp32 on the GPU against fp64 here: only a value on a rounding midpoint may differ,
-          // and then by one step.
-          const float gv = warpattn::host::e4m3_to_float(g), wv = warpattn::host::e4m3_to_float(w);
-          const float step = std::ldexp(1.f, std::max(std::ilogb(std::max(std::fabs(wv), 0x1p-6f)), -6) - 3);
-          far += !(std::fabs(gv - wv) <= step * 1.0001f);
+          // fp32 on the GPU against fp64 here (and a reciprocal there against a division here):
+          // a code may differ only where the scaled value sits on the midpoint between the two
+          // neighbouring codes, within fp32's rounding of the scale and the rotation.
+          const double gv = warpattn::host::e4m3_to_float(g), wv = warpattn::host::e4m3_to_float(w);
+          const double step = std::ldexp(1.0, std::max(std::ilogb(std::max(std::fabs(wv), 0x1p-6)), -6) - 3);
+          const double descale = want.descales[std::min<size_t>(s / want.block_rows, want.descales.size() - 1)];
+          const double scaled = r[s * c.d + d] / descale;
+          const bool tie = std::fabs(gv - wv) <= step * 1.0001 && std::fabs(scaled - 0.5 * (gv + wv)) <= 3e-5 * std::fabs(scaled);
+          far += !tie;
         }
     }
   const int64_t n = c.b * c.s * c.h * c.d;
-  printf("    %s: %lld of %lld codes differ from the reference (all by one step: %s), %lld bad descales\n", what,
-         (long long)mismatched, (long long)n, far ? "no" : "yes", (long long)bad_scale);
+  printf("    %s: %lld of %lld codes differ from the reference (all on a rounding midpoint: %s), %lld bad descales\n",
+         what, (long long)mismatched, (long long)n, far ? "no" : "yes", (long long)bad_scale);
   CHECK(bad_scale == 0) << what << ": descales differ from the reference";
-  CHECK(far == 0) << what << ": " << far << " codes differ by more than one E4M3 step";
-  // The GPU scales by a reciprocal (two roundings) where the reference divides in fp64: with
-  // bf16 inputs (8 significant bits) a few values sit on an E4M3 midpoint (run 21: <= 0.13%).
-  CHECK(mismatched <= n / 200) << what << ": " << mismatched << " codes differ (more than 0.5%)";
+  CHECK(far == 0) << what << ": " << far << " codes differ other than by rounding a midpoint the other way";
 }
 
 void run_quantize_case(const QuantizeCase& c) {
@@ -329,7 +330,11 @@ void run_forward_case(const ForwardCase& c) {
   // P in E4M3 (3 mantissa bits, ~2% relative rounding per entry): run 21 measured 1.3-2.6e-2
   // (more with peakier rows). A layout error (P or Vᵀ in the wrong key order) gives ~1.
   CHECK(rel < 4e-2) << "relative L2 error " << rel << " against the dequantised reference";
-  CHECK(lse_err < 2e-3) << "LSE off by " << lse_err;
+  // The scores come from QGMMA, whose accumulator keeps ~14 bits when it adds each k32 step's
+  // products (DeepSeek-V3 report, 3.3.2): the truncation grows with the steps, d / 32, and with
+  // |q.k|. Measured worst over runs 21-26: 1.1e-3 at d = 128, 2.1e-3 at d = 256; an error of the
+  // scale or of the 2^8 lift of P would be >= 0.05.
+  CHECK(lse_err < 2e-5 * c.d) << "LSE off by " << lse_err;
 }
 
 TEST(fp8_forward_matches_dequantized_reference) {
@@ -415,11 +420,11 @@ TEST(fp8_forward_takes_per_head_descales) {
   for (warpattn::TensorView* t : {&broadcast.q_descale, &broadcast.k_descale, &broadcast.v_descale}) t->stride[2] = 0;
   warpattn::forward_fp8(broadcast, per_head.view, std::nullopt, fo, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
-  const auto a = full.raw(), b = per_head.raw();
+  const auto a = full.logical(full.raw()), b = per_head.logical(per_head.raw());
   int64_t differ = 0, poisoned = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     differ += a[i] != b[i];
-    poisoned += b[i] == 0xFFFF;
+    poisoned += std::isnan(a[i]) || std::isnan(b[i]);
   }
   printf("    per-head descales: %lld of %zu outputs differ, %lld left poisoned (seed %llu)\n", (long long)differ,
          a.size(), (long long)poisoned, (unsigned long long)seed);
