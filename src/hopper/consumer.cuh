@@ -178,6 +178,10 @@ struct ConsumerTile {
       release_k(it, ks.stage);
       mask_if_needed(s, t.n_tiles - 1 - it);
       softmax.step<false>(s, alpha, c);
+      // ptxas hoists a wgmma wait to the top of its basic block, above independent code: here
+      // above the softmax, which then ran after P·V instead of under it, in every kernel (run
+      // 27, SASS). A branch ends the block.
+      schedule_fence(params.opaque_zero);
 
       wgmma_wait<0>();  // P·V done: O and P may be touched again
       pin(o);

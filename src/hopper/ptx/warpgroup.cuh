@@ -56,6 +56,16 @@ __device__ __forceinline__ void pin(uint32_t (&r)[M][N]) {
   for (int i = 0; i < M; ++i) pin(r[i]);
 }
 
+// Ends ptxas's basic block here: code before the fence cannot be scheduled after what follows
+// it. ptxas moves a wgmma wait up to the top of its block, above independent arithmetic meant
+// to run while the wgmma does; put the fence between them. `zero` must be 0 at run time and
+// unknown at compile time (a kernel parameter), so the branch exists but is never taken.
+__device__ __forceinline__ void schedule_fence(uint32_t zero) {
+#ifndef WARPATTN_TUNE_NO_SCHEDULE_FENCE  // to measure what it buys
+  if (zero) asm volatile("trap;");
+#endif
+}
+
 // Shared-memory matrix descriptor for a 128-byte-swizzled operand (sm_90 layout type 1).
 // Byte offsets: lbo = leading-dimension offset, sbo = stride between 8-row groups.
 // The base-offset field stays 0 (measured exact for TMA-written tiles).
