@@ -19,6 +19,10 @@
 #      or incomplete, so checks 1 and 2 would have seen too little.
 #   6. Each function named as in check 1 must have STACK:0 and LOCAL:0 in cuobjdump
 #      -res-usage, which reads the binary itself.
+#   7. In the forward kernels with head dim 256 (ForwardConfig::kSoftmaxUnderPv), the softmax
+#      (MUFU.EX2) must sit between the main loop's S wait (WARPGROUP.DEPBAR.LE gsb0, 0x1) and
+#      its P·V wait (gsb0, 0x0): ptxas moves that wait above the softmax unless the schedule
+#      fence keeps it below (docs/perf/LOG.md, run 27).
 # At the end it prints a summary: how many forward kernels there are, and the HGMMA count and
 # registers of each.
 # If cuobjdump is missing, the script pip-installs it and nvdisasm (nvidia-cuda-cuobjdump and
@@ -207,6 +211,16 @@ awk -v gmma="$GMMA_RE" -v qgmma="$QGMMA_RE" '
   name != "" && $0 ~ qgmma { q++ }
   END { emit() }
 ' "$TMP/sass.txt" >> "$TMP/records.tsv"
+# O <name> <n>: MUFU.EX2 between the first S wait (gsb0, 0x1) and the P·V wait after it.
+awk '
+  function emit() { if (name != "") print "O\t" name "\t" (seen ? ex : -1); name = "" }
+  /^[ \t]*Function : / { emit(); name = $NF; state = 0; ex = 0; seen = 0; next }
+  name == "" { next }
+  state == 0 && /WARPGROUP\.DEPBAR\.LE gsb0, 0x1/ { state = 1; seen = 1; next }
+  state == 1 && /MUFU\.EX2/ { ex++ }
+  state == 1 && /WARPGROUP\.DEPBAR\.LE gsb0, 0x0/ { state = 2 }
+  END { emit() }
+' "$TMP/sass.txt" >> "$TMP/records.tsv"
 cat "$TMP/log_funcs.tsv" >> "$TMP/records.tsv"
 
 # Decide. Output lines: FAIL\t<message with a mangled name in [..]>, or K\t<arch>\t<name>\t<gmma>\t<reg>
@@ -217,6 +231,7 @@ awk -F '\t' -v fwd="$FORWARD_RE" -v hop="$HOPPER_RE" '
   $1 == "S" { k = $2 SUBSEP $3; if (!(k in g) || $4 < g[k]) g[k] = $4; if (!(k in gq) || $5 < gq[k]) gq[k] = $5
               order[++ns] = k }
   $1 == "F" { if (($2 == "sm_90a" || $2 == "?")) logged[$3] = 1 }
+  $1 == "O" { overlap[$2] = $3 }
   END {
     for (i = 1; i <= ns; i++) {
       k = order[i]; if (k in done) continue; done[k] = 1
@@ -229,6 +244,8 @@ awk -F '\t' -v fwd="$FORWARD_RE" -v hop="$HOPPER_RE" '
       if (!fp8 && g[k] == 0) printf "FAIL\tforward kernel [%s] (%s) has no HGMMA in its SASS: the WGMMA path was not compiled\n", name, arch
       if (fp8 && gq[k] == 0) printf "FAIL\tFP8 forward kernel [%s] (%s) has no QGMMA in its SASS: the FP8 WGMMA path was not compiled\n", name, arch
       if (arch != "sm_90a") printf "FAIL\tforward kernel [%s] is compiled for %s, expected sm_90a\n", name, arch
+      if (name ~ /Li256E/ && (!(name in overlap) || overlap[name] <= 0))
+        printf "FAIL\tforward kernel [%s]: no MUFU.EX2 between the S wait and the P.V wait of its main loop: the softmax no longer overlaps P.V (schedule fence lost?)\n", name
       if (!(name in logged)) printf "FAIL\tforward kernel [%s] has no ptxas report in the compile log (stale or incomplete log: run bash scripts/build.sh)\n", name
     }
     if (nk == 0) printf "FAIL\tno forward kernel (entry function whose name contains \"%s\") in the SASS of the library\n", fwd

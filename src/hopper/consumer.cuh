@@ -179,9 +179,9 @@ struct ConsumerTile {
       mask_if_needed(s, t.n_tiles - 1 - it);
       softmax.step<false>(s, alpha, c);
       // ptxas hoists a wgmma wait to the top of its basic block, above independent code: here
-      // above the softmax, which then ran after P·V instead of under it, in every kernel (run
-      // 27, SASS). A branch ends the block.
-      schedule_fence(params.opaque_zero);
+      // above the softmax, which then runs after P·V instead of under it (run 27, SASS). A
+      // branch ends the block where that overlap pays (Cfg::kSoftmaxUnderPv).
+      if constexpr (Cfg::kSoftmaxUnderPv) schedule_fence(params.opaque_zero);
 
       wgmma_wait<0>();  // P·V done: O and P may be touched again
       pin(o);
