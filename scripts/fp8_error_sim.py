@@ -1,6 +1,6 @@
 """FP8 attention error budget in fp64 (CPU, NumPy + ml_dtypes): FlashAttention-3's outlier data,
 N = 4096, d = 128, one head, every row. Splits the RMSE of O into what Q/K, V and P rounding
-contribute, and what V in BF16 or a two-term Q would buy (docs/perf/fp8-accuracy.md).
+contribute, and what V in BF16, a two-term Q or INT8 Q/K would buy (docs/perf/fp8-accuracy.md).
 Usage: pip install numpy ml_dtypes; python3 scripts/fp8_error_sim.py [seed]"""
 import numpy as np, ml_dtypes, sys
 rng=np.random.default_rng(int(sys.argv[1]) if len(sys.argv)>1 else 0)
@@ -69,3 +69,15 @@ def two_term(x):
 print("QK fp8 rotated, V bf16:", rm(attn_custom(Q, K, v)))
 print("two-term Q; K, V fp8:", rm(attn_custom(two_term(q), K, V)))
 print("two-term Q and K; V fp8:", rm(attn_custom(two_term(q), two_term(k), V)))
+# INT8 Q and K after the rotation (Hopper's s8 wgmma runs at the FP8 rate): symmetric per block,
+# scale = amax / 127; the scores are exact integers times the two scales. P and V stay E4M3.
+def int8_block(x, block, rot):
+    if rot: x = (x * signs) @ H.T
+    out = np.empty_like(x)
+    for b0 in range(0, N, block):
+        d = np.abs(x[b0:b0 + block]).max() / 127
+        out[b0:b0 + block] = np.clip(np.rint(x[b0:b0 + block] / d), -127, 127) * d
+    return out
+print("INT8 Q, K per block + H; V, P E4M3:", rm(attn_custom(int8_block(q, 128, True), int8_block(k, 128, True), V)))
+print("INT8 Q, K per block, no H; V, P E4M3:", rm(attn_custom(int8_block(q, 128, False), int8_block(k, 128, False), V)))
+print("INT8 Q, K per block + H; V E4M3, P exact:", rm(attn_custom(int8_block(q, 128, True), int8_block(k, 128, True), V, False)))
