@@ -16,6 +16,17 @@ fi
 grep -E "C75[0-9][0-9]" "$OUT/build.log" | head -5
 echo "build ok"
 stage() { case " $STAGES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+# The details page of /tmp/$1.ncu-rep as text, per-instruction stall samples of the first report
+# of the run, and a summary on the console.
+first=1
+ncu_report() {
+  ncu -i "/tmp/$1.ncu-rep" --page details --print-details all > "$OUT/$1.txt" 2>&1
+  if [ $first = 1 ]; then
+    ncu -i "/tmp/$1.ncu-rep" --page source --print-source sass --csv > "$OUT/$1-sass.csv" 2>&1
+    first=0
+  fi
+  grep -E "Duration|Tensor|Issue Slots Busy|No Eligible|Compute \(SM\) Throughput" "$OUT/$1.txt" | head -12
+}
 if stage primitives; then
   timeout -k 5 120 ./build/test_gpu_primitives > "$OUT/primitives.log" 2>&1
   echo "primitives rc=$?: $(tail -1 "$OUT/primitives.log")"
@@ -78,8 +89,7 @@ if stage python; then
 fi
 if stage ncu; then
   # Nsight Compute on one launch per shape in $NCU_SHAPES ("d:N:causal" ...; 16k tokens, H*d = 2048
-  # as in the sweep): the details page as text, and per-instruction stall samples of the first.
-  first=1
+  # as in the sweep), reported by ncu_report.
   for shape in ${NCU_SHAPES:-128:512:0 64:1024:0}; do
     IFS=: read -r d n c <<< "$shape"
     name="ncu-d$d-n$n-c$c"
@@ -88,12 +98,7 @@ if stage ncu; then
       ./build/warpattn --batch $((16384 / n)) --heads $((2048 / d)) --seqlen-q "$n" --head-dim "$d" \
       --dtype bf16 --causal "$c" --iters 1 --warmup 2 --check-rows 1 > "/tmp/$name.run.log" 2>&1
     echo "ncu $shape rc=$?"
-    ncu -i "/tmp/$name.ncu-rep" --page details --print-details all > "$OUT/$name.txt" 2>&1
-    if [ $first = 1 ]; then
-      ncu -i "/tmp/$name.ncu-rep" --page source --print-source sass --csv > "$OUT/$name-sass.csv" 2>&1
-      first=0
-    fi
-    grep -E "Duration|Tensor|Issue Slots Busy|No Eligible|Compute \(SM\) Throughput" "$OUT/$name.txt" | head -12
+    ncu_report "$name"
   done
 fi
 if stage ncu_fp8; then
@@ -103,7 +108,6 @@ if stage ncu_fp8; then
   # Nsight Compute on the FP8 forward through the installed package (the python stage installs
   # it): one launch per shape in $NCU_FP8_SHAPES ("d:N:causal"), the bench's first kernels
   # named attention_forward are the FP8 ones (the BF16 comparison runs after them).
-  first=1
   for shape in ${NCU_FP8_SHAPES:-256:16384:0}; do
     IFS=: read -r d n c <<< "$shape"
     name="ncu-fp8-d$d-n$n-c$c"
@@ -112,12 +116,7 @@ if stage ncu_fp8; then
       python3 -m warpattn.bench_fp8 --out /tmp/ncu-bench --points d=$d N=$n causal=$c \
       --warmup-ms 1 --rep-ms 1 > "/tmp/$name.run.log" 2>&1)
     echo "ncu fp8 $shape rc=$?"
-    ncu -i "/tmp/$name.ncu-rep" --page details --print-details all > "$OUT/$name.txt" 2>&1
-    if [ $first = 1 ]; then
-      ncu -i "/tmp/$name.ncu-rep" --page source --print-source sass --csv > "$OUT/$name-sass.csv" 2>&1
-      first=0
-    fi
-    grep -E "Duration|Tensor|Issue Slots Busy|No Eligible|Compute \(SM\) Throughput" "$OUT/$name.txt" | head -12
+    ncu_report "$name"
   done
 fi
 # Only 8 files come back from $OUT: everything but the console log goes into one archive.

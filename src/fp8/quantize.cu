@@ -44,21 +44,10 @@ __device__ __forceinline__ float2 unpack2<__half>(uint32_t w) {
 // two elements instead of two conversions and two fp32 maxes. Like fmaxf, max returns the
 // other operand when one is NaN, so a NaN input is ignored as the fp32 amax ignored it.
 template <class T>
-__device__ __forceinline__ uint32_t max_abs2(uint32_t acc, uint32_t w);
-template <>
-__device__ __forceinline__ uint32_t max_abs2<__nv_bfloat16>(uint32_t acc, uint32_t w) {
+__device__ __forceinline__ uint32_t max_abs2(uint32_t acc, uint32_t w) {
+  using Pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
   w &= 0x7fff7fffu;
-  __nv_bfloat162 a, b;
-  memcpy(&a, &acc, 4);
-  memcpy(&b, &w, 4);
-  a = __hmax2(a, b);
-  memcpy(&acc, &a, 4);
-  return acc;
-}
-template <>
-__device__ __forceinline__ uint32_t max_abs2<__half>(uint32_t acc, uint32_t w) {
-  w &= 0x7fff7fffu;
-  __half2 a, b;
+  Pair a, b;
   memcpy(&a, &acc, 4);
   memcpy(&b, &w, 4);
   a = __hmax2(a, b);

@@ -2,7 +2,9 @@
 // which must be copied into the tree first, e.g. into a git-ignored .probe/):
 //   nvcc -std=c++20 -O2 -gencode=arch=compute_90a,code=sm_90a -I.probe -Iinclude -Isrc \
 //        -o p_sw64b tools/probes/p_sw64b.cu && ./p_sw64b
-// Result (session 3, run 31): exact for all three heads, both warpgroups.
+// Result (session 3, run 31): exact for all three heads, both warpgroups. A 2-D variant
+// (run 30) tried other descriptors: only layout type 2 (64-byte swizzle) with SBO 512 and
+// +32 B per k32 step is exact.
 // As the FP8 d=64 kernel: Q tile 128 x 64 B and K tile 128 x 64 B through 5-D maps
 // {64, seqlen, 1, heads, batch} with SWIZZLE_64B; S = Q_wg K^T by m64n128k32 x2 for wg 0 and 1.
 #include "common.cuh"
