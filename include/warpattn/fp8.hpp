@@ -20,7 +20,7 @@ namespace warpattn {
 inline constexpr int kFp8BlockRows = 128;
 
 // Head dimensions with an FP8 kernel.
-inline constexpr int kFp8HeadDims[] = {128, 256};
+inline constexpr int kFp8HeadDims[] = {64, 128, 256};
 
 // Inside every group of 16 keys of Vᵀ, column 16g + s holds key 16g + kFp8KeyOrder[s]. This is
 // the order in which the FP8 P·V GEMM meets P's values in registers (HOPPER-PRIMER.md §5.4):

@@ -16,7 +16,7 @@ import sys
 from warpattn.bench import environment, fmt, make_timer, keep, TOTAL_TOKENS, HIDDEN
 
 GEMM_SIZE = 8192
-HEAD_DIMS = (128, 256)
+HEAD_DIMS = (64, 128, 256)
 LENGTHS = (1024, 4096, 16384)
 
 

@@ -79,7 +79,7 @@ struct ConsumerTile {
         turns{t_.warpgroup},
         m_start(t_.m_block * Cfg::kBlockM),
         row0(t_.m_block * Cfg::kBlockM + t_.warpgroup * 64 + f.row(0)),
-        q_rows(ptx::smem_addr(ss_.q[t_.q_stage]) + t_.warpgroup * 64 * 128),
+        q_rows(ptx::smem_addr(ss_.q[t_.q_stage]) + t_.warpgroup * 64 * Cfg::kSwizzleBytes),
         q_scale(Cfg::kFp8 ? p.scale_log2 * p.q_descale.at(t_.batch, t_.head, t_.m_block) : p.scale_log2) {}
 
   // Scores of key tile n (ordinal it = n_tiles - 1 - n) to log2 units: with FP8, times the

@@ -14,9 +14,11 @@
 
 namespace warpattn::detail {
 
-// K-major 128B-swizzled operand: 8-row groups 1024 B apart; LBO unused (16 B by convention).
+// K-major swizzled operand: 8-row groups 8 x the swizzle width apart; LBO unused (16 B by
+// convention).
+template <int kSwizzleBytes = 128>
 __device__ __forceinline__ uint64_t kmajor_desc(uint32_t addr) {
-  return ptx::make_smem_desc(addr, 16, 1024);
+  return ptx::make_smem_desc(addr, 16, 8 * kSwizzleBytes, kSwizzleBytes);
 }
 
 // Moves a descriptor's start address by a byte offset (a multiple of 16). Shared addresses
@@ -27,14 +29,15 @@ template <class Cfg>
 __device__ __forceinline__ void issue_qk_gemm(float (&s)[Cfg::kBlockN / 2], uint32_t q_rows,
                                               uint32_t k_tile) {
   using Mma = ptx::WgmmaSS<typename Cfg::Element, Cfg::kBlockN>;
-  const uint64_t qd = kmajor_desc(q_rows), kd = kmajor_desc(k_tile);
+  constexpr int kW = Cfg::kSwizzleBytes;
+  const uint64_t qd = kmajor_desc<kW>(q_rows), kd = kmajor_desc<kW>(k_tile);
   ptx::wgmma_fence();
 #pragma unroll
   for (int p = 0; p < Cfg::kPanels; ++p)
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)  // four k16 steps of 32 B inside a 128-byte panel row
-      Mma::mma(s, advance(qd, p * Cfg::kBlockM * 128 + kk * 32),
-               advance(kd, p * Cfg::kBlockN * 128 + kk * 32), p > 0 || kk > 0);
+    for (int kk = 0; kk < kW / 32; ++kk)  // k steps (k16, or k32 for FP8) of 32 B in a panel row
+      Mma::mma(s, advance(qd, p * Cfg::kBlockM * kW + kk * 32), advance(kd, p * Cfg::kBlockN * kW + kk * 32),
+               p > 0 || kk > 0);
 }
 
 template <class Cfg>

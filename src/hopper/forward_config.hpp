@@ -25,9 +25,12 @@ struct ForwardConfig {
   static constexpr int kStages = kStages_;
   static constexpr bool kCausal = kCausal_;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
-  // Head dim in 128-byte panels (64 16-bit or 128 FP8 elements): the width of one
-  // 128B-swizzled TMA box row.
-  static constexpr int kPanels = kHeadDim * kElementBytes / 128;
+  // Q and K rows are stored as panels of kSwizzleBytes (the width of one swizzled TMA box
+  // row): 128 bytes (64 16-bit or 128 FP8 elements), or 64 bytes when a whole row is that
+  // short (FP8 at d = 64).
+  static constexpr int kRowBytes = kHeadDim * kElementBytes;
+  static constexpr int kSwizzleBytes = kRowBytes < 128 ? kRowBytes : 128;
+  static constexpr int kPanels = kRowBytes / kSwizzleBytes;
   // k steps of the P·V GEMM over one key tile (k16, or k32 for FP8).
   static constexpr int kPvSteps = kBlockN / (kFp8 ? 32 : 16);
   // FP8 P is scaled by 2^8 before its conversion (the e4m3 range reaches 448; P <= 1 would
@@ -55,7 +58,8 @@ struct ForwardConfig {
       kQStages_ > 0 ? kQStages_
                     : (2 * kQTileBytes + 2 * kStages * kKVTileBytes + 1024 <= kSharedMemoryLimit ? 2 : 1);
 
-  static_assert(kHeadDim * kElementBytes % 128 == 0, "head dim is stored as 128-byte panels");
+  static_assert(kRowBytes % kSwizzleBytes == 0 && (kSwizzleBytes == 128 || kSwizzleBytes == 64),
+                "rows are stored as 128- or 64-byte swizzled panels");
   static_assert(kBlockN % (kFp8 ? 32 : 16) == 0, "kBlockN is the K extent of the P·V GEMM");
   static_assert(!kFp8 || kBlockN == 128, "FP8 Vᵀ tiles are one 128-byte panel of keys");
   static_assert(kBlockN <= 256 && kHeadDim <= 256, "wgmma N is at most 256");

@@ -31,6 +31,7 @@ void launch_forward_sm90(const ForwardProblem& p, const TensorView& q, const Ten
 void launch_forward_fp8_sm90(const ForwardProblem& p, const Fp8Operands& fp8, const TensorView& out,
                              const std::optional<TensorView>& lse, cudaStream_t stream) {
   switch (p.head_dim) {
+    case 64: return run_forward_fp8_head_dim<64>(p, fp8, out, lse, stream);
     case 128: return run_forward_fp8_head_dim<128>(p, fp8, out, lse, stream);
     case 256: return run_forward_fp8_head_dim<256>(p, fp8, out, lse, stream);
   }

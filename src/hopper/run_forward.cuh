@@ -22,8 +22,8 @@ template <class Cfg>
 void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView& k,
                  const TensorView& v, const TensorView& out, const std::optional<TensorView>& lse,
                  cudaStream_t stream, const Fp8Operands* fp8 = nullptr) {
-  const CUtensorMap tm_q = make_panel_tensor_map(q, "q", Cfg::kBlockM, Cfg::kPanels);
-  const CUtensorMap tm_k = make_panel_tensor_map(k, "k", Cfg::kBlockN, Cfg::kPanels);
+  const CUtensorMap tm_q = make_panel_tensor_map(q, "q", Cfg::kBlockM, Cfg::kPanels, Cfg::kSwizzleBytes);
+  const CUtensorMap tm_k = make_panel_tensor_map(k, "k", Cfg::kBlockN, Cfg::kPanels, Cfg::kSwizzleBytes);
   const CUtensorMap tm_v = Cfg::kFp8 ? make_vt_tensor_map(v, "vt", Cfg::kBlockN)
                                      : make_panel_tensor_map(v, "v", Cfg::kBlockN, Cfg::kPanels);
   ForwardParams params;

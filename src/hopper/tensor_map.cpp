@@ -30,7 +30,7 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 namespace {
 
 CUtensorMap encode(const TensorView& t, const char* name, const cuuint64_t (&dims)[5],
-                   const cuuint64_t (&strides)[4], const cuuint32_t (&box)[5]) {
+                   const cuuint64_t (&strides)[4], const cuuint32_t (&box)[5], int swizzle_bytes) {
   const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
   // TMA has no FP8 type: e4m3 bytes travel as UINT8.
   const CUtensorMapDataType type = t.dtype == DType::bf16   ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
@@ -39,7 +39,7 @@ CUtensorMap encode(const TensorView& t, const char* name, const cuuint64_t (&dim
   CUtensorMap map;
   const CUresult r = tensor_map_encoder()(
       &map, type, 5, t.data, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      swizzle_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     throw Error(std::string(name) + ": cuTensorMapEncodeTiled failed (CUresult " +
@@ -52,10 +52,10 @@ CUtensorMap encode(const TensorView& t, const char* name, const cuuint64_t (&dim
 }  // namespace
 
 CUtensorMap make_panel_tensor_map(const TensorView& t, const char* name, int box_rows,
-                                  int box_panels) {
+                                  int box_panels, int panel_bytes) {
   const int64_t batch = t.shape[0], seqlen = t.shape[1], heads = t.shape[2], dim = t.shape[3];
   const int64_t esize = dtype_size(t.dtype);
-  const int64_t panel = 128 / esize;  // elements in a 128-byte panel row
+  const int64_t panel = panel_bytes / esize;  // elements in a panel row
   // A dimension of size 1 is never stepped over; give it a natural stride so that an
   // arbitrary one (PyTorch keeps any stride there) cannot upset the encoder.
   auto stride_bytes = [&](int axis, int64_t natural) {
@@ -64,11 +64,11 @@ CUtensorMap make_panel_tensor_map(const TensorView& t, const char* name, int box
   const cuuint64_t dims[5] = {static_cast<cuuint64_t>(panel), static_cast<cuuint64_t>(seqlen),
                               static_cast<cuuint64_t>(dim / panel), static_cast<cuuint64_t>(heads),
                               static_cast<cuuint64_t>(batch)};
-  const cuuint64_t strides[4] = {stride_bytes(1, heads * dim), 128, stride_bytes(2, dim),
+  const cuuint64_t strides[4] = {stride_bytes(1, heads * dim), static_cast<cuuint64_t>(panel_bytes), stride_bytes(2, dim),
                                  stride_bytes(0, seqlen * heads * dim)};
   const cuuint32_t box[5] = {static_cast<cuuint32_t>(panel), static_cast<cuuint32_t>(box_rows),
                              static_cast<cuuint32_t>(box_panels), 1, 1};
-  return encode(t, name, dims, strides, box);
+  return encode(t, name, dims, strides, box, panel_bytes);
 }
 
 CUtensorMap make_vt_tensor_map(const TensorView& vt, const char* name, int box_keys) {
@@ -81,7 +81,7 @@ CUtensorMap make_vt_tensor_map(const TensorView& vt, const char* name, int box_k
   const cuuint64_t strides[4] = {stride_bytes(2, keys), stride_bytes(2, keys) * dim, stride_bytes(1, dim * keys),
                                  stride_bytes(0, heads * dim * keys)};
   const cuuint32_t box[5] = {static_cast<cuuint32_t>(box_keys), static_cast<cuuint32_t>(dim), 1, 1, 1};
-  return encode(vt, name, dims, strides, box);
+  return encode(vt, name, dims, strides, box, 128);
 }
 
 }  // namespace warpattn::detail

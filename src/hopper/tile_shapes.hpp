@@ -33,7 +33,7 @@ struct TileShape<256, kCausal> {
 };
 
 // FP8: 128-key tiles (Vᵀ's 128-byte panel); 1-byte operands leave room for two Q buffers and,
-// at d=128, three stages. WARPATTN_TUNE_FP8_STAGES / _QSTAGES override both head dims for
+// at d=64 and 128, three stages. WARPATTN_TUNE_FP8_STAGES / _QSTAGES override both head dims for
 // tuning runs (scripts/bench_fp8_variant.sh).
 #ifndef WARPATTN_TUNE_FP8_STAGES
 #define WARPATTN_TUNE_FP8_STAGES 0

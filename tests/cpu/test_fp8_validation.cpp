@@ -72,9 +72,11 @@ void expect_both(const Fp8Call& c, const std::string& prefix, const std::string&
 
 // A valid call passes validation; without a Hopper GPU it then stops at the device check.
 TEST(fp8_valid_call_reaches_the_device_check) {
-  const Fp8Call c = make_call();
-  for (const std::string& m : {quantize_error(c), forward_error(c)})
-    CHECK(m.empty() || m.find("compute capability 9.0") != std::string::npos) << m;
+  for (int64_t d : {64, 128, 256}) {
+    const Fp8Call c = make_call(d);
+    for (const std::string& m : {quantize_error(c), forward_error(c)})
+      CHECK(m.empty() || m.find("compute capability 9.0") != std::string::npos) << "d=" << d << ": " << m;
+  }
 }
 
 TEST(fp8_rank) {
@@ -102,8 +104,8 @@ TEST(fp8_descale_dtype) {
 }
 
 TEST(fp8_head_dim) {
-  const Fp8Call c = make_call(64);
-  expect_both(c, "q: ", "must be one of 128, 256 for FP8, got 64");
+  const Fp8Call c = make_call(96);
+  expect_both(c, "q: ", "must be one of 64, 128, 256 for FP8, got 96");
 }
 
 TEST(fp8_vt_shape) {

@@ -203,7 +203,7 @@ void run_quantize_case(const QuantizeCase& c) {
 
 TEST(fp8_quantize_matches_reference) {
   REQUIRE_HOPPER();
-  for (int d : {128, 256})
+  for (int d : {64, 128, 256})
     for (bool rotate : {true, false})
       for (auto scaling : {warpattn::Fp8Scaling::per_block, warpattn::Fp8Scaling::per_tensor}) {
         QuantizeCase c;
@@ -339,7 +339,7 @@ void run_forward_case(const ForwardCase& c) {
 
 TEST(fp8_forward_matches_dequantized_reference) {
   REQUIRE_HOPPER();
-  for (int d : {128, 256})
+  for (int d : {64, 128, 256})
     for (bool causal : {false, true}) {
       ForwardCase c;
       c.d = d;
@@ -355,6 +355,7 @@ TEST(fp8_forward_shapes) {
     for (bool causal : {false, true})
       for (DType out : {DType::bf16, DType::f16}) {
         ForwardCase c;
+        c.d = out == DType::f16 ? 64 : 128;  // the 64-byte-swizzled rows too
         c.sq = sq;
         c.sk = sk;
         c.causal = causal;

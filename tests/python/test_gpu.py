@@ -147,7 +147,7 @@ def test_jax_inputs():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
 def test_fp8_against_sdpa(d, causal, out_dtype):
@@ -170,7 +170,7 @@ def test_fp8_errors():
     q = torch.randn(1, 128, 2, 128, device="cuda", dtype=torch.bfloat16)
     ops = warpattn.quantize_fp8(q, q, q)
     with pytest.raises(ValueError, match="q: head_dim"):
-        x = torch.randn(1, 128, 2, 64, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(1, 128, 2, 96, device="cuda", dtype=torch.bfloat16)
         warpattn.quantize_fp8(x, x, x)
     bad = ops._replace(k_descale=ops.k_descale.clone().fill_(0.0))
     with pytest.raises(ValueError, match="k_descale: every descale must be finite and > 0"):

@@ -66,13 +66,16 @@ __device__ __forceinline__ void schedule_fence(uint32_t zero) {
 #endif
 }
 
-// Shared-memory matrix descriptor for a 128-byte-swizzled operand (sm_90 layout type 1).
-// Byte offsets: lbo = leading-dimension offset, sbo = stride between 8-row groups.
-// The base-offset field stays 0 (measured exact for TMA-written tiles).
-__device__ __forceinline__ uint64_t make_smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+// Shared-memory matrix descriptor for a swizzled operand (sm_90 layout type 1 = 128-byte,
+// 2 = 64-byte swizzle). Byte offsets: lbo = leading-dimension offset, sbo = stride between
+// 8-row groups (8 x the swizzle width for a K-major tile). The base-offset field stays 0
+// (measured exact for TMA-written tiles).
+__device__ __forceinline__ uint64_t make_smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo,
+                                                   int swizzle_bytes = 128) {
+  const uint64_t layout = swizzle_bytes == 128 ? 1 : swizzle_bytes == 64 ? 2 : 3;
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
          (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
-         (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
+         (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (layout << 62);
 }
 
 }  // namespace warpattn::ptx
