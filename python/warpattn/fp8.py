@@ -6,7 +6,7 @@
 The operands follow include/warpattn/fp8.hpp: q (B, Sq, Hq, D) and k (B, Sk, Hkv, D) in
 float8_e4m3fn, vt (B, Hkv, D, Sk rounded up to 16) holding V transposed with the keys of every
 16-key group in warpattn.FP8_KEY_ORDER, and float32 descales per block of 128 rows (keys). A
-caller may build them itself. Head dims 128 and 256.
+caller may build them itself. Head dims 64, 128 and 256.
 """
 from typing import NamedTuple, Optional
 

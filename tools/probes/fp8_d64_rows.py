@@ -1,6 +1,7 @@
-# FP8 d=64 diagnosis (session 3, run 33; needs the FP8 d=64 kernel of commit e631253): which
-# operand of the S GEMM reads wrong data. Result: Q=0 with random K gives non-uniform P on odd
-# rows, so odd Q rows are read from somewhere other than the (zero) Q tile.
+# FP8 d=64 diagnosis (session 3, run 33): which operand of the S GEMM reads wrong data, by
+# zeroing one of Q and K. Result then: Q=0 with random K gave non-uniform P on odd rows; the
+# cause was the Q/K tensor map's swizzle (LOG.md runs 36-38). With the fix every case is
+# uniform where it should be.
 import torch, warpattn
 def run(q,k,v):
     ops=warpattn.quantize_fp8(q,k,v,rotate=False)
