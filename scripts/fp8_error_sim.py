@@ -1,10 +1,12 @@
 """FP8 attention error budget in fp64 (CPU, NumPy + ml_dtypes): FlashAttention-3's outlier data,
 N = 4096, d = 128, one head, every row. Splits the RMSE of O into what Q/K, V and P rounding
-contribute, and what V in BF16, a two-term Q or INT8 Q/K would buy (docs/perf/fp8-accuracy.md).
-Usage: pip install numpy ml_dtypes; python3 scripts/fp8_error_sim.py [seed]"""
+contribute, what V in BF16, a two-term Q or INT8 Q/K would buy, and what a ~14-bit tensor-core
+accumulation of P·V costs (docs/perf/fp8-accuracy.md).
+Usage: pip install numpy ml_dtypes; python3 scripts/fp8_error_sim.py [seed [N D [rows]]]
+(rows: how many query rows the RMSE covers, default every row)"""
 import numpy as np, ml_dtypes, sys
 rng=np.random.default_rng(int(sys.argv[1]) if len(sys.argv)>1 else 0)
-N,D=4096,128
+N,D=(int(sys.argv[2]),int(sys.argv[3])) if len(sys.argv)>3 else (4096,128)
 E=ml_dtypes.float8_e4m3fn
 bf=ml_dtypes.bfloat16
 def e4(x): return np.clip(x,-448,448).astype(E).astype(np.float64)
@@ -12,7 +14,7 @@ def data():
     x=rng.standard_normal((N,D)); m=rng.random((N,D))<0.001; x[m]+=10*rng.standard_normal(m.sum())
     return x.astype(bf).astype(np.float64)
 q,k,v=data(),data(),data()
-rows=np.arange(N)
+rows=np.arange(int(sys.argv[4]) if len(sys.argv)>4 else N)
 def ref():
     s=q[rows]@k.T/np.sqrt(D); s-=s.max(1,keepdims=True); p=np.exp(s); return (p@v)/p.sum(1,keepdims=True)
 R=ref()
@@ -81,3 +83,13 @@ def int8_block(x, block, rot):
 print("INT8 Q, K per block + H; V, P E4M3:", rm(attn_custom(int8_block(q, 128, True), int8_block(k, 128, True), V)))
 print("INT8 Q, K per block, no H; V, P E4M3:", rm(attn_custom(int8_block(q, 128, False), int8_block(k, 128, False), V)))
 print("INT8 Q, K per block + H; V E4M3, P exact:", rm(attn_custom(int8_block(q, 128, True), int8_block(k, 128, True), V, False)))
+# QGMMA's accumulator keeps ~14 bits when it adds each k32 step (DeepSeek-V3 report): O after
+# P·V accumulated over k32 steps of keys, truncated toward zero to `bits` mantissa bits each time.
+def trunc(x, bits):
+    m, e = np.frexp(x)
+    return np.ldexp(np.trunc(m * 2.0**bits) / 2.0**bits, e)
+s=(Q[rows]@K.T/np.sqrt(D))*np.log2(np.e); p=np.exp2(s-s.max(1,keepdims=True)+8); p8=e4(p)
+for bits in (23, 14, 13, 12):
+    acc=np.zeros((len(rows),D))
+    for c0 in range(0,N,32): acc=trunc(acc+p8[:,c0:c0+32]@V[c0:c0+32], bits)
+    print("block+H, P·V accumulated to %d bits per k32 step: RMSE %.3e" % (bits, rm(acc/p.sum(1,keepdims=True))))
