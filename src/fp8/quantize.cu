@@ -14,6 +14,7 @@
 
 #include "fp8/quantize.hpp"
 #include "hopper/cuda_check.hpp"
+#include "hopper/ptx/math.cuh"
 
 namespace warpattn::detail {
 namespace {
@@ -25,20 +26,6 @@ constexpr int kBlockRows = kFp8BlockRowsDevice;
 static_assert(kBlockRows == 128, "the thread layouts below assume blocks of 128 rows");
 
 // ------------------------------------------------------------------------------- helpers
-
-// A pair of 16-bit values (element 2i in the low half) to floats: exact for both formats.
-template <class T>
-__device__ __forceinline__ float2 unpack2(uint32_t w);
-template <>
-__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t w) {
-  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
-}
-template <>
-__device__ __forceinline__ float2 unpack2<__half>(uint32_t w) {
-  __half2 h;
-  memcpy(&h, &w, 4);
-  return __half22float2(h);
-}
 
 // acc = max(acc, |w|) on pairs of 16-bit values, in their own format: one max.{bf16,f16}x2 per
 // two elements instead of two conversions and two fp32 maxes. Like fmaxf, max returns the
@@ -56,7 +43,7 @@ __device__ __forceinline__ uint32_t max_abs2(uint32_t acc, uint32_t w) {
 }
 template <class T>
 __device__ __forceinline__ float max_of_pair(uint32_t acc) {
-  const float2 f = unpack2<T>(acc);
+  const float2 f = ptx::unpack_pair<T>(acc);
   return fmaxf(f.x, f.y);
 }
 
@@ -93,6 +80,27 @@ __device__ __forceinline__ float block_max(float x, float* scratch) {
   for (int w = 0; w < kWarpCount; ++w) m = fmaxf(m, scratch[w]);
   __syncthreads();  // scratch may be reused
   return m;
+}
+
+// The block's descale under `mode`, written to *descale by thread 0 into d. amax() reduces the
+// block's amax (all threads call it; not needed under global_amax). Returns false under
+// amax_only: the amax itself was recorded and no codes follow.
+template <class BlockAmax>
+__device__ __forceinline__ bool resolve_descale(QuantizeMode mode, const float* global_amax, float* descale,
+                                                const BlockAmax& amax, float& d) {
+  float scale_amax;
+  if (mode == QuantizeMode::global_amax) {
+    scale_amax = *global_amax;
+  } else {
+    scale_amax = amax();
+    if (mode == QuantizeMode::amax_only) {
+      if (threadIdx.x == 0) *descale = scale_amax;
+      return false;
+    }
+  }
+  d = scale_amax > 0.f ? scale_amax / kE4m3Max : 1.f;
+  if (threadIdx.x == 0) *descale = d;
+  return true;
 }
 
 // 1 / sqrt(D), correctly rounded; a power of two (exact) for D = 64 and 256.
@@ -176,7 +184,7 @@ __global__ void __launch_bounds__(RowsLayout<D, kRotate>::kThreads, RowsLayout<D
       const uint4 m = sign_xor[c + G * k];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const float2 f = unpack2<T>(word(raw[k], q) ^ word(m, q));
+        const float2 f = ptx::unpack_pair<T>(word(raw[k], q) ^ word(m, q));
         x[8 * k + 2 * q] = f.x;
         x[8 * k + 2 * q + 1] = f.y;
       }
@@ -232,22 +240,14 @@ __global__ void __launch_bounds__(RowsLayout<D, kRotate>::kThreads, RowsLayout<D
   }
 
   float* descale = p.descale + batch * p.descale_stride[0] + head * p.descale_stride[1] + block * p.descale_stride[2];
-  float scale_amax;
-  if (p.mode == QuantizeMode::global_amax) {
-    scale_amax = *p.global_amax;  // the block's own amax is not needed
-  } else {
-    amax = block_max<L::kWarps>(amax, scratch);
+  float d;
+  const auto block_amax = [&] {
     // The normalisation of the transform, applied to the max: rounding is monotonic, so this is
     // exactly the max of the normalised values.
-    if constexpr (kRotate) amax *= kInvSqrt<D>;
-    if (p.mode == QuantizeMode::amax_only) {
-      if (threadIdx.x == 0) *descale = amax;
-      return;
-    }
-    scale_amax = amax;
-  }
-  const float d = scale_amax > 0.f ? scale_amax / kE4m3Max : 1.f;
-  if (threadIdx.x == 0) *descale = d;
+    const float m = block_max<L::kWarps>(amax, scratch);
+    return kRotate ? m * kInvSqrt<D> : m;
+  };
+  if (!resolve_descale(p.mode, p.global_amax, descale, block_amax, d)) return;
   const float inv = 1.f / d;
   if (!live) return;
   uint8_t* dst = static_cast<uint8_t*>(p.out) + batch * p.out_stride[0] + row * p.out_stride[1] +
@@ -276,7 +276,7 @@ __global__ void __launch_bounds__(RowsLayout<D, kRotate>::kThreads, RowsLayout<D
       uint32_t w[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float2 a = unpack2<T>(word(raw[k], 2 * h)), b = unpack2<T>(word(raw[k], 2 * h + 1));
+        const float2 a = ptx::unpack_pair<T>(word(raw[k], 2 * h)), b = ptx::unpack_pair<T>(word(raw[k], 2 * h + 1));
         w[h] = e4m3x4(a.x * inv, a.y * inv, b.x * inv, b.y * inv);
       }
       *reinterpret_cast<uint2*>(dst + 8 * c + 8 * G * k) = make_uint2(w[0], w[1]);
@@ -354,19 +354,9 @@ __global__ void __launch_bounds__(VtLayout<D>::kThreads, VtLayout<D>::kMinBlocks
       for (int q = 0; q < 4; ++q) acc = max_abs2<T>(acc, word(raw[u][t], q));
 
   float* descale = p.descale + batch * p.descale_stride[0] + head * p.descale_stride[1] + block * p.descale_stride[2];
-  float scale_amax;
-  if (p.mode == QuantizeMode::global_amax) {
-    scale_amax = *p.global_amax;
-  } else {
-    const float amax = block_max<L::kWarps>(max_of_pair<T>(acc), scratch);
-    if (p.mode == QuantizeMode::amax_only) {
-      if (threadIdx.x == 0) *descale = amax;
-      return;
-    }
-    scale_amax = amax;
-  }
-  const float d_scale = scale_amax > 0.f ? scale_amax / kE4m3Max : 1.f;
-  if (threadIdx.x == 0) *descale = d_scale;
+  float d_scale;
+  const auto block_amax = [&] { return block_max<L::kWarps>(max_of_pair<T>(acc), scratch); };
+  if (!resolve_descale(p.mode, p.global_amax, descale, block_amax, d_scale)) return;
   const float inv = 1.f / d_scale;
 
 #pragma unroll
@@ -378,7 +368,7 @@ __global__ void __launch_bounds__(VtLayout<D>::kThreads, VtLayout<D>::kMinBlocks
     for (int q = 0; q < 4; ++q) {  // values 2q, 2q + 1 of d in each key's chunk
       float2 f[4];
 #pragma unroll
-      for (int t = 0; t < 4; ++t) f[t] = unpack2<T>(word(raw[u][t], q));
+      for (int t = 0; t < 4; ++t) f[t] = ptx::unpack_pair<T>(word(raw[u][t], q));
       *reinterpret_cast<uint32_t*>(at + (2 * q) * kBlockRows) =
           e4m3x4(f[0].x * inv, f[1].x * inv, f[2].x * inv, f[3].x * inv);
       *reinterpret_cast<uint32_t*>(at + (2 * q + 1) * kBlockRows) =
