@@ -82,27 +82,6 @@ __device__ __forceinline__ float block_max(float x, float* scratch) {
   return m;
 }
 
-// The block's descale under `mode`, written to *descale by thread 0 into d. amax() reduces the
-// block's amax (all threads call it; not needed under global_amax). Returns false under
-// amax_only: the amax itself was recorded and no codes follow.
-template <class BlockAmax>
-__device__ __forceinline__ bool resolve_descale(QuantizeMode mode, const float* global_amax, float* descale,
-                                                const BlockAmax& amax, float& d) {
-  float scale_amax;
-  if (mode == QuantizeMode::global_amax) {
-    scale_amax = *global_amax;
-  } else {
-    scale_amax = amax();
-    if (mode == QuantizeMode::amax_only) {
-      if (threadIdx.x == 0) *descale = scale_amax;
-      return false;
-    }
-  }
-  d = scale_amax > 0.f ? scale_amax / kE4m3Max : 1.f;
-  if (threadIdx.x == 0) *descale = d;
-  return true;
-}
-
 // 1 / sqrt(D), correctly rounded; a power of two (exact) for D = 64 and 256.
 template <int D>
 constexpr float kInvSqrt = D == 64 ? 0.125f : D == 128 ? 0.08838834764831844055f : 0.0625f;
@@ -240,14 +219,22 @@ __global__ void __launch_bounds__(RowsLayout<D, kRotate>::kThreads, RowsLayout<D
   }
 
   float* descale = p.descale + batch * p.descale_stride[0] + head * p.descale_stride[1] + block * p.descale_stride[2];
-  float d;
-  const auto block_amax = [&] {
+  float scale_amax;
+  if (p.mode == QuantizeMode::global_amax) {
+    scale_amax = *p.global_amax;  // the block's own amax is not needed
+  } else {
+    amax = block_max<L::kWarps>(amax, scratch);
     // The normalisation of the transform, applied to the max: rounding is monotonic, so this is
     // exactly the max of the normalised values.
-    const float m = block_max<L::kWarps>(amax, scratch);
-    return kRotate ? m * kInvSqrt<D> : m;
-  };
-  if (!resolve_descale(p.mode, p.global_amax, descale, block_amax, d)) return;
+    if constexpr (kRotate) amax *= kInvSqrt<D>;
+    if (p.mode == QuantizeMode::amax_only) {
+      if (threadIdx.x == 0) *descale = amax;
+      return;
+    }
+    scale_amax = amax;
+  }
+  const float d = scale_amax > 0.f ? scale_amax / kE4m3Max : 1.f;
+  if (threadIdx.x == 0) *descale = d;
   const float inv = 1.f / d;
   if (!live) return;
   uint8_t* dst = static_cast<uint8_t*>(p.out) + batch * p.out_stride[0] + row * p.out_stride[1] +
@@ -354,9 +341,19 @@ __global__ void __launch_bounds__(VtLayout<D>::kThreads, VtLayout<D>::kMinBlocks
       for (int q = 0; q < 4; ++q) acc = max_abs2<T>(acc, word(raw[u][t], q));
 
   float* descale = p.descale + batch * p.descale_stride[0] + head * p.descale_stride[1] + block * p.descale_stride[2];
-  float d_scale;
-  const auto block_amax = [&] { return block_max<L::kWarps>(max_of_pair<T>(acc), scratch); };
-  if (!resolve_descale(p.mode, p.global_amax, descale, block_amax, d_scale)) return;
+  float scale_amax;
+  if (p.mode == QuantizeMode::global_amax) {
+    scale_amax = *p.global_amax;
+  } else {
+    const float amax = block_max<L::kWarps>(max_of_pair<T>(acc), scratch);
+    if (p.mode == QuantizeMode::amax_only) {
+      if (threadIdx.x == 0) *descale = amax;
+      return;
+    }
+    scale_amax = amax;
+  }
+  const float d_scale = scale_amax > 0.f ? scale_amax / kE4m3Max : 1.f;
+  if (threadIdx.x == 0) *descale = d_scale;
   const float inv = 1.f / d_scale;
 
 #pragma unroll
