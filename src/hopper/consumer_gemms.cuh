@@ -16,7 +16,7 @@ namespace warpattn::detail {
 
 // K-major swizzled operand: 8-row groups 8 x the swizzle width apart; LBO unused (16 B by
 // convention).
-template <int kSwizzleBytes = 128>
+template <int kSwizzleBytes>
 __device__ __forceinline__ uint64_t kmajor_desc(uint32_t addr) {
   return ptx::make_smem_desc(addr, 16, 8 * kSwizzleBytes, kSwizzleBytes);
 }
@@ -47,13 +47,13 @@ __device__ __forceinline__ void issue_pv_gemm(float (&o)[Cfg::kHeadDim / 2],
   using Mma = ptx::WgmmaRS<typename Cfg::Element, Cfg::kHeadDim>;
   if constexpr (Cfg::kFp8) {
     // Vᵀ: head_dim rows of 128 keys (128 B), K-major; each k32 step is 32 B further.
-    const uint64_t vd = kmajor_desc(v_tile);
+    const uint64_t vd = kmajor_desc<128>(v_tile);
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Cfg::kPvSteps; ++kk) Mma::mma(o, p[kk], advance(vd, kk * 32), 1);
   } else {
     // MN-major V: LBO = distance between 64-column panels, SBO = between 8-key groups.
-    const uint64_t vd = ptx::make_smem_desc(v_tile, Cfg::kBlockN * 128, 1024);
+    const uint64_t vd = ptx::make_smem_desc(v_tile, Cfg::kBlockN * 128, 1024, 128);
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Cfg::kPvSteps; ++kk)  // 16 keys = 16 rows of 128 B per step

@@ -36,15 +36,15 @@ struct ForwardConfig {
   // FP8 P is scaled by 2^8 before its conversion (the e4m3 range reaches 448; P <= 1 would
   // waste it), undone in the LSE; O and the row sums carry the same factor, so it cancels.
   static constexpr float kPLog2Offset = kFp8 ? 8.f : 0.f;
-  // setmaxnreg split. The pool is the launch allocation: 384 threads x 168 registers =
-  // 64,512 = 128 x 40 + 256 x 232; a split over it makes the consumers' .inc wait forever.
-  // The producer needs 40 since it also chooses tiles (24 spilled); the consumers fit in 232
-  // with no spill at every head dim.
   // Keep the P·V wait below the softmax (ptx::schedule_fence), so the softmax runs while P·V
   // is on the tensor cores. Measured beside the ptxas schedule that waits first (runs 28-29,
   // N = 16k, same process): d = 256 +0.6..2.2% bf16, -0.3..+1.8% FP8; d = 128 -3..+3%; d = 64
   // -3.5..-5% bf16 (its P·V is short, and the ping-pong already hides the softmax).
   static constexpr bool kSoftmaxUnderPv = kHeadDim == 256;
+  // setmaxnreg split. The pool is the launch allocation: 384 threads x 168 registers =
+  // 64,512 = 128 x 40 + 256 x 232; a split over it makes the consumers' .inc wait forever.
+  // The producer needs 40 since it also chooses tiles (24 spilled); the consumers fit in 232
+  // with no spill at every head dim.
   static constexpr bool kWideConsumers = kFp8 && kHeadDim == 256;
   static constexpr int kProducerRegisters = kWideConsumers ? 24 : 40;
   static constexpr int kConsumerRegisters = kWideConsumers ? 240 : 232;

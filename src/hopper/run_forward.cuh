@@ -25,7 +25,7 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
   const CUtensorMap tm_q = make_panel_tensor_map(q, "q", Cfg::kBlockM, Cfg::kPanels, Cfg::kSwizzleBytes);
   const CUtensorMap tm_k = make_panel_tensor_map(k, "k", Cfg::kBlockN, Cfg::kPanels, Cfg::kSwizzleBytes);
   const CUtensorMap tm_v = Cfg::kFp8 ? make_vt_tensor_map(v, "vt", Cfg::kBlockN)
-                                     : make_panel_tensor_map(v, "v", Cfg::kBlockN, Cfg::kPanels);
+                                     : make_panel_tensor_map(v, "v", Cfg::kBlockN, Cfg::kPanels, Cfg::kSwizzleBytes);
   ForwardParams params;
   if constexpr (Cfg::kFp8) {
     const auto descales = [](const TensorView& t) {

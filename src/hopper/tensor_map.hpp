@@ -13,7 +13,7 @@ namespace warpattn::detail {
 // panel_bytes generalises the 128-byte panel: FP8 e4m3 tensors use 128-element panels, and
 // at d = 64 one 64-byte panel per row, 64B-swizzled ({64, seqlen, 1, heads, batch}).
 CUtensorMap make_panel_tensor_map(const TensorView& t, const char* name, int box_rows,
-                                  int box_panels, int panel_bytes = 128);
+                                  int box_panels, int panel_bytes);
 
 // FP8's Vᵀ (batch, heads, head_dim, keys) as {keys, head_dim, 1, heads, batch}: one box
 // {box_keys (128 = one 128-byte panel), head_dim, 1, 1, 1} lands as [d][128 B], 128B-swizzled,

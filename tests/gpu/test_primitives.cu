@@ -109,8 +109,8 @@ TEST(tma_tile_load_with_rows_past_the_end_and_clipped_store) {
   const auto vals = small_ints(B * S * H * D, 11);
   upload(in, vals);
   out.poison();
-  const CUtensorMap m_in = make_panel_tensor_map(in.view, "in", kRows, kPanels);
-  const CUtensorMap m_out = make_panel_tensor_map(out.view, "out", kRows, 1);
+  const CUtensorMap m_in = make_panel_tensor_map(in.view, "in", kRows, kPanels, 128);
+  const CUtensorMap m_out = make_panel_tensor_map(out.view, "out", kRows, 1, 128);
   uint8_t* dump;
   int* status;
   CUDA_OK(cudaMalloc(&dump, kRows * kPanels * 128));
@@ -206,7 +206,7 @@ void check_ring() {
   DeviceTensor t(DType::bf16, 1, distinct * 64, 1, 64, false);
   const auto vals = small_ints(distinct * 64 * 64, 5);
   upload(t, vals);
-  const CUtensorMap map = make_panel_tensor_map(t.view, "t", 64, 1);
+  const CUtensorMap map = make_panel_tensor_map(t.view, "t", 64, 1, 128);
   int *sums, *status;
   CUDA_OK(cudaMalloc(&sums, tiles * 2 * 4));
   CUDA_OK(cudaMalloc(&status, 4));
@@ -352,8 +352,8 @@ void check_qk() {
   const auto qv = small_ints(M * D, 21), kv = small_ints(N * D, 22);
   upload(q, qv);
   upload(k, kv);
-  const CUtensorMap tq = make_panel_tensor_map(q.view, "q", M, Cfg::kPanels);
-  const CUtensorMap tk = make_panel_tensor_map(k.view, "k", N, Cfg::kPanels);
+  const CUtensorMap tq = make_panel_tensor_map(q.view, "q", M, Cfg::kPanels, Cfg::kSwizzleBytes);
+  const CUtensorMap tk = make_panel_tensor_map(k.view, "k", N, Cfg::kPanels, Cfg::kSwizzleBytes);
   float* out;
   int* status;
   CUDA_OK(cudaMalloc(&out, M * N * 4));
@@ -388,7 +388,7 @@ void check_pv() {
   std::vector<float> pm(M * N);
   std::mt19937_64 rng(32);
   for (auto& x : pm) x = static_cast<float>(static_cast<int>(rng() % 5) - 2);
-  const CUtensorMap tv = make_panel_tensor_map(v.view, "v", N, Cfg::kPanels);
+  const CUtensorMap tv = make_panel_tensor_map(v.view, "v", N, Cfg::kPanels, Cfg::kSwizzleBytes);
   float *d_p, *out;
   int* status;
   CUDA_OK(cudaMalloc(&d_p, M * N * 4));

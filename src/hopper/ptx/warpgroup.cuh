@@ -71,7 +71,7 @@ __device__ __forceinline__ void schedule_fence(uint32_t zero) {
 // 8-row groups (8 x the swizzle width for a K-major tile). The base-offset field stays 0
 // (measured exact for TMA-written tiles).
 __device__ __forceinline__ uint64_t make_smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo,
-                                                   int swizzle_bytes = 128) {
+                                                   int swizzle_bytes) {
   const uint64_t layout = swizzle_bytes == 128 ? 1 : swizzle_bytes == 64 ? 2 : 3;
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
          (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
