@@ -7,7 +7,7 @@
 // 128 * 127^2 (the d = 256 bound, 256 * 127^2, is below 2^22 too).
 // Build and run on the H200 from the repository root, with ../shared/probes copied to .probe/:
 //   nvcc -std=c++20 -O2 -gencode=arch=compute_90a,code=sm_90a -I.probe -o p_s8 tools/probes/p_s8_scores.cu && ./p_s8
-#include "common.cuh"
+#include "tile_setup.cuh"
 #include "wgmma_ops.cuh"
 constexpr uint64_t WAIT_NS = 200000000ull;
 
@@ -39,10 +39,7 @@ __global__ void k(const __grid_constant__ CUtensorMap mQ, const __grid_constant_
                   float* F, int* status) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t bar;
-  const uint32_t raw = smem_u32(smem_raw);
-  if (threadIdx.x == 0) { mbar_init(smem_u32(&bar), 1); fence_barrier_init(); }
-  __syncthreads();
-  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint32_t base = init_barrier_and_tile_base(smem_raw, &bar);
   const uint32_t sQ = base, sK = base + 8192;
   if (threadIdx.x == 0) {
     mbar_arrive_expect_tx(smem_u32(&bar), 8192 + 16384);

@@ -7,7 +7,7 @@
 // +32 B per k32 step is exact.
 // As the FP8 d=64 kernel: Q tile 128 x 64 B and K tile 128 x 64 B through 5-D maps
 // {64, seqlen, 1, heads, batch} with SWIZZLE_64B; S = Q_wg K^T by m64n128k32 x2 for wg 0 and 1.
-#include "common.cuh"
+#include "tile_setup.cuh"
 #include <cuda_fp8.h>
 #include "wgmma_ops.cuh"
 #include "hopper/ptx/wgmma_ops.cuh"
@@ -22,10 +22,7 @@ __device__ __forceinline__ void tma5(uint32_t dst, const CUtensorMap* map, uint3
 __global__ void k(const __grid_constant__ CUtensorMap mQ, const __grid_constant__ CUtensorMap mK, float* S, int* status, int head) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t bar;
-  const uint32_t raw = smem_u32(smem_raw);
-  if (threadIdx.x == 0) { mbar_init(smem_u32(&bar), 1); fence_barrier_init(); }
-  __syncthreads();
-  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint32_t base = init_barrier_and_tile_base(smem_raw, &bar);
   const uint32_t sQ = base, sK = base + 8192;
   if (threadIdx.x == 0) {
     mbar_arrive_expect_tx(smem_u32(&bar), 16384);
