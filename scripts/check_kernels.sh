@@ -14,7 +14,8 @@
 #   3. There must be at least one forward kernel: an entry function whose name contains
 #      "attention_forward". With none, the check fails instead of passing vacuously.
 #   4. Each forward kernel must contain wgmma instructions of its type: HGMMA (fp16/bf16),
-#      QGMMA (FP8 kernels, whose names carry __nv_fp8_e4m3).
+#      QGMMA (FP8 kernels, whose names carry __nv_fp8_e4m3), and IGMMA as well in the FP8
+#      kernels with INT8 Q and K (QKElement int8_t: their mangled names end in "aEEEEv").
 #   5. Each forward kernel must have a ptxas report in the log. Without one, the log is stale
 #      or incomplete, so checks 1 and 2 would have seen too little.
 #   6. Each function named as in check 1 must have STACK:0 and LOCAL:0 in cuobjdump
@@ -48,6 +49,7 @@ HOPPER_RE='attention_forward|hopper'   # names under checks 1 and 6
 FORWARD_RE='attention_forward'         # forward kernels: checks 3-5
 GMMA_RE='[[:space:]]HGMMA[.]'
 QGMMA_RE='[[:space:]]QGMMA[.]'
+IGMMA_RE='[[:space:]]IGMMA[.]'
 TOOLS_VERSION=13.2.86
 
 FAILED=0
@@ -202,13 +204,14 @@ awk '
     print "U\t" name "\t" reg + 0 "\t" stk + 0 "\t" loc + 0; name = ""
   }
 ' "$TMP/res-usage.txt" >> "$TMP/records.tsv"
-awk -v gmma="$GMMA_RE" -v qgmma="$QGMMA_RE" '
-  function emit() { if (name != "") print "S\t" arch "\t" name "\t" n "\t" q; name = "" }
+awk -v gmma="$GMMA_RE" -v qgmma="$QGMMA_RE" -v igmma="$IGMMA_RE" '
+  function emit() { if (name != "") print "S\t" arch "\t" name "\t" n "\t" q "\t" i8; name = "" }
   /^Fatbin / { emit(); arch = "?" }
   /code for sm_/ { emit(); arch = $NF }
-  /^[ \t]*Function : / { emit(); name = $NF; n = 0; q = 0; next }
+  /^[ \t]*Function : / { emit(); name = $NF; n = 0; q = 0; i8 = 0; next }
   name != "" && $0 ~ gmma { n++ }
   name != "" && $0 ~ qgmma { q++ }
+  name != "" && $0 ~ igmma { i8++ }
   END { emit() }
 ' "$TMP/sass.txt" >> "$TMP/records.tsv"
 # O <name> <n>: MUFU.EX2 between the first S wait (gsb0, 0x1) and the P·V wait after it.
@@ -229,6 +232,7 @@ awk -F '\t' -v fwd="$FORWARD_RE" -v hop="$HOPPER_RE" '
   $1 == "U" { if (!($2 in reg) || $3 > reg[$2]) reg[$2] = $3
               if ($4 + $5 > 0 && $2 ~ hop) printf "FAIL\tkernel [%s]: cuobjdump -res-usage shows STACK:%d LOCAL:%d (must be 0)\n", $2, $4, $5 }
   $1 == "S" { k = $2 SUBSEP $3; if (!(k in g) || $4 < g[k]) g[k] = $4; if (!(k in gq) || $5 < gq[k]) gq[k] = $5
+              if (!(k in gi) || $6 < gi[k]) gi[k] = $6
               order[++ns] = k }
   $1 == "F" { if (($2 == "sm_90a" || $2 == "?")) logged[$3] = 1 }
   $1 == "O" { overlap[$2] = $3 }
@@ -240,9 +244,11 @@ awk -F '\t' -v fwd="$FORWARD_RE" -v hop="$HOPPER_RE" '
       if (n_entry > 0 && !(name in entry)) continue   # a device function, not a kernel
       nk++
       fp8 = name ~ /fp8_e4m3/
-      printf "K\t%s\t%s\t%s\t%s\n", arch, name, fp8 ? gq[k] " QGMMA" : g[k] " HGMMA", (name in reg) ? reg[name] : "?"
+      int8qk = fp8 && name ~ /aEEEEv/
+      printf "K\t%s\t%s\t%s\t%s\n", arch, name, fp8 ? gq[k] " QGMMA" (int8qk ? " " gi[k] " IGMMA" : "") : g[k] " HGMMA", (name in reg) ? reg[name] : "?"
       if (!fp8 && g[k] == 0) printf "FAIL\tforward kernel [%s] (%s) has no HGMMA in its SASS: the WGMMA path was not compiled\n", name, arch
       if (fp8 && gq[k] == 0) printf "FAIL\tFP8 forward kernel [%s] (%s) has no QGMMA in its SASS: the FP8 WGMMA path was not compiled\n", name, arch
+      if (int8qk && gi[k] == 0) printf "FAIL\tINT8-Q/K forward kernel [%s] (%s) has no IGMMA in its SASS: its S GEMM is not s8\n", name, arch
       if (arch != "sm_90a") printf "FAIL\tforward kernel [%s] is compiled for %s, expected sm_90a\n", name, arch
       if (name ~ /Li256E/ && (!(name in overlap) || overlap[name] <= 0))
         printf "FAIL\tforward kernel [%s]: no MUFU.EX2 between the S wait and the P.V wait of its main loop: the softmax no longer overlaps P.V (schedule fence lost?)\n", name

@@ -7,6 +7,12 @@
 // normalised Walsh-Hadamard transform, the same on both, so q.k is unchanged in exact
 // arithmetic) and scales per block of 128 rows (the kernel's tiles) or per tensor. A caller
 // may also make the operands itself: Fp8Operands says exactly what forward_fp8 reads.
+//
+// Q and K may instead be INT8 (DType::s8; P and V stay e4m3), as SageAttention does: after the
+// rotation a block of Q or K is close to Gaussian, and INT8's uniform step (amax / 127) then
+// carries about 3x less error than E4M3's 3-bit mantissa (docs/perf/fp8-accuracy.md). Hopper's
+// s8 wgmma runs at the FP8 rate and its int32 scores are exact, so the cost is two integer/float
+// adds per score. Choose it by giving quantize_fp8 s8 tensors for q and k.
 #pragma once
 
 #include <cstdint>
@@ -30,12 +36,13 @@ inline constexpr int kFp8KeyOrder[16] = {0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13,
 // Sk rounded up to a multiple of 16: the key count of Vᵀ's rows.
 constexpr int64_t fp8_padded_keys(int64_t seqlen_k) { return (seqlen_k + 15) / 16 * 16; }
 
-// The operands of forward_fp8 (dtype e4m3 for q, k, vt; float32 for the descales):
+// The operands of forward_fp8 (dtype e4m3 for vt; e4m3 or s8 for q and k, the same for both;
+// float32 for the descales):
 //   q         (B, Sq, Hq, D)
 //   k         (B, Sk, Hkv, D)
 //   vt        (B, Hkv, D, fp8_padded_keys(Sk)): V transposed, keys in kFp8KeyOrder, zero past Sk
 //   q_descale (B, Hq, ceil(Sq / 128));  k_descale, v_descale (B, Hkv, ceil(Sk / 128))
-// The value an element stands for is its e4m3 value times the descale of its block.
+// The value an element stands for is its e4m3 (or integer) value times the descale of its block.
 // q, k and vt follow the TMA rules of forward(); descales need only positive strides, except
 // that forward_fp8 also takes a zero stride over the blocks: one descale per (batch, head), as
 // FlashAttention-3's API takes them.
@@ -44,7 +51,7 @@ struct Fp8Operands {
 };
 
 enum class Fp8Scaling : int {
-  per_block = 0,   // one descale per 128 rows (keys) per head: block amax / 448
+  per_block = 0,   // one descale per 128 rows (keys) per head: block amax / 448 (s8: / 127)
   per_tensor = 1,  // one descale for the whole tensor (every block gets the same value)
 };
 
@@ -54,9 +61,11 @@ struct QuantizeOptions {
   Fp8Scaling scaling = Fp8Scaling::per_block;
 };
 
-// Writes `fp8` from q, k, v (fp16 or bf16, the layouts and rules of forward()). One pass reads
-// each input once under per-block scaling; per-tensor scaling reads Q and K twice (amax, then
-// codes). Nothing is written if an argument is invalid.
+// Writes `fp8` from q, k, v (fp16 or bf16, the layouts and rules of forward()); fp8.q and fp8.k
+// e4m3, or both s8 for INT8 codes (rounded to nearest even, within +-127). One pass reads each
+// input once under per-block scaling; per-tensor scaling reads Q and K twice (amax, then
+// codes). Nothing is written if an argument is invalid. A NaN input gives NaN codes (e4m3), or
+// for s8 a NaN descale for its block (per tensor: for the tensor), so it reaches the output.
 void quantize_fp8(const TensorView& q, const TensorView& k, const TensorView& v, const Fp8Operands& fp8,
                   const QuantizeOptions& options, cudaStream_t stream = nullptr);
 

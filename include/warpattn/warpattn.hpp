@@ -19,10 +19,11 @@
 namespace warpattn {
 
 // e4m3: FP8 E4M3 ("float8_e4m3fn"), the operand type of forward_fp8 (warpattn/fp8.hpp).
-enum class DType : int { f16 = 0, bf16 = 1, f32 = 2, e4m3 = 3 };
+// e4m3 and s8 are operand types of forward_fp8 only (warpattn/fp8.hpp).
+enum class DType : int { f16 = 0, bf16 = 1, f32 = 2, e4m3 = 3, s8 = 4 };
 
 // Bytes per element of a dtype.
-constexpr int dtype_size(DType t) { return t == DType::f32 ? 4 : (t == DType::e4m3 ? 1 : 2); }
+constexpr int dtype_size(DType t) { return t == DType::f32 ? 4 : (t == DType::e4m3 || t == DType::s8 ? 1 : 2); }
 const char* dtype_name(DType t);
 
 // A strided view of device memory. Strides are in elements, not bytes.

@@ -55,14 +55,16 @@ warpattn::TensorView view_of(const AnyArray& a, const char* name) { return view_
 bool on_cuda(const AnyArray& a) { return a.device_type() == nb::device::cuda::value; }
 
 // FP8 operands travel as uint8 (the Python side views float8_e4m3fn tensors as bytes, since
-// not every framework exports FP8 through DLPack): the byte tensors are e4m3.
+// not every framework exports FP8 through DLPack): the byte tensors are e4m3. int8 tensors
+// are INT8 Q and K (the library checks that only those are).
 warpattn::TensorView fp8_view_of(const AnyArray& a, const char* name) {
   const nb::dlpack::dtype t = a.dtype();
-  if (!(t.bits == 8 && t.lanes == 1 && t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt)))
-    throw nb::type_error((std::string(name) + ": expected the bytes of an e4m3 tensor (uint8 view), got DLPack dtype code " +
-                          std::to_string(t.code) + " with " + std::to_string(t.bits) + " bits")
-                             .c_str());
-  return view_as(a, name, warpattn::DType::e4m3);
+  const bool bytes = t.bits == 8 && t.lanes == 1;
+  if (bytes && t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt)) return view_as(a, name, warpattn::DType::e4m3);
+  if (bytes && t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Int)) return view_as(a, name, warpattn::DType::s8);
+  throw nb::type_error((std::string(name) + ": expected the bytes of an e4m3 tensor (uint8 view) or int8, got DLPack dtype code " +
+                        std::to_string(t.code) + " with " + std::to_string(t.bits) + " bits")
+                           .c_str());
 }
 
 warpattn::ForwardOptions forward_options(std::optional<float> softmax_scale, bool causal) {
@@ -162,10 +164,11 @@ NB_MODULE(_warpattn, m) {
   m.def("quantize_fp8", &quantize_fp8, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("fp8_q"), nb::arg("fp8_k"),
         nb::arg("vt"), nb::arg("q_descale"), nb::arg("k_descale"), nb::arg("v_descale"), nb::arg("rotate"),
         nb::arg("seed"), nb::arg("per_tensor"), nb::arg("stream"),
-        "Writes the FP8 operands of forward_fp8 (e4m3 bytes as uint8 tensors, fp32 descales); see warpattn/fp8.hpp.");
+        "Writes the FP8 operands of forward_fp8 (e4m3 bytes as uint8 tensors, or int8 for INT8 Q and K; fp32 "
+        "descales); see warpattn/fp8.hpp.");
   m.def("forward_fp8", &forward_fp8, nb::arg("q"), nb::arg("k"), nb::arg("vt"), nb::arg("q_descale"),
         nb::arg("k_descale"), nb::arg("v_descale"), nb::arg("out"), nb::arg("lse").none(),
         nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("stream"), nb::arg("check_descales") = true,
         "FP8 attention on quantize_fp8's operands; out fp16 or bf16.");
-  m.attr("fp8_head_dims") = nb::make_tuple(128, 256);
+  m.attr("fp8_head_dims") = nb::make_tuple(64, 128, 256);
 }

@@ -72,12 +72,21 @@ def bench_point(torch, timer, p):
         _warpattn.forward_fp8(qb, kb, vtb, ops.q_descale, ops.k_descale, ops.v_descale, out, None,
                               None, p["causal"], stream, False)
 
+    # The INT8-Q/K variant on the same tensors (its own operands; V and P stay e4m3).
+    ops8 = warpattn.quantize_fp8(q, k, v, qk_dtype=torch.int8)
+    out8 = torch.empty_like(q)
+
+    def int8qk_forward():
+        _warpattn.forward_fp8(ops8.q, ops8.k, ops8.vt.view(torch.uint8), ops8.q_descale, ops8.k_descale,
+                              ops8.v_descale, out8, None, None, p["causal"], stream, False)
+
     def quantize():
         warpattn.quantize_fp8(q, k, v)
 
     row = dict(p)
     row["fp8_ms"] = round(timer(fp8_forward), 5)
     row["fp8_tflops"] = tf(row["fp8_ms"])
+    row["int8qk_tflops"] = tf(timer(int8qk_forward))
     row["quantize_ms"] = round(timer(quantize), 5)
     row["end_to_end_tflops"] = tf(row["fp8_ms"] + row["quantize_ms"])
     # The pass reads Q, K, V (2 bytes each) and writes them back as 1 byte; a device copy of
@@ -97,6 +106,8 @@ def bench_point(torch, timer, p):
             lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=p["causal"])))
     ref = ref.transpose(1, 2).float()
     row["rel_l2_vs_cudnn"] = round(float((fp8_out.float() - ref).norm() / ref.norm()), 5)
+    int8qk_forward()
+    row["int8qk_rel_l2_vs_cudnn"] = round(float((out8.float() - ref).norm() / ref.norm()), 5)
     # On N(0, 1) data O averages thousands of values, so Q and K's E4M3 rounding shows at
     # ~5% of |O| (run 22); a layout or scale error gives ~100%.
     row["check"] = "PASS" if row["rel_l2_vs_cudnn"] < 0.1 else "FAIL"
@@ -112,19 +123,21 @@ def markdown(env, gemm, method, rows):
              "torch.randn BF16 inputs, FP8 operands from warpattn.quantize_fp8 (Hadamard rotation, "
              "per-block scales). FP8 GEMM ceiling (torch._scaled_mm e4m3 %d³, BF16 out): %s TFLOP/s. "
              "*quantize*: the FP8 pass alone (reads Q, K, V once, writes e4m3), beside a device copy "
-             "of Q, K, V. *end to end* = quantize + FP8 forward. *check*: FP8 output vs cuDNN BF16, "
-             "rel L2 < 0.1." % (method, GEMM_SIZE, fmt(gemm, ".1f")), "",
-             "| d | N | causal | FP8 | FP8 / GEMM | end to end | BF16 warpattn | cuDNN BF16 | quantize ms | "
-             "quantize GB/s | copy GB/s | check (rel L2) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "of Q, K, V. *end to end* = quantize + FP8 forward. *INT8 Q/K*: the same forward with Q "
+             "and K in INT8 (quantize_fp8(qk_dtype=torch.int8)), its rel L2 vs cuDNN in brackets. "
+             "*check*: FP8 output vs cuDNN BF16, rel L2 < 0.1." % (method, GEMM_SIZE, fmt(gemm, ".1f")), "",
+             "| d | N | causal | FP8 | FP8 / GEMM | INT8 Q/K (rel L2) | end to end | BF16 warpattn | cuDNN BF16 | "
+             "quantize ms | quantize GB/s | copy GB/s | check (rel L2) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("error"):
             lines.append("| %d | %d | %s | error: %s |" % (r["d"], r["N"], "yes" if r["causal"] else "no",
                                                            r["error"][:200]))
             continue
-        lines.append("| %d | %d | %s | %s | %.2f | %s | %s | %s | %.3f | %s | %s | %s (%.2e) |" % (
+        lines.append("| %d | %d | %s | %s | %.2f | %s (%.2e) | %s | %s | %s | %.3f | %s | %s | %s (%.2e) |" % (
             r["d"], r["N"], "yes" if r["causal"] else "no", fmt(r["fp8_tflops"], ".1f"),
-            r["fp8_tflops"] / gemm, fmt(r["end_to_end_tflops"], ".1f"), fmt(r["bf16_tflops"], ".1f"),
+            r["fp8_tflops"] / gemm, fmt(r["int8qk_tflops"], ".1f"), r["int8qk_rel_l2_vs_cudnn"],
+            fmt(r["end_to_end_tflops"], ".1f"), fmt(r["bf16_tflops"], ".1f"),
             fmt(r["cudnn_bf16_tflops"], ".1f"), r["quantize_ms"], fmt(r["quantize_GBps"], ".0f"),
             fmt(r["copy_GBps"], ".0f"), r["check"], r["rel_l2_vs_cudnn"]))
     return "\n".join(lines) + "\n"

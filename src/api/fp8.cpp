@@ -58,6 +58,7 @@ void quantize_rows(const TensorView& in, const TensorView& out, const TensorView
   p.descale = static_cast<float*>(descale.data);
   copy3(p.descale_stride, descale.stride);
   p.seqlen = static_cast<int>(in.shape[1]);
+  p.int8_codes = out.dtype == DType::s8;
   p.rotate = options.rotate;
   for (int i = 0; i < head_dim; ++i)
     if (fp8_sign_is_negative(options.seed, i)) p.signs[i / 64] |= uint64_t(1) << (i % 64);

@@ -415,7 +415,14 @@ ProblemSizes validate_fp8_operands(const Fp8Operands& f) {
   for (const Arg* a : scales) check_sizes_not_negative(*a);
   for (const Arg* a : tensors) check_not_null(*a);
   for (const Arg* a : scales) check_not_null(*a);
-  for (const Arg* a : tensors) check_dtype(*a, DType::e4m3);
+  // Q and K: e4m3, or both INT8 (the S GEMM in s8); Vᵀ is e4m3 either way.
+  if (f.q.dtype != DType::e4m3 && f.q.dtype != DType::s8) {
+    Message m;
+    m << "q: expected dtype float8_e4m3fn or int8, got " << dtype_name(f.q.dtype);
+    fail(m);
+  }
+  check_dtype(ak, f.q.dtype);
+  check_dtype(avt, DType::e4m3);
   for (const Arg* a : scales) check_dtype(*a, DType::f32);
   const int64_t head_dim = f.q.shape[3];
   bool supported = false;

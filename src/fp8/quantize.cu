@@ -1,5 +1,6 @@
 // The FP8 quantisation pass on the GPU: Q and K rows (optionally rotated) and V (transposed,
-// keys in kFp8KeyOrder) to E4M3, with one descale per block of 128 rows per head.
+// keys in kFp8KeyOrder) to E4M3, with one descale per block of 128 rows per head; Q and K
+// optionally to INT8 instead.
 //
 // One CTA per (block of 128 rows, head, batch). The pass is memory bound, so the block stays in
 // registers between its amax and its codes (staging it in shared memory as fp32 needed up to
@@ -22,29 +23,45 @@ namespace {
 constexpr int kThreads = 256;  // max_reduce_kernel
 constexpr int kWarps = kThreads / 32;
 constexpr float kE4m3Max = 448.f;
+constexpr float kInt8Max = 127.f;  // symmetric: -128 is never written
 constexpr int kBlockRows = kFp8BlockRowsDevice;
 static_assert(kBlockRows == 128, "the thread layouts below assume blocks of 128 rows");
 
 // ------------------------------------------------------------------------------- helpers
 
+// The amax of a block ignores NaN (like fmaxf) for E4M3 codes, which carry a NaN themselves;
+// INT8 codes cannot, so there the amax propagates it and the block's descale becomes NaN.
+template <bool kNan>
+__device__ __forceinline__ float max2(float a, float b) {
+  if constexpr (kNan) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+  } else {
+    return fmaxf(a, b);
+  }
+}
+
 // acc = max(acc, |w|) on pairs of 16-bit values, in their own format: one max.{bf16,f16}x2 per
-// two elements instead of two conversions and two fp32 maxes. Like fmaxf, max returns the
-// other operand when one is NaN, so a NaN input is ignored as the fp32 amax ignored it.
-template <class T>
+// two elements instead of two conversions and two fp32 maxes (NaN as in max2).
+template <class T, bool kNan>
 __device__ __forceinline__ uint32_t max_abs2(uint32_t acc, uint32_t w) {
   using Pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
   w &= 0x7fff7fffu;
   Pair a, b;
   memcpy(&a, &acc, 4);
   memcpy(&b, &w, 4);
-  a = __hmax2(a, b);
+  if constexpr (kNan)
+    a = __hmax2_nan(a, b);
+  else
+    a = __hmax2(a, b);
   memcpy(&acc, &a, 4);
   return acc;
 }
-template <class T>
+template <class T, bool kNan>
 __device__ __forceinline__ float max_of_pair(uint32_t acc) {
   const float2 f = ptx::unpack_pair<T>(acc);
-  return fmaxf(f.x, f.y);
+  return max2<kNan>(f.x, f.y);
 }
 
 // Two floats to two E4M3 bytes (RNE, saturating), `lo` in the low byte.
@@ -55,6 +72,22 @@ __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
 }
 __device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
   return e4m3x2(a, b) | (e4m3x2(c, d) << 16);
+}
+
+// Four floats to four INT8 codes, `a` in the low byte: clamped to +-127, then rounded to the
+// nearest integer (ties to even) by adding 1.5·2²³, which leaves the integer in the low bits
+// of the float; the low bytes are gathered by two byte permutes.
+__device__ __forceinline__ uint32_t s8x4(float a, float b, float c, float d) {
+  const auto low = [](float x) { return __float_as_uint(fminf(fmaxf(x, -kInt8Max), kInt8Max) + 12582912.f); };
+  return __byte_perm(__byte_perm(low(a), low(b), 0x0040), __byte_perm(low(c), low(d), 0x0040), 0x5410);
+}
+
+template <bool kInt8>
+__device__ __forceinline__ uint32_t codes4(float a, float b, float c, float d) {
+  if constexpr (kInt8)
+    return s8x4(a, b, c, d);
+  else
+    return e4m3x4(a, b, c, d);
 }
 
 // The input is read exactly once: keep it out of L1.
@@ -70,14 +103,14 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a compile-time constant
 }
 
-template <int kWarpCount>
+template <int kWarpCount, bool kNan = false>
 __device__ __forceinline__ float block_max(float x, float* scratch) {
-  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  for (int o = 16; o > 0; o >>= 1) x = max2<kNan>(x, __shfl_xor_sync(0xffffffffu, x, o));
   if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = x;
   __syncthreads();
   float m = 0.f;
 #pragma unroll
-  for (int w = 0; w < kWarpCount; ++w) m = fmaxf(m, scratch[w]);
+  for (int w = 0; w < kWarpCount; ++w) m = max2<kNan>(m, scratch[w]);
   __syncthreads();  // scratch may be reused
   return m;
 }
@@ -126,7 +159,7 @@ struct RowsLayout {
 // depend only on the lane and slot bit 3 and are tracked in sign_lo / sign_hi, applied with
 // the scale. Afterwards slot s holds element (s & 15) + 16 c + 16 G (s >> 4): 16 consecutive
 // codes per 16-byte store, and a row's G lanes store contiguous bytes.
-template <class T, int D, bool kRotate>
+template <class T, int D, bool kRotate, bool kInt8>
 __global__ void __launch_bounds__(RowsLayout<D, kRotate>::kThreads, RowsLayout<D, kRotate>::kMinBlocks)
     quantize_rows_kernel(QuantizeRowsParams p) {
   using L = RowsLayout<D, kRotate>;
@@ -208,14 +241,14 @@ __global__ void __launch_bounds__(RowsLayout<D, kRotate>::kThreads, RowsLayout<D
       }
     }
 #pragma unroll
-    for (int i = 0; i < N; ++i) amax = fmaxf(amax, fabsf(x[i]));
+    for (int i = 0; i < N; ++i) amax = max2<kInt8>(amax, fabsf(x[i]));
   } else {
     uint32_t acc = 0;
 #pragma unroll
     for (int k = 0; k < C; ++k)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) acc = max_abs2<T>(acc, word(raw[k], q));
-    amax = max_of_pair<T>(acc);
+      for (int q = 0; q < 4; ++q) acc = max_abs2<T, kInt8>(acc, word(raw[k], q));
+    amax = max_of_pair<T, kInt8>(acc);
   }
 
   float* descale = p.descale + batch * p.descale_stride[0] + head * p.descale_stride[1] + block * p.descale_stride[2];
@@ -223,7 +256,7 @@ __global__ void __launch_bounds__(RowsLayout<D, kRotate>::kThreads, RowsLayout<D
   if (p.mode == QuantizeMode::global_amax) {
     scale_amax = *p.global_amax;  // the block's own amax is not needed
   } else {
-    amax = block_max<L::kWarps>(amax, scratch);
+    amax = block_max<L::kWarps, kInt8>(amax, scratch);
     // The normalisation of the transform, applied to the max: rounding is monotonic, so this is
     // exactly the max of the normalised values.
     if constexpr (kRotate) amax *= kInvSqrt<D>;
@@ -233,7 +266,9 @@ __global__ void __launch_bounds__(RowsLayout<D, kRotate>::kThreads, RowsLayout<D
     }
     scale_amax = amax;
   }
-  const float d = scale_amax > 0.f ? scale_amax / kE4m3Max : 1.f;
+  constexpr float kCodeMax = kInt8 ? kInt8Max : kE4m3Max;
+  // A NaN amax (INT8 only) fails the test and must reach the descale.
+  const float d = scale_amax > 0.f || scale_amax != scale_amax ? scale_amax / kCodeMax : 1.f;
   if (threadIdx.x == 0) *descale = d;
   const float inv = 1.f / d;
   if (!live) return;
@@ -252,8 +287,8 @@ __global__ void __launch_bounds__(RowsLayout<D, kRotate>::kThreads, RowsLayout<D
       for (int q = 0; q < 4; ++q) {
         const float* v = x + 16 * m + 4 * q;
         const float f = q < 2 ? pre_lo : pre_hi;  // slot bit 3
-        w[q] = kFold ? e4m3x4(v[0] * (f * post), v[1] * (f * post), v[2] * (f * post), v[3] * (f * post))
-                     : e4m3x4(v[0] * f * post, v[1] * f * post, v[2] * f * post, v[3] * f * post);
+        w[q] = kFold ? codes4<kInt8>(v[0] * (f * post), v[1] * (f * post), v[2] * (f * post), v[3] * (f * post))
+                     : codes4<kInt8>(v[0] * f * post, v[1] * f * post, v[2] * f * post, v[3] * f * post);
       }
       *reinterpret_cast<uint4*>(dst + 16 * c + 16 * G * m) = make_uint4(w[0], w[1], w[2], w[3]);
     }
@@ -264,7 +299,7 @@ __global__ void __launch_bounds__(RowsLayout<D, kRotate>::kThreads, RowsLayout<D
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float2 a = ptx::unpack_pair<T>(word(raw[k], 2 * h)), b = ptx::unpack_pair<T>(word(raw[k], 2 * h + 1));
-        w[h] = e4m3x4(a.x * inv, a.y * inv, b.x * inv, b.y * inv);
+        w[h] = codes4<kInt8>(a.x * inv, a.y * inv, b.x * inv, b.y * inv);
       }
       *reinterpret_cast<uint2*>(dst + 8 * c + 8 * G * k) = make_uint2(w[0], w[1]);
     }
@@ -272,16 +307,16 @@ __global__ void __launch_bounds__(RowsLayout<D, kRotate>::kThreads, RowsLayout<D
 }
 
 // The largest value of a strided (n0, n1, n2) array into *out (one CTA: the arrays are the
-// per-block amaxes, a few thousand values).
+// per-block amaxes, a few thousand values). NaN propagates: only INT8's amaxes can hold one.
 __global__ void max_reduce_kernel(const float* values, int64_t n0, int64_t n1, int64_t n2, int64_t s0,
                                   int64_t s1, int64_t s2, float* out) {
   __shared__ float scratch[kWarps];
   float m = 0.f;
   for (int64_t i = threadIdx.x; i < n0 * n1 * n2; i += kThreads) {
     const int64_t c = i % n2, b = (i / n2) % n1, a = i / n2 / n1;
-    m = fmaxf(m, values[a * s0 + b * s1 + c * s2]);
+    m = max2<true>(m, values[a * s0 + b * s1 + c * s2]);
   }
-  m = block_max<kWarps>(m, scratch);
+  m = block_max<kWarps, true>(m, scratch);
   if (threadIdx.x == 0) *out = m;
 }
 
@@ -338,14 +373,14 @@ __global__ void __launch_bounds__(VtLayout<D>::kThreads, VtLayout<D>::kMinBlocks
 #pragma unroll
     for (int t = 0; t < 4; ++t)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) acc = max_abs2<T>(acc, word(raw[u][t], q));
+      for (int q = 0; q < 4; ++q) acc = max_abs2<T, false>(acc, word(raw[u][t], q));
 
   float* descale = p.descale + batch * p.descale_stride[0] + head * p.descale_stride[1] + block * p.descale_stride[2];
   float scale_amax;
   if (p.mode == QuantizeMode::global_amax) {
     scale_amax = *p.global_amax;
   } else {
-    const float amax = block_max<L::kWarps>(max_of_pair<T>(acc), scratch);
+    const float amax = block_max<L::kWarps>(max_of_pair<T, false>(acc), scratch);
     if (p.mode == QuantizeMode::amax_only) {
       if (threadIdx.x == 0) *descale = amax;
       return;
@@ -391,8 +426,11 @@ __global__ void __launch_bounds__(VtLayout<D>::kThreads, VtLayout<D>::kMinBlocks
 
 template <class T, int D, bool kRotate>
 void launch_rows(const QuantizeRowsParams& p, int blocks, int heads, int batch, cudaStream_t stream) {
-  quantize_rows_kernel<T, D, kRotate>
-      <<<dim3(blocks, heads, batch), RowsLayout<D, kRotate>::kThreads, 0, stream>>>(p);
+  const dim3 grid(blocks, heads, batch);
+  if (p.int8_codes)
+    quantize_rows_kernel<T, D, kRotate, true><<<grid, RowsLayout<D, kRotate>::kThreads, 0, stream>>>(p);
+  else
+    quantize_rows_kernel<T, D, kRotate, false><<<grid, RowsLayout<D, kRotate>::kThreads, 0, stream>>>(p);
   check_cuda(cudaGetLastError(), "quantize_rows_kernel: launch failed");
 }
 

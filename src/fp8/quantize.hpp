@@ -16,8 +16,9 @@ enum class QuantizeMode : int {
   global_amax = 2,  // descale from *global_amax for every block (pass 2 of per tensor)
 };
 
-// Q or K rows: in (B, S, H, D) fp16/bf16 -> out (B, S, H, D) e4m3; strides in elements.
+// Q or K rows: in (B, S, H, D) fp16/bf16 -> out (B, S, H, D) e4m3 (or s8); strides in elements.
 struct QuantizeRowsParams {
+  bool int8_codes;  // s8 codes (descale amax / 127) instead of e4m3 (amax / 448)
   const void* in;
   int64_t in_stride[3];  // batch, seq, head
   void* out;

@@ -122,6 +122,7 @@ struct ConsumerTile {
     wgmma_wait<0>();
     pin(s);
     release_k(it, ks.stage);
+    scores_to_float<Cfg>(s);
     mask_if_needed(s, t.n_tiles - 1 - it);
   }
 
@@ -176,6 +177,7 @@ struct ConsumerTile {
       wgmma_wait<1>();  // S_it is done; P·V may still run
       pin(s);
       release_k(it, ks.stage);
+      scores_to_float<Cfg>(s);
       mask_if_needed(s, t.n_tiles - 1 - it);
       softmax.step<false>(s, alpha, c);
       // ptxas hoists a wgmma wait to the top of its basic block, above independent code: here

@@ -2,20 +2,26 @@
 #pragma once
 #include <cuda_fp8.h>
 
+#include <cstdint>
 #include <type_traits>
 
 namespace warpattn::detail {
 
 // Element_: the operand type of both GEMMs: __half, __nv_bfloat16, or __nv_fp8_e4m3 (FP8:
 // Q, K and Vᵀ in e4m3 with descales, O written as OutElement_).
+// QKElement_: the operands of the S GEMM; int8_t with FP8 for INT8 Q and K (int32 scores).
 // kQStages_: Q buffers (1 or 2; 0 = 2 when shared memory allows). With two, the next work
 // tile's Q loads during the whole current tile instead of after its last S GEMM.
 template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kCausal_, int kQStages_ = 0,
-          class OutElement_ = Element_>
+          class OutElement_ = Element_, class QKElement_ = Element_>
 struct ForwardConfig {
   using Element = Element_;
   using OutElement = OutElement_;
+  using QKElement = QKElement_;
   static constexpr bool kFp8 = std::is_same_v<Element, __nv_fp8_e4m3>;
+  static constexpr bool kIntScores = std::is_same_v<QKElement, int8_t>;
+  static_assert(std::is_same_v<QKElement, Element> || (kFp8 && kIntScores),
+                "the S GEMM differs from the P·V GEMM only for INT8 Q and K with FP8");
   static constexpr int kElementBytes = kFp8 ? 1 : 2;
   static constexpr int kHeadDim = kHeadDim_;
   // Two consumer warpgroups, 64 query rows each (one m64 wgmma row block).

@@ -1,4 +1,4 @@
 // FP8 forward kernels, head dim 128 (bf16 and fp16 output).
 #include "hopper/forward_instance.cuh"
 
-WARPATTN_FORWARD_FP8_INSTANCE(128)
+WARPATTN_FORWARD_FP8_INSTANCE(128, __nv_fp8_e4m3)

@@ -2,4 +2,4 @@
 // stored 64B-swizzled.
 #include "hopper/forward_instance.cuh"
 
-WARPATTN_FORWARD_FP8_INSTANCE(64)
+WARPATTN_FORWARD_FP8_INSTANCE(64, __nv_fp8_e4m3)

@@ -1,5 +1,5 @@
 // The body of each forward_<dtype>_d<dim>.cu: one dtype and head dim, causal and not (for FP8,
-// both output dtypes). One file per pair so that builds spread over cores.
+// both output dtypes; forward_fp8_int8qk_d<dim>.cu for INT8 Q and K). One file per pair so that builds spread over cores.
 #pragma once
 #include "hopper/run_forward.cuh"
 #include "hopper/tile_shapes.hpp"
@@ -17,20 +17,22 @@
   }                                                                                               \
   }
 
-#define WARPATTN_FORWARD_FP8_INSTANCE(kHeadDim)                                                       \
+// QKElement: __nv_fp8_e4m3, or int8_t for INT8 Q and K.
+#define WARPATTN_FORWARD_FP8_INSTANCE(kHeadDim, QKElement)                                            \
   namespace warpattn::detail {                                                                      \
   template <class Out>                                                                              \
   static void run_fp8_out(const ForwardProblem& p, const Fp8Operands& f, const TensorView& out,     \
                           const std::optional<TensorView>& lse, cudaStream_t stream) {              \
     if (p.causal)                                                                                   \
-      run_forward<Fp8ForwardConfigFor<kHeadDim, true, Out>>(p, f.q, f.k, f.vt, out, lse, stream, &f);  \
+      run_forward<Fp8ForwardConfigFor<kHeadDim, true, Out, QKElement>>(p, f.q, f.k, f.vt, out, lse, stream, &f);  \
     else                                                                                            \
-      run_forward<Fp8ForwardConfigFor<kHeadDim, false, Out>>(p, f.q, f.k, f.vt, out, lse, stream, &f); \
+      run_forward<Fp8ForwardConfigFor<kHeadDim, false, Out, QKElement>>(p, f.q, f.k, f.vt, out, lse, stream, &f); \
   }                                                                                                 \
   template <>                                                                                       \
-  void run_forward_fp8_head_dim<kHeadDim>(const ForwardProblem& p, const Fp8Operands& f,            \
-                                          const TensorView& out, const std::optional<TensorView>& lse, \
-                                          cudaStream_t stream) {                                    \
+  void run_forward_fp8_head_dim<kHeadDim, QKElement>(const ForwardProblem& p, const Fp8Operands& f, \
+                                                     const TensorView& out,                         \
+                                                     const std::optional<TensorView>& lse,          \
+                                                     cudaStream_t stream) {                         \
     if (p.dtype == DType::bf16)                                                                     \
       run_fp8_out<__nv_bfloat16>(p, f, out, lse, stream);                                           \
     else                                                                                            \

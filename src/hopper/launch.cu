@@ -28,14 +28,23 @@ void launch_forward_sm90(const ForwardProblem& p, const TensorView& q, const Ten
     dispatch_head_dim<__half>(p, q, k, v, out, lse, stream);
 }
 
-void launch_forward_fp8_sm90(const ForwardProblem& p, const Fp8Operands& fp8, const TensorView& out,
-                             const std::optional<TensorView>& lse, cudaStream_t stream) {
+template <class QKElement>
+static void dispatch_fp8_head_dim(const ForwardProblem& p, const Fp8Operands& fp8, const TensorView& out,
+                                  const std::optional<TensorView>& lse, cudaStream_t stream) {
   switch (p.head_dim) {
-    case 64: return run_forward_fp8_head_dim<64>(p, fp8, out, lse, stream);
-    case 128: return run_forward_fp8_head_dim<128>(p, fp8, out, lse, stream);
-    case 256: return run_forward_fp8_head_dim<256>(p, fp8, out, lse, stream);
+    case 64: return run_forward_fp8_head_dim<64, QKElement>(p, fp8, out, lse, stream);
+    case 128: return run_forward_fp8_head_dim<128, QKElement>(p, fp8, out, lse, stream);
+    case 256: return run_forward_fp8_head_dim<256, QKElement>(p, fp8, out, lse, stream);
   }
   throw Error("q: head dim " + std::to_string(p.head_dim) + " has no FP8 kernel");  // validated before
+}
+
+void launch_forward_fp8_sm90(const ForwardProblem& p, const Fp8Operands& fp8, const TensorView& out,
+                             const std::optional<TensorView>& lse, cudaStream_t stream) {
+  if (fp8.q.dtype == DType::s8)
+    dispatch_fp8_head_dim<int8_t>(p, fp8, out, lse, stream);
+  else
+    dispatch_fp8_head_dim<__nv_fp8_e4m3>(p, fp8, out, lse, stream);
 }
 
 }  // namespace warpattn::detail

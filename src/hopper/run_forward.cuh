@@ -89,8 +89,9 @@ void run_forward_head_dim(const ForwardProblem& p, const TensorView& q, const Te
                           const TensorView& v, const TensorView& out,
                           const std::optional<TensorView>& lse, cudaStream_t stream);
 
-// FP8, in forward_fp8_d<dim>.cu: p.dtype is the output's dtype.
-template <int kHeadDim>
+// FP8, in forward_fp8_d<dim>.cu (QKElement e4m3) and forward_fp8_int8qk_d<dim>.cu (int8_t):
+// p.dtype is the output's dtype.
+template <int kHeadDim, class QKElement>
 void run_forward_fp8_head_dim(const ForwardProblem& p, const Fp8Operands& fp8, const TensorView& out,
                               const std::optional<TensorView>& lse, cudaStream_t stream);
 

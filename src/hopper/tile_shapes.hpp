@@ -43,9 +43,10 @@ struct TileShape<256, kCausal> {
 #endif
 template <int kHeadDim>
 inline constexpr int kFp8Stages = WARPATTN_TUNE_FP8_STAGES > 0 ? WARPATTN_TUNE_FP8_STAGES : (kHeadDim == 256 ? 2 : 3);
-template <int kHeadDim, bool kCausal, class OutElement>
+// QKElement: __nv_fp8_e4m3, or int8_t for INT8 Q and K (the same tiles: 1-byte operands).
+template <int kHeadDim, bool kCausal, class OutElement, class QKElement>
 using Fp8ForwardConfigFor = ForwardConfig<__nv_fp8_e4m3, kHeadDim, 128, kFp8Stages<kHeadDim>, kCausal,
-                                          WARPATTN_TUNE_FP8_QSTAGES, OutElement>;
+                                          WARPATTN_TUNE_FP8_QSTAGES, OutElement, QKElement>;
 
 template <class Element, int kHeadDim, bool kCausal>
 using ForwardConfigFor = ForwardConfig<Element, kHeadDim, TileShape<kHeadDim, kCausal>::kBlockN,

@@ -37,22 +37,31 @@ void rotate_rows(double* x, int64_t rows, int n, const std::vector<int8_t>& sign
 }
 
 double Quantized::dequantized(int64_t row, int col) const {
-  return static_cast<double>(host::e4m3_to_float(codes[row * n + col])) * descales[row / block_rows];
+  const uint8_t c = codes[row * n + col];
+  const double value = int8 ? static_cast<double>(static_cast<int8_t>(c)) : static_cast<double>(host::e4m3_to_float(c));
+  return value * descales[row / block_rows];
 }
 
-Quantized quantize_blocks(const double* x, int64_t rows, int n, int block_rows) {
+Quantized quantize_blocks(const double* x, int64_t rows, int n, int block_rows, bool int8) {
+  constexpr double kInt8Max = 127;
   Quantized q;
   q.n = n;
   q.block_rows = block_rows;
+  q.int8 = int8;
   q.codes.resize(rows * n);
   for (int64_t b0 = 0; b0 < rows; b0 += block_rows) {
     const int64_t b1 = std::min<int64_t>(rows, b0 + block_rows);
     double amax = 0;
     for (int64_t i = b0 * n; i < b1 * n; ++i) amax = std::max(amax, std::fabs(x[i]));
-    const float descale = amax > 0 ? static_cast<float>(amax / host::kE4m3Max) : 1.f;
+    const float descale = amax > 0 ? static_cast<float>(amax / (int8 ? kInt8Max : host::kE4m3Max)) : 1.f;
     q.descales.push_back(descale);
-    for (int64_t i = b0 * n; i < b1 * n; ++i)
-      q.codes[i] = host::float_to_e4m3(static_cast<float>(x[i] / descale));
+    for (int64_t i = b0 * n; i < b1 * n; ++i) {
+      const float scaled = static_cast<float>(x[i] / descale);
+      // std::nearbyint rounds ties to even in the default rounding mode.
+      q.codes[i] = int8 ? static_cast<uint8_t>(static_cast<int8_t>(
+                              std::nearbyint(std::clamp(scaled, static_cast<float>(-kInt8Max), static_cast<float>(kInt8Max)))))
+                        : host::float_to_e4m3(scaled);
+    }
   }
   return q;
 }

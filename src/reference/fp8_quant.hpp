@@ -23,14 +23,18 @@ void rotate_rows(double* x, int64_t rows, int n, const std::vector<int8_t>& sign
 // E4M3 codes and one descale factor per block of `block_rows` rows (the last block may be
 // shorter): descale = max |x| over the block / 448 (1 for an all-zero block), code =
 // e4m3(x / descale). block_rows >= rows gives per-tensor scaling.
+// int8: INT8 codes instead, descale = max |x| / 127, code = x / descale rounded to the nearest
+// integer (ties to even) within +-127.
 struct Quantized {
-  std::vector<uint8_t> codes;    // rows * n
+  std::vector<uint8_t> codes;    // rows * n (int8: the code's two's-complement byte)
   std::vector<float> descales;   // one per block
   int block_rows = 0;
   int n = 0;
-  // The value the FP8 kernel sees for element (row, col): e4m3 value times its block's descale.
+  bool int8 = false;
+  // The value the FP8 kernel sees for element (row, col): the code's value times its block's
+  // descale.
   double dequantized(int64_t row, int col) const;
 };
-Quantized quantize_blocks(const double* x, int64_t rows, int n, int block_rows);
+Quantized quantize_blocks(const double* x, int64_t rows, int n, int block_rows, bool int8 = false);
 
 }  // namespace warpattn::reference

@@ -132,6 +132,45 @@ TEST(block_scales_are_block_maxima_over_448) {
   CHECK(bad == 0) << bad << " elements outside half a step";
 }
 
+// INT8 Q and K: descale = block amax / 127, codes rounded to the nearest integer (ties to
+// even) within +-127, so every element within half a step (descale / 2) of its value, the block
+// maximum on +-127, and -128 never written.
+TEST(int8_block_scales_round_to_nearest_within_127) {
+  const int rows = 300, n = 64, block = 128;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> normal;
+  std::vector<double> x(rows * n);
+  for (int64_t i = 0; i < rows * n; ++i) x[i] = normal(rng) * (i / n < 128 ? 1.0 : 50.0);
+  x[5] = -std::fabs(x[5]) - 10;  // block 0's amax is a negative value
+  x[200 * n + 3] = 0;
+  const auto q = warpattn::reference::quantize_blocks(x.data(), rows, n, block, true);
+  REQUIRE(q.descales.size() == 3u && q.int8);
+  int bad = 0, out_of_range = 0;
+  for (int b = 0; b < 3; ++b) {
+    double amax = 0;
+    for (int64_t i = int64_t(b) * block * n; i < std::min<int64_t>(rows, (b + 1) * block) * n; ++i)
+      amax = std::max(amax, std::fabs(x[i]));
+    CHECK(std::fabs(q.descales[b] - amax / 127) <= 1e-6 * amax) << "block " << b;
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int c = 0; c < n; ++c) {
+      const int code = static_cast<int8_t>(q.codes[r * n + c]);
+      out_of_range += code < -127 || code > 127;
+      bad += std::fabs(q.dequantized(r, c) - x[r * n + c]) > 0.5 * q.descales[r / block] * (1 + 1e-6);
+    }
+  CHECK(bad == 0) << bad << " elements outside half a step";
+  CHECK(out_of_range == 0) << out_of_range << " codes outside +-127";
+  CHECK(static_cast<int8_t>(q.codes[5]) == -127) << "block maximum not on -127";
+  CHECK(q.codes[200 * n + 3] == 0);
+  // Ties to even: 2.5 -> 2, 3.5 -> 4, -2.5 -> -2 (descale 1 with a planted 127).
+  std::vector<double> t = {127, 2.5, 3.5, -2.5};
+  const auto qt = warpattn::reference::quantize_blocks(t.data(), 1, 4, 128, true);
+  CHECK(static_cast<int8_t>(qt.codes[1]) == 2 && static_cast<int8_t>(qt.codes[2]) == 4 &&
+        static_cast<int8_t>(qt.codes[3]) == -2)
+      << "ties: " << int(static_cast<int8_t>(qt.codes[1])) << " " << int(static_cast<int8_t>(qt.codes[2])) << " "
+      << int(static_cast<int8_t>(qt.codes[3]));
+}
+
 // What the design rests on: with an outlier channel, per-tensor FP8 loses the small channels;
 // the Hadamard rotation spreads the outlier over all channels so Q·Kᵀ survives quantisation
 // (measured here: 10x lower error). Block scales help where outliers sit in some rows only;

@@ -95,6 +95,25 @@ TEST(fp8_operand_dtype) {
   Fp8Call c = make_call();
   c.f.k.dtype = DType::bf16;
   expect_both(c, "k: ", "expected dtype float8_e4m3fn, got bfloat16");
+  c = make_call();
+  c.f.q.dtype = DType::f16;
+  expect_both(c, "q: ", "expected dtype float8_e4m3fn or int8, got float16");
+}
+
+// INT8 Q and K: both or neither, and Vᵀ stays e4m3.
+TEST(fp8_int8_qk_dtype) {
+  Fp8Call c = make_call();
+  c.f.q.dtype = c.f.k.dtype = DType::s8;
+  for (const std::string& m : {quantize_error(c), forward_error(c)})
+    CHECK(m.empty() || m.find("compute capability 9.0") != std::string::npos) << "int8 q, k: " << m;
+  c.f.k.dtype = DType::e4m3;
+  expect_both(c, "k: ", "expected dtype int8, got float8_e4m3fn");
+  c = make_call();
+  c.f.k.dtype = DType::s8;
+  expect_both(c, "k: ", "expected dtype float8_e4m3fn, got int8");
+  c = make_call();
+  c.f.q.dtype = c.f.k.dtype = c.f.vt.dtype = DType::s8;
+  expect_both(c, "vt: ", "expected dtype float8_e4m3fn, got int8");
 }
 
 TEST(fp8_descale_dtype) {

@@ -1,7 +1,7 @@
 // GPU tests of the FP8 path: the quantisation pass against the CPU reference (rotation, block
-// scales, E4M3 codes, the Vᵀ layout), forward_fp8 against the fp64 reference on the
-// dequantised operands, and the accuracy of the whole pipeline on FlashAttention-3's outlier
-// data. Fresh random data on every run (seed printed); outputs poisoned before each call.
+// scales, E4M3 or INT8 codes, the Vᵀ layout), forward_fp8 against the fp64 reference on the
+// dequantised operands (Q and K in E4M3 or INT8), and the accuracy of the whole pipeline on
+// FlashAttention-3's outlier data. Fresh random data on every run (seed printed); outputs poisoned before each call.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -48,15 +48,15 @@ warpattn::TensorView contiguous(void* p, DType t, std::initializer_list<int64_t>
 
 int64_t blocks_of(int64_t n) { return (n + 127) / 128; }
 
-// The FP8 operands of one problem, in their own device buffers.
+// The FP8 operands of one problem, in their own device buffers; Q and K in `qk` (e4m3 or s8).
 struct Fp8Buffers {
   DeviceBuffer q, k, vt, qs, ks, vs;
   warpattn::Fp8Operands ops;
-  Fp8Buffers(int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d)
+  Fp8Buffers(int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d, DType qk = DType::e4m3)
       : q(b * sq * hq * d), k(b * sk * hkv * d), vt(b * hkv * d * warpattn::fp8_padded_keys(sk)),
         qs(b * hq * blocks_of(sq) * 4), ks(b * hkv * blocks_of(sk) * 4), vs(b * hkv * blocks_of(sk) * 4) {
-    ops.q = contiguous(q.mem, DType::e4m3, {b, sq, hq, d});
-    ops.k = contiguous(k.mem, DType::e4m3, {b, sk, hkv, d});
+    ops.q = contiguous(q.mem, qk, {b, sq, hq, d});
+    ops.k = contiguous(k.mem, qk, {b, sk, hkv, d});
     ops.vt = contiguous(vt.mem, DType::e4m3, {b, hkv, d, warpattn::fp8_padded_keys(sk)});
     ops.q_descale = contiguous(qs.mem, DType::f32, {b, hq, blocks_of(sq)});
     ops.k_descale = contiguous(ks.mem, DType::f32, {b, hkv, blocks_of(sk)});
@@ -84,6 +84,11 @@ std::vector<float> upload_random(DeviceTensor& t, std::mt19937_64& rng, double o
   return values;
 }
 
+// The value of a Q or K code: E4M3, or INT8 (its two's-complement byte).
+double code_value(uint8_t code, bool int8) {
+  return int8 ? static_cast<double>(static_cast<int8_t>(code)) : static_cast<double>(warpattn::host::e4m3_to_float(code));
+}
+
 // Rows (b, s, h, :) of a contiguous (B, S, H, D) float array for one (b, h), as doubles.
 std::vector<double> slice(const std::vector<float>& x, int64_t B, int64_t S, int64_t H, int64_t D, int64_t b,
                           int64_t h) {
@@ -99,6 +104,7 @@ struct QuantizeCase {
   int64_t b = 2, s = 300, h = 3, d = 128;
   bool rotate = true;
   warpattn::Fp8Scaling scaling = warpattn::Fp8Scaling::per_block;
+  bool int8 = false;  // Q and K to INT8 (V is E4M3 always)
 };
 
 // Checks one tensor's codes (B, S, H, D layout) and descales (B, H, blocks) against the CPU
@@ -122,15 +128,14 @@ void check_rows(const char* what, const std::vector<float>& in, const std::vecto
       const auto& r = rotated[b * c.h + h];
       warpattn::reference::Quantized want;
       if (c.scaling == warpattn::Fp8Scaling::per_block) {
-        want = warpattn::reference::quantize_blocks(r.data(), c.s, static_cast<int>(c.d), 128);
-      } else {  // one descale for the tensor: quantise with a block spanning every row
-        std::vector<double> scaled(r);
-        want.n = static_cast<int>(c.d);
+        want = warpattn::reference::quantize_blocks(r.data(), c.s, static_cast<int>(c.d), 128, c.int8);
+      } else {  // one descale for the tensor: this (b, h) with a planted element at the tensor's amax
+        std::vector<double> with_amax(r);
+        with_amax.push_back(amax);
+        with_amax.resize((c.s + 1) * c.d, 0.0);
+        want = warpattn::reference::quantize_blocks(with_amax.data(), c.s + 1, static_cast<int>(c.d),
+                                                   static_cast<int>(c.s + 1), c.int8);
         want.block_rows = static_cast<int>(c.s);
-        const float descale = amax > 0 ? static_cast<float>(amax / warpattn::host::kE4m3Max) : 1.f;
-        want.descales.assign(1, descale);
-        want.codes.resize(r.size());
-        for (size_t i = 0; i < r.size(); ++i) want.codes[i] = warpattn::host::float_to_e4m3(float(r[i] / descale));
       }
       for (int64_t blk = 0; blk < blocks; ++blk) {
         const float got = descales[(b * c.h + h) * blocks + blk];
@@ -145,8 +150,9 @@ void check_rows(const char* what, const std::vector<float>& in, const std::vecto
           // fp32 on the GPU against fp64 here (and a reciprocal there against a division here):
           // a code may differ only where the scaled value sits on the midpoint between the two
           // neighbouring codes, within fp32's rounding of the scale and the rotation.
-          const double gv = warpattn::host::e4m3_to_float(g), wv = warpattn::host::e4m3_to_float(w);
-          const double step = std::ldexp(1.0, std::max(std::ilogb(std::max(std::fabs(wv), 0x1p-6)), -6) - 3);
+          const double gv = code_value(g, c.int8), wv = code_value(w, c.int8);
+          const double step =
+              c.int8 ? 1.0 : std::ldexp(1.0, std::max(std::ilogb(std::max(std::fabs(wv), 0x1p-6)), -6) - 3);
           const double descale = want.descales[std::min<size_t>(s / want.block_rows, want.descales.size() - 1)];
           const double scaled = r[s * c.d + d] / descale;
           const bool tie = std::fabs(gv - wv) <= step * 1.0001 && std::fabs(scaled - 0.5 * (gv + wv)) <= 3e-5 * std::fabs(scaled);
@@ -163,13 +169,13 @@ void check_rows(const char* what, const std::vector<float>& in, const std::vecto
 void run_quantize_case(const QuantizeCase& c) {
   const uint64_t seed = gpu_test::fresh_seed();
   std::mt19937_64 rng(seed);
-  printf("  d=%lld B=%lld S=%lld H=%lld rotate=%d %s seed %llu\n", (long long)c.d, (long long)c.b, (long long)c.s,
+  printf("  d=%lld B=%lld S=%lld H=%lld rotate=%d %s %s seed %llu\n", (long long)c.d, (long long)c.b, (long long)c.s,
          (long long)c.h, c.rotate, c.scaling == warpattn::Fp8Scaling::per_block ? "per-block" : "per-tensor",
-         (unsigned long long)seed);
+         c.int8 ? "int8 Q/K" : "e4m3", (unsigned long long)seed);
   DeviceTensor q(DType::bf16, c.b, c.s, c.h, c.d, false), k(DType::bf16, c.b, c.s, c.h, c.d, false),
       v(DType::bf16, c.b, c.s, c.h, c.d, false);
   const auto qf = upload_random(q, rng, 0.001), kf = upload_random(k, rng, 0.001), vf = upload_random(v, rng, 0.001);
-  Fp8Buffers f(c.b, c.s, c.s, c.h, c.h, c.d);
+  Fp8Buffers f(c.b, c.s, c.s, c.h, c.h, c.d, c.int8 ? DType::s8 : DType::e4m3);
   warpattn::QuantizeOptions o;
   o.rotate = c.rotate;
   o.seed = seed ^ 0x5EED;
@@ -181,6 +187,7 @@ void run_quantize_case(const QuantizeCase& c) {
   // V: never rotated; Vᵀ with keys in kFp8KeyOrder, zero past S.
   QuantizeCase cv = c;
   cv.rotate = false;
+  cv.int8 = false;
   const auto vt = f.vt.get<uint8_t>();
   const auto vs = f.vs.get<float>();
   std::vector<uint8_t> v_codes(c.b * c.s * c.h * c.d);
@@ -203,15 +210,48 @@ void run_quantize_case(const QuantizeCase& c) {
 
 TEST(fp8_quantize_matches_reference) {
   REQUIRE_HOPPER();
-  for (int d : {64, 128, 256})
-    for (bool rotate : {true, false})
-      for (auto scaling : {warpattn::Fp8Scaling::per_block, warpattn::Fp8Scaling::per_tensor}) {
-        QuantizeCase c;
-        c.d = d;
-        c.rotate = rotate;
-        c.scaling = scaling;
-        run_quantize_case(c);
-      }
+  for (bool int8 : {false, true})
+    for (int d : {64, 128, 256})
+      for (bool rotate : {true, false})
+        for (auto scaling : {warpattn::Fp8Scaling::per_block, warpattn::Fp8Scaling::per_tensor}) {
+          QuantizeCase c;
+          c.d = d;
+          c.rotate = rotate;
+          c.scaling = scaling;
+          c.int8 = int8;
+          run_quantize_case(c);
+        }
+}
+
+// INT8 codes cannot hold a NaN: a NaN input makes its block's descale NaN (per tensor: every
+// block's), so the output shows it instead of a silent -127.
+TEST(fp8_int8_quantize_propagates_nan) {
+  REQUIRE_HOPPER();
+  const int64_t S = 300, H = 2, D = 128;
+  for (auto scaling : {warpattn::Fp8Scaling::per_block, warpattn::Fp8Scaling::per_tensor})
+    for (bool rotate : {true, false}) {
+      std::mt19937_64 rng(7);
+      DeviceTensor q(DType::bf16, 1, S, H, D, false), k(DType::bf16, 1, S, H, D, false), v(DType::bf16, 1, S, H, D, false);
+      upload_random(q, rng);
+      upload_random(k, rng);
+      upload_random(v, rng);
+      const uint16_t nan_bits = 0x7FC0;  // bf16 NaN at q[0, 200, 1, 5]: block 1 of head 1
+      cudaMemcpy(static_cast<uint16_t*>(q.mem) + (200 * H + 1) * D + 5, &nan_bits, 2, cudaMemcpyHostToDevice);
+      Fp8Buffers f(1, S, S, H, H, D, DType::s8);
+      warpattn::QuantizeOptions o;
+      o.rotate = rotate;
+      o.scaling = scaling;
+      warpattn::quantize_fp8(q.view, k.view, v.view, f.ops, o, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto qs = f.qs.get<float>();  // (1, H, 3)
+      int nan_blocks = 0;
+      for (float x : qs) nan_blocks += std::isnan(x);
+      const bool per_block = scaling == warpattn::Fp8Scaling::per_block;
+      printf("    %s rotate=%d: %d of %zu Q descales NaN\n", per_block ? "per-block" : "per-tensor", rotate, nan_blocks,
+             qs.size());
+      CHECK(per_block ? (nan_blocks == 1 && std::isnan(qs[3 + 1])) : nan_blocks == static_cast<int>(qs.size()))
+          << "a NaN input did not reach its descale";
+    }
 }
 
 // Rotation keeps q.k: the dequantised, rotated operands give nearly the same scores.
@@ -254,6 +294,7 @@ struct ForwardCase {
   bool causal = false;
   int64_t b = 2, sq = 300, sk = 300, hq = 4, hkv = 2;
   DType out = DType::bf16;
+  bool int8 = false;  // Q and K in INT8
 };
 
 // forward_fp8 on operands from quantize_fp8 against the fp64 reference on the dequantised
@@ -267,7 +308,7 @@ void run_forward_case(const ForwardCase& c) {
   upload_random(q, rng);
   upload_random(k, rng);
   upload_random(v, rng);
-  Fp8Buffers f(c.b, c.sq, c.sk, c.hq, c.hkv, c.d);
+  Fp8Buffers f(c.b, c.sq, c.sk, c.hq, c.hkv, c.d, c.int8 ? DType::s8 : DType::e4m3);
   warpattn::QuantizeOptions qo;
   qo.seed = seed;
   warpattn::quantize_fp8(q.view, k.view, v.view, f.ops, qo, nullptr);
@@ -289,7 +330,7 @@ void run_forward_case(const ForwardCase& c) {
       for (int64_t h = 0; h < c.hq; ++h)
         for (int64_t d = 0; d < c.d; ++d) {
           const int64_t i = ((b * c.sq + s) * c.hq + h) * c.d + d;
-          qd[i] = warpattn::host::e4m3_to_float(qc[i]) * qs[(b * c.hq + h) * blocks_of(c.sq) + s / 128];
+          qd[i] = static_cast<float>(code_value(qc[i], c.int8) * qs[(b * c.hq + h) * blocks_of(c.sq) + s / 128]);
         }
   for (int64_t b = 0; b < c.b; ++b)
     for (int64_t s = 0; s < c.sk; ++s)
@@ -297,7 +338,7 @@ void run_forward_case(const ForwardCase& c) {
         for (int64_t d = 0; d < c.d; ++d) {
           const int64_t i = ((b * c.sk + s) * c.hkv + h) * c.d + d;
           const int64_t blk = (b * c.hkv + h) * blocks_of(c.sk) + s / 128;
-          kd[i] = warpattn::host::e4m3_to_float(kc[i]) * ks[blk];
+          kd[i] = static_cast<float>(code_value(kc[i], c.int8) * ks[blk]);
           int64_t col = 0;  // where key s sits in its 16-key group of Vᵀ
           while (warpattn::kFp8KeyOrder[col] != s % 16) ++col;
           vd[i] = warpattn::host::e4m3_to_float(vt[((b * c.hkv + h) * c.d + d) * skp + (s & ~15) + col]) * vs[blk];
@@ -322,9 +363,9 @@ void run_forward_case(const ForwardCase& c) {
         lse_err = std::max(lse_err, std::isinf(w) && std::isinf(g) && (w < 0) == (g < 0) ? 0.0 : std::fabs(g - w));
       }
   const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
-  printf("    d=%d %s B=%lld Sq=%lld Sk=%lld Hq=%lld Hkv=%lld out=%s: rel L2 %.3e, LSE max err %.2e, NaN %lld (seed %llu)\n",
-         c.d, c.causal ? "causal" : "full", (long long)c.b, (long long)c.sq, (long long)c.sk, (long long)c.hq,
-         (long long)c.hkv, c.out == DType::bf16 ? "bf16" : "fp16", rel, lse_err, (long long)nan,
+  printf("    d=%d %s%s B=%lld Sq=%lld Sk=%lld Hq=%lld Hkv=%lld out=%s: rel L2 %.3e, LSE max err %.2e, NaN %lld (seed %llu)\n",
+         c.d, c.causal ? "causal" : "full", c.int8 ? " int8-qk" : "", (long long)c.b, (long long)c.sq, (long long)c.sk,
+         (long long)c.hq, (long long)c.hkv, c.out == DType::bf16 ? "bf16" : "fp16", rel, lse_err, (long long)nan,
          (unsigned long long)seed);
   CHECK(nan == 0) << nan << " NaN outputs";
   // P in E4M3 (3 mantissa bits, ~2% relative rounding per entry): run 21 measured 1.3-2.6e-2
@@ -333,17 +374,40 @@ void run_forward_case(const ForwardCase& c) {
   // The scores come from QGMMA, whose accumulator keeps ~14 bits when it adds each k32 step's
   // products (DeepSeek-V3 report, 3.3.2): the truncation grows with the steps, d / 32, and with
   // |q.k|. Measured worst over runs 21-26: 1.1e-3 at d = 128, 2.1e-3 at d = 256; an error of the
-  // scale or of the 2^8 lift of P would be >= 0.05.
-  CHECK(lse_err < 2e-5 * c.d) << "LSE off by " << lse_err;
+  // scale or of the 2^8 lift of P would be >= 0.05. INT8 scores are exact integers: only fp32
+  // rounding of the scale and the row sums is left.
+  CHECK(lse_err < (c.int8 ? 1e-4 : 2e-5 * c.d)) << "LSE off by " << lse_err;
 }
 
 TEST(fp8_forward_matches_dequantized_reference) {
   REQUIRE_HOPPER();
-  for (int d : {64, 128, 256})
+  for (bool int8 : {false, true})
+    for (int d : {64, 128, 256})
+      for (bool causal : {false, true}) {
+        ForwardCase c;
+        c.d = d;
+        c.causal = causal;
+        c.int8 = int8;
+        run_forward_case(c);
+      }
+}
+
+// INT8 Q and K through the shapes that stress the tiles: partial tiles, Sq != Sk, MQA, fp16 out.
+TEST(fp8_int8_forward_shapes) {
+  REQUIRE_HOPPER();
+  const int64_t lens[][2] = {{1, 1}, {17, 17}, {300, 700}, {700, 300}, {4097, 4097}};
+  for (auto [sq, sk] : lens)
     for (bool causal : {false, true}) {
       ForwardCase c;
-      c.d = d;
+      c.int8 = true;
+      c.d = sq % 2 ? 64 : 256;
+      c.out = sq % 2 ? DType::f16 : DType::bf16;
+      c.sq = sq;
+      c.sk = sk;
       c.causal = causal;
+      c.b = sq > 2000 ? 1 : 2;
+      c.hq = 4;
+      c.hkv = sq % 2 ? 1 : 4;
       run_forward_case(c);
     }
 }
@@ -512,12 +576,12 @@ void accuracy_case(int64_t n, int d, int64_t heads, double fa3, double goal) {
     const int64_t s = rows[i] / H, h = rows[i] % H;
     warpattn::reference::attention_row(shape, qf.data(), kf.data(), vf.data(), 0, h, s, &want[rows[i] * d], nullptr);
   });
-  auto measure = [&](const char* name, std::optional<warpattn::QuantizeOptions> qo) {
+  auto measure = [&](const char* name, std::optional<warpattn::QuantizeOptions> qo, DType qk = DType::e4m3) {
     out.poison();
     if (!qo) {
       warpattn::forward(q.view, k.view, v.view, out.view, std::nullopt, {}, nullptr);
     } else {
-      Fp8Buffers f(1, n, n, H, H, d);
+      Fp8Buffers f(1, n, n, H, H, d, qk);
       warpattn::quantize_fp8(q.view, k.view, v.view, f.ops, *qo, nullptr);
       warpattn::forward_fp8(f.ops, out.view, std::nullopt, {}, nullptr);
     }
@@ -535,15 +599,21 @@ void accuracy_case(int64_t n, int d, int64_t heads, double fa3, double goal) {
   const double e_tensor = measure("fp8 per tensor", tensor);
   measure("fp8 per block", block);
   const double e_rot = measure("fp8 per block + Hadamard", rotated);
-  const double ratio = e_tensor / e_rot;
+  const double e_int8 = measure("int8 Q/K block + Hadamard", rotated, DType::s8);
+  const double ratio = e_tensor / e_rot, ratio_int8 = e_tensor / e_int8;
   printf("    per tensor / (per block + Hadamard) = %.2f (issue bar 2.6: %s); FA3 %.2e, goal %.2e: %s (seed %llu)\n",
          ratio, ratio >= 2.6 ? "met" : "NOT met", fa3, goal, e_rot <= goal ? "met" : "NOT met", (unsigned long long)seed);
+  printf("    INT8 Q/K: per tensor / (int8 block + Hadamard) = %.2f (bar 2.6: %s); %.2fx FA3, goal 0.9x: %s\n", ratio_int8,
+         ratio_int8 >= 2.6 ? "met" : "NOT met", e_int8 / fa3, e_int8 <= goal ? "met" : "NOT met");
   // What the design guarantees (the issue's bars are reported above and in docs/perf/fp8-accuracy.md):
   // the rotation must pay off, and the result must stay at FlashAttention-3's level with the
   // same rotation. One draw of this data moves the RMSE by +-15% (a few outlier rows carry
   // it): runs 22-25 measured 0.87-1.10x of FA3's figure, so the bound is 1.25x.
   CHECK(ratio >= 1.8) << "rotation + block scales cut the error only " << ratio << "x";
   CHECK(e_rot <= 1.25 * fa3) << "RMSE " << e_rot << " is worse than FlashAttention-3's " << fa3;
+  // INT8 Q and K: the CPU simulation (scripts/fp8_error_sim.py) gives 0.58-0.84x FA3 at these
+  // sizes; it must at least beat E4M3 with the same rotation.
+  CHECK(e_int8 < e_rot) << "INT8 Q/K RMSE " << e_int8 << " is not below E4M3's " << e_rot;
 }
 
 TEST(fp8_accuracy_on_outlier_data) {
