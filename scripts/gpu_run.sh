@@ -40,7 +40,7 @@ fi
 if stage fp8; then
   timeout -k 5 ${FP8_TIMEOUT:-300} ./build/test_gpu_fp8 ${FP8_FILTER:-} > "$OUT/fp8.log" 2>&1
   echo "fp8 rc=$?: $(tail -1 "$OUT/fp8.log")"
-  grep -E "FAIL|failed|RMSE|ratio|per tensor /|rel L2 [0-9.e-]+[^0]" "$OUT/fp8.log" | head -${FP8_LINES:-40}
+  grep -E "FAIL|failed|RMSE|ratio|per tensor /|64K|descales NaN|rel L2 [0-9.e-]+[^0]" "$OUT/fp8.log" | head -${FP8_LINES:-40}
 fi
 if stage sanitize; then
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do

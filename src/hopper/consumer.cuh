@@ -122,7 +122,7 @@ struct ConsumerTile {
     wgmma_wait<0>();
     pin(s);
     release_k(it, ks.stage);
-    scores_to_float<Cfg>(s);
+    if constexpr (Cfg::kIntScores) lift_int_scores(s);
     mask_if_needed(s, t.n_tiles - 1 - it);
   }
 
@@ -152,7 +152,7 @@ struct ConsumerTile {
 
     // First key tile: S only.
     scores_alone(s, 0);
-    softmax.step<true>(s, alpha, score_scale(0));
+    softmax.step<true, Cfg::kIntScores>(s, alpha, score_scale(0));
     convert_to_operand<Cfg>(s, p);
 
     // Steady state: S_it with P_{it-1}·V_{it-1}. FP8's descales of tile it are loaded before
@@ -177,9 +177,9 @@ struct ConsumerTile {
       wgmma_wait<1>();  // S_it is done; P·V may still run
       pin(s);
       release_k(it, ks.stage);
-      scores_to_float<Cfg>(s);
+      if constexpr (Cfg::kIntScores) lift_int_scores(s);
       mask_if_needed(s, t.n_tiles - 1 - it);
-      softmax.step<false>(s, alpha, c);
+      softmax.step<false, Cfg::kIntScores>(s, alpha, c);
       // ptxas hoists a wgmma wait to the top of its basic block, above independent code: here
       // above the softmax, which then runs after P·V instead of under it (run 27, SASS). A
       // branch ends the block where that overlap pays (Cfg::kSoftmaxUnderPv).

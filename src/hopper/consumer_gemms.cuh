@@ -2,7 +2,7 @@
 // starts with wgmma.fence: the registers it reads were last written by ordinary instructions
 // (softmax, rescale), and a fence in the same basic block keeps ptxas from injecting its own.
 //   S = Q·Kᵀ : A = the warpgroup's 64 Q rows, B = a K tile, both K-major in smem (INT8 Q and
-//              K: int32 scores, made floats by scores_to_float once waited for).
+//              K: int32 scores, lifted to floats by lift_int_scores once waited for).
 //   O += P·V : A = P from registers (the S accumulator converted in place), B = a V tile read
 //              MN-major (tnspB = 1) straight from its TMA layout; for FP8, a Vᵀ tile read
 //              K-major (FP8 wgmma has no transpose), its keys in kFp8KeyOrder.
@@ -39,17 +39,6 @@ __device__ __forceinline__ void issue_qk_gemm(float (&s)[Cfg::kBlockN / 2], uint
     for (int kk = 0; kk < kW / 32; ++kk)  // k steps (k16, or k32 for FP8) of 32 B in a panel row
       Mma::mma(s, advance(qd, p * Cfg::kBlockM * kW + kk * 32), advance(kd, p * Cfg::kBlockN * kW + kk * 32),
                p > 0 || kk > 0);
-}
-
-// INT8 Q and K leave int32 scores, exact (|s| <= 256 x 128² = 2²²), as bits in s. Adding
-// 0x4B400000 to the bits makes the float 1.5·2²³ + s exactly (its ulp is 1 up to 2²⁴), and
-// subtracting 1.5·2²³ leaves s: one integer and one float add, where a conversion instruction
-// would take the 16-per-cycle pipe that the exponentials already fill.
-template <class Cfg>
-__device__ __forceinline__ void scores_to_float(float (&s)[Cfg::kBlockN / 2]) {
-  if constexpr (Cfg::kIntScores)
-#pragma unroll
-    for (int i = 0; i < Cfg::kBlockN / 2; ++i) s[i] = __int_as_float(__float_as_int(s[i]) + 0x4B400000) - 12582912.f;
 }
 
 template <class Cfg>

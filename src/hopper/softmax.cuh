@@ -16,6 +16,17 @@
 
 namespace warpattn::detail {
 
+// INT8 Q and K leave int32 scores s, exact (|s| <= 256 x 128² = 2²²), as bits in the score
+// registers. Adding 0x4B400000 to the bits makes them the floats 1.5·2²³ + s exactly (the ulp is
+// 1 up to 2²⁴): one integer add per score instead of a conversion. The softmax takes the offset
+// out of the row max exactly and folds it into each row's FFMA addend (step<.., true>).
+inline constexpr float kIntScoreOffset = 12582912.f;  // 1.5·2²³, the float with bits 0x4B400000
+template <int kRegs>
+__device__ __forceinline__ void lift_int_scores(float (&s)[kRegs]) {
+#pragma unroll
+  for (int i = 0; i < kRegs; ++i) s[i] = __int_as_float(__float_as_int(s[i]) + 0x4B400000);
+}
+
 struct OnlineSoftmax {
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
@@ -24,8 +35,12 @@ struct OnlineSoftmax {
   __device__ __forceinline__ explicit OnlineSoftmax(float offset = 0.f) : p_log2_offset(offset) {}
 
   // Replaces s by unnormalised probabilities; alpha gets each row's rescale factor for O.
-  // c (> 0) converts this tile's raw scores to log2 units.
-  template <bool kFirst, int kRegs>
+  // c (> 0) converts this tile's raw scores to log2 units. kLifted: s holds kIntScoreOffset + s
+  // (lift_int_scores). The max subtracts the offset exactly; the exponent's FFMA gets it in its
+  // addend, -(base + offset c) rounded once: an error below one integer score unit times c, the
+  // same for the row's whole tile, where INT8's rounding of Q and K moves a score by tens of
+  // units.
+  template <bool kFirst, bool kLifted = false, int kRegs>
   __device__ __forceinline__ void step(float (&s)[kRegs], float (&alpha)[2], float c) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -33,8 +48,11 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int j = 0; j < kRegs / 4; ++j)
         m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-      m = fmaxf(row_max[r], quad_max(m) * c);
+      m = quad_max(m);
+      if constexpr (kLifted) m -= kIntScoreOffset;
+      m = fmaxf(row_max[r], m * c);
       const float base = (m == -INFINITY ? 0.f : m) - p_log2_offset;
+      const float addend = kLifted ? -fmaf(kIntScoreOffset, c, base) : -base;
       alpha[r] = kFirst ? 1.f : ptx::exp2_approx(row_max[r] - (m == -INFINITY ? 0.f : m));
       row_max[r] = m;
       float sum = 0.f;
@@ -43,7 +61,7 @@ struct OnlineSoftmax {
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
           float& x = s[4 * j + 2 * r + k];
-          x = ptx::exp2_approx(fmaf(x, c, -base));
+          x = ptx::exp2_approx(fmaf(x, c, addend));
           sum += x;
         }
       row_sum[r] = kFirst ? sum : fmaf(row_sum[r], alpha[r], sum);

@@ -374,9 +374,9 @@ void run_forward_case(const ForwardCase& c) {
   // The scores come from QGMMA, whose accumulator keeps ~14 bits when it adds each k32 step's
   // products (DeepSeek-V3 report, 3.3.2): the truncation grows with the steps, d / 32, and with
   // |q.k|. Measured worst over runs 21-26: 1.1e-3 at d = 128, 2.1e-3 at d = 256; an error of the
-  // scale or of the 2^8 lift of P would be >= 0.05. INT8 scores are exact integers: only fp32
-  // rounding of the scale and the row sums is left.
-  CHECK(lse_err < (c.int8 ? 1e-4 : 2e-5 * c.d)) << "LSE off by " << lse_err;
+  // scale or of the 2^8 lift of P would be >= 0.05. INT8 scores are exact integers; what is
+  // left is the softmax's fold of their offset (< one integer unit x c per tile: ~1e-4 here).
+  CHECK(lse_err < (c.int8 ? 5e-4 : 2e-5 * c.d)) << "LSE off by " << lse_err;
 }
 
 TEST(fp8_forward_matches_dequantized_reference) {
@@ -498,16 +498,15 @@ TEST(fp8_forward_takes_per_head_descales) {
 
 // 64K tokens, non-causal, N(0, 1) data: every checked element within 9.5e-3 of the fp64
 // reference on the original BF16 inputs (issue 4's bound; FlashAttention-3's paper reports its
-// FP8 parity at this length).
-TEST(fp8_64k_tokens_full) {
-  REQUIRE_HOPPER();
+// FP8 parity at this length). Q and K in E4M3, then in INT8.
+void run_64k_full(DType qk) {
   const int64_t S = 65536, H = 2, D = 128;
   const uint64_t seed = gpu_test::fresh_seed();
   std::mt19937_64 rng(seed);
   DeviceTensor q(DType::bf16, 1, S, H, D, false), k(DType::bf16, 1, S, H, D, false), v(DType::bf16, 1, S, H, D, false),
       out(DType::bf16, 1, S, H, D, false);
   const auto qf = upload_random(q, rng), kf = upload_random(k, rng), vf = upload_random(v, rng);
-  Fp8Buffers f(1, S, S, H, H, D);
+  Fp8Buffers f(1, S, S, H, H, D, qk);
   warpattn::QuantizeOptions o;
   o.seed = seed;
   warpattn::quantize_fp8(q.view, k.view, v.view, f.ops, o, nullptr);
@@ -531,9 +530,15 @@ TEST(fp8_64k_tokens_full) {
     }
   });
   const double max_delta = *std::max_element(worst.begin(), worst.end());
-  printf("    FP8 64K full: max |delta| %.3e over %zu rows x %lld heads (bound 9.5e-3; seed %llu)\n", max_delta,
-         rows.size(), (long long)H, (unsigned long long)seed);
+  printf("    FP8 64K full, %s Q/K: max |delta| %.3e over %zu rows x %lld heads (bound 9.5e-3; seed %llu)\n",
+         qk == DType::s8 ? "int8" : "e4m3", max_delta, rows.size(), (long long)H, (unsigned long long)seed);
   CHECK(max_delta <= 9.5e-3) << "max |delta| " << max_delta << "; seed " << seed;
+}
+
+TEST(fp8_64k_tokens_full) {
+  REQUIRE_HOPPER();
+  run_64k_full(DType::e4m3);
+  run_64k_full(DType::s8);
 }
 
 // ---------------------------------------------------------------------------------- accuracy
