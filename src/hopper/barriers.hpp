@@ -6,7 +6,8 @@ namespace warpattn::detail {
 
 struct Barrier {
   // Ping-pong: consumer warpgroup i waits on kTurn0 + i before issuing its GEMMs, and hands
-  // the turn to the other one right after issuing them (count 256: 128 sync + 128 arrive).
+  // the turn to the next one right after issuing them (count 256: 128 sync + 128 arrive).
+  // Ids kTurn0 .. kTurn0 + 2 with three consumer warpgroups.
   static constexpr int kTurn0 = 1;
 };
 

@@ -24,20 +24,22 @@
 
 namespace warpattn::detail {
 
-// Ping-pong turns. Both consumer warpgroups of a CTA take the same number of turns over the
-// kernel's life. Warpgroup 1 hands warpgroup 0 the first turn once (start); warpgroup 0
-// takes one extra turn at exit (finish) to consume the last hand-over, so no arrival is left
-// pending, whatever the number of tiles.
+// Ping-pong turns, in a ring 0 -> 1 (-> 2) -> 0. Every consumer warpgroup of a CTA takes the
+// same number of turns over the kernel's life. The last warpgroup hands warpgroup 0 the first
+// turn once (start); warpgroup 0 takes one extra turn at exit (finish) to consume the last
+// hand-over, so no arrival is left pending, whatever the number of tiles.
 struct PingPong {
   int warpgroup;
+  int warpgroups;
   __device__ __forceinline__ void wait_turn() const {
     ptx::named_barrier_sync(Barrier::kTurn0 + warpgroup, 256);
   }
   __device__ __forceinline__ void pass_turn() const {
-    ptx::named_barrier_arrive(Barrier::kTurn0 + (warpgroup ^ 1), 256);
+    const int next = warpgroups == 2 ? warpgroup ^ 1 : (warpgroup + 1 == warpgroups ? 0 : warpgroup + 1);
+    ptx::named_barrier_arrive(Barrier::kTurn0 + next, 256);
   }
   __device__ __forceinline__ void start() const {
-    if (warpgroup == 1) pass_turn();
+    if (warpgroup == warpgroups - 1) pass_turn();
   }
   __device__ __forceinline__ void finish() const {
     if (warpgroup == 0) wait_turn();
@@ -76,11 +78,13 @@ struct ConsumerTile {
         params(p),
         t(t_),
         f(threadIdx.x % 128),
-        turns{t_.warpgroup},
+        turns{t_.warpgroup, Cfg::kConsumerWarpgroups},
         m_start(t_.m_block * Cfg::kBlockM),
         row0(t_.m_block * Cfg::kBlockM + t_.warpgroup * 64 + f.row(0)),
         q_rows(ptx::smem_addr(ss_.q[t_.q_stage]) + t_.warpgroup * 64 * Cfg::kSwizzleBytes),
-        q_scale(Cfg::kFp8 ? p.scale_log2 * p.q_descale.at(t_.batch, t_.head, t_.m_block) : p.scale_log2) {}
+        q_scale(Cfg::kFp8 ? p.scale_log2 * p.q_descale.at(t_.batch, t_.head,
+                                                           (m_start + t_.warpgroup * 64) / Cfg::kDescaleRows)
+                          : p.scale_log2) {}
 
   // Scores of key tile n (ordinal it = n_tiles - 1 - n) to log2 units: with FP8, times the
   // tile's K descale.

@@ -10,10 +10,12 @@ namespace warpattn::detail {
 // Element_: the operand type of both GEMMs: __half, __nv_bfloat16, or __nv_fp8_e4m3 (FP8:
 // Q, K and Vᵀ in e4m3 with descales, O written as OutElement_).
 // QKElement_: the operands of the S GEMM; int8_t with FP8 for INT8 Q and K (int32 scores).
+// kConsumerWarpgroups_: 2, or 3 where a consumer's registers fit in 160 (more warps to hide the
+// softmax's latency where it, not the GEMMs, is the work: small head dims).
 // kQStages_: Q buffers (1 or 2; 0 = 2 when shared memory allows). With two, the next work
 // tile's Q loads during the whole current tile instead of after its last S GEMM.
 template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kCausal_, int kQStages_ = 0,
-          class OutElement_ = Element_, class QKElement_ = Element_>
+          class OutElement_ = Element_, class QKElement_ = Element_, int kConsumerWarpgroups_ = 2>
 struct ForwardConfig {
   using Element = Element_;
   using OutElement = OutElement_;
@@ -24,8 +26,9 @@ struct ForwardConfig {
                 "the S GEMM differs from the P·V GEMM only for INT8 Q and K with FP8");
   static constexpr int kElementBytes = kFp8 ? 1 : 2;
   static constexpr int kHeadDim = kHeadDim_;
-  // Two consumer warpgroups, 64 query rows each (one m64 wgmma row block).
-  static constexpr int kConsumerWarpgroups = 2;
+  // Consumer warpgroups, 64 query rows each (one m64 wgmma row block).
+  static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;
+  static_assert(kConsumerWarpgroups == 2 || kConsumerWarpgroups == 3, "two or three consumer warpgroups");
   static constexpr int kBlockM = 64 * kConsumerWarpgroups;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
@@ -37,6 +40,10 @@ struct ForwardConfig {
   static constexpr int kRowBytes = kHeadDim * kElementBytes;
   static constexpr int kSwizzleBytes = kRowBytes < 128 ? kRowBytes : 128;
   static constexpr int kPanels = kRowBytes / kSwizzleBytes;
+  // FP8 descales: one per 128 rows of Q (kFp8BlockRows), so a warpgroup's 64 rows share one
+  // even when a work tile has 192 rows; K and V's blocks are the 128-key tiles.
+  static constexpr int kDescaleRows = 128;
+  static_assert(kDescaleRows % 64 == 0 && (!kFp8 || kBlockN == kDescaleRows), "descale blocks follow the tiles");
   // k steps of the P·V GEMM over one key tile (k16, or k32 for FP8).
   static constexpr int kPvSteps = kBlockN / (kFp8 ? 32 : 16);
   // FP8 P is scaled by 2^8 before its conversion (the e4m3 range reaches 448; P <= 1 would
@@ -47,14 +54,16 @@ struct ForwardConfig {
   // N = 16k, same process): d = 256 +0.6..2.2% bf16, -0.3..+1.8% FP8; d = 128 -3..+3%; d = 64
   // -3.5..-5% bf16 (its P·V is short, and the ping-pong already hides the softmax).
   static constexpr bool kSoftmaxUnderPv = kHeadDim == 256;
-  // setmaxnreg split. The pool is the launch allocation: 384 threads x 168 registers =
-  // 64,512 = 128 x 40 + 256 x 232; a split over it makes the consumers' .inc wait forever.
-  // The producer needs 40 since it also chooses tiles (24 spilled); the consumers fit in 232
-  // with no spill at every head dim.
+  // setmaxnreg split. The pool is the launch allocation (65,536 registers / threads, in steps
+  // of 8): 384 threads x 168 = 64,512 = 128 x 40 + 256 x 232, or 512 x 128 = 65,536 =
+  // 128 x 32 + 384 x 160; a split over it makes the consumers' .inc wait forever. The producer
+  // needs 40 since it also chooses tiles (24 spilled); the consumers fit in 232 with no spill at
+  // every head dim.
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
   static constexpr bool kWideConsumers = kFp8 && kHeadDim == 256;
-  static constexpr int kProducerRegisters = kWideConsumers ? 24 : 40;
-  static constexpr int kConsumerRegisters = kWideConsumers ? 240 : 232;
-  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 384 * 168,
+  static constexpr int kProducerRegisters = kConsumerWarpgroups == 3 ? 32 : kWideConsumers ? 24 : 40;
+  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 3 ? 160 : kWideConsumers ? 240 : 232;
+  static_assert(128 * kProducerRegisters + 128 * kConsumerWarpgroups * kConsumerRegisters <= kThreads * kLaunchRegisters,
                 "setmaxnreg.inc would wait forever for registers the CTA does not have");
 
   static constexpr int kQTileBytes = kBlockM * kHeadDim * kElementBytes;

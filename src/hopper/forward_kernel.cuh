@@ -1,6 +1,6 @@
-// The Hopper forward kernel: a persistent grid of CTAs, each of three warpgroups. Warpgroup 0
-// produces (TMA), warpgroups 1 and 2 consume (WGMMA + softmax), 64 query rows each, for every
-// work tile (128 query rows of one batch and head) the scheduler hands the CTA.
+// The Hopper forward kernel: a persistent grid of CTAs, each of three (or four) warpgroups.
+// Warpgroup 0 produces (TMA), the others consume (WGMMA + softmax), 64 query rows each, for
+// every work tile (kBlockM query rows of one batch and head) the scheduler hands the CTA.
 #pragma once
 #include <cuda.h>
 
@@ -26,7 +26,7 @@ __device__ __forceinline__ void init_barriers(SharedStorage<Cfg>& ss) {
     mbarrier_init(smem_addr(&ss.q_full[s]), 1);
     mbarrier_init(smem_addr(&ss.q_empty[s]), Cfg::kConsumerWarpgroups);
   }
-  ss.tiles.init();
+  ss.tiles.init(128 * Cfg::kConsumerWarpgroups);
 #pragma unroll
   for (int s = 0; s < Cfg::kStages; ++s) {
     mbarrier_init(smem_addr(&ss.k_full[s]), 1);
@@ -41,7 +41,7 @@ __device__ __forceinline__ void init_barriers(SharedStorage<Cfg>& ss) {
 template <class Cfg>
 __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, const ForwardParams& params,
                                                        int warpgroup) {
-  const PingPong turns{warpgroup};
+  const PingPong turns{warpgroup, Cfg::kConsumerWarpgroups};
   const FragmentCoords f(threadIdx.x % 128);
   turns.start();
   int kv = 0, q_iter = 0;  // as in the producer

@@ -22,6 +22,7 @@ template <class Cfg>
 void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView& k,
                  const TensorView& v, const TensorView& out, const std::optional<TensorView>& lse,
                  cudaStream_t stream, const Fp8Operands* fp8 = nullptr) {
+  static_assert(Cfg::kDescaleRows == kFp8BlockRows, "the kernel's descale blocks are the API's");
   const CUtensorMap tm_q = make_panel_tensor_map(q, "q", Cfg::kBlockM, Cfg::kPanels, Cfg::kSwizzleBytes);
   const CUtensorMap tm_k = make_panel_tensor_map(k, "k", Cfg::kBlockN, Cfg::kPanels, Cfg::kSwizzleBytes);
   const CUtensorMap tm_v = Cfg::kFp8 ? make_vt_tensor_map(v, "vt", Cfg::kBlockN)

@@ -60,12 +60,12 @@ struct ScheduledTile {
 struct TileSlots {
   ScheduledTile tile[2];
   uint64_t full[2];   // count 1: the producer's arrival
-  uint64_t empty[2];  // count 256: every consumer thread has read it
+  uint64_t empty[2];  // count: every consumer thread has read it
 
-  __device__ __forceinline__ void init() {
+  __device__ __forceinline__ void init(int consumer_threads) {
     for (int s = 0; s < 2; ++s) {
       ptx::mbarrier_init(ptx::smem_addr(&full[s]), 1);
-      ptx::mbarrier_init(ptx::smem_addr(&empty[s]), 256);
+      ptx::mbarrier_init(ptx::smem_addr(&empty[s]), consumer_threads);
     }
   }
   // i: how many tiles this CTA has published before.
