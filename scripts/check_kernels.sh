@@ -15,7 +15,7 @@
 #      "attention_forward". With none, the check fails instead of passing vacuously.
 #   4. Each forward kernel must contain wgmma instructions of its type: HGMMA (fp16/bf16),
 #      QGMMA (FP8 kernels, whose names carry __nv_fp8_e4m3), and IGMMA as well in the FP8
-#      kernels with INT8 Q and K (QKElement int8_t: their mangled names end in "aEEEEv").
+#      kernels with INT8 Q and K (QKElement int8_t: their mangled names end in "aLi<n>EEEEEv").
 #   5. Each forward kernel must have a ptxas report in the log. Without one, the log is stale
 #      or incomplete, so checks 1 and 2 would have seen too little.
 #   6. Each function named as in check 1 must have STACK:0 and LOCAL:0 in cuobjdump
@@ -244,7 +244,7 @@ awk -F '\t' -v fwd="$FORWARD_RE" -v hop="$HOPPER_RE" '
       if (n_entry > 0 && !(name in entry)) continue   # a device function, not a kernel
       nk++
       fp8 = name ~ /fp8_e4m3/
-      int8qk = fp8 && name ~ /aEEEEv/
+      int8qk = fp8 && name ~ /aLi[0-9]EEEEEv/
       printf "K\t%s\t%s\t%s\t%s\n", arch, name, fp8 ? gq[k] " QGMMA" (int8qk ? " " gi[k] " IGMMA" : "") : g[k] " HGMMA", (name in reg) ? reg[name] : "?"
       if (!fp8 && g[k] == 0) printf "FAIL\tforward kernel [%s] (%s) has no HGMMA in its SASS: the WGMMA path was not compiled\n", name, arch
       if (fp8 && gq[k] == 0) printf "FAIL\tFP8 forward kernel [%s] (%s) has no QGMMA in its SASS: the FP8 WGMMA path was not compiled\n", name, arch

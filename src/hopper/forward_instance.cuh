@@ -1,8 +1,39 @@
 // The body of each forward_<dtype>_d<dim>.cu: one dtype and head dim, causal and not (for FP8,
-// both output dtypes; forward_fp8_int8qk_d<dim>.cu for INT8 Q and K). One file per pair so that builds spread over cores.
+// both output dtypes; forward_fp8_int8qk_d<dim>.cu for INT8 Q and K), and where the head dim
+// has them the tall tiles for long sequences. One file per pair so that builds spread over
+// cores.
 #pragma once
 #include "hopper/run_forward.cuh"
 #include "hopper/tile_shapes.hpp"
+
+namespace warpattn::detail {
+
+// Runs Cfg, or TallCfg (a head dim with tall tiles) from kTallTileMinRows query rows on.
+template <class Cfg, class TallCfg, bool kTall>
+void run_forward_tiles(const ForwardProblem& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream,
+                       const Fp8Operands* fp8 = nullptr) {
+  if constexpr (kTall)
+    if (p.seqlen_q >= kTallTileMinRows) return run_forward<TallCfg>(p, q, k, v, out, lse, stream, fp8);
+  run_forward<Cfg>(p, q, k, v, out, lse, stream, fp8);
+}
+
+template <class Element, int kHeadDim, bool kCausal>
+void run_forward_causal(const ForwardProblem& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream) {
+  run_forward_tiles<ForwardConfigFor<Element, kHeadDim, kCausal>, TallForwardConfigFor<Element, kHeadDim, kCausal>,
+                    kHasTallTiles<kHeadDim>>(p, q, k, v, out, lse, stream);
+}
+
+template <int kHeadDim, bool kCausal, class Out, class QKElement>
+void run_fp8_causal(const ForwardProblem& p, const Fp8Operands& f, const TensorView& out,
+                    const std::optional<TensorView>& lse, cudaStream_t stream) {
+  run_forward_tiles<Fp8ForwardConfigFor<kHeadDim, kCausal, Out, QKElement>,
+                    Fp8ForwardConfigFor<kHeadDim, kCausal, Out, QKElement, 3>, kHasTallTiles<kHeadDim>>(
+      p, f.q, f.k, f.vt, out, lse, stream, &f);
+}
+
+}  // namespace warpattn::detail
 
 #define WARPATTN_FORWARD_INSTANCE(Element, kHeadDim)                                              \
   namespace warpattn::detail {                                                                    \
@@ -11,9 +42,9 @@
       const ForwardProblem& p, const TensorView& q, const TensorView& k, const TensorView& v,     \
       const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream) {         \
     if (p.causal)                                                                                 \
-      run_forward<ForwardConfigFor<Element, kHeadDim, true>>(p, q, k, v, out, lse, stream);       \
+      run_forward_causal<Element, kHeadDim, true>(p, q, k, v, out, lse, stream);                  \
     else                                                                                          \
-      run_forward<ForwardConfigFor<Element, kHeadDim, false>>(p, q, k, v, out, lse, stream);      \
+      run_forward_causal<Element, kHeadDim, false>(p, q, k, v, out, lse, stream);                 \
   }                                                                                               \
   }
 
@@ -24,9 +55,9 @@
   static void run_fp8_out(const ForwardProblem& p, const Fp8Operands& f, const TensorView& out,     \
                           const std::optional<TensorView>& lse, cudaStream_t stream) {              \
     if (p.causal)                                                                                   \
-      run_forward<Fp8ForwardConfigFor<kHeadDim, true, Out, QKElement>>(p, f.q, f.k, f.vt, out, lse, stream, &f);  \
+      run_fp8_causal<kHeadDim, true, Out, QKElement>(p, f, out, lse, stream);                       \
     else                                                                                            \
-      run_forward<Fp8ForwardConfigFor<kHeadDim, false, Out, QKElement>>(p, f.q, f.k, f.vt, out, lse, stream, &f); \
+      run_fp8_causal<kHeadDim, false, Out, QKElement>(p, f, out, lse, stream);                      \
   }                                                                                                 \
   template <>                                                                                       \
   void run_forward_fp8_head_dim<kHeadDim, QKElement>(const ForwardProblem& p, const Fp8Operands& f, \

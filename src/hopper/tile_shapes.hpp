@@ -1,6 +1,6 @@
 // Tile shapes per head dimension: the one place where they are chosen (docs/tile-shapes.md
 // collects the measurements behind each choice).
-// kBlockM is 128 (two consumer warpgroups of 64 rows; FP8 d=64: 192, three). The measurements behind each
+// kBlockM is 128 (two consumer warpgroups of 64 rows; tall tiles below: 192). The measurements behind each
 // choice are in docs/perf/LOG.md (runs 5-9, bf16, beside cuDNN in the same process):
 //  d=64 : 128 x 128, 2 stages, two Q buffers. 128 x 192 gains 1-4% at N=16k but loses 9% at
 //         N=1024 (a partial last key tile); a single Q buffer measured the same.
@@ -19,19 +19,31 @@ namespace warpattn::detail {
 
 template <int kHeadDim, bool kCausal>
 struct TileShape;
-// kWarpgroups: consumer warpgroups. Three at d=64 spill with BF16/FP16 (the precise path's P
-// in two parts does not fit in 160 registers).
 template <bool kCausal>
 struct TileShape<64, kCausal> {
-  static constexpr int kBlockN = 128, kStages = 2, kWarpgroups = 2;
+  static constexpr int kBlockN = 128, kStages = 2;
 };
 template <bool kCausal>
 struct TileShape<128, kCausal> {
-  static constexpr int kBlockN = kCausal ? 128 : 176, kStages = kCausal ? 3 : 2, kWarpgroups = 2;
+  static constexpr int kBlockN = kCausal ? 128 : 176, kStages = kCausal ? 3 : 2;
 };
 template <bool kCausal>
 struct TileShape<256, kCausal> {
-  static constexpr int kBlockN = 80, kStages = 2, kWarpgroups = 2;
+  static constexpr int kBlockN = 80, kStages = 2;
+};
+
+// Three consumer warpgroups (192-row work tiles) pay where the softmax, not the GEMMs, is the
+// work — d = 64, one exponential per 256 FLOP — and the sequence fills the taller tiles; they
+// are chosen at run time from kTallTileMinRows query rows on. Run 44 (BF16, 128 x 96 tiles,
+// beside cuDNN): +7..12% at N >= 4096, -5% (causal -10%) at N = 1024, whose last 192-row
+// tile is a third full. Runs 43/44, FP8 (128-key tiles): +15..23% at N = 16k. BF16 keys come
+// 96 at a time: with 128, the precise path's P in two parts spills out of 160 registers.
+inline constexpr int64_t kTallTileMinRows = 2048;
+template <int kHeadDim>
+inline constexpr bool kHasTallTiles = kHeadDim == 64;
+template <int kHeadDim, bool kCausal>
+struct TallTileShape {  // used where kHasTallTiles
+  static constexpr int kBlockN = 96, kStages = 2, kWarpgroups = 3;
 };
 
 // FP8: 128-key tiles (Vᵀ's 128-byte panel); 1-byte operands leave room for two Q buffers and,
@@ -45,23 +57,18 @@ struct TileShape<256, kCausal> {
 #endif
 template <int kHeadDim>
 inline constexpr int kFp8Stages = WARPATTN_TUNE_FP8_STAGES > 0 ? WARPATTN_TUNE_FP8_STAGES : (kHeadDim == 256 ? 2 : 3);
-// d=64: three consumer warpgroups (192 x 128 tiles). There the exponentials, not the GEMMs, are
-// the work (one per 256 FLOP), and two warps per scheduler could not keep the MUFU busy
-// (run 41: 474 TFLOP/s, the MUFU ~half used); O and S fit in 160 registers.
-#ifndef WARPATTN_TUNE_FP8_D64_WARPGROUPS
-#define WARPATTN_TUNE_FP8_D64_WARPGROUPS 3
-#endif
-template <int kHeadDim>
-inline constexpr int kFp8ConsumerWarpgroups = kHeadDim == 64 ? WARPATTN_TUNE_FP8_D64_WARPGROUPS : 2;
 // QKElement: __nv_fp8_e4m3, or int8_t for INT8 Q and K (the same tiles: 1-byte operands).
-template <int kHeadDim, bool kCausal, class OutElement, class QKElement>
+// kWarpgroups 3: the tall tiles (192 x 128; see kTallTileMinRows).
+template <int kHeadDim, bool kCausal, class OutElement, class QKElement, int kWarpgroups = 2>
 using Fp8ForwardConfigFor = ForwardConfig<__nv_fp8_e4m3, kHeadDim, 128, kFp8Stages<kHeadDim>, kCausal,
-                                          WARPATTN_TUNE_FP8_QSTAGES, OutElement, QKElement,
-                                          kFp8ConsumerWarpgroups<kHeadDim>>;
+                                          WARPATTN_TUNE_FP8_QSTAGES, OutElement, QKElement, kWarpgroups>;
 
 template <class Element, int kHeadDim, bool kCausal>
 using ForwardConfigFor = ForwardConfig<Element, kHeadDim, TileShape<kHeadDim, kCausal>::kBlockN,
-                                       TileShape<kHeadDim, kCausal>::kStages, kCausal, 0, Element, Element,
-                                       TileShape<kHeadDim, kCausal>::kWarpgroups>;
+                                       TileShape<kHeadDim, kCausal>::kStages, kCausal>;
+template <class Element, int kHeadDim, bool kCausal>
+using TallForwardConfigFor =
+    ForwardConfig<Element, kHeadDim, TallTileShape<kHeadDim, kCausal>::kBlockN, TallTileShape<kHeadDim, kCausal>::kStages,
+                  kCausal, 0, Element, Element, TallTileShape<kHeadDim, kCausal>::kWarpgroups>;
 
 }  // namespace warpattn::detail
