@@ -106,12 +106,21 @@ TEST(rotation_keeps_dot_products) {
   CHECK(signs != warpattn::reference::random_signs(n, 43)) << "the seed must matter";
 }
 
-TEST(block_scales_are_block_maxima_over_448) {
-  const int rows = 300, n = 64, block = 128;
-  std::mt19937_64 rng(3);
+// 300 rows of 64 N(0, 1) values, the rows from 128 on 50x larger: blocks of 128 rows with
+// different maxima (128 + 128 + 44 rows).
+constexpr int kBlockTestRows = 300, kBlockTestCols = 64;
+std::vector<double> block_test_data(uint64_t seed) {
+  std::mt19937_64 rng(seed);
   std::normal_distribution<double> normal;
-  std::vector<double> x(rows * n);
-  for (int64_t i = 0; i < rows * n; ++i) x[i] = normal(rng) * (i / n < 128 ? 1.0 : 50.0);
+  std::vector<double> x(kBlockTestRows * kBlockTestCols);
+  for (int64_t i = 0; i < kBlockTestRows * kBlockTestCols; ++i)
+    x[i] = normal(rng) * (i / kBlockTestCols < 128 ? 1.0 : 50.0);
+  return x;
+}
+
+TEST(block_scales_are_block_maxima_over_448) {
+  const int rows = kBlockTestRows, n = kBlockTestCols, block = 128;
+  const std::vector<double> x = block_test_data(3);
   const auto q = warpattn::reference::quantize_blocks(x.data(), rows, n, block);
   REQUIRE(q.descales.size() == 3u);  // 128 + 128 + 44 rows
   for (int b = 0; b < 3; ++b) {
@@ -136,11 +145,8 @@ TEST(block_scales_are_block_maxima_over_448) {
 // even) within +-127, so every element within half a step (descale / 2) of its value, the block
 // maximum on +-127, and -128 never written.
 TEST(int8_block_scales_round_to_nearest_within_127) {
-  const int rows = 300, n = 64, block = 128;
-  std::mt19937_64 rng(5);
-  std::normal_distribution<double> normal;
-  std::vector<double> x(rows * n);
-  for (int64_t i = 0; i < rows * n; ++i) x[i] = normal(rng) * (i / n < 128 ? 1.0 : 50.0);
+  const int rows = kBlockTestRows, n = kBlockTestCols, block = 128;
+  std::vector<double> x = block_test_data(5);
   x[5] = -std::fabs(x[5]) - 10;  // block 0's amax is a negative value
   x[200 * n + 3] = 0;
   const auto q = warpattn::reference::quantize_blocks(x.data(), rows, n, block, true);
