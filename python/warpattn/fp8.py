@@ -1,89 +1,208 @@
-"""FP8 (e4m3) attention for PyTorch tensors: quantise once, then run the FP8 kernel.
+"""FP8 (e4m3) attention: quantise once, then run the FP8 kernel. PyTorch, CuPy and JAX.
 
     ops = warpattn.quantize_fp8(q, k, v)              # rotation + per-block scales (default)
     out = warpattn.flash_attn_fp8_func(ops, causal=True)
-    ops = warpattn.quantize_fp8(q, k, v, qk_dtype=torch.int8)   # INT8 Q and K: ~1.5x less error
+    ops = warpattn.quantize_fp8(q, k, v, qk_dtype="int8")   # INT8 Q and K: ~1.4x less error
 
-The operands follow include/warpattn/fp8.hpp: q (B, Sq, Hq, D) and k (B, Sk, Hkv, D) in
-float8_e4m3fn (or both int8), vt (B, Hkv, D, Sk rounded up to 16) in float8_e4m3fn holding V
-transposed with the keys of every 16-key group in warpattn.FP8_KEY_ORDER, and float32 descales
-per block of 128 rows (keys). A caller may build them itself. Head dims 64, 128 and 256.
+The operands follow include/warpattn/fp8.hpp: q (B, Sq, Hq, D) and k (B, Sk, Hkv, D) in e4m3
+(or both int8), vt (B, Hkv, D, Sk rounded up to 16) in e4m3 holding V transposed with the keys
+of every 16-key group in warpattn.FP8_KEY_ORDER, and float32 descales per block of 128 rows
+(keys). A caller may build them itself. Head dims 64, 128 and 256.
+
+e4m3 tensors are torch.float8_e4m3fn with PyTorch and jnp.float8_e4m3fn with JAX; CuPy has no
+FP8 type, so there they are uint8 arrays holding the e4m3 bytes. CuPy has no bfloat16 either:
+its outputs are float16.
 """
-from typing import NamedTuple, Optional
-
-import torch
+from typing import Any, NamedTuple, Optional
 
 from . import _warpattn
+from .api import framework_of
 
 FP8_BLOCK_ROWS = 128
 FP8_KEY_ORDER = (0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)
 
 
 class Fp8Operands(NamedTuple):
-    q: torch.Tensor
-    k: torch.Tensor
-    vt: torch.Tensor
-    q_descale: torch.Tensor
-    k_descale: torch.Tensor
-    v_descale: torch.Tensor
-
-
-def _stream(t):
-    return torch.cuda.current_stream(t.device).cuda_stream
-
-
-def _bytes(t, name, int8_ok=False):
-    if int8_ok and t.dtype == torch.int8:
-        return t
-    if t.dtype != torch.float8_e4m3fn:
-        raise TypeError("%s: expected a float8_e4m3fn%s tensor, got %s" % (name, " or int8" if int8_ok else "", t.dtype))
-    return t.view(torch.uint8)
+    q: Any
+    k: Any
+    vt: Any
+    q_descale: Any
+    k_descale: Any
+    v_descale: Any
 
 
 def _blocks(n):
     return (n + FP8_BLOCK_ROWS - 1) // FP8_BLOCK_ROWS
 
 
-def quantize_fp8(q, k, v, rotate=True, seed=0, per_tensor=False, qk_dtype=torch.float8_e4m3fn):
+def _dtype_name(dtype, name, allowed):
+    """A dtype given as a string, a PyTorch / NumPy / CuPy / JAX dtype or type, by its name."""
+    text = str(getattr(dtype, "__name__", dtype)).replace("torch.", "")
+    if text not in allowed:
+        raise TypeError("%s: expected one of %s, got %r" % (name, ", ".join(sorted(allowed)), dtype))
+    return text
+
+
+def _qk_int8(qk_dtype):
+    return _dtype_name(qk_dtype, "qk_dtype", {"float8_e4m3fn", "e4m3", "int8"}) == "int8"
+
+
+# ------------------------------------------------------------------------------ allocation
+
+def _torch_empty(device_index):
+    import torch
+    device = torch.device("cuda", device_index)
+    types = {"int8": torch.int8, "e4m3": torch.float8_e4m3fn, "uint8": torch.uint8, "float32": torch.float32,
+             "float16": torch.float16, "bfloat16": torch.bfloat16}
+    return lambda shape, kind: torch.empty(shape, dtype=types[kind], device=device)
+
+
+def _cupy_empty():
+    import cupy
+    types = {"int8": cupy.int8, "e4m3": cupy.uint8, "uint8": cupy.uint8, "float32": cupy.float32,
+             "float16": cupy.float16}
+
+    def empty(shape, kind):
+        if kind not in types:
+            raise ValueError("CuPy has no %s: use out_dtype='float16'" % kind)
+        return cupy.empty(shape, dtype=types[kind])
+    return empty
+
+
+def _bytes(t, name, int8_ok=False):
+    """What the module takes for an FP8 operand: its e4m3 bytes as uint8 (a view for PyTorch,
+    the array itself for CuPy), or an int8 tensor (Q and K)."""
+    text = str(t.dtype).replace("torch.", "")
+    if int8_ok and text == "int8":
+        return t
+    if text == "float8_e4m3fn":
+        import torch
+        return t.view(torch.uint8)
+    if text == "uint8" and framework_of(t, name) == "cupy":
+        return t
+    raise TypeError("%s: expected a float8_e4m3fn%s tensor (CuPy: uint8 e4m3 bytes), got %s"
+                    % (name, " or int8" if int8_ok else "", t.dtype))
+
+
+def _call_args(ops):
+    return (_bytes(ops.q, "q", True), _bytes(ops.k, "k", True), _bytes(ops.vt, "vt"),
+            ops.q_descale, ops.k_descale, ops.v_descale)
+
+
+# ---------------------------------------------------------------------------------- JAX
+
+def _jax_run(device_index, run):
+    """JAX arrays are immutable and JAX exposes no stream: run(empty) writes into memory from
+    PyTorch or CuPy (whichever is installed) on the default stream, the device is synchronised,
+    and run's results are handed to JAX without a copy. e4m3 buffers are allocated as bytes
+    (uint8): DLPack may not carry FP8."""
+    import jax
+    try:
+        import torch
+        empty, sync = _torch_empty(device_index), torch.cuda.synchronize
+    except ImportError:
+        import cupy
+        empty, sync = _cupy_empty(), cupy.cuda.Device().synchronize
+    results = run(lambda shape, kind: empty(shape, "uint8" if kind == "e4m3" else kind))
+    sync()
+    return [None if r is None else jax.dlpack.from_dlpack(r) for r in results]
+
+
+def _jax_e4m3(a):
+    import jax
+    import jax.numpy as jnp
+    return jax.lax.bitcast_convert_type(a, jnp.float8_e4m3fn)
+
+
+def _jax_bytes(a):
+    import jax
+    import jax.numpy as jnp
+    a.block_until_ready()
+    if str(a.dtype) == "float8_e4m3fn":
+        a = jax.lax.bitcast_convert_type(a, jnp.uint8)  # a byte copy: DLPack may not carry FP8
+        a.block_until_ready()
+    return a
+
+
+# -------------------------------------------------------------------------------- the API
+
+def quantize_fp8(q, k, v, rotate=True, seed=0, per_tensor=False, qk_dtype="e4m3"):
     """FP8 operands of q, k, v (float16 or bfloat16 CUDA tensors, (batch, seqlen, heads,
-    head_dim)). rotate: incoherent processing of Q and K (random signs from `seed`, then the
-    normalised Walsh-Hadamard transform); per_tensor: one descale per tensor instead of one per
-    block of 128 rows; qk_dtype: torch.float8_e4m3fn, or torch.int8 for INT8 Q and K (best with
-    rotate; P and V stay e4m3, same speed). Runs on the current stream."""
-    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
-        raise TypeError("quantize_fp8: expected PyTorch tensors")
-    if qk_dtype not in (torch.float8_e4m3fn, torch.int8):
-        raise TypeError("qk_dtype: expected torch.float8_e4m3fn or torch.int8, got %s" % (qk_dtype,))
+    head_dim); PyTorch, CuPy or JAX). rotate: incoherent processing of Q and K (random signs from
+    `seed`, then the normalised Walsh-Hadamard transform); per_tensor: one descale per tensor
+    instead of one per block of 128 rows; qk_dtype: "e4m3" (or torch.float8_e4m3fn), or "int8"
+    (torch.int8, ...) for INT8 Q and K (best with rotate; P and V stay e4m3, same speed). Runs on
+    the current stream (PyTorch, CuPy)."""
+    fw = framework_of(q, "q")
+    for name, t in (("k", k), ("v", v)):
+        if framework_of(t, name) != fw:
+            raise TypeError("%s: expected a %s tensor like q, got %s" % (name, fw, type(t).__module__))
+    int8 = _qk_int8(qk_dtype)
+    if len(q.shape) != 4 or len(k.shape) != 4:
+        raise ValueError("q, k: expected rank 4 (batch, seqlen, heads, head_dim)")
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
-    dev = q.device
-    e4m3 = torch.float8_e4m3fn
-    ops = Fp8Operands(
-        q=torch.empty((b, sq, hq, d), dtype=qk_dtype, device=dev),
-        k=torch.empty((b, sk, hkv, d), dtype=qk_dtype, device=dev),
-        vt=torch.empty((b, hkv, d, (sk + 15) // 16 * 16), dtype=e4m3, device=dev),
-        q_descale=torch.empty((b, hq, _blocks(sq)), dtype=torch.float32, device=dev),
-        k_descale=torch.empty((b, hkv, _blocks(sk)), dtype=torch.float32, device=dev),
-        v_descale=torch.empty((b, hkv, _blocks(sk)), dtype=torch.float32, device=dev))
-    _warpattn.quantize_fp8(q, k, v, _bytes(ops.q, "q", True), _bytes(ops.k, "k", True), _bytes(ops.vt, "vt"),
-                           ops.q_descale, ops.k_descale, ops.v_descale, bool(rotate), int(seed),
-                           bool(per_tensor), _stream(q))
-    return ops
+    qk = "int8" if int8 else "e4m3"
+
+    def run(empty, stream, inputs, call_args=_call_args):
+        ops = Fp8Operands(
+            q=empty((b, sq, hq, d), qk), k=empty((b, sk, hkv, d), qk),
+            vt=empty((b, hkv, d, (sk + 15) // 16 * 16), "e4m3"),
+            q_descale=empty((b, hq, _blocks(sq)), "float32"),
+            k_descale=empty((b, hkv, _blocks(sk)), "float32"),
+            v_descale=empty((b, hkv, _blocks(sk)), "float32"))
+        _warpattn.quantize_fp8(*inputs, *call_args(ops), bool(rotate), int(seed), bool(per_tensor), stream)
+        return ops
+
+    if fw == "torch":
+        import torch
+        return run(_torch_empty(q.device.index), torch.cuda.current_stream(q.device).cuda_stream, (q, k, v))
+    if fw == "cupy":
+        import cupy
+        return run(_cupy_empty(), cupy.cuda.get_current_stream().ptr, (q, k, v))
+    if fw == "jax":
+        for t in (q, k, v):
+            t.block_until_ready()
+        ops = Fp8Operands(*_jax_run(q.devices().pop().id, lambda empty: run(empty, 0, (q, k, v), tuple)))
+        if int8:
+            return ops._replace(vt=_jax_e4m3(ops.vt))
+        return ops._replace(q=_jax_e4m3(ops.q), k=_jax_e4m3(ops.k), vt=_jax_e4m3(ops.vt))
+    raise TypeError("q: FP8 needs a CUDA tensor (PyTorch, CuPy or JAX), got a %s array" % fw)
 
 
 def flash_attn_fp8_func(ops: Fp8Operands, softmax_scale: Optional[float] = None, causal=False,
-                        out_dtype=torch.bfloat16, return_lse=False, out=None, check_descales=True):
+                        out_dtype="bfloat16", return_lse=False, out=None, check_descales=True):
     """softmax(softmax_scale q k^T [+ causal mask, bottom-right]) v on FP8 operands; out is
-    (batch, seqlen_q, heads, head_dim) in out_dtype (bfloat16 or float16). With check_descales
-    the descales are read back and checked (finite, > 0) before the launch (one
-    synchronisation); quantize_fp8's operands are valid by construction."""
-    q = ops.q
-    if out is None:
-        out = torch.empty(tuple(q.shape), dtype=out_dtype, device=q.device)
-    lse = (torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
-           if return_lse else None)
-    _warpattn.forward_fp8(_bytes(ops.q, "q", True), _bytes(ops.k, "k", True), _bytes(ops.vt, "vt"), ops.q_descale,
-                          ops.k_descale, ops.v_descale, out, lse,
-                          None if softmax_scale is None else float(softmax_scale), bool(causal),
-                          _stream(q), bool(check_descales))
-    return (out, lse) if return_lse else out
+    (batch, seqlen_q, heads, head_dim) in out_dtype (bfloat16 or float16, as a string or the
+    framework's dtype; CuPy: float16). With check_descales the descales are read back and
+    checked (finite, > 0) before the launch (one synchronisation); quantize_fp8's operands
+    are valid by construction."""
+    fw = framework_of(ops.q, "q")
+    kind = _dtype_name(out_dtype, "out_dtype", {"bfloat16", "float16"})
+    b, sq, hq, d = ops.q.shape
+    scale = None if softmax_scale is None else float(softmax_scale)
+
+    def run(empty, stream, args):
+        o = out if out is not None else empty((b, sq, hq, d), kind)
+        lse = empty((b, hq, sq), "float32") if return_lse else None
+        _warpattn.forward_fp8(*args, o, lse, scale, bool(causal), stream, bool(check_descales))
+        return o, lse
+
+    if fw == "torch":
+        import torch
+        o, lse = run(_torch_empty(ops.q.device.index), torch.cuda.current_stream(ops.q.device).cuda_stream,
+                     _call_args(ops))
+    elif fw == "cupy":
+        import cupy
+        o, lse = run(_cupy_empty(), cupy.cuda.get_current_stream().ptr, _call_args(ops))
+    elif fw == "jax":
+        if out is not None:
+            raise ValueError("out: JAX arrays are immutable; call without out")
+        args = (_jax_bytes(ops.q), _jax_bytes(ops.k), _jax_bytes(ops.vt), ops.q_descale, ops.k_descale,
+                ops.v_descale)
+        for t in args[3:]:
+            t.block_until_ready()
+        o, lse = _jax_run(ops.q.devices().pop().id, lambda empty: run(empty, 0, args))
+    else:
+        raise TypeError("q: FP8 needs a CUDA tensor (PyTorch, CuPy or JAX), got a %s array" % fw)
+    return (o, lse) if return_lse else o

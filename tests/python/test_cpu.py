@@ -119,3 +119,15 @@ def test_lse_is_validated_too():
     # return_lse allocates a correct lse; a wrong out shape is still reported first by name.
     with pytest.raises(ValueError, match=r"out: expected shape"):
         warpattn.flash_attn_func(q, k, v, out=np.zeros((2, 127, 8, 64), np.float16), return_lse=True)
+
+
+def test_fp8_arguments_without_a_gpu():
+    q, k, v = qkv()
+    assert warpattn.FP8_BLOCK_ROWS == 128 and len(warpattn.FP8_KEY_ORDER) == 16
+    with pytest.raises(TypeError, match="qk_dtype: expected one of e4m3, float8_e4m3fn, int8, got 'uint8'"):
+        warpattn.quantize_fp8(q, k, v, qk_dtype="uint8")
+    with pytest.raises(TypeError, match="q: FP8 needs a CUDA tensor"):
+        warpattn.quantize_fp8(q, k, v, qk_dtype=np.int8)
+    with pytest.raises(TypeError, match="k: expected a DLPack tensor"):
+        warpattn.quantize_fp8(q, [1], v)
+

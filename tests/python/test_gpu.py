@@ -185,6 +185,49 @@ def test_fp8_int8_qk_against_sdpa(d, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("qk_dtype", ["e4m3", "int8"])
+def test_fp8_cupy_inputs(qk_dtype):
+    cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
+    torch.manual_seed(7)
+    q, k, v = (torch.randn(2, 300, 4, 128, device="cuda", dtype=torch.float16) for _ in range(3))
+    cq, ck, cv = (cupy.from_dlpack(t) for t in (q, k, v))
+    ops = warpattn.quantize_fp8(cq, ck, cv, qk_dtype=qk_dtype)
+    assert isinstance(ops.q, cupy.ndarray) and str(ops.q.dtype) == ("int8" if qk_dtype == "int8" else "uint8")
+    assert str(ops.vt.dtype) == "uint8" and ops.vt.shape == (2, 4, 128, 304)
+    out, lse = warpattn.flash_attn_fp8_func(ops, causal=True, out_dtype="float16", return_lse=True)
+    assert isinstance(out, cupy.ndarray) and str(out.dtype) == "float16"
+    cupy.cuda.get_current_stream().synchronize()
+    want, want_lse = reference(q, k, v, True)
+    assert rel_l2(torch.from_dlpack(out), want) < 6e-2
+    assert (torch.from_dlpack(lse) - want_lse).abs().max().item() < 0.2
+    # the same bytes through PyTorch give the same output
+    tops = warpattn.quantize_fp8(q, k, v, qk_dtype=qk_dtype)
+    assert torch.equal(torch.from_dlpack(ops.vt), tops.vt.view(torch.uint8))
+    with pytest.raises(ValueError, match="CuPy has no bfloat16"):
+        warpattn.flash_attn_fp8_func(ops)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qk_dtype", ["e4m3", "int8"])
+def test_fp8_jax_inputs(qk_dtype):
+    jax = pytest.importorskip("jax", reason="JAX is not installed")
+    if not any(dev.platform == "gpu" for dev in jax.devices()):
+        pytest.skip("JAX sees no GPU")
+    torch.manual_seed(8)
+    q, k, v = (torch.randn(1, 256, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    torch.cuda.synchronize()
+    jq, jk, jv = (jax.dlpack.from_dlpack(t) for t in (q, k, v))
+    ops = warpattn.quantize_fp8(jq, jk, jv, qk_dtype=qk_dtype)
+    assert isinstance(ops.q, jax.Array) and str(ops.vt.dtype) == "float8_e4m3fn"
+    assert str(ops.q.dtype) == ("int8" if qk_dtype == "int8" else "float8_e4m3fn")
+    out, lse = warpattn.flash_attn_fp8_func(ops, return_lse=True)
+    assert isinstance(out, jax.Array) and str(out.dtype) == "bfloat16"
+    want, want_lse = reference(q, k, v, False)
+    assert rel_l2(torch.from_dlpack(out), want) < 6e-2
+    assert (torch.from_dlpack(lse) - want_lse).abs().max().item() < 0.2
+
+
+@pytest.mark.gpu
 def test_fp8_errors():
     q = torch.randn(1, 128, 2, 128, device="cuda", dtype=torch.bfloat16)
     ops = warpattn.quantize_fp8(q, q, q)
