@@ -36,14 +36,19 @@ struct TileShape<256, kCausal> {
 // work — d = 64, one exponential per 256 FLOP — and the sequence fills the taller tiles; they
 // are chosen at run time from kTallTileMinRows query rows on. Run 44 (BF16, 128 x 96 tiles,
 // beside cuDNN): +7..12% at N >= 4096, -5% (causal -10%) at N = 1024, whose last 192-row
-// tile is a third full. Runs 43/44, FP8 (128-key tiles): +15..23% at N = 16k. BF16 keys come
-// 96 at a time: with 128, the precise path's P in two parts spills out of 160 registers.
+// tile is a third full. Runs 43/44, FP8 (128-key tiles): +15..23% at N = 16k. BF16/FP16 keys
+// come 112 at a time: with 128 the precise path's P in two parts spills out of 160 registers;
+// run 48 beside 96 (WARPATTN_TUNE_TALL_BLOCK_N): BF16 N = 16k +4%, causal +4%, N = 4096 +1..2%;
+// FP16 -1..+2%.
 inline constexpr int64_t kTallTileMinRows = 2048;
 template <int kHeadDim>
 inline constexpr bool kHasTallTiles = kHeadDim == 64;
+#ifndef WARPATTN_TUNE_TALL_BLOCK_N
+#define WARPATTN_TUNE_TALL_BLOCK_N 112
+#endif
 template <int kHeadDim, bool kCausal>
 struct TallTileShape {  // used where kHasTallTiles
-  static constexpr int kBlockN = 96, kStages = 2, kWarpgroups = 3;
+  static constexpr int kBlockN = WARPATTN_TUNE_TALL_BLOCK_N, kStages = 2, kWarpgroups = 3;
 };
 
 // FP8: 128-key tiles (Vᵀ's 128-byte panel); 1-byte operands leave room for two Q buffers and,
