@@ -11,8 +11,8 @@
 // Q and K may instead be INT8 (DType::s8; P and V stay e4m3), as SageAttention does: after the
 // rotation a block of Q or K is close to Gaussian, and INT8's uniform step (amax / 127) then
 // carries about 3x less error than E4M3's 3-bit mantissa (docs/perf/fp8-accuracy.md). Hopper's
-// s8 wgmma runs at the FP8 rate and its int32 scores are exact, so the cost is two integer/float
-// adds per score. Choose it by giving quantize_fp8 s8 tensors for q and k.
+// s8 wgmma runs at the FP8 rate and its int32 scores are exact; turning them into floats costs
+// one integer add per score. Choose it by giving quantize_fp8 s8 tensors for q and k.
 #pragma once
 
 #include <cstdint>

@@ -106,11 +106,13 @@ struct ConsumerTile {
     if (kv_tile_needs_mask(n, Cfg::kBlockN, m_start, params.seqlen_q, params.seqlen_k, Cfg::kCausal))
       mask_scores<Cfg::kCausal>(s, f, row0, n * Cfg::kBlockN, params.seqlen_q, params.seqlen_k);
   }
-  // After the S GEMM of key tile `it` has completed: free its K slot, and after the tile's last
-  // S GEMM also the Q buffer.
-  __device__ __forceinline__ void release_k(int it, int stage) const {
+  // After the S GEMM of key tile `it` has completed: free its K slot (and after the tile's last
+  // S GEMM also the Q buffer), lift INT8 scores to floats, mask where the tile needs it.
+  __device__ __forceinline__ void scores_done(float (&s)[Cfg::kBlockN / 2], int it, int stage) const {
     release_slot(&ss.k_empty[stage]);
     if (it == t.n_tiles - 1) release_slot(&ss.q_empty[t.q_stage]);
+    if constexpr (Cfg::kIntScores) lift_int_scores(s);
+    mask_if_needed(s, t.n_tiles - 1 - it);
   }
 
   // The masked scores of key tile `it` from an S GEMM issued alone in its own turn (nothing to
@@ -125,9 +127,7 @@ struct ConsumerTile {
     turns.pass_turn();
     wgmma_wait<0>();
     pin(s);
-    release_k(it, ks.stage);
-    if constexpr (Cfg::kIntScores) lift_int_scores(s);
-    mask_if_needed(s, t.n_tiles - 1 - it);
+    scores_done(s, it, ks.stage);
   }
 
   // O += P·V for key tile slot `vs`, issued alone in its own turn and waited for; P given as
@@ -180,9 +180,7 @@ struct ConsumerTile {
 
       wgmma_wait<1>();  // S_it is done; P·V may still run
       pin(s);
-      release_k(it, ks.stage);
-      if constexpr (Cfg::kIntScores) lift_int_scores(s);
-      mask_if_needed(s, t.n_tiles - 1 - it);
+      scores_done(s, it, ks.stage);
       softmax.step<false, Cfg::kIntScores>(s, alpha, c);
       // ptxas hoists a wgmma wait to the top of its basic block, above independent code: here
       // above the softmax, which then runs after P·V instead of under it (run 27, SASS). A
