@@ -24,6 +24,9 @@
 #      (MUFU.EX2) must sit between the main loop's S wait (WARPGROUP.DEPBAR.LE gsb0, 0x1) and
 #      its P·V wait (gsb0, 0x0): ptxas moves that wait above the softmax unless the schedule
 #      fence keeps it below (docs/perf/LOG.md, run 27).
+#   8. In the forward kernels with head dim 128 (ForwardConfig::kSoftmaxByRow), the first row's
+#      max (at least 16 FMNMX) must sit between those two waits, where the schedule fences of
+#      the row-by-row softmax put it (run 50).
 # At the end it prints a summary: how many forward kernels there are, and the HGMMA count and
 # registers of each.
 # If cuobjdump is missing, the script pip-installs it and nvdisasm (nvidia-cuda-cuobjdump and
@@ -214,13 +217,15 @@ awk -v gmma="$GMMA_RE" -v qgmma="$QGMMA_RE" -v igmma="$IGMMA_RE" '
   name != "" && $0 ~ igmma { i8++ }
   END { emit() }
 ' "$TMP/sass.txt" >> "$TMP/records.tsv"
-# O <name> <n>: MUFU.EX2 between the first S wait (gsb0, 0x1) and the P·V wait after it.
+# O <name> <n> <m>: MUFU.EX2 (n) and FMNMX (m) between the first S wait (gsb0, 0x1) and the
+# P·V wait after it.
 awk '
-  function emit() { if (name != "") print "O\t" name "\t" (seen ? ex : -1); name = "" }
-  /^[ \t]*Function : / { emit(); name = $NF; state = 0; ex = 0; seen = 0; next }
+  function emit() { if (name != "") print "O\t" name "\t" (seen ? ex : -1) "\t" (seen ? mx : -1); name = "" }
+  /^[ \t]*Function : / { emit(); name = $NF; state = 0; ex = 0; mx = 0; seen = 0; next }
   name == "" { next }
   state == 0 && /WARPGROUP\.DEPBAR\.LE gsb0, 0x1/ { state = 1; seen = 1; next }
   state == 1 && /MUFU\.EX2/ { ex++ }
+  state == 1 && /FMNMX/ { mx++ }
   state == 1 && /WARPGROUP\.DEPBAR\.LE gsb0, 0x0/ { state = 2 }
   END { emit() }
 ' "$TMP/sass.txt" >> "$TMP/records.tsv"
@@ -235,7 +240,7 @@ awk -F '\t' -v fwd="$FORWARD_RE" -v hop="$HOPPER_RE" '
               if (!(k in gi) || $6 < gi[k]) gi[k] = $6
               order[++ns] = k }
   $1 == "F" { if (($2 == "sm_90a" || $2 == "?")) logged[$3] = 1 }
-  $1 == "O" { overlap[$2] = $3 }
+  $1 == "O" { overlap[$2] = $3; early_max[$2] = $4 }
   END {
     for (i = 1; i <= ns; i++) {
       k = order[i]; if (k in done) continue; done[k] = 1
@@ -252,6 +257,8 @@ awk -F '\t' -v fwd="$FORWARD_RE" -v hop="$HOPPER_RE" '
       if (arch != "sm_90a") printf "FAIL\tforward kernel [%s] is compiled for %s, expected sm_90a\n", name, arch
       if (name ~ /Li256E/ && (!(name in overlap) || overlap[name] <= 0))
         printf "FAIL\tforward kernel [%s]: no MUFU.EX2 between the S wait and the P.V wait of its main loop: the softmax no longer overlaps P.V (schedule fence lost?)\n", name
+      if (name ~ /ConfigI(13__nv_fp8_e4m3|13__nv_bfloat16|6__half)Li128E/ && (!(name in early_max) || early_max[name] < 16))
+        printf "FAIL\tforward kernel [%s]: fewer than 16 FMNMX between the S wait and the P.V wait of its main loop: the first row'"'"'s max no longer runs under P.V (ForwardConfig::kSoftmaxByRow; schedule fences lost?)\n", name
       if (!(name in logged)) printf "FAIL\tforward kernel [%s] has no ptxas report in the compile log (stale or incomplete log: run bash scripts/build.sh)\n", name
     }
     if (nk == 0) printf "FAIL\tno forward kernel (entry function whose name contains \"%s\") in the SASS of the library\n", fwd

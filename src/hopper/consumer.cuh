@@ -147,6 +147,15 @@ struct ConsumerTile {
     release_slot(&ss.v_empty[vs.stage]);
   }
 
+  // After the P·V GEMM of slot vs: O and P may be touched again, the V slot is free.
+  __device__ __forceinline__ void wait_pv(float (&o)[Cfg::kHeadDim / 2], uint32_t (&p)[Cfg::kPvSteps][4],
+                                          RingSlot vs) const {
+    ptx::wgmma_wait<0>();
+    ptx::pin(o);
+    ptx::pin(p);
+    release_slot(&ss.v_empty[vs.stage]);
+  }
+
   // The overlapped main loop (FlashAttention-3's intra-warpgroup pipeline).
   __device__ __forceinline__ void run(float (&o)[Cfg::kHeadDim / 2], OnlineSoftmax& softmax) const {
     using namespace ptx;
@@ -181,18 +190,30 @@ struct ConsumerTile {
       wgmma_wait<1>();  // S_it is done; P·V may still run
       pin(s);
       scores_done(s, it, ks.stage);
-      softmax.step<false, Cfg::kIntScores>(s, alpha, c);
-      // ptxas hoists a wgmma wait to the top of its basic block, above independent code: here
-      // above the softmax, which then runs after P·V instead of under it (run 27, SASS). A
-      // branch ends the block where that overlap pays (Cfg::kSoftmaxUnderPv).
-      if constexpr (Cfg::kSoftmaxUnderPv) schedule_fence(params.opaque_zero);
-
-      wgmma_wait<0>();  // P·V done: O and P may be touched again
-      pin(o);
-      pin(p);
-      release_slot(&ss.v_empty[vs.stage]);
-      rescale_rows(o, alpha, Cfg::kFp8 ? v_prev / v_next : 1.f);
+      // __fdividef: an IEEE division's slow-path call would end ptxas's basic block here.
+      const float units = Cfg::kFp8 ? __fdividef(v_prev, v_next) : 1.f;
       v_prev = v_next;
+      if constexpr (Cfg::kSoftmaxByRow) {
+        // One row at a time, in three basic blocks, so that the MUFU.EX2s (each takes the XU for
+        // 8 cycles) of one row have the other row's FMNMX and O's FMULs beside them; in one
+        // block ptxas puts all FMNMX first and all FMULs last. The first row's max runs under P·V.
+        softmax.update_row_max<false, Cfg::kIntScores>(s, 0, alpha, c);
+        schedule_fence(params.opaque_zero[0]);
+        wait_pv(o, p, vs);
+        softmax.exponentiate_row<false>(s, 0, alpha);
+        softmax.update_row_max<false, Cfg::kIntScores>(s, 1, alpha, c);
+        rescale_rows(o, alpha, units);
+        schedule_fence(params.opaque_zero[1]);
+        softmax.exponentiate_row<false>(s, 1, alpha);
+      } else {
+        softmax.step<false, Cfg::kIntScores>(s, alpha, c);
+        // ptxas hoists a wgmma wait to the top of its basic block, above independent code: here
+        // above the softmax, which then runs after P·V instead of under it (run 27, SASS). A
+        // branch ends the block where that overlap pays (Cfg::kSoftmaxUnderPv).
+        if constexpr (Cfg::kSoftmaxUnderPv) schedule_fence(params.opaque_zero[0]);
+        wait_pv(o, p, vs);
+        rescale_rows(o, alpha, units);
+      }
       convert_to_operand<Cfg>(s, p);
     }
 

@@ -54,6 +54,16 @@ struct ForwardConfig {
   // N = 16k, same process): d = 256 +0.6..2.2% bf16, -0.3..+1.8% FP8; d = 128 -3..+3%; d = 64
   // -3.5..-5% bf16 (its P·V is short, and the ping-pong already hides the softmax).
   static constexpr bool kSoftmaxUnderPv = kHeadDim == 256;
+  // Otherwise the softmax runs after P·V, one row at a time in three basic blocks
+  // (ConsumerTile::run): the MUFU.EX2s of one row then have the other row's FMNMX and O's
+  // FMULs beside them, and the first row's max runs under P·V. Run 50, beside the one-block
+  // schedule in the same process: d = 128 FP8 +4..+6%, INT8 Q/K +2%, BF16 -1..+3%; d = 64
+  // E4M3 and BF16 +-1%, INT8 -3% (tall tiles: a third warpgroup already hides that latency).
+#ifdef WARPATTN_TUNE_SOFTMAX_BY_ROW  // 0 or 1, to measure it elsewhere
+  static constexpr bool kSoftmaxByRow = !kSoftmaxUnderPv && WARPATTN_TUNE_SOFTMAX_BY_ROW;
+#else
+  static constexpr bool kSoftmaxByRow = kHeadDim == 128;
+#endif
   // setmaxnreg split. The pool is the launch allocation (65,536 registers / threads, in steps
   // of 8): 384 threads x 168 = 64,512 = 128 x 40 + 256 x 232, or 512 x 128 = 65,536 =
   // 128 x 32 + 384 x 160; a split over it makes the consumers' .inc wait forever. The producer

@@ -28,7 +28,9 @@ struct ForwardParams {
   float scale_log2 = 0;  // softmax_scale * log2(e): one FFMA + EX2 per score
   int* tile_counter = nullptr;  // [next tile, CTAs done], zero at launch; null: static order
   DescaleArray q_descale, k_descale, v_descale;  // FP8 only
-  uint32_t opaque_zero = 0;  // always 0, unknown to ptxas (ptx::schedule_fence)
+  // Always 0, unknown to ptxas (ptx::schedule_fence). One per fence of a basic block chain:
+  // ptxas drops a second branch on a value it has already branched on.
+  uint32_t opaque_zero[2] = {0, 0};
 };
 
 }  // namespace warpattn::detail

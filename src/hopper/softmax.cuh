@@ -31,41 +31,73 @@ struct OnlineSoftmax {
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
   float p_log2_offset;
+  float addend[2], scale;  // from update_max to exponentiate
 
   __device__ __forceinline__ explicit OnlineSoftmax(float offset = 0.f) : p_log2_offset(offset) {}
 
-  // Replaces s by unnormalised probabilities; alpha gets each row's rescale factor for O.
+  // The online softmax of one key tile in two halves, so that the caller can rescale O between
+  // them (ptxas then fills the MUFU's issue gaps in exponentiate with the FMULs):
+  //   update_max: each row's new max, alpha (its rescale factor for O) and the exponent addend;
+  //   exponentiate: s -> unnormalised probabilities, and the row sums.
   // c (> 0) converts this tile's raw scores to log2 units. kLifted: s holds kIntScoreOffset + s
   // (lift_int_scores). The max subtracts the offset exactly; the exponent's FFMA gets it in its
   // addend, -(base + offset c) rounded once: an error below one integer score unit times c, the
   // same for the row's whole tile, where INT8's rounding of Q and K moves a score by tens of
   // units.
   template <bool kFirst, bool kLifted = false, int kRegs>
-  __device__ __forceinline__ void step(float (&s)[kRegs], float (&alpha)[2], float c) {
+  __device__ __forceinline__ void update_row_max(const float (&s)[kRegs], int r, float (&alpha)[2], float c) {
+    // Four independent chains: a single chain of kRegs/2 dependent FMNMX would be the longest
+    // latency of the softmax.
+    constexpr int kPairs = kRegs / 4, kChains = kPairs < 4 ? kPairs : 4;
+    scale = c;
+    float chain[kChains];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float m = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kRegs / 4; ++j)
-        m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-      m = quad_max(m);
-      if constexpr (kLifted) m -= kIntScoreOffset;
-      m = fmaxf(row_max[r], m * c);
-      const float base = (m == -INFINITY ? 0.f : m) - p_log2_offset;
-      const float addend = kLifted ? -fmaf(kIntScoreOffset, c, base) : -base;
-      alpha[r] = kFirst ? 1.f : ptx::exp2_approx(row_max[r] - (m == -INFINITY ? 0.f : m));
-      row_max[r] = m;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < kRegs / 4; ++j)
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          float& x = s[4 * j + 2 * r + k];
-          x = ptx::exp2_approx(fmaf(x, c, addend));
-          sum += x;
-        }
-      row_sum[r] = kFirst ? sum : fmaf(row_sum[r], alpha[r], sum);
+    for (int j = 0; j < kPairs; ++j) {
+      const float pair = fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]);
+      chain[j % kChains] = j < kChains ? pair : fmaxf(chain[j % kChains], pair);
     }
+    float m = chain[0];
+#pragma unroll
+    for (int k = 1; k < kChains; ++k) m = fmaxf(m, chain[k]);
+    m = quad_max(m);
+    if constexpr (kLifted) m -= kIntScoreOffset;
+    m = fmaxf(row_max[r], m * c);
+    const float base = (m == -INFINITY ? 0.f : m) - p_log2_offset;
+    addend[r] = kLifted ? -fmaf(kIntScoreOffset, c, base) : -base;
+    alpha[r] = kFirst ? 1.f : ptx::exp2_approx(row_max[r] - (m == -INFINITY ? 0.f : m));
+    row_max[r] = m;
+  }
+
+  template <bool kFirst, int kRegs>
+  __device__ __forceinline__ void exponentiate_row(float (&s)[kRegs], int r, const float (&alpha)[2]) {
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kRegs / 4; ++j)
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        float& x = s[4 * j + 2 * r + k];
+        x = ptx::exp2_approx(fmaf(x, scale, addend[r]));
+        sum += x;
+      }
+    row_sum[r] = kFirst ? sum : fmaf(row_sum[r], alpha[r], sum);
+  }
+
+  template <bool kFirst, bool kLifted = false, int kRegs>
+  __device__ __forceinline__ void update_max(const float (&s)[kRegs], float (&alpha)[2], float c) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) update_row_max<kFirst, kLifted>(s, r, alpha, c);
+  }
+  template <bool kFirst, int kRegs>
+  __device__ __forceinline__ void exponentiate(float (&s)[kRegs], const float (&alpha)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) exponentiate_row<kFirst>(s, r, alpha);
+  }
+
+  // Both halves, for callers with nothing to do between them.
+  template <bool kFirst, bool kLifted = false, int kRegs>
+  __device__ __forceinline__ void step(float (&s)[kRegs], float (&alpha)[2], float c) {
+    update_max<kFirst, kLifted>(s, alpha, c);
+    exponentiate<kFirst>(s, alpha);
   }
 
   // Normalises O by the full row sums (times o_scale: FP8's V descale) and returns each row's
@@ -91,16 +123,17 @@ struct OnlineSoftmax {
 // descale to the next one's, so O stays in units of the V tile it accumulates next). After
 // the P·V GEMM that wrote O has completed.
 template <int kRegs>
+__device__ __forceinline__ void rescale_row(float (&o)[kRegs], int r, float factor) {
+#pragma unroll
+  for (int j = 0; j < kRegs / 4; ++j) {
+    o[4 * j + 2 * r] *= factor;
+    o[4 * j + 2 * r + 1] *= factor;
+  }
+}
+template <int kRegs>
 __device__ __forceinline__ void rescale_rows(float (&o)[kRegs], const float (&alpha)[2], float units = 1.f) {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float a = alpha[r] * units;
-#pragma unroll
-    for (int j = 0; j < kRegs / 4; ++j) {
-      o[4 * j + 2 * r] *= a;
-      o[4 * j + 2 * r + 1] *= a;
-    }
-  }
+  for (int r = 0; r < 2; ++r) rescale_row(o, r, alpha[r] * units);
 }
 
 }  // namespace warpattn::detail
