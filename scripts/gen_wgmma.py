@@ -25,99 +25,69 @@ def regs(n):
     return ", ".join(f"%{i}" for i in range(n))
 
 
-def acc_operands(n):
-    return ", ".join(f'"+f"(d[{i}])' for i in range(n))
+def acc_operands(nd):
+    return ", ".join(f'"+f"(d[{i}])' for i in range(nd))
+
+
+def int_acc_operands(nd):  # s32 accumulators: the float registers' bits
+    return ", ".join(f'"+r"(reinterpret_cast<uint32_t&>(d[{i}]))' for i in range(nd))
+
+
+def wrapper(kind, ctype, n, k, types, comment, immediates, operands=acc_operands):
+    """One specialisation of WgmmaSS (A from a descriptor) or WgmmaRS (A in four registers).
+
+    types: the PTX type suffix (d.a.b); comment: the shape line after "D(64x{n}, "; immediates:
+    what follows the scale-d predicate in the instruction.
+    """
+    nd = n // 2
+    if kind == "SS":
+        signature = "uint64_t desc_a, uint64_t desc_b,\n                                             int accumulate"
+        a_operand, inputs = f"%{nd}, %{nd + 1}", '"l"(desc_a), "l"(desc_b), "r"(accumulate)'
+        pred = nd + 2
+    else:
+        signature = "const uint32_t (&a)[4],\n                                             uint64_t desc_b, int accumulate"
+        a_operand = f"{{%{nd}, %{nd + 1}, %{nd + 2}, %{nd + 3}}}, %{nd + 4}"
+        inputs = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate)'
+        pred = nd + 5
+    return f"""template <>
+struct Wgmma{kind}<{ctype}, {n}> {{
+  // D(64x{n}, {comment}
+  __device__ __forceinline__ static void mma(float (&d)[{nd}], {signature}) {{
+    asm volatile(
+        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{pred}, 0;\\n"
+        "wgmma.mma_async.sync.aligned.m64n{n}k{k}.{types} "
+        "{{{regs(nd)}}}, {a_operand}, p{immediates};\\n}}\\n"
+        : {operands(nd)}
+        : {inputs});
+  }}
+}};
+"""
 
 
 def ss(ctype, ptx, n):
-    nd = n // 2
-    return f"""template <>
-struct WgmmaSS<{ctype}, {n}> {{
-  // D(64x{n}, f32) {{=, +=}} A(64x16, smem, K-major) * B(16x{n}, smem, K-major)
-  __device__ __forceinline__ static void mma(float (&d)[{nd}], uint64_t desc_a, uint64_t desc_b,
-                                             int accumulate) {{
-    asm volatile(
-        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nd + 2}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "
-        "{{{regs(nd)}}}, %{nd}, %{nd + 1}, p, 1, 1, 0, 0;\\n}}\\n"
-        : {acc_operands(nd)}
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-  }}
-}};
-"""
+    return wrapper("SS", ctype, n, 16, f"f32.{ptx}.{ptx}",
+                   f"f32) {{=, +=}} A(64x16, smem, K-major) * B(16x{n}, smem, K-major)", ", 1, 1, 0, 0")
 
 
 def rs(ctype, ptx, n):
-    nd = n // 2
-    return f"""template <>
-struct WgmmaRS<{ctype}, {n}> {{
-  // D(64x{n}, f32) {{=, +=}} A(64x16, registers) * B(16x{n}, smem, MN-major: tnspB = 1)
-  __device__ __forceinline__ static void mma(float (&d)[{nd}], const uint32_t (&a)[4],
-                                             uint64_t desc_b, int accumulate) {{
-    asm volatile(
-        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nd + 5}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "
-        "{{{regs(nd)}}}, {{%{nd}, %{nd + 1}, %{nd + 2}, %{nd + 3}}}, %{nd + 4}, p, 1, 1, 1;\\n}}\\n"
-        : {acc_operands(nd)}
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-  }}
-}};
-"""
+    return wrapper("RS", ctype, n, 16, f"f32.{ptx}.{ptx}",
+                   f"f32) {{=, +=}} A(64x16, registers) * B(16x{n}, smem, MN-major: tnspB = 1)", ", 1, 1, 1")
 
 
 def ss_fp8(n):
-    nd = n // 2
-    return f"""template <>
-struct WgmmaSS<__nv_fp8_e4m3, {n}> {{
-  // D(64x{n}, f32) {{=, +=}} A(64x32, smem, K-major) * B(32x{n}, smem, K-major), e4m3
-  __device__ __forceinline__ static void mma(float (&d)[{nd}], uint64_t desc_a, uint64_t desc_b,
-                                             int accumulate) {{
-    asm volatile(
-        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nd + 2}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 "
-        "{{{regs(nd)}}}, %{nd}, %{nd + 1}, p, 1, 1;\\n}}\\n"
-        : {acc_operands(nd)}
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-  }}
-}};
-"""
-
-
-def ss_s8(n):
-    nd = n // 2
-    operands = ", ".join(f'"+r"(reinterpret_cast<uint32_t&>(d[{i}]))' for i in range(nd))
-    return f"""template <>
-struct WgmmaSS<int8_t, {n}> {{
-  // D(64x{n}, s32 bits in float registers) {{=, +=}} A(64x32, smem, K-major) * B(32x{n}, smem, K-major), s8
-  __device__ __forceinline__ static void mma(float (&d)[{nd}], uint64_t desc_a, uint64_t desc_b,
-                                             int accumulate) {{
-    asm volatile(
-        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nd + 2}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k32.s32.s8.s8 "
-        "{{{regs(nd)}}}, %{nd}, %{nd + 1}, p;\\n}}\\n"
-        : {operands}
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-  }}
-}};
-"""
+    return wrapper("SS", "__nv_fp8_e4m3", n, 32, "f32.e4m3.e4m3",
+                   f"f32) {{=, +=}} A(64x32, smem, K-major) * B(32x{n}, smem, K-major), e4m3", ", 1, 1")
 
 
 def rs_fp8(n):
-    nd = n // 2
-    return f"""template <>
-struct WgmmaRS<__nv_fp8_e4m3, {n}> {{
-  // D(64x{n}, f32) {{=, +=}} A(64x32, registers) * B(32x{n}, smem, K-major), e4m3
-  __device__ __forceinline__ static void mma(float (&d)[{nd}], const uint32_t (&a)[4],
-                                             uint64_t desc_b, int accumulate) {{
-    asm volatile(
-        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nd + 5}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 "
-        "{{{regs(nd)}}}, {{%{nd}, %{nd + 1}, %{nd + 2}, %{nd + 3}}}, %{nd + 4}, p, 1, 1;\\n}}\\n"
-        : {acc_operands(nd)}
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-  }}
-}};
-"""
+    return wrapper("RS", "__nv_fp8_e4m3", n, 32, "f32.e4m3.e4m3",
+                   f"f32) {{=, +=}} A(64x32, registers) * B(32x{n}, smem, K-major), e4m3", ", 1, 1")
+
+
+def ss_s8(n):
+    return wrapper("SS", "int8_t", n, 32, "s32.s8.s8",
+                   f"s32 bits in float registers) {{=, +=}} A(64x32, smem, K-major) * B(32x{n}, smem, K-major), s8",
+                   "", int_acc_operands)
 
 
 def main():
