@@ -43,10 +43,15 @@ if stage fp8; then
   grep -E "FAIL|failed|RMSE|ratio|per tensor /|64K|descales NaN|rel L2 [0-9.e-]+[^0]" "$OUT/fp8.log" | head -${FP8_LINES:-40}
 fi
 if stage sanitize; then
+  # forward_is_deterministic runs every BF16 main-loop shape (tall tiles, row-by-row softmax,
+  # softmax under P·V); fp8_forward_shapes the FP8 ones at d = 64 (tall from 2048 rows) and 128.
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
     timeout -k 5 ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 9 \
       ./build/test_gpu_forward ${SANITIZE_FILTER:-forward_is_deterministic} > "$OUT/$tool.log" 2>&1
     echo "$tool rc=$?: $(grep -E "ERROR SUMMARY|passed" "$OUT/$tool.log" | tr '\n' ' ')"
+    timeout -k 5 ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 9 \
+      ./build/test_gpu_fp8 ${SANITIZE_FP8_FILTER:-fp8_forward_shapes} > "$OUT/$tool-fp8.log" 2>&1
+    echo "$tool fp8 rc=$?: $(grep -E "ERROR SUMMARY|passed" "$OUT/$tool-fp8.log" | tr '\n' ' ')"
   done
 fi
 if stage cli; then

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/magic_int_float.hpp"
 #include "fp8/quantize.hpp"
 #include "hopper/cuda_check.hpp"
 #include "hopper/ptx/math.cuh"
@@ -75,10 +76,10 @@ __device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
 }
 
 // Four floats to four INT8 codes, `a` in the low byte: clamped to +-127, then rounded to the
-// nearest integer (ties to even) by adding 1.5·2²³, which leaves the integer in the low bits
-// of the float; the low bytes are gathered by two byte permutes.
+// nearest integer (ties to even) by adding kMagicIntFloat, which leaves the integer in the low
+// bits of the float; the low bytes are gathered by two byte permutes.
 __device__ __forceinline__ uint32_t s8x4(float a, float b, float c, float d) {
-  const auto low = [](float x) { return __float_as_uint(fminf(fmaxf(x, -kInt8Max), kInt8Max) + 12582912.f); };
+  const auto low = [](float x) { return __float_as_uint(fminf(fmaxf(x, -kInt8Max), kInt8Max) + kMagicIntFloat); };
   return __byte_perm(__byte_perm(low(a), low(b), 0x0040), __byte_perm(low(c), low(d), 0x0040), 0x5410);
 }
 

@@ -29,15 +29,14 @@ namespace warpattn::detail {
 // turn once (start); warpgroup 0 takes one extra turn at exit (finish) to consume the last
 // hand-over, so no arrival is left pending, whatever the number of tiles.
 struct PingPong {
-  int warpgroup;
-  int warpgroups;
+  int warpgroup, warpgroups;
+  int next;  // the warpgroup whose turn follows this one's
+  __device__ __forceinline__ PingPong(int warpgroup_, int warpgroups_)
+      : warpgroup(warpgroup_), warpgroups(warpgroups_), next(warpgroup_ + 1 == warpgroups_ ? 0 : warpgroup_ + 1) {}
   __device__ __forceinline__ void wait_turn() const {
     ptx::named_barrier_sync(Barrier::kTurn0 + warpgroup, 256);
   }
-  __device__ __forceinline__ void pass_turn() const {
-    const int next = warpgroups == 2 ? warpgroup ^ 1 : (warpgroup + 1 == warpgroups ? 0 : warpgroup + 1);
-    ptx::named_barrier_arrive(Barrier::kTurn0 + next, 256);
-  }
+  __device__ __forceinline__ void pass_turn() const { ptx::named_barrier_arrive(Barrier::kTurn0 + next, 256); }
   __device__ __forceinline__ void start() const {
     if (warpgroup == warpgroups - 1) pass_turn();
   }

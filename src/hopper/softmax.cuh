@@ -11,20 +11,21 @@
 
 #include <cmath>
 
+#include "common/magic_int_float.hpp"
 #include "hopper/fragment.cuh"
 #include "hopper/ptx/math.cuh"
 
 namespace warpattn::detail {
 
 // INT8 Q and K leave int32 scores s, exact (|s| <= 256 x 128² = 2²²), as bits in the score
-// registers. Adding 0x4B400000 to the bits makes them the floats 1.5·2²³ + s exactly (the ulp is
-// 1 up to 2²⁴): one integer add per score instead of a conversion. The softmax takes the offset
-// out of the row max exactly and folds it into each row's FFMA addend (step<.., true>).
-inline constexpr float kIntScoreOffset = 12582912.f;  // 1.5·2²³, the float with bits 0x4B400000
+// registers. Adding kMagicIntFloatBits to the bits makes them the floats kMagicIntFloat + s
+// exactly: one integer add per score instead of a conversion. The softmax takes the offset
+// out of the row max exactly and folds it into each row's FFMA addend (kLifted).
+inline constexpr float kIntScoreOffset = kMagicIntFloat;
 template <int kRegs>
 __device__ __forceinline__ void lift_int_scores(float (&s)[kRegs]) {
 #pragma unroll
-  for (int i = 0; i < kRegs; ++i) s[i] = __int_as_float(__float_as_int(s[i]) + 0x4B400000);
+  for (int i = 0; i < kRegs; ++i) s[i] = __int_as_float(__float_as_int(s[i]) + kMagicIntFloatBits);
 }
 
 struct OnlineSoftmax {
