@@ -93,12 +93,18 @@ struct ConsumerTile {
     else
       return q_scale;
   }
-  // FP8: V's descale for ordinal it (O is kept in units of the V tile it accumulates next).
-  __device__ __forceinline__ float v_scale(int it) const {
-    if constexpr (Cfg::kFp8)
-      return params.v_descale.at(t.batch, t.head / params.kv_group, t.n_tiles - 1 - it);
-    else
-      return 1.f;
+  // FP8: V's descale of ordinal it, as the softmax takes it (log2 into P's exponent, and its
+  // inverse for the row sum); {0, 1} otherwise.
+  struct VTerms {
+    float log2, inv;
+  };
+  __device__ __forceinline__ VTerms v_terms(int it) const {
+    if constexpr (Cfg::kFp8) {
+      const float v = params.v_descale.at(t.batch, t.head / params.kv_group, t.n_tiles - 1 - it);
+      return {ptx::log2_approx(v), __fdividef(1.f, v)};
+    } else {
+      return {0.f, 1.f};
+    }
   }
 
   __device__ __forceinline__ void mask_if_needed(float (&s)[Cfg::kBlockN / 2], int n) const {
@@ -164,15 +170,16 @@ struct ConsumerTile {
 
     // First key tile: S only.
     scores_alone(s, 0);
-    softmax.step<true, Cfg::kIntScores>(s, alpha, score_scale(0));
+    const VTerms v0 = v_terms(0);
+    softmax.step<true, Cfg::kIntScores>(s, alpha, score_scale(0), v0.log2, v0.inv);
     convert_to_operand<Cfg>(s, p);
 
     // Steady state: S_it with P_{it-1}·V_{it-1}. FP8's descales of tile it are loaded before
     // the GEMMs are issued, so their latency hides under them (a load after the wgmma wait
     // would stall the softmax).
-    float v_prev = v_scale(0);
     for (int it = 1; it < t.n_tiles; ++it) {
-      const float c = score_scale(it), v_next = v_scale(it);
+      const float c = score_scale(it);
+      const VTerms v = v_terms(it);
       const RingSlot ks = ring_slot<Cfg::kStages>(t.kv_base + it);
       const RingSlot vs = ring_slot<Cfg::kStages>(t.kv_base + it - 1);
       turns.wait_turn();
@@ -189,31 +196,28 @@ struct ConsumerTile {
       wgmma_wait<1>();  // S_it is done; P·V may still run
       pin(s);
       scores_done(s, it, ks.stage);
-      // __fdividef: an IEEE division's slow-path call would end ptxas's basic block here.
-      const float units = Cfg::kFp8 ? __fdividef(v_prev, v_next) : 1.f;
-      v_prev = v_next;
       if constexpr (Cfg::kSoftmaxByRow) {
         // One row at a time, in three basic blocks, so that the MUFU.EX2s (each takes the XU for
-        // 8 cycles) of one row have the other row's FMNMX and O's FMULs beside them; in one
-        // block ptxas puts all FMNMX first and all FMULs last. The first row's max runs under P·V.
-        softmax.update_row_max<false, Cfg::kIntScores>(s, 0, alpha, c);
+        // 8 cycles) of one row have the other row's FMNMX beside them; in one block ptxas puts
+        // all FMNMX first. The first row's max runs under P·V.
+        softmax.update_row_max<false, Cfg::kIntScores>(s, 0, alpha, c, v.log2);
         schedule_fence(params.opaque_zero[0]);
         wait_pv(o, p, vs);
-        softmax.exponentiate_row<false>(s, 0, alpha);
-        softmax.update_row_max<false, Cfg::kIntScores>(s, 1, alpha, c);
-        rescale_rows(o, alpha, units);
+        softmax.exponentiate_row<false>(s, 0, alpha, v.inv);
+        softmax.update_row_max<false, Cfg::kIntScores>(s, 1, alpha, c, v.log2);
         schedule_fence(params.opaque_zero[1]);
-        softmax.exponentiate_row<false>(s, 1, alpha);
+        softmax.exponentiate_row<false>(s, 1, alpha, v.inv);
       } else {
-        softmax.step<false, Cfg::kIntScores>(s, alpha, c);
+        softmax.step<false, Cfg::kIntScores>(s, alpha, c, v.log2, v.inv);
         // ptxas hoists a wgmma wait to the top of its basic block, above independent code: here
         // above the softmax, which then runs after P·V instead of under it (run 27, SASS). A
         // branch ends the block where that overlap pays (Cfg::kSoftmaxUnderPv).
         if constexpr (Cfg::kSoftmaxUnderPv) schedule_fence(params.opaque_zero[0]);
         wait_pv(o, p, vs);
-        rescale_rows(o, alpha, units);
       }
       convert_to_operand<Cfg>(s, p);
+      // Last: its branch ends the block, and the conversion of P belongs with the exponentials.
+      rescale_if_needed(o, alpha);
     }
 
     // Last P·V.

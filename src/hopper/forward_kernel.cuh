@@ -52,8 +52,7 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
     float o[Cfg::kHeadDim / 2];
 #pragma unroll
     for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
-    OnlineSoftmax softmax(Cfg::kPLog2Offset);
-    float o_scale = 1.f;  // FP8: the V descale of the last key tile (O is in its units)
+    OnlineSoftmax softmax(Cfg::kPLog2Offset, Cfg::kStaleLog2);
     if (n_tiles > 0) {
       const RingSlot qs = ring_slot<Cfg::kQStages>(q_iter);
       const TileContext t{warpgroup, w.m_block, w.head, w.batch, n_tiles, kv, qs.stage};
@@ -62,7 +61,6 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
       if constexpr (Cfg::kFp8) {
         // FP8 P has 3 mantissa bits; splitting it would not buy the 16-bit path's precision.
         tile.run(o, softmax);
-        o_scale = tile.v_scale(n_tiles - 1);
       } else {
         if (sees_few_keys(w.m_block * Cfg::kBlockM, params.seqlen_q, params.seqlen_k, Cfg::kCausal))
           tile.run_precise(o, softmax);
@@ -73,7 +71,7 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
       ++q_iter;
     }
     float lse[2];
-    softmax.finalize(o, lse, o_scale);
+    softmax.finalize(o, lse);
     store_output<Cfg>(o, lse, params, f, warpgroup, w.m_block, w.head, w.batch);
   }
   turns.finish();
