@@ -66,10 +66,11 @@ struct ForwardConfig {
   // -3.5..-5% bf16 (its P·V is short, and the ping-pong already hides the softmax).
   static constexpr bool kSoftmaxUnderPv = kHeadDim == 256;
   // Otherwise the softmax runs after P·V, one row at a time in three basic blocks
-  // (ConsumerTile::run): the MUFU.EX2s of one row then have the other row's FMNMX and O's
-  // FMULs beside them, and the first row's max runs under P·V. Run 50, beside the one-block
-  // schedule in the same process: d = 128 FP8 +4..+6%, INT8 Q/K +2%, BF16 -1..+3%; d = 64
-  // E4M3 and BF16 +-1%, INT8 -3% (tall tiles: a third warpgroup already hides that latency).
+  // (ConsumerTile::run): the MUFU.EX2s of one row then have the other row's FMNMX beside
+  // them, and the first row's max runs under P·V. Run 50 (O's rescale, then every key tile,
+  // sat between the rows), beside the one-block schedule in the same process: d = 128 FP8
+  // +4..+6%, INT8 Q/K +2%, BF16 -1..+3%; d = 64 E4M3 and BF16 +-1%, INT8 -3% (tall tiles: a
+  // third warpgroup already hides that latency).
 #ifdef WARPATTN_TUNE_SOFTMAX_BY_ROW  // 0 or 1, to measure it elsewhere
   static constexpr bool kSoftmaxByRow = !kSoftmaxUnderPv && WARPATTN_TUNE_SOFTMAX_BY_ROW;
 #else
