@@ -147,17 +147,16 @@ struct ConsumerTile {
     (issue_pv_gemm<Cfg>(o, parts, smem_addr(ss.v[vs.stage])), ...);
     wgmma_commit();
     turns.pass_turn();
-    wgmma_wait<0>();
-    pin(o);
-    release_slot(&ss.v_empty[vs.stage]);
+    wait_pv(o, vs);
   }
 
-  // After the P·V GEMM of slot vs: O and P may be touched again, the V slot is free.
-  __device__ __forceinline__ void wait_pv(float (&o)[Cfg::kHeadDim / 2], uint32_t (&p)[Cfg::kPvSteps][4],
-                                          RingSlot vs) const {
+  // After the P·V GEMM of slot vs: O (and the P operands given) may be touched again, the V
+  // slot is free.
+  template <class... Parts>
+  __device__ __forceinline__ void wait_pv(float (&o)[Cfg::kHeadDim / 2], RingSlot vs, Parts&... parts) const {
     ptx::wgmma_wait<0>();
     ptx::pin(o);
-    ptx::pin(p);
+    (ptx::pin(parts), ...);
     release_slot(&ss.v_empty[vs.stage]);
   }
 
@@ -202,7 +201,7 @@ struct ConsumerTile {
         // all FMNMX first. The first row's max runs under P·V.
         softmax.update_row_max<false, Cfg::kIntScores>(s, 0, alpha, c, v.log2);
         schedule_fence(params.opaque_zero[0]);
-        wait_pv(o, p, vs);
+        wait_pv(o, vs, p);
         softmax.exponentiate_row<false>(s, 0, alpha, v.inv);
         softmax.update_row_max<false, Cfg::kIntScores>(s, 1, alpha, c, v.log2);
         schedule_fence(params.opaque_zero[1]);
@@ -213,7 +212,7 @@ struct ConsumerTile {
         // above the softmax, which then runs after P·V instead of under it (run 27, SASS). A
         // branch ends the block where that overlap pays (Cfg::kSoftmaxUnderPv).
         if constexpr (Cfg::kSoftmaxUnderPv) schedule_fence(params.opaque_zero[0]);
-        wait_pv(o, p, vs);
+        wait_pv(o, vs, p);
       }
       convert_to_operand<Cfg>(s, p);
       // Last: its branch ends the block, and the conversion of P belongs with the exponentials.
