@@ -70,6 +70,11 @@ void expect_both(const Fp8Call& c, const std::string& prefix, const std::string&
   }
 }
 
+// The message starts with `prefix` (one entry point's own rules).
+void expect_starts(const std::string& m, const std::string& prefix) {
+  CHECK(m.rfind(prefix, 0) == 0) << "expected \"" << prefix << "...\", got \"" << m << "\"";
+}
+
 // A valid call passes validation in both entry points; without a Hopper GPU it then stops at
 // the device check.
 void expect_valid(const Fp8Call& c, const std::string& what) {
@@ -158,45 +163,43 @@ TEST(fp8_tma_stride) {
 TEST(fp8_quantize_input_shape) {
   Fp8Call c = make_call();
   c.v = view(0x30000000, DType::bf16, {2, 201, 2, 128});
-  CHECK(quantize_error(c).rfind("v: expected shape (2, 200, 2, 128) (same as fp8.k)", 0) == 0) << quantize_error(c);
+  expect_starts(quantize_error(c), "v: expected shape (2, 200, 2, 128) (same as fp8.k)");
 }
 
 TEST(fp8_quantize_input_dtype) {
   Fp8Call c = make_call();
   c.k.dtype = DType::f16;
-  CHECK(quantize_error(c).rfind("k: expected dtype bfloat16, got float16", 0) == 0) << quantize_error(c);
+  expect_starts(quantize_error(c), "k: expected dtype bfloat16, got float16");
 }
 
 TEST(fp8_quantize_output_overlaps_input) {
   Fp8Call c = make_call();
   c.f.q.data = at(0x10000000 + 64);  // inside q
-  CHECK(quantize_error(c).rfind("fp8.q: must not overlap q", 0) == 0) << quantize_error(c);
+  expect_starts(quantize_error(c), "fp8.q: must not overlap q");
 }
 
 TEST(fp8_forward_out_dtype) {
   Fp8Call c = make_call();
   c.out.dtype = DType::e4m3;
-  CHECK(forward_error(c).rfind("out: expected dtype float16 or bfloat16, got float8_e4m3fn", 0) == 0)
-      << forward_error(c);
+  expect_starts(forward_error(c), "out: expected dtype float16 or bfloat16, got float8_e4m3fn");
 }
 
 TEST(fp8_forward_out_shape) {
   Fp8Call c = make_call();
   c.out = view(0xA0000000, DType::bf16, {2, 300, 4, 128});
-  CHECK(forward_error(c).rfind("out: expected shape (2, 300, 8, 128) (same as q)", 0) == 0) << forward_error(c);
+  expect_starts(forward_error(c), "out: expected shape (2, 300, 8, 128) (same as q)");
 }
 
 TEST(fp8_forward_lse_shape) {
   Fp8Call c = make_call();
   c.lse = view(0xB0000000, DType::f32, {2, 300, 8});
-  CHECK(forward_error(c).rfind("lse: expected shape (2, 8, 300) (batch, heads_q, seqlen_q)", 0) == 0)
-      << forward_error(c);
+  expect_starts(forward_error(c), "lse: expected shape (2, 8, 300) (batch, heads_q, seqlen_q)");
 }
 
 TEST(fp8_forward_out_overlaps_operand) {
   Fp8Call c = make_call();
   c.out.data = at(0x60000000);
-  CHECK(forward_error(c).rfind("out: must not overlap vt", 0) == 0) << forward_error(c);
+  expect_starts(forward_error(c), "out: must not overlap vt");
 }
 
 TEST(fp8_descale_broadcast_over_blocks) {
@@ -205,11 +208,9 @@ TEST(fp8_descale_broadcast_over_blocks) {
   const std::string f = forward_error(c);
   CHECK(f.empty() || f.find("compute capability 9.0") != std::string::npos) << f;
   // quantize_fp8 writes the descales: a broadcast would have every block write one float
-  CHECK(quantize_error(c).rfind("fp8.k_descale: stride[2] (blocks) must be positive, got 0", 0) == 0)
-      << quantize_error(c);
+  expect_starts(quantize_error(c), "fp8.k_descale: stride[2] (blocks) must be positive, got 0");
   c.f.k_descale.stride[2] = -1;
-  CHECK(forward_error(c).rfind("k_descale: stride[2] (blocks) must be zero or positive, got -1", 0) == 0)
-      << forward_error(c);
+  expect_starts(forward_error(c), "k_descale: stride[2] (blocks) must be zero or positive, got -1");
 }
 
 TEST(fp8_quantize_scaling_option) {
@@ -222,7 +223,7 @@ TEST(fp8_quantize_scaling_option) {
   } catch (const warpattn::Error& e) {
     m = e.what();
   }
-  CHECK(m.rfind("options.scaling: expected per_block (0) or per_tensor (1), got 7", 0) == 0) << m;
+  expect_starts(m, "options.scaling: expected per_block (0) or per_tensor (1), got 7");
 }
 
 }  // namespace
