@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -62,7 +63,10 @@ void parallel_for(int64_t n, F f) {
 }
 
 // A seed that differs on every run: fresh random data each time (printed for replay).
+// WARPATTN_TEST_SEED=<seed> replays a printed one (every draw then takes it), or puts two
+// builds on the same data when they are compared.
 inline uint64_t fresh_seed() {
+  if (const char* fixed = std::getenv("WARPATTN_TEST_SEED")) return std::strtoull(fixed, nullptr, 10);
   static std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }

@@ -374,7 +374,7 @@ void run_forward_case(const ForwardCase& c) {
   // The scores come from QGMMA, whose accumulator keeps ~14 bits when it adds each k32 step's
   // products (DeepSeek-V3 report, 3.3.2): the truncation grows with the steps, d / 32, and with
   // |q.k|. Measured worst over runs 21-26: 1.1e-3 at d = 128, 2.1e-3 at d = 256; an error of the
-  // scale or of the 2^8 lift of P would be >= 0.05. INT8 scores are exact integers; what is
+  // scale or of the lift of P would be >= 0.05. INT8 scores are exact integers; what is
   // left is the softmax's fold of their offset (< one integer unit x c per tile: ~1e-4 here).
   CHECK(lse_err < (c.int8 ? 5e-4 : 2e-5 * c.d)) << "LSE off by " << lse_err;
 }

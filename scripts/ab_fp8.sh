@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# A/B of compile-time variants on the GPU host, in one call. Builds each variant (the library,
+# the Python module, and the GPU tests where $TESTS names some) in build-<name>, all in
+# parallel, then runs the FP8 benchmark (FP8, INT8 Q/K, BF16 warpattn and cuDNN at each point)
+# through every variant in $PASSES alternating passes (the card's clock drifts over minutes,
+# so each pass puts the variants side by side), then the tests of each variant.
+#   VARIANTS="base= lift6=-DWARPATTN_TUNE_FP8_P_LIFT=6" PASSES=2 \
+#     TESTS="test_gpu_fp8:fp8_accuracy_on_outlier_data" bash scripts/ab_fp8.sh --points d=256 N=16384 causal=0
+# A variant is NAME=FLAGS (FLAGS: CMAKE_CUDA_FLAGS, the WARPATTN_TUNE_* knobs; empty for the
+# code as it is). Writes $OUT/ab/<name>-pass<k>.md and <name>-<test>.log; prints the rows.
+set -u -o pipefail
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT/ab" && out=$(cd "$OUT/ab" && pwd)
+targets=_warpattn
+for t in ${TESTS:-}; do targets="$targets ${t%%:*}"; done
+jobs=$(( $(nproc) / $(echo ${VARIANTS:?} | wc -w) + 1 ))
+for v in $VARIANTS; do
+  name=${v%%=*} flags=${v#*=}
+  (cmake -S . -B "build-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWARPATTN_BUILD_PYTHON=ON \
+     -DWARPATTN_BUILD_TESTS=$([ -n "${TESTS:-}" ] && echo ON || echo OFF) -DCMAKE_CUDA_FLAGS="$flags" &&
+   cmake --build "build-$name" --target $targets -j$jobs) > "/tmp/build-$name.log" 2>&1 ||
+    { echo "$name: build failed"; grep -E "error" "/tmp/build-$name.log" | head; } &
+done
+wait
+for v in $VARIANTS; do  # each variant as a package of its own
+  name=${v%%=*}
+  rm -rf "/tmp/pkg-$name" && mkdir -p "/tmp/pkg-$name/warpattn"
+  cp python/warpattn/*.py "build-$name"/_warpattn*.so "build-$name"/libwarpattn.so "/tmp/pkg-$name/warpattn/"
+done
+for pass in $(seq 1 ${PASSES:-2}); do
+  for v in $VARIANTS; do
+    name=${v%%=*}
+    (cd /tmp && PYTHONPATH=/tmp/pkg-$name timeout -k 5 ${BENCH_TIMEOUT:-300} python3 -m warpattn.bench_fp8 \
+      --out "/tmp/ab-$name-$pass" --tag "$name" "$@" > "/tmp/ab-$name-$pass.log" 2>&1)
+    echo "$name pass $pass rc=$?"
+    cp /tmp/ab-$name-$pass/*.md "$out/$name-pass$pass.md" 2>/dev/null &&
+      grep -E "^\| [0-9]" "$out/$name-pass$pass.md" || tail -5 "/tmp/ab-$name-$pass.log"
+  done
+done
+for v in $VARIANTS; do
+  name=${v%%=*}
+  for t in ${TESTS:-}; do
+    bin=${t%%:*} filter=${t#*:}
+    [ "$filter" = "$t" ] && filter=
+    timeout -k 5 ${TEST_TIMEOUT:-300} "./build-$name/$bin" $filter > "$out/$name-$bin.log" 2>&1
+    echo "$name $bin $filter rc=$?: $(tail -1 "$out/$name-$bin.log")"
+    grep -E "FAIL|RMSE|ratio|per tensor /|64K" "$out/$name-$bin.log" | head -${TEST_LINES:-30}
+  done
+done
