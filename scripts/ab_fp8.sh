@@ -6,7 +6,7 @@
 # so each pass puts the variants side by side), then the tests of each variant.
 #   VARIANTS="base= lift6=-DWARPATTN_TUNE_FP8_P_LIFT=6" PASSES=2 \
 #     TESTS="test_gpu_fp8:fp8_accuracy_on_outlier_data" bash scripts/ab_fp8.sh --points d=256 N=16384 causal=0
-# A variant is NAME=FLAGS (FLAGS: CMAKE_CUDA_FLAGS, the WARPATTN_TUNE_* knobs; empty for the
+# BUILD_ONLY=1 builds and stops (to build while something else runs). A variant is NAME=FLAGS (FLAGS: CMAKE_CUDA_FLAGS, the WARPATTN_TUNE_* knobs; empty for the
 # code as it is). Writes $OUT/ab/<name>-pass<k>.md and <name>-<test>.log; prints the rows.
 set -u -o pipefail
 OUT=${OUT:-gpu-out}
@@ -22,6 +22,7 @@ for v in $VARIANTS; do
     { echo "$name: build failed"; grep -E "error" "/tmp/build-$name.log" | head; } &
 done
 wait
+[ -n "${BUILD_ONLY:-}" ] && exit 0  # a later call runs them (the builds are kept)
 for v in $VARIANTS; do  # each variant as a package of its own
   name=${v%%=*}
   rm -rf "/tmp/pkg-$name" && mkdir -p "/tmp/pkg-$name/warpattn"

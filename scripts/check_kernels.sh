@@ -4,8 +4,9 @@
 #   bash scripts/check_kernels.sh [--log build/compile.log] [--lib build/libwarpattn.so]
 #
 # From the compiler log (ptxas -v output, see HOPPER-PRIMER.md §1.3):
-#   1. Each function compiled for sm_90a whose mangled name contains "attention_forward" or
-#      "hopper" must show 0 bytes stack frame, 0 bytes spill stores and 0 bytes spill loads.
+#   1. Each function compiled for sm_90a whose mangled name contains "attention_forward",
+#      "split_tail" or "hopper" must show 0 bytes stack frame, 0 bytes spill stores and 0 bytes
+#      spill loads.
 #      Its "cumulative stack size" (stack used by functions it calls) must be 0 too.
 #      Other functions are not checked.
 #   2. No line may contain a ptxas advisory code C75xx (for example C7511, C7515, C7519).
@@ -48,7 +49,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-HOPPER_RE='attention_forward|hopper'   # names under checks 1 and 6
+HOPPER_RE='attention_forward|split_tail|hopper'   # names under checks 1 and 6
 FORWARD_RE='attention_forward'         # forward kernels: checks 3-5
 GMMA_RE='[[:space:]]HGMMA[.]'
 QGMMA_RE='[[:space:]]QGMMA[.]'

@@ -49,7 +49,8 @@ struct PingPong {
 struct TileContext {
   int warpgroup;
   int m_block, head, batch;
-  int n_tiles;  // key tiles to visit (> 0)
+  int n_tiles;  // key tiles to visit (> 0): n_end - 1 down to n_end - n_tiles
+  int n_end;
   int kv_base;  // K/V ring ordinal of this tile's first key tile
   int q_stage;  // Q buffer
 };
@@ -85,11 +86,13 @@ struct ConsumerTile {
                                                            (m_start + t_.warpgroup * 64) / Cfg::kDescaleRows)
                           : p.scale_log2) {}
 
-  // Scores of key tile n (ordinal it = n_tiles - 1 - n) to log2 units: with FP8, times the
-  // tile's K descale.
+  // The key tile visited at ordinal it (the last first).
+  __device__ __forceinline__ int key_tile(int it) const { return t.n_end - 1 - it; }
+
+  // Scores of the key tile of ordinal it to log2 units: with FP8, times the tile's K descale.
   __device__ __forceinline__ float score_scale(int it) const {
     if constexpr (Cfg::kFp8)
-      return q_scale * params.k_descale.at(t.batch, t.head / params.kv_group, t.n_tiles - 1 - it);
+      return q_scale * params.k_descale.at(t.batch, t.head / params.kv_group, key_tile(it));
     else
       return q_scale;
   }
@@ -100,7 +103,7 @@ struct ConsumerTile {
   };
   __device__ __forceinline__ VTerms v_terms(int it) const {
     if constexpr (Cfg::kFp8) {
-      const float v = params.v_descale.at(t.batch, t.head / params.kv_group, t.n_tiles - 1 - it);
+      const float v = params.v_descale.at(t.batch, t.head / params.kv_group, key_tile(it));
       return {ptx::log2_approx(v), __fdividef(1.f, v)};
     } else {
       return {0.f, 1.f};
@@ -117,7 +120,7 @@ struct ConsumerTile {
     release_slot(&ss.k_empty[stage]);
     if (it == t.n_tiles - 1) release_slot(&ss.q_empty[t.q_stage]);
     if constexpr (Cfg::kIntScores) lift_int_scores(s);
-    mask_if_needed(s, t.n_tiles - 1 - it);
+    mask_if_needed(s, key_tile(it));
   }
 
   // The masked scores of key tile `it` from an S GEMM issued alone in its own turn (nothing to

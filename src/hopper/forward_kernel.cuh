@@ -14,6 +14,7 @@
 #include "hopper/ptx/warpgroup.cuh"
 #include "hopper/shared_storage.cuh"
 #include "hopper/softmax.cuh"
+#include "hopper/split_tail_combine.cuh"
 #include "hopper/tile_scheduler.cuh"
 
 namespace warpattn::detail {
@@ -47,7 +48,7 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
   int kv = 0, q_iter = 0;  // as in the producer
   for (int i = 0;; ++i) {
     const ScheduledTile w = ss.tiles.receive(i);
-    if (w.is_end()) break;
+    if (w.is_end()) break;  // the end marker's slot is never released: nothing follows it
     const int n_tiles = w.n_tiles;
     float o[Cfg::kHeadDim / 2];
 #pragma unroll
@@ -55,7 +56,7 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
     OnlineSoftmax softmax(Cfg::kPLog2Offset, Cfg::kStaleLog2);
     if (n_tiles > 0) {
       const RingSlot qs = ring_slot<Cfg::kQStages>(q_iter);
-      const TileContext t{warpgroup, w.m_block, w.head, w.batch, n_tiles, kv, qs.stage};
+      const TileContext t{warpgroup, w.m_block, w.head, w.batch, n_tiles, w.n_end, kv, qs.stage};
       ptx::mbarrier_wait(ptx::smem_addr(&ss.q_full[qs.stage]), qs.phase);
       const ConsumerTile<Cfg> tile(ss, params, t);
       if constexpr (Cfg::kFp8) {
@@ -70,9 +71,19 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
       kv += n_tiles;
       ++q_iter;
     }
+    // The tile again, from its slot: its coordinates kept in registers through the main loop
+    // made ptxas spill there (BF16 d = 128).
+    const ScheduledTile e = ss.tiles.peek(i);
+    ss.tiles.release(i);
+    // A piece of the split tail leaves its partial state to combine_split_tail_kernel.
+    if (e.piece >= 0) {
+      PartialState<Cfg>(params, 2 * static_cast<int>(blockIdx.x) + e.piece, warpgroup, threadIdx.x % 128)
+          .store(o, softmax);
+      continue;
+    }
     float lse[2];
     softmax.finalize(o, lse);
-    store_output<Cfg>(o, lse, params, f, warpgroup, w.m_block, w.head, w.batch);
+    store_output<Cfg>(o, lse, params, f, warpgroup, e.m_block, e.head, e.batch);
   }
   turns.finish();
 }

@@ -2,6 +2,8 @@
 #pragma once
 #include <cstdint>
 
+#include "hopper/split_tail.hpp"
+
 namespace warpattn::detail {
 
 // FP8 descales per (batch, head, block of 128 rows/keys); strides in elements (the block
@@ -27,6 +29,10 @@ struct ForwardParams {
   int chunk_heads = 1;   // (batch, head) pairs whose K/V the scheduler keeps in L2 together
   float scale_log2 = 0;  // softmax_scale * log2(e): one FFMA + EX2 per score
   int* tile_counter = nullptr;  // [next tile, CTAs done], zero at launch; null: static order
+  // The split tail (split_tail.hpp; split.tiles == 0: every tile whole) and its partial
+  // states, 2 x grid slots of kConsumerWarpgroups x 128 threads x (head_dim / 2 + 4) floats.
+  SplitTail split;
+  float* partials = nullptr;
   DescaleArray q_descale, k_descale, v_descale;  // FP8 only
   // Always 0, unknown to ptxas (ptx::schedule_fence). One per fence of a basic block chain:
   // ptxas drops a second branch on a value it has already branched on.

@@ -46,13 +46,20 @@ __device__ __forceinline__ void load_kv_tile(SharedStorage<Cfg>& ss, const CUten
     tma_load_5d(smem_addr(tiles[slot.stage]), map, bar, 0, n_block * Cfg::kBlockN, 0, head_kv, batch);
 }
 
-// The tile with index `tile` of tile_order.hpp's order, or the end marker past the last.
+// What the chooser points at: a whole tile of tile_order.hpp's order, a piece of the split
+// tail, or the end marker.
 template <class Cfg>
-__device__ __forceinline__ ScheduledTile schedule_tile(int tile, const ForwardParams& params) {
-  if (tile >= total_tiles(params)) return {-1, 0, 0, 0};
-  const WorkTile w = tile_coords(tile, params);
-  return {w.m_block, w.head, w.batch,
-          kv_tile_count(w.m_block, Cfg::kBlockM, Cfg::kBlockN, params.seqlen_q, params.seqlen_k, Cfg::kCausal)};
+__device__ __forceinline__ ScheduledTile schedule_tile(const TileChooser& chooser, const ForwardParams& params) {
+  constexpr ScheduledTile kEnd{-1, 0, 0, 0, 0, -1};
+  if (chooser.tile < params.split.first_tile) {
+    const WorkTile w = tile_coords(chooser.tile, params);
+    const int n = kv_tile_count(w.m_block, Cfg::kBlockM, Cfg::kBlockN, params.seqlen_q, params.seqlen_k, Cfg::kCausal);
+    return {w.m_block, w.head, w.batch, n, n, -1};
+  }
+  SplitTail::Piece pc;
+  if (params.split.tiles == 0 || !params.split.piece(static_cast<int>(blockIdx.x), chooser.piece, pc)) return kEnd;
+  const WorkTile w = tile_coords(params.split.first_tile + pc.tile, params);
+  return {w.m_block, w.head, w.batch, pc.kv_end - pc.kv_begin, pc.kv_end, chooser.piece};
 }
 
 // Walks the same tiles as the consumers. The K/V ring ordinal and the Q phase run on across
@@ -67,15 +74,15 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
   int kv = 0;      // K/V tiles loaded so far
   int q_iter = 0;  // Q tiles loaded so far
   TileChooser chooser;
-  ScheduledTile w = schedule_tile<Cfg>(chooser.tile, params);
+  ScheduledTile w = schedule_tile<Cfg>(chooser, params);
   ss.tiles.publish(0, w);
   for (int i = 0; !w.is_end(); ++i) {
-    const int n_tiles = w.n_tiles;
+    const int n_tiles = w.n_tiles, n_end = w.n_end;  // key tiles n_end - 1 down to n_end - n_tiles
     const int head_kv = w.head / params.kv_group;
     if (n_tiles > 0) {
       // The first K tile can go into a ring slot freed during the previous tile; Q must wait
       // until both consumers' last S GEMM of the tile that used its buffer has read it.
-      load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv, n_tiles - 1, head_kv, w.batch);
+      load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv, n_end - 1, head_kv, w.batch);
       const RingSlot qs = ring_slot<Cfg::kQStages>(q_iter);
       mbarrier_wait(smem_addr(&ss.q_empty[qs.stage]), qs.phase ^ 1);
       const uint32_t q_bar = smem_addr(&ss.q_full[qs.stage]);
@@ -83,14 +90,14 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
       tma_load_5d(smem_addr(ss.q[qs.stage]), tm_q, q_bar, 0, w.m_block * Cfg::kBlockM, 0, w.head, w.batch);
     }
     chooser.advance(params);
-    const ScheduledTile next = schedule_tile<Cfg>(chooser.tile, params);
+    const ScheduledTile next = schedule_tile<Cfg>(chooser, params);
     ss.tiles.publish(i + 1, next);
     if (n_tiles > 0) {
       for (int it = 1; it < n_tiles; ++it) {
-        load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, n_tiles - 1 - it, head_kv, w.batch);
-        load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1, n_tiles - it, head_kv, w.batch);
+        load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, n_end - 1 - it, head_kv, w.batch);
+        load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1, n_end - it, head_kv, w.batch);
       }
-      load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + n_tiles - 1, 0, head_kv, w.batch);
+      load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + n_tiles - 1, n_end - n_tiles, head_kv, w.batch);
       kv += n_tiles;
       ++q_iter;
     }

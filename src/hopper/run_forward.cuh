@@ -13,9 +13,20 @@
 #include "hopper/forward_kernel.cuh"
 #include "hopper/kv_tiles.hpp"
 #include "hopper/tensor_map.hpp"
-#include "hopper/tile_counter.hpp"
+#include "hopper/scheduler_workspace.hpp"
+#include "hopper/split_tail_combine.cuh"
+#include "hopper/split_tail.hpp"
 
 namespace warpattn::detail {
+
+// The split tail (split_tail.hpp) is taken when each CTA's range is at least this many key
+// tiles shorter than a whole tile: the stores, the combine kernel and each piece's ramp cost
+// about as much as 7 key tiles at d = 64 (run 59: N = 1024, ranges of 1 of 8 key tiles, -4%;
+// 15 saved of 32 at d = 128 N = 4096, +0.8%). WARPATTN_TUNE_SPLIT_TAIL=0 turns it off.
+#ifndef WARPATTN_TUNE_SPLIT_TAIL
+#define WARPATTN_TUNE_SPLIT_TAIL 8
+#endif
+inline constexpr int kSplitTailMinSaved = WARPATTN_TUNE_SPLIT_TAIL;
 
 // For FP8 (Cfg::kFp8) v is the operands' Vᵀ and `fp8` gives the descales.
 template <class Cfg>
@@ -72,8 +83,24 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
                 " query blocks exceed 2^31 - 1");
   // Persistent grid: one CTA per SM (the register file holds one), or fewer for small problems.
   const int64_t blocks = std::min<int64_t>(tiles, multiprocessor_count());
-  // More tiles than CTAs: hand them out dynamically (greedy, as the hardware would).
-  if (blocks < tiles) params.tile_counter = tile_counter_for(stream);
+  params.split.first_tile = static_cast<int>(tiles);  // every tile whole unless split below
+  if (blocks < tiles) {
+    // More tiles than CTAs: hand them out dynamically (greedy, as the hardware would), and
+    // split the last wave's tiles over every CTA where that saves enough (non-causal: all
+    // tiles have the same key tiles).
+    const SplitTail split =
+        kSplitTailMinSaved > 0 ? plan_split_tail(static_cast<int>(tiles), ceil_div(params.seqlen_k, Cfg::kBlockN),
+                                                 static_cast<int>(blocks), kSplitTailMinSaved)
+                               : SplitTail{};
+    const bool splits = !Cfg::kCausal && split.tiles > 0;
+    const SchedulerWorkspace ws =
+        scheduler_workspace_for(stream, splits ? PartialState<Cfg>::bytes(static_cast<int>(blocks)) : 0);
+    params.tile_counter = ws.tile_counter;
+    if (splits && ws.partials != nullptr) {
+      params.split = split;
+      params.partials = static_cast<float*>(ws.partials);
+    }
+  }
 
   auto kernel = attention_forward_kernel<Cfg>;
   constexpr int kSmem = sizeof(SharedStorage<Cfg>);
@@ -81,6 +108,12 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
                "attention_forward_kernel: setting its shared-memory size");
   kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, kSmem, stream>>>(tm_q, tm_k, tm_v, params);
   check_cuda(cudaGetLastError(), "attention_forward_kernel: launch failed");
+  if constexpr (!Cfg::kCausal) {
+    if (params.split.tiles > 0) {
+      combine_split_tail_kernel<Cfg><<<dim3(params.split.tiles, Cfg::kConsumerWarpgroups), 128, 0, stream>>>(params);
+      check_cuda(cudaGetLastError(), "combine_split_tail_kernel: launch failed");
+    }
+  }
 }
 
 // Declared here, defined (explicitly instantiated) in forward_<dtype>_d<dim>.cu, one file per

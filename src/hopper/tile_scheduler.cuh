@@ -20,18 +20,24 @@
 
 namespace warpattn::detail {
 
-// The producer's side: which tile comes next.
+// The producer's side: which tile comes next. Tiles before params.split.first_tile go out
+// whole; once a CTA draws one at or past it, it takes the (at most two) pieces of its range
+// of the split tail, then ends.
 struct TileChooser {
   int round = 0;
   int tile = static_cast<int>(blockIdx.x);
+  int piece = 0;  // in the tail: which piece of this CTA's range
 
   __device__ __forceinline__ void advance(const ForwardParams& p) {
     const int g = static_cast<int>(gridDim.x);
-    if (p.tile_counter != nullptr) {
+    const int whole = p.split.first_tile;
+    if (tile >= whole) {
+      ++piece;
+    } else if (p.tile_counter != nullptr) {
       tile = g + atomicAdd(p.tile_counter, 1);
-      if (tile >= total_tiles(p)) {
-        // Every CTA stops fetching once it draws past the end; the last one to stop resets
-        // the counter for the next launch.
+      if (tile >= whole) {
+        // Every CTA stops fetching once it draws past the whole tiles; the last one to stop
+        // resets the counter for the next launch.
         __threadfence();
         if (atomicAdd(p.tile_counter + 1, 1) == g - 1) {
           p.tile_counter[0] = 0;
@@ -46,43 +52,51 @@ struct TileChooser {
   }
 };
 
-// A work tile as the producer hands it to the consumers: its coordinates and key-tile count
+// A work tile as the producer hands it to the consumers: its coordinates and key-tile range
 // worked out once, so the divisions of tile_coords stay off the consumers' path.
 struct ScheduledTile {
   int m_block, head, batch;
-  int n_tiles;  // key tiles with a visible key (0: every row of the block is empty)
+  // Key tiles to visit: n_end - n_tiles .. n_end - 1 (n_tiles 0: every row of the block is
+  // empty).
+  int n_tiles, n_end;
+  int piece;  // -1: a whole tile; 0 or 1: that piece of this CTA's range of the split tail
   __device__ __forceinline__ bool is_end() const { return m_block < 0; }
 };
 
-// Two slots of scheduled tiles from the producer to the consumer warpgroups. The producer
-// fills slot i + 1 while the consumers work on tile i - 1 or i, so they never wait for the
-// tile counter's atomicAdd.
+// A ring of scheduled tiles from the producer to the consumer warpgroups. The producer fills
+// slot i + 1 while the consumers work on tile i, so they never wait for the tile counter's
+// atomicAdd. A consumer keeps its slot until its main loop is done and reads the tile again
+// then (peek), so the tile's coordinates need no registers during the main loop; with three
+// slots the producer, one tile ahead, never waits for that.
 struct TileSlots {
-  ScheduledTile tile[2];
-  uint64_t full[2];   // count 1: the producer's arrival
-  uint64_t empty[2];  // count: every consumer thread has read it
+  static constexpr int kSlots = 3;
+  ScheduledTile tile[kSlots];
+  uint64_t full[kSlots];   // count 1: the producer's arrival
+  uint64_t empty[kSlots];  // count: every consumer thread is done with it
 
   __device__ __forceinline__ void init(int consumer_threads) {
-    for (int s = 0; s < 2; ++s) {
+    for (int s = 0; s < kSlots; ++s) {
       ptx::mbarrier_init(ptx::smem_addr(&full[s]), 1);
       ptx::mbarrier_init(ptx::smem_addr(&empty[s]), consumer_threads);
     }
   }
   // i: how many tiles this CTA has published before.
   __device__ __forceinline__ void publish(int i, const ScheduledTile& t) {
-    const int s = i & 1;
-    ptx::mbarrier_wait(ptx::smem_addr(&empty[s]), ((i >> 1) & 1) ^ 1);
+    const int s = i % kSlots;
+    ptx::mbarrier_wait(ptx::smem_addr(&empty[s]), ((i / kSlots) & 1) ^ 1);
     tile[s] = t;
     ptx::mbarrier_arrive(ptx::smem_addr(&full[s]));  // release: orders the stores above
   }
+  // Waits for tile i; the slot stays the consumer's until release(i).
   __device__ __forceinline__ ScheduledTile receive(int i) {
-    const int s = i & 1;
-    ptx::mbarrier_wait(ptx::smem_addr(&full[s]), (i >> 1) & 1);
-    const volatile ScheduledTile& v = tile[s];
-    const ScheduledTile t{v.m_block, v.head, v.batch, v.n_tiles};
-    ptx::mbarrier_arrive(ptx::smem_addr(&empty[s]));
-    return t;
+    ptx::mbarrier_wait(ptx::smem_addr(&full[i % kSlots]), (i / kSlots) & 1);
+    return peek(i);
   }
+  __device__ __forceinline__ ScheduledTile peek(int i) const {
+    const volatile ScheduledTile& v = tile[i % kSlots];
+    return {v.m_block, v.head, v.batch, v.n_tiles, v.n_end, v.piece};
+  }
+  __device__ __forceinline__ void release(int i) { ptx::mbarrier_arrive(ptx::smem_addr(&empty[i % kSlots])); }
 };
 
 }  // namespace warpattn::detail

@@ -22,6 +22,7 @@ struct Case {
   bool padded = false;  // non-contiguous batch / sequence / head strides
   bool with_lse = true;
   std::optional<float> softmax_scale;  // default 1/sqrt(head_dim)
+  int64_t first_rows = 4;  // rows 0 .. first_rows - 1 of every (b, h) are always checked
 };
 
 struct Outcome {
@@ -51,7 +52,8 @@ std::vector<int64_t> rows_to_check(const Case& c, std::mt19937_64& rng) {
       for (int64_t r = 0; r < c.seqlen_q; ++r) rows.push_back(bh * c.seqlen_q + r);
       continue;
     }
-    std::vector<int64_t> pick = {0, 1, c.seqlen_q - 2, c.seqlen_q - 1};
+    std::vector<int64_t> pick = {c.seqlen_q - 2, c.seqlen_q - 1};
+    for (int64_t r = 0; r < c.first_rows; ++r) pick.push_back(r);
     for (int i = 0; i < 60; ++i) pick.push_back(static_cast<int64_t>(rng() % c.seqlen_q));
     std::sort(pick.begin(), pick.end());
     pick.erase(std::unique(pick.begin(), pick.end()), pick.end());
@@ -223,6 +225,26 @@ TEST(forward_without_lse_and_custom_scale) {
   c.dtype = DType::bf16, c.head_dim = 256, c.causal = false;
   c.softmax_scale = 0.01f;
   check_case(c);
+}
+
+// The split tail (hopper/split_tail.hpp): shapes whose last wave is cut into key ranges over
+// all 132 CTAs, each tile over ~10 of them (2200 keys: 13-20 key tiles, ranges of 2-3), GQA
+// and strided tensors among them. With one chunk of heads the tail tiles are the query blocks
+// 0 and 1 (tile_order.hpp): their rows are all checked. The 16385-key shapes of the matrix and
+// the 64K test split with 2-3 CTAs per tile.
+TEST(forward_split_tail_shapes) {
+  REQUIRE_HOPPER();
+  for (DType dtype : {DType::bf16, DType::f16})
+    for (int d : {64, 128, 256}) {
+      Case c;
+      c.dtype = dtype, c.head_dim = d;
+      c.seqlen_q = c.seqlen_k = 2200;
+      c.heads_q = d == 64 ? 12 : 8;  // 144 tiles of 192 (d = 64) or 128 rows
+      c.heads_kv = dtype == DType::bf16 ? c.heads_q : 2;
+      c.padded = dtype == DType::f16;
+      c.first_rows = 384;
+      check_case(c);
+    }
 }
 
 // A race shows as results that move between runs on the same inputs.

@@ -431,6 +431,25 @@ TEST(fp8_forward_shapes) {
       }
 }
 
+// The split tail (hopper/split_tail.hpp) with FP8: 144 tiles on 132 CTAs, the last 12 cut
+// into key ranges of 2-3 tiles, so each tile's pieces come from ~9 CTAs and the descales
+// follow each piece's own key tiles.
+TEST(fp8_split_tail_shapes) {
+  REQUIRE_HOPPER();
+  for (int d : {64, 128, 256})
+    for (bool int8 : {false, true}) {
+      if (int8 && d == 128) continue;
+      ForwardCase c;
+      c.d = d;
+      c.int8 = int8;
+      c.b = 1;
+      c.sq = c.sk = 2200;
+      c.hq = d == 64 ? 12 : 8;  // 144 tiles of 192 (d = 64) or 128 rows
+      c.hkv = int8 ? c.hq : 2;
+      run_forward_case(c);
+    }
+}
+
 TEST(fp8_forward_rejects_bad_descales) {
   REQUIRE_HOPPER();
   const int64_t S = 256, D = 128;
