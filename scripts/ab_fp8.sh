@@ -15,8 +15,9 @@ targets=_warpattn
 for t in ${TESTS:-}; do targets="$targets ${t%%:*}"; done
 jobs=$(( $(nproc) / $(echo ${VARIANTS:?} | wc -w) + 1 ))
 for v in $VARIANTS; do
-  name=${v%%=*} flags=${v#*=}
-  (cmake -S . -B "build-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWARPATTN_BUILD_PYTHON=ON \
+  name=${v%%=*} flags=${v#*=} src=.
+  case $name in *@*) src=${name#*@} name=${name%@*} ;; esac
+  (cmake -S "$src" -B "build-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWARPATTN_BUILD_PYTHON=ON \
      -DWARPATTN_BUILD_TESTS=$([ -n "${TESTS:-}" ] && echo ON || echo OFF) -DCMAKE_CUDA_FLAGS="$flags" &&
    cmake --build "build-$name" --target $targets -j$jobs) > "/tmp/build-$name.log" 2>&1 ||
     { echo "$name: build failed"; grep -E "error" "/tmp/build-$name.log" | head; } &
@@ -24,13 +25,13 @@ done
 wait
 [ -n "${BUILD_ONLY:-}" ] && exit 0  # a later call runs them (the builds are kept)
 for v in $VARIANTS; do  # each variant as a package of its own
-  name=${v%%=*}
+  name=${v%%=*} && name=${name%@*}
   rm -rf "/tmp/pkg-$name" && mkdir -p "/tmp/pkg-$name/warpattn"
   cp python/warpattn/*.py "build-$name"/_warpattn*.so "build-$name"/libwarpattn.so "/tmp/pkg-$name/warpattn/"
 done
 for pass in $(seq 1 ${PASSES:-2}); do
   for v in $VARIANTS; do
-    name=${v%%=*}
+    name=${v%%=*} && name=${name%@*}
     (cd /tmp && PYTHONPATH=/tmp/pkg-$name timeout -k 5 ${BENCH_TIMEOUT:-300} python3 -m warpattn.bench_fp8 \
       --out "/tmp/ab-$name-$pass" --tag "$name" "$@" > "/tmp/ab-$name-$pass.log" 2>&1)
     echo "$name pass $pass rc=$?"
@@ -39,7 +40,7 @@ for pass in $(seq 1 ${PASSES:-2}); do
   done
 done
 for v in $VARIANTS; do
-  name=${v%%=*}
+  name=${v%%=*} && name=${name%@*}
   for t in ${TESTS:-}; do
     bin=${t%%:*} filter=${t#*:}
     [ "$filter" = "$t" ] && filter=

@@ -48,15 +48,17 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
   int kv = 0, q_iter = 0;  // as in the producer
   for (int i = 0;; ++i) {
     const ScheduledTile w = ss.tiles.receive(i);
-    if (w.is_end()) break;  // the end marker's slot is never released: nothing follows it
+    if (w.is_end()) break;
     const int n_tiles = w.n_tiles;
     float o[Cfg::kHeadDim / 2];
 #pragma unroll
-    for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
+    for (int j = 0; j < Cfg::kHeadDim / 2; ++j) o[j] = 0.f;
     OnlineSoftmax softmax(Cfg::kPLog2Offset, Cfg::kStaleLog2);
     if (n_tiles > 0) {
       const RingSlot qs = ring_slot<Cfg::kQStages>(q_iter);
-      const TileContext t{warpgroup, w.m_block, w.head, w.batch, n_tiles, w.n_end, kv, qs.stage};
+      // Causal tiles are never split: their key tiles end at n_tiles, which ptxas then knows.
+      const int n_end = Cfg::kCausal ? n_tiles : w.n_end;
+      const TileContext t{warpgroup, w.m_block, w.head, w.batch, n_tiles, n_end, kv, qs.stage};
       ptx::mbarrier_wait(ptx::smem_addr(&ss.q_full[qs.stage]), qs.phase);
       const ConsumerTile<Cfg> tile(ss, params, t);
       if constexpr (Cfg::kFp8) {
@@ -71,19 +73,17 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
       kv += n_tiles;
       ++q_iter;
     }
-    // The tile again, from its slot: its coordinates kept in registers through the main loop
-    // made ptxas spill there (BF16 d = 128).
-    const ScheduledTile e = ss.tiles.peek(i);
-    ss.tiles.release(i);
     // A piece of the split tail leaves its partial state to combine_split_tail_kernel.
-    if (e.piece >= 0) {
-      PartialState<Cfg>(params, 2 * static_cast<int>(blockIdx.x) + e.piece, warpgroup, threadIdx.x % 128)
-          .store(o, softmax);
-      continue;
+    if constexpr (!Cfg::kCausal) {
+      if (w.piece >= 0) {
+        PartialState<Cfg>(params, 2 * static_cast<int>(blockIdx.x) + w.piece, warpgroup, threadIdx.x % 128)
+            .store(o, softmax);
+        continue;
+      }
     }
     float lse[2];
     softmax.finalize(o, lse);
-    store_output<Cfg>(o, lse, params, f, warpgroup, e.m_block, e.head, e.batch);
+    store_output<Cfg>(o, lse, params, f, warpgroup, w.m_block, w.head, w.batch);
   }
   turns.finish();
 }

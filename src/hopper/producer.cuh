@@ -57,7 +57,9 @@ __device__ __forceinline__ ScheduledTile schedule_tile(const TileChooser& choose
     return {w.m_block, w.head, w.batch, n, n, -1};
   }
   SplitTail::Piece pc;
-  if (params.split.tiles == 0 || !params.split.piece(static_cast<int>(blockIdx.x), chooser.piece, pc)) return kEnd;
+  if (Cfg::kCausal || params.split.tiles == 0 ||
+      !params.split.piece(static_cast<int>(blockIdx.x), chooser.piece, pc))
+    return kEnd;  // causal launches never split
   const WorkTile w = tile_coords(params.split.first_tile + pc.tile, params);
   return {w.m_block, w.head, w.batch, pc.kv_end - pc.kv_begin, pc.kv_end, chooser.piece};
 }

@@ -63,40 +63,35 @@ struct ScheduledTile {
   __device__ __forceinline__ bool is_end() const { return m_block < 0; }
 };
 
-// A ring of scheduled tiles from the producer to the consumer warpgroups. The producer fills
-// slot i + 1 while the consumers work on tile i, so they never wait for the tile counter's
-// atomicAdd. A consumer keeps its slot until its main loop is done and reads the tile again
-// then (peek), so the tile's coordinates need no registers during the main loop; with three
-// slots the producer, one tile ahead, never waits for that.
+// Two slots of scheduled tiles from the producer to the consumer warpgroups. The producer
+// fills slot i + 1 while the consumers work on tile i - 1 or i, so they never wait for the
+// tile counter's atomicAdd.
 struct TileSlots {
-  static constexpr int kSlots = 3;
-  ScheduledTile tile[kSlots];
-  uint64_t full[kSlots];   // count 1: the producer's arrival
-  uint64_t empty[kSlots];  // count: every consumer thread is done with it
+  ScheduledTile tile[2];
+  uint64_t full[2];   // count 1: the producer's arrival
+  uint64_t empty[2];  // count: every consumer thread has read it
 
   __device__ __forceinline__ void init(int consumer_threads) {
-    for (int s = 0; s < kSlots; ++s) {
+    for (int s = 0; s < 2; ++s) {
       ptx::mbarrier_init(ptx::smem_addr(&full[s]), 1);
       ptx::mbarrier_init(ptx::smem_addr(&empty[s]), consumer_threads);
     }
   }
   // i: how many tiles this CTA has published before.
   __device__ __forceinline__ void publish(int i, const ScheduledTile& t) {
-    const int s = i % kSlots;
-    ptx::mbarrier_wait(ptx::smem_addr(&empty[s]), ((i / kSlots) & 1) ^ 1);
+    const int s = i & 1;
+    ptx::mbarrier_wait(ptx::smem_addr(&empty[s]), ((i >> 1) & 1) ^ 1);
     tile[s] = t;
     ptx::mbarrier_arrive(ptx::smem_addr(&full[s]));  // release: orders the stores above
   }
-  // Waits for tile i; the slot stays the consumer's until release(i).
   __device__ __forceinline__ ScheduledTile receive(int i) {
-    ptx::mbarrier_wait(ptx::smem_addr(&full[i % kSlots]), (i / kSlots) & 1);
-    return peek(i);
+    const int s = i & 1;
+    ptx::mbarrier_wait(ptx::smem_addr(&full[s]), (i >> 1) & 1);
+    const volatile ScheduledTile& v = tile[s];
+    const ScheduledTile t{v.m_block, v.head, v.batch, v.n_tiles, v.n_end, v.piece};
+    ptx::mbarrier_arrive(ptx::smem_addr(&empty[s]));
+    return t;
   }
-  __device__ __forceinline__ ScheduledTile peek(int i) const {
-    const volatile ScheduledTile& v = tile[i % kSlots];
-    return {v.m_block, v.head, v.batch, v.n_tiles, v.n_end, v.piece};
-  }
-  __device__ __forceinline__ void release(int i) { ptx::mbarrier_arrive(ptx::smem_addr(&empty[i % kSlots])); }
 };
 
 }  // namespace warpattn::detail
