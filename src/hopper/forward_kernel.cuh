@@ -47,7 +47,7 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
   turns.start();
   int kv = 0, q_iter = 0;  // as in the producer
   for (int i = 0;; ++i) {
-    const ScheduledTile w = ss.tiles.receive(i);
+    const ScheduledTile w = ss.tiles.receive<!Cfg::kCausal>(i);
     if (w.is_end()) break;
     const int n_tiles = w.n_tiles;
     float o[Cfg::kHeadDim / 2];
@@ -56,9 +56,7 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
     OnlineSoftmax softmax(Cfg::kPLog2Offset, Cfg::kStaleLog2);
     if (n_tiles > 0) {
       const RingSlot qs = ring_slot<Cfg::kQStages>(q_iter);
-      // Causal tiles are never split: their key tiles end at n_tiles, which ptxas then knows.
-      const int n_end = Cfg::kCausal ? n_tiles : w.n_end;
-      const TileContext t{warpgroup, w.m_block, w.head, w.batch, n_tiles, n_end, kv, qs.stage};
+      const TileContext t{warpgroup, w.m_block, w.head, w.batch, n_tiles, w.n_end, kv, qs.stage};
       ptx::mbarrier_wait(ptx::smem_addr(&ss.q_full[qs.stage]), qs.phase);
       const ConsumerTile<Cfg> tile(ss, params, t);
       if constexpr (Cfg::kFp8) {

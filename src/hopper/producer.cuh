@@ -51,17 +51,17 @@ __device__ __forceinline__ void load_kv_tile(SharedStorage<Cfg>& ss, const CUten
 template <class Cfg>
 __device__ __forceinline__ ScheduledTile schedule_tile(const TileChooser& chooser, const ForwardParams& params) {
   constexpr ScheduledTile kEnd{-1, 0, 0, 0, 0, -1};
-  if (chooser.tile < params.split.first_tile) {
-    const WorkTile w = tile_coords(chooser.tile, params);
-    const int n = kv_tile_count(w.m_block, Cfg::kBlockM, Cfg::kBlockN, params.seqlen_q, params.seqlen_k, Cfg::kCausal);
-    return {w.m_block, w.head, w.batch, n, n, -1};
+  if constexpr (Cfg::kCausal) {  // never split
+    if (chooser.tile >= total_tiles(params)) return kEnd;
+  } else if (chooser.tile >= params.split.first_tile) {
+    SplitTail::Piece pc;
+    if (params.split.tiles == 0 || !params.split.piece(static_cast<int>(blockIdx.x), chooser.piece, pc)) return kEnd;
+    const WorkTile w = tile_coords(params.split.first_tile + pc.tile, params);
+    return {w.m_block, w.head, w.batch, pc.kv_end - pc.kv_begin, pc.kv_end, chooser.piece};
   }
-  SplitTail::Piece pc;
-  if (Cfg::kCausal || params.split.tiles == 0 ||
-      !params.split.piece(static_cast<int>(blockIdx.x), chooser.piece, pc))
-    return kEnd;  // causal launches never split
-  const WorkTile w = tile_coords(params.split.first_tile + pc.tile, params);
-  return {w.m_block, w.head, w.batch, pc.kv_end - pc.kv_begin, pc.kv_end, chooser.piece};
+  const WorkTile w = tile_coords(chooser.tile, params);
+  const int n = kv_tile_count(w.m_block, Cfg::kBlockM, Cfg::kBlockN, params.seqlen_q, params.seqlen_k, Cfg::kCausal);
+  return {w.m_block, w.head, w.batch, n, n, -1};
 }
 
 // Walks the same tiles as the consumers. The K/V ring ordinal and the Q phase run on across
@@ -91,7 +91,7 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
       mbarrier_arrive_expect_tx(q_bar, Cfg::kQTileBytes);
       tma_load_5d(smem_addr(ss.q[qs.stage]), tm_q, q_bar, 0, w.m_block * Cfg::kBlockM, 0, w.head, w.batch);
     }
-    chooser.advance(params);
+    chooser.advance<!Cfg::kCausal>(params);
     const ScheduledTile next = schedule_tile<Cfg>(chooser, params);
     ss.tiles.publish(i + 1, next);
     if (n_tiles > 0) {

@@ -28,10 +28,12 @@ struct TileChooser {
   int tile = static_cast<int>(blockIdx.x);
   int piece = 0;  // in the tail: which piece of this CTA's range
 
+  // kSplits: false where the launch never splits (causal): the tail's code is left out.
+  template <bool kSplits>
   __device__ __forceinline__ void advance(const ForwardParams& p) {
     const int g = static_cast<int>(gridDim.x);
-    const int whole = p.split.first_tile;
-    if (tile >= whole) {
+    const int whole = kSplits ? p.split.first_tile : total_tiles(p);
+    if (kSplits && tile >= whole) {
       ++piece;
     } else if (p.tile_counter != nullptr) {
       tile = g + atomicAdd(p.tile_counter, 1);
@@ -84,11 +86,19 @@ struct TileSlots {
     tile[s] = t;
     ptx::mbarrier_arrive(ptx::smem_addr(&full[s]));  // release: orders the stores above
   }
+  // kSplits: false where the launch never splits (causal), so neither piece field is read.
+  template <bool kSplits>
   __device__ __forceinline__ ScheduledTile receive(int i) {
     const int s = i & 1;
     ptx::mbarrier_wait(ptx::smem_addr(&full[s]), (i >> 1) & 1);
     const volatile ScheduledTile& v = tile[s];
-    const ScheduledTile t{v.m_block, v.head, v.batch, v.n_tiles, v.n_end, v.piece};
+    ScheduledTile t;
+    t.m_block = v.m_block, t.head = v.head, t.batch = v.batch, t.n_tiles = v.n_tiles;
+    if constexpr (kSplits) {
+      t.n_end = v.n_end, t.piece = v.piece;
+    } else {
+      t.n_end = t.n_tiles, t.piece = -1;
+    }
     ptx::mbarrier_arrive(ptx::smem_addr(&empty[s]));
     return t;
   }
