@@ -39,7 +39,7 @@ for pass in $(seq 1 ${PASSES:-2}); do
       grep -E "^\| [0-9]" "$out/$name-pass$pass.md" || tail -5 "/tmp/ab-$name-$pass.log"
   done
 done
-for v in $VARIANTS; do
+for v in ${TEST_VARIANTS:-$VARIANTS}; do  # TEST_VARIANTS: only these run the tests
   name=${v%%=*} && name=${name%@*}
   for t in ${TESTS:-}; do
     bin=${t%%:*} filter=${t#*:}

@@ -52,16 +52,20 @@ struct TallTileShape {  // used where kHasTallTiles
 };
 
 // FP8: 128-key tiles (Vᵀ's 128-byte panel); 1-byte operands leave room for two Q buffers and,
-// at d=64 and 128, three stages. WARPATTN_TUNE_FP8_STAGES / _QSTAGES override both head dims for
-// tuning runs (scripts/bench_fp8_variant.sh).
+// at d=64 and 128, three stages. For tuning runs (scripts/ab_fp8.sh): WARPATTN_TUNE_FP8_STAGES
+// sets the stages at d = 64 and 128, _STAGES_D256 at d = 256 (where more than 2 do not fit
+// with two Q buffers), _QSTAGES the Q buffers.
 #ifndef WARPATTN_TUNE_FP8_STAGES
-#define WARPATTN_TUNE_FP8_STAGES 0
+#define WARPATTN_TUNE_FP8_STAGES 3
+#endif
+#ifndef WARPATTN_TUNE_FP8_STAGES_D256
+#define WARPATTN_TUNE_FP8_STAGES_D256 2
 #endif
 #ifndef WARPATTN_TUNE_FP8_QSTAGES
 #define WARPATTN_TUNE_FP8_QSTAGES 0
 #endif
 template <int kHeadDim>
-inline constexpr int kFp8Stages = WARPATTN_TUNE_FP8_STAGES > 0 ? WARPATTN_TUNE_FP8_STAGES : (kHeadDim == 256 ? 2 : 3);
+inline constexpr int kFp8Stages = kHeadDim == 256 ? WARPATTN_TUNE_FP8_STAGES_D256 : WARPATTN_TUNE_FP8_STAGES;
 // QKElement: __nv_fp8_e4m3, or int8_t for INT8 Q and K (the same tiles: 1-byte operands).
 // kWarpgroups 3: the tall tiles (192 x 128; see kTallTileMinRows).
 template <int kHeadDim, bool kCausal, class OutElement, class QKElement, int kWarpgroups = 2>
