@@ -73,6 +73,8 @@ void quantize_fp8(const TensorView& q, const TensorView& k, const TensorView& v,
 // (B, Sq, Hq, D); lse as in forward(). With check_descales the descales are read back to the
 // host and checked (finite and > 0) before the launch, so the call synchronises with `stream`
 // once; pass false for operands known to be valid (quantize_fp8's) to keep it asynchronous.
+// It uses the stream's scheduler buffer described at forward() (the same size formula; one
+// buffer per stream serves both).
 void forward_fp8(const Fp8Operands& fp8, const TensorView& out, const std::optional<TensorView>& lse,
                  const ForwardOptions& options, cudaStream_t stream = nullptr, bool check_descales = true);
 

@@ -71,7 +71,11 @@ inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
 //        scale; rows with no visible key get -inf (and their out rows are zero)
 // Any batch/sequence/head strides, but the last dimension must be contiguous, every base must
 // be 16-byte aligned and every other stride a multiple of 16 bytes (the TMA rules).
-// Runs on `stream` and returns without synchronising.
+// Runs on `stream` and returns without synchronising. The first call on a stream allocates a
+// scheduler buffer for it (the tile counter, and for non-causal shapes whose last wave is
+// split over all SMs room for partial results: 2 x SMs x 128 rows x (D + 8) x 4 bytes, about
+// 36 MB at D = 256 on an H200), kept for the process's life; while the stream is captured into
+// a graph nothing is allocated, and the launch then runs without what is missing.
 void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
              const std::optional<TensorView>& lse, const ForwardOptions& options,
              cudaStream_t stream = nullptr);
