@@ -27,7 +27,7 @@ struct SplitTail {
   int ctas = 1;        // the grid
 
   // 32-bit arithmetic: plan_split_tail keeps steps() x (ctas + 1) below 2^31 (a 64-bit
-  // division would be a call in the kernel's epilogue, whose registers are tight).
+  // division is a call, and the producer that divides here has 24-40 registers).
   WARPATTN_HOST_DEVICE int steps() const { return tiles * kv_tiles; }
   // First step (tail tile t's key tile j is step t kv_tiles + j) of CTA c's range; c = ctas is
   // the end of the last range.
