@@ -7,16 +7,17 @@
 #   VARIANTS="base= lift6=-DWARPATTN_TUNE_FP8_P_LIFT=6" PASSES=2 \
 #     TESTS="test_gpu_fp8:fp8_accuracy_on_outlier_data" bash scripts/ab_fp8.sh --points d=256 N=16384 causal=0
 # BUILD_ONLY=1 builds and stops (to build while something else runs). A variant is NAME=FLAGS (FLAGS: CMAKE_CUDA_FLAGS, the WARPATTN_TUNE_* knobs; empty for the
-# code as it is). Writes $OUT/ab/<name>-pass<k>.md and <name>-<test>.log; prints the rows.
+# code as it is). Writes $OUT/ab/<name>-pass<k>.md and <name>-<test>[-<filter>].log; prints the rows.
 set -u -o pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT/ab" && out=$(cd "$OUT/ab" && pwd)
 targets=_warpattn
 for t in ${TESTS:-}; do targets="$targets ${t%%:*}"; done
 jobs=$(( $(nproc) / $(echo ${VARIANTS:?} | wc -w) + 1 ))
+name_of() { local n=${1%%=*}; echo "${n%@*}"; }  # NAME of NAME[@DIR]=FLAGS
 for v in $VARIANTS; do
-  name=${v%%=*} flags=${v#*=} src=.
-  case $name in *@*) src=${name#*@} name=${name%@*} ;; esac
+  name=$(name_of "$v") flags=${v#*=} src=.
+  case ${v%%=*} in *@*) src=${v%%=*}; src=${src#*@} ;; esac
   (cmake -S "$src" -B "build-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWARPATTN_BUILD_PYTHON=ON \
      -DWARPATTN_BUILD_TESTS=$([ -n "${TESTS:-}" ] && echo ON || echo OFF) -DCMAKE_CUDA_FLAGS="$flags" &&
    cmake --build "build-$name" --target $targets -j$jobs) > "/tmp/build-$name.log" 2>&1 ||
@@ -25,13 +26,13 @@ done
 wait
 [ -n "${BUILD_ONLY:-}" ] && exit 0  # a later call runs them (the builds are kept)
 for v in $VARIANTS; do  # each variant as a package of its own
-  name=${v%%=*} && name=${name%@*}
+  name=$(name_of "$v")
   rm -rf "/tmp/pkg-$name" && mkdir -p "/tmp/pkg-$name/warpattn"
   cp python/warpattn/*.py "build-$name"/_warpattn*.so "build-$name"/libwarpattn.so "/tmp/pkg-$name/warpattn/"
 done
 for pass in $(seq 1 ${PASSES:-2}); do
   for v in $VARIANTS; do
-    name=${v%%=*} && name=${name%@*}
+    name=$(name_of "$v")
     (cd /tmp && PYTHONPATH=/tmp/pkg-$name timeout -k 5 ${BENCH_TIMEOUT:-300} python3 -m warpattn.bench_fp8 \
       --out "/tmp/ab-$name-$pass" --tag "$name" "$@" > "/tmp/ab-$name-$pass.log" 2>&1)
     echo "$name pass $pass rc=$?"
@@ -40,12 +41,13 @@ for pass in $(seq 1 ${PASSES:-2}); do
   done
 done
 for v in ${TEST_VARIANTS:-$VARIANTS}; do  # TEST_VARIANTS: only these run the tests
-  name=${v%%=*} && name=${name%@*}
+  name=$(name_of "$v")
   for t in ${TESTS:-}; do
     bin=${t%%:*} filter=${t#*:}
     [ "$filter" = "$t" ] && filter=
-    timeout -k 5 ${TEST_TIMEOUT:-300} "./build-$name/$bin" $filter > "$out/$name-$bin.log" 2>&1
-    echo "$name $bin $filter rc=$?: $(tail -1 "$out/$name-$bin.log")"
-    grep -E "FAIL|RMSE|ratio|per tensor /|64K" "$out/$name-$bin.log" | head -${TEST_LINES:-30}
+    log="$out/$name-$bin${filter:+-$filter}.log"  # one per test entry, also for one binary
+    timeout -k 5 ${TEST_TIMEOUT:-300} "./build-$name/$bin" $filter > "$log" 2>&1
+    echo "$name $bin $filter rc=$?: $(tail -1 "$log")"
+    grep -E "FAIL|RMSE|ratio|per tensor /|64K" "$log" | head -${TEST_LINES:-30}
   done
 done

@@ -89,10 +89,11 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
     // split the last wave's tiles over every CTA where that saves enough (non-causal: all
     // tiles have the same key tiles).
     const SplitTail split =
-        kSplitTailMinSaved > 0 ? plan_split_tail(static_cast<int>(tiles), ceil_div(params.seqlen_k, Cfg::kBlockN),
-                                                 static_cast<int>(blocks), kSplitTailMinSaved)
-                               : SplitTail{};
-    const bool splits = !Cfg::kCausal && split.tiles > 0;
+        !Cfg::kCausal && kSplitTailMinSaved > 0
+            ? plan_split_tail(static_cast<int>(tiles), ceil_div(params.seqlen_k, Cfg::kBlockN),
+                              static_cast<int>(blocks), kSplitTailMinSaved)
+            : SplitTail{};
+    const bool splits = split.tiles > 0;
     const SchedulerWorkspace ws =
         scheduler_workspace_for(stream, splits ? PartialState<Cfg>::bytes(static_cast<int>(blocks)) : 0);
     params.tile_counter = ws.tile_counter;
