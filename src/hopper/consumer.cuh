@@ -198,26 +198,23 @@ struct ConsumerTile {
       wgmma_wait<1>();  // S_it is done; P·V may still run
       pin(s);
       scores_done(s, it, ks.stage);
-      if constexpr (Cfg::kSoftmaxByRow) {
-        // One row at a time, in three basic blocks, so that the MUFU.EX2s (each takes the XU for
-        // 8 cycles) of one row have the other row's FMNMX beside them; in one block ptxas puts
-        // all FMNMX first. The first row's max runs under P·V.
+      if constexpr (Cfg::kSoftmaxRowsThenConvert) {
+        // Cfg::kSoftmaxRowsThenConvert: the fence keeps the P·V wait below the first row's
+        // exponentials and the second row's max; the first row's conversion then shares a
+        // block with the second row's exponentials.
         softmax.update_row_max<false, Cfg::kIntScores>(s, 0, alpha, c, v.log2);
-        schedule_fence(params.opaque_zero[0]);
-        wait_pv(o, vs, p);
         softmax.exponentiate_row<false>(s, 0, alpha, v.inv);
         softmax.update_row_max<false, Cfg::kIntScores>(s, 1, alpha, c, v.log2);
-        schedule_fence(params.opaque_zero[1]);
+        schedule_fence(params.opaque_zero[0]);
+        wait_pv(o, vs, p);
+        convert_to_operand<Cfg, 0>(s, p);
         softmax.exponentiate_row<false>(s, 1, alpha, v.inv);
+        convert_to_operand<Cfg, 1>(s, p);
       } else {
         softmax.step<false, Cfg::kIntScores>(s, alpha, c, v.log2, v.inv);
-        // ptxas hoists a wgmma wait to the top of its basic block, above independent code: here
-        // above the softmax, which then runs after P·V instead of under it (run 27, SASS). A
-        // branch ends the block where that overlap pays (Cfg::kSoftmaxUnderPv).
-        if constexpr (Cfg::kSoftmaxUnderPv) schedule_fence(params.opaque_zero[0]);
-        wait_pv(o, vs, p);
+        wait_pv(o, vs, p);  // hoisted above the softmax by ptxas (d = 64: ForwardConfig)
+        convert_to_operand<Cfg>(s, p);
       }
-      convert_to_operand<Cfg>(s, p);
       // Last: its branch ends the block, and the conversion of P belongs with the exponentials.
       rescale_if_needed(o, alpha);
     }

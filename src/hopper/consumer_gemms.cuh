@@ -69,7 +69,9 @@ __device__ __forceinline__ void issue_pv_gemm(float (&o)[Cfg::kHeadDim / 2],
 // register, the accumulator gives pairs. Swapping (s[8i+2], s[8i+3]) with (s[8i+4], s[8i+5])
 // and packing 4 in order makes slot s of every 16 keys hold key kFp8KeyOrder[s], the order
 // the quantisation pass gave Vᵀ: the product is the same sum in another order.
-template <class Cfg>
+// kRow (0 or 1) converts only that row's registers (register r of each step holds row r % 2,
+// in both layouts); -1 converts both.
+template <class Cfg, int kRow = -1>
 __device__ __forceinline__ void convert_to_operand(const float (&s)[Cfg::kBlockN / 2],
                                                    uint32_t (&p)[Cfg::kPvSteps][4]) {
   if constexpr (Cfg::kFp8) {
@@ -77,6 +79,7 @@ __device__ __forceinline__ void convert_to_operand(const float (&s)[Cfg::kBlockN
     for (int kk = 0; kk < Cfg::kPvSteps; ++kk)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
+        if (kRow >= 0 && r % 2 != kRow) continue;
         // register r of step kk packs permuted slots 16kk + 4r .. +3; within each group of 8,
         // slots (2, 3) and (4, 5) trade places
         const int b = 16 * kk + 4 * r;
@@ -90,7 +93,8 @@ __device__ __forceinline__ void convert_to_operand(const float (&s)[Cfg::kBlockN
     for (int kk = 0; kk < Cfg::kPvSteps; ++kk)
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        p[kk][i] = ptx::pack_pair<typename Cfg::Element>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+        if (kRow < 0 || i % 2 == kRow)
+          p[kk][i] = ptx::pack_pair<typename Cfg::Element>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
   }
 }
 

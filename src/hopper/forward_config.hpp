@@ -62,22 +62,17 @@ struct ForwardConfig {
   // 256 in bf16/fp16.
   static constexpr float kStaleLog2 = kFp8 ? 8.75f - kPLog2Offset : 8.f;
   static_assert(!kFp8 || (kStaleLog2 >= 0.f && kPLog2Offset + kStaleLog2 < 8.807f), "P must stay below e4m3's 448");
-  // Keep the P·V wait below the softmax (ptx::schedule_fence), so the softmax runs while P·V
-  // is on the tensor cores. Measured beside the ptxas schedule that waits first (runs 28-29,
-  // N = 16k, same process): d = 256 +0.6..2.2% bf16, -0.3..+1.8% FP8; d = 128 -3..+3%; d = 64
-  // -3.5..-5% bf16 (its P·V is short, and the ping-pong already hides the softmax).
-  static constexpr bool kSoftmaxUnderPv = kHeadDim == 256;
-  // Otherwise the softmax runs after P·V, one row at a time in three basic blocks
-  // (ConsumerTile::run): the MUFU.EX2s of one row then have the other row's FMNMX beside
-  // them, and the first row's max runs under P·V. Run 50 (O's rescale, then every key tile,
-  // sat between the rows), beside the one-block schedule in the same process: d = 128 FP8
-  // +4..+6%, INT8 Q/K +2%, BF16 -1..+3%; d = 64 E4M3 and BF16 +-1%, INT8 -3% (tall tiles: a
-  // third warpgroup already hides that latency).
-#ifdef WARPATTN_TUNE_SOFTMAX_BY_ROW  // 0 or 1, to measure it elsewhere
-  static constexpr bool kSoftmaxByRow = !kSoftmaxUnderPv && WARPATTN_TUNE_SOFTMAX_BY_ROW;
-#else
-  static constexpr bool kSoftmaxByRow = kHeadDim == 128;
-#endif
+  // The softmax's schedule against the P·V wait (ConsumerTile::run). ptxas hoists a wgmma
+  // wait to the top of its basic block, so where the wait sits is set by schedule fences.
+  // d >= 128: the first row's max and exponentials and the second row's max run before the
+  // P·V wait; after it, the first row's P is converted while the second row's exponentials
+  // run (its F2FPs in the MUFU's gaps), then the second row's. Measured (runs 68-69, A/B in
+  // one call, N = 16k) against the previous schedules, the whole softmax under P·V at d = 256
+  // (runs 27-29) and one row at a time with the first row's max under P·V at d = 128 (run 50):
+  // FP8 E4M3 d = 256 +1.8..2.4%, d = 128 +1.2..1.4%; INT8 Q/K -1..+0.5%; BF16 within +-1%.
+  // d = 64: the softmax in one block after the P·V wait (its P·V is short and a third consumer
+  // warpgroup hides the softmax's latency; the overlap cost 3.5-5% there, runs 28-29).
+  static constexpr bool kSoftmaxRowsThenConvert = kHeadDim >= 128;
   // setmaxnreg split. The pool is the launch allocation (65,536 registers / threads, in steps
   // of 8): 384 threads x 168 = 64,512 = 128 x 40 + 256 x 232, or 512 x 128 = 65,536 =
   // 128 x 32 + 384 x 160; a split over it makes the consumers' .inc wait forever. The producer

@@ -34,9 +34,9 @@ struct ForwardParams {
   SplitTail split;
   float* partials = nullptr;
   DescaleArray q_descale, k_descale, v_descale;  // FP8 only
-  // Always 0, unknown to ptxas (ptx::schedule_fence). One per fence of a basic block chain:
-  // ptxas drops a second branch on a value it has already branched on.
-  uint32_t opaque_zero[2] = {0, 0};
+  // Always 0, unknown to ptxas (ptx::schedule_fence). One per fence of a basic block chain
+  // (ptxas drops a second branch on a value it has already branched on); the main loop has one.
+  uint32_t opaque_zero[1] = {0};
 };
 
 }  // namespace warpattn::detail

@@ -131,6 +131,7 @@ struct DeviceTensor {
                                      view.dtype == warpattn::DType::bf16);
   }
   void poison() { cudaMemset(mem, 0xFF, alloc_elems * 2); }  // NaN in fp16 and bf16
+  void upload(const std::vector<uint16_t>& h) { cudaMemcpy(mem, h.data(), alloc_elems * 2, cudaMemcpyHostToDevice); }
 
   std::vector<uint16_t> raw() const {
     std::vector<uint16_t> h(alloc_elems);
@@ -166,5 +167,28 @@ struct DeviceTensor {
     return n;
   }
 };
+
+// Scores that jump within a row: every Q element and every element of the first 128 keys
+// of K set to 3, so those keys score 9 d x scale = 9 sqrt(d) nats (102 at d = 128, 144 at
+// d = 256), far above the other keys (N(0, 9) nats). Keys are visited from the last tile to
+// the first, so the row max jumps by more than fp32's exponent range (128 log2 units) when key
+// tile 0 comes last: old O and row sums scale by 2^-147 or less, and a softmax that would
+// exponentiate before knowing the tile's max would overflow.
+inline void set_score_jump(DeviceTensor& q, DeviceTensor& k) {
+  cudaDeviceSynchronize();
+  const bool bf16 = q.view.dtype == warpattn::DType::bf16;
+  const uint16_t three = bf16 ? warpattn::host::float_to_bf16(3.f) : warpattn::host::float_to_f16(3.f);
+  auto set = [&](DeviceTensor& t, int64_t rows) {
+    auto h = t.raw();
+    const auto& v = t.view;
+    for (int64_t b = 0; b < v.shape[0]; ++b)
+      for (int64_t s = 0; s < std::min(rows, v.shape[1]); ++s)
+        for (int64_t hh = 0; hh < v.shape[2]; ++hh)
+          for (int64_t d = 0; d < v.shape[3]; ++d) h[b * v.stride[0] + s * v.stride[1] + hh * v.stride[2] + d] = three;
+    t.upload(h);
+  };
+  set(q, q.view.shape[1]);
+  set(k, 128);
+}
 
 }  // namespace gpu_test

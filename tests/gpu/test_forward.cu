@@ -23,6 +23,7 @@ struct Case {
   bool with_lse = true;
   std::optional<float> softmax_scale;  // default 1/sqrt(head_dim)
   int64_t first_rows = 4;  // rows 0 .. first_rows - 1 of every (b, h) are always checked
+  bool score_jump = false;  // gpu_test::set_score_jump
 };
 
 struct Outcome {
@@ -35,10 +36,11 @@ std::string describe(const Case& c) {
   char buf[220];
   char scale[32] = "";
   if (c.softmax_scale) snprintf(scale, sizeof scale, " scale=%g", *c.softmax_scale);
-  snprintf(buf, sizeof buf, "%s d=%d %s B=%lld Sq=%lld Sk=%lld Hq=%lld Hkv=%lld%s%s%s",
+  snprintf(buf, sizeof buf, "%s d=%d %s B=%lld Sq=%lld Sk=%lld Hq=%lld Hkv=%lld%s%s%s%s",
            c.dtype == DType::bf16 ? "bf16" : "fp16", c.head_dim, c.causal ? "causal" : "full",
            (long long)c.batch, (long long)c.seqlen_q, (long long)c.seqlen_k, (long long)c.heads_q,
-           (long long)c.heads_kv, c.padded ? " strided" : "", c.with_lse ? "" : " no-lse", scale);
+           (long long)c.heads_kv, c.padded ? " strided" : "", c.with_lse ? "" : " no-lse", scale,
+           c.score_jump ? " jump" : "");
   return buf;
 }
 
@@ -72,6 +74,7 @@ Outcome run_case(const Case& c, uint64_t seed) {
   q.fill_normal(seed);
   k.fill_normal(seed + 1);
   v.fill_normal(seed + 2);
+  if (c.score_jump) gpu_test::set_score_jump(q, k);
   out.poison();
   // LSE with a padded row stride when the tensors are strided.
   const int64_t lse_row_stride = c.padded ? 2 : 1;
@@ -232,6 +235,21 @@ TEST(forward_without_lse_and_custom_scale) {
 // and strided tensors among them. With one chunk of heads the tail tiles are the query blocks
 // 0 and 1 (tile_order.hpp): their rows are all checked. The 16385-key shapes of the matrix and
 // the 64K test split with 2-3 CTAs per tile.
+// Row maxima that jump by more than fp32's range when the last key tile visited (the first)
+// comes: every head dim, causal and not, with partial tiles and GQA.
+TEST(forward_score_jump) {
+  REQUIRE_HOPPER();
+  for (int d : {64, 128, 256})
+    for (bool causal : {false, true})
+      for (DType dtype : {DType::bf16, DType::f16}) {
+        Case c;
+        c.dtype = dtype, c.head_dim = d, c.causal = causal, c.score_jump = true;
+        c.seqlen_q = c.seqlen_k = dtype == DType::bf16 ? 1000 : 300;
+        c.heads_q = 4, c.heads_kv = 2;
+        check_case(c);
+      }
+}
+
 TEST(forward_split_tail_shapes) {
   REQUIRE_HOPPER();
   for (DType dtype : {DType::bf16, DType::f16})

@@ -295,6 +295,7 @@ struct ForwardCase {
   int64_t b = 2, sq = 300, sk = 300, hq = 4, hkv = 2;
   DType out = DType::bf16;
   bool int8 = false;  // Q and K in INT8
+  bool jump = false;  // gpu_test::set_score_jump
 };
 
 // forward_fp8 on operands from quantize_fp8 against the fp64 reference on the dequantised
@@ -308,6 +309,7 @@ void run_forward_case(const ForwardCase& c) {
   upload_random(q, rng);
   upload_random(k, rng);
   upload_random(v, rng);
+  if (c.jump) gpu_test::set_score_jump(q, k);
   Fp8Buffers f(c.b, c.sq, c.sk, c.hq, c.hkv, c.d, c.int8 ? DType::s8 : DType::e4m3);
   warpattn::QuantizeOptions qo;
   qo.seed = seed;
@@ -363,8 +365,8 @@ void run_forward_case(const ForwardCase& c) {
         lse_err = std::max(lse_err, std::isinf(w) && std::isinf(g) && (w < 0) == (g < 0) ? 0.0 : std::fabs(g - w));
       }
   const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
-  printf("    d=%d %s%s B=%lld Sq=%lld Sk=%lld Hq=%lld Hkv=%lld out=%s: rel L2 %.3e, LSE max err %.2e, NaN %lld (seed %llu)\n",
-         c.d, c.causal ? "causal" : "full", c.int8 ? " int8-qk" : "", (long long)c.b, (long long)c.sq, (long long)c.sk,
+  printf("    d=%d %s%s%s B=%lld Sq=%lld Sk=%lld Hq=%lld Hkv=%lld out=%s: rel L2 %.3e, LSE max err %.2e, NaN %lld (seed %llu)\n",
+         c.d, c.causal ? "causal" : "full", c.int8 ? " int8-qk" : "", c.jump ? " jump" : "", (long long)c.b, (long long)c.sq, (long long)c.sk,
          (long long)c.hq, (long long)c.hkv, c.out == DType::bf16 ? "bf16" : "fp16", rel, lse_err, (long long)nan,
          (unsigned long long)seed);
   CHECK(nan == 0) << nan << " NaN outputs";
@@ -376,7 +378,10 @@ void run_forward_case(const ForwardCase& c) {
   // |q.k|. Measured worst over runs 21-26: 1.1e-3 at d = 128, 2.1e-3 at d = 256; an error of the
   // scale or of the lift of P would be >= 0.05. INT8 scores are exact integers; what is
   // left is the softmax's fold of their offset (< one integer unit x c per tile: ~1e-4 here).
-  CHECK(lse_err < (c.int8 ? 5e-4 : 2e-5 * c.d)) << "LSE off by " << lse_err;
+  // With the score jump the LSE is ~9 sqrt(d) nats and that truncation grows with it (x100
+  // allowed; run 69 saw 0.35 nats at d = 256 with 16 sqrt(d)); a reference off by P's lift
+  // would be off by 4 nats, a lost rescale by far more.
+  CHECK(lse_err < (c.int8 ? 5e-4 : 2e-5 * c.d) * (c.jump ? 100 : 1)) << "LSE off by " << lse_err;
 }
 
 TEST(fp8_forward_matches_dequantized_reference) {
@@ -388,6 +393,20 @@ TEST(fp8_forward_matches_dequantized_reference) {
         c.d = d;
         c.causal = causal;
         c.int8 = int8;
+        run_forward_case(c);
+      }
+}
+
+// Row maxima that jump by more than fp32's range on the last key tile visited
+// (gpu_test::set_score_jump), E4M3 and INT8, every head dim.
+TEST(fp8_forward_score_jump) {
+  REQUIRE_HOPPER();
+  for (bool int8 : {false, true})
+    for (int d : {64, 128, 256})
+      for (bool causal : {false, true}) {
+        ForwardCase c;
+        c.d = d, c.causal = causal, c.int8 = int8, c.jump = true;
+        c.sq = c.sk = 700;
         run_forward_case(c);
       }
 }
