@@ -99,7 +99,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (threadIdx.x == 0) init_barriers(ss);
   __syncthreads();  // the last CTA-wide barrier: roles split below
 
-  const int warpgroup = threadIdx.x / 128;
+  // Broadcast from lane 0 so that ptxas knows the value is the same in the whole warp: what
+  // depends on it (the Q rows' descriptor, ...) can then live in uniform registers.
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   if (warpgroup == 0) {
     release_registers<Cfg::kProducerRegisters>();
     if (threadIdx.x == 0) {

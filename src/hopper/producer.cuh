@@ -18,11 +18,12 @@ struct RingSlot {
   uint32_t phase;
 };
 
-// Tile ordinal `it` of a kernel's life maps to ring stage it % S, and the barrier phase flips
-// every time the stage index wraps.
+// Tile ordinal `it` (>= 0) of a kernel's life maps to ring stage it % S, and the barrier phase
+// flips every time the stage index wraps. Unsigned: no sign fix-ups around the division.
 template <int kStages>
 __device__ __forceinline__ RingSlot ring_slot(int it) {
-  return {it % kStages, static_cast<uint32_t>((it / kStages) & 1)};
+  const uint32_t u = static_cast<uint32_t>(it);
+  return {static_cast<int>(u % kStages), (u / kStages) & 1u};
 }
 
 // kKeysInner: the tensor is FP8's Vᵀ, keys innermost (its map is {keys, head_dim, 1, heads,
