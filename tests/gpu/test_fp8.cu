@@ -384,12 +384,12 @@ void run_forward_case(const ForwardCase& c) {
   CHECK(lse_err < (c.int8 ? 5e-4 : 2e-5 * c.d) * (c.jump ? 100 : 1)) << "LSE off by " << lse_err;
 }
 
-TEST(fp8_forward_matches_dequantized_reference) {
-  REQUIRE_HOPPER();
+// `base` at every head dim, causal and not, with E4M3 and with INT8 Q and K.
+void run_forward_matrix(const ForwardCase& base) {
   for (bool int8 : {false, true})
     for (int d : {64, 128, 256})
       for (bool causal : {false, true}) {
-        ForwardCase c;
+        ForwardCase c = base;
         c.d = d;
         c.causal = causal;
         c.int8 = int8;
@@ -397,18 +397,19 @@ TEST(fp8_forward_matches_dequantized_reference) {
       }
 }
 
+TEST(fp8_forward_matches_dequantized_reference) {
+  REQUIRE_HOPPER();
+  run_forward_matrix(ForwardCase{});
+}
+
 // Row maxima that jump by more than fp32's range on the last key tile visited
-// (gpu_test::set_score_jump), E4M3 and INT8, every head dim.
+// (gpu_test::set_score_jump).
 TEST(fp8_forward_score_jump) {
   REQUIRE_HOPPER();
-  for (bool int8 : {false, true})
-    for (int d : {64, 128, 256})
-      for (bool causal : {false, true}) {
-        ForwardCase c;
-        c.d = d, c.causal = causal, c.int8 = int8, c.jump = true;
-        c.sq = c.sk = 700;
-        run_forward_case(c);
-      }
+  ForwardCase c;
+  c.jump = true;
+  c.sq = c.sk = 700;
+  run_forward_matrix(c);
 }
 
 // INT8 Q and K through the shapes that stress the tiles: partial tiles, Sq != Sk, MQA, fp16 out.
