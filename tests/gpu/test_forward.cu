@@ -230,11 +230,6 @@ TEST(forward_without_lse_and_custom_scale) {
   check_case(c);
 }
 
-// The split tail (hopper/split_tail.hpp): shapes whose last wave is cut into key ranges over
-// all 132 CTAs, each tile over ~10 of them (2200 keys: 13-20 key tiles, ranges of 2-3), GQA
-// and strided tensors among them. With one chunk of heads the tail tiles are the query blocks
-// 0 and 1 (tile_order.hpp): their rows are all checked. The 16385-key shapes of the matrix and
-// the 64K test split with 2-3 CTAs per tile.
 // Row maxima that jump by more than fp32's range when the last key tile visited (the first)
 // comes: every head dim, causal and not, with partial tiles and GQA.
 TEST(forward_score_jump) {
@@ -250,6 +245,11 @@ TEST(forward_score_jump) {
       }
 }
 
+// The split tail (hopper/split_tail.hpp): shapes whose last wave is cut into key ranges over
+// all 132 CTAs, each tile over ~10 of them (2200 keys: 13-20 key tiles, ranges of 2-3), GQA
+// and strided tensors among them. With one chunk of heads the tail tiles are the query blocks
+// 0 and 1 (tile_order.hpp): their rows are all checked. The 16385-key shapes of the matrix and
+// the 64K test split with 2-3 CTAs per tile.
 TEST(forward_split_tail_shapes) {
   REQUIRE_HOPPER();
   for (DType dtype : {DType::bf16, DType::f16})
