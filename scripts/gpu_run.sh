@@ -43,8 +43,9 @@ if stage fp8; then
   grep -E "FAIL|failed|RMSE|ratio|per tensor /|64K|descales NaN|rel L2 [0-9.e-]+[^0]" "$OUT/fp8.log" | head -${FP8_LINES:-40}
 fi
 if stage sanitize; then
-  # forward_is_deterministic runs every BF16 main-loop shape (tall tiles, row-by-row softmax,
-  # softmax under P·V); fp8_forward_shapes the FP8 ones at d = 64 (tall from 2048 rows) and 128.
+  # forward_is_deterministic runs every BF16 main-loop shape (tall tiles at d = 64, the
+  # rows-then-convert softmax at d = 128 and 256); fp8_forward_shapes the FP8 ones at d = 64
+  # (tall from 2048 rows) and 128.
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
     timeout -k 5 ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 9 \
       ./build/test_gpu_forward ${SANITIZE_FILTER:-forward_is_deterministic} > "$OUT/$tool.log" 2>&1

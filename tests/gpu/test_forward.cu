@@ -268,7 +268,8 @@ TEST(forward_split_tail_shapes) {
 // A race shows as results that move between runs on the same inputs.
 // Every main-loop shape runs here, so that the sanitizers (scripts/gpu_run.sh, stage sanitize)
 // see them all: d = 64 with 3000 rows takes the tall tiles (three consumer warpgroups), d = 128
-// the row-by-row softmax, d = 256 the softmax under P·V.
+// and 256 the rows-then-convert softmax (ForwardConfig::kSoftmaxRowsThenConvert), at two
+// sizes of P·V.
 TEST(forward_is_deterministic) {
   REQUIRE_HOPPER();
   for (int d : {64, 128, 256})
