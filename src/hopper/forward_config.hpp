@@ -72,7 +72,10 @@ struct ForwardConfig {
   // FP8 E4M3 d = 256 +1.8..2.4%, d = 128 +1.2..1.4%; INT8 Q/K -1..+0.5%; BF16 within +-1%.
   // d = 64: the softmax in one block after the P·V wait (its P·V is short and a third consumer
   // warpgroup hides the softmax's latency; the overlap cost 3.5-5% there, runs 28-29).
-  static constexpr bool kSoftmaxRowsThenConvert = kHeadDim >= 128;
+#ifndef WARPATTN_TUNE_ROWS_THEN_CONVERT_MIN_D  // the smallest head dim that takes it (to measure)
+#define WARPATTN_TUNE_ROWS_THEN_CONVERT_MIN_D 128
+#endif
+  static constexpr bool kSoftmaxRowsThenConvert = kHeadDim >= WARPATTN_TUNE_ROWS_THEN_CONVERT_MIN_D;
   // setmaxnreg split. The pool is the launch allocation (65,536 registers / threads, in steps
   // of 8): 384 threads x 168 = 64,512 = 128 x 40 + 256 x 232, or 512 x 128 = 65,536 =
   // 128 x 32 + 384 x 160; a split over it makes the consumers' .inc wait forever. The producer
