@@ -71,10 +71,9 @@ struct ConsumerTile {
   const int m_start, row0;
   const uint32_t q_rows;
   const float q_scale;  // softmax_scale log2(e), times Q's descale for FP8
-  // FP8: the K and V descales of the work tile's last key tile (ordinal 0) and the step back
-  // to the one before: one address per key tile instead of three 64-bit products.
+  // FP8: the K and V descales of the work tile's last key tile (ordinal 0); the tile of
+  // ordinal it is stride[2] x it before it: one address per key tile, not three 64-bit products.
   const float *k_descale_last, *v_descale_last;
-  const int64_t k_descale_step, v_descale_step;
 
   __device__ __forceinline__ ConsumerTile(SharedStorage<Cfg>& ss_, const ForwardParams& p,
                                           const TileContext& t_)
@@ -89,16 +88,8 @@ struct ConsumerTile {
         q_scale(Cfg::kFp8 ? p.scale_log2 * p.q_descale.at(t_.batch, t_.head,
                                                            (m_start + t_.warpgroup * 64) / Cfg::kDescaleRows)
                           : p.scale_log2),
-        k_descale_last(Cfg::kFp8 ? &p.k_descale.data[t_.batch * p.k_descale.stride[0] +
-                                                      t_.head / p.kv_group * p.k_descale.stride[1] +
-                                                      (t_.n_end - 1) * p.k_descale.stride[2]]
-                                 : nullptr),
-        v_descale_last(Cfg::kFp8 ? &p.v_descale.data[t_.batch * p.v_descale.stride[0] +
-                                                      t_.head / p.kv_group * p.v_descale.stride[1] +
-                                                      (t_.n_end - 1) * p.v_descale.stride[2]]
-                                 : nullptr),
-        k_descale_step(p.k_descale.stride[2]),
-        v_descale_step(p.v_descale.stride[2]) {}
+        k_descale_last(Cfg::kFp8 ? &p.k_descale.at(t_.batch, t_.head / p.kv_group, t_.n_end - 1) : nullptr),
+        v_descale_last(Cfg::kFp8 ? &p.v_descale.at(t_.batch, t_.head / p.kv_group, t_.n_end - 1) : nullptr) {}
 
   // The key tile visited at ordinal it (the last first).
   __device__ __forceinline__ int key_tile(int it) const { return t.n_end - 1 - it; }
@@ -106,7 +97,7 @@ struct ConsumerTile {
   // Scores of the key tile of ordinal it to log2 units: with FP8, times the tile's K descale.
   __device__ __forceinline__ float score_scale(int it) const {
     if constexpr (Cfg::kFp8)
-      return q_scale * k_descale_last[-it * k_descale_step];
+      return q_scale * k_descale_last[-it * params.k_descale.stride[2]];
     else
       return q_scale;
   }
@@ -117,7 +108,7 @@ struct ConsumerTile {
   };
   __device__ __forceinline__ VTerms v_terms(int it) const {
     if constexpr (Cfg::kFp8) {
-      const float v = v_descale_last[-it * v_descale_step];
+      const float v = v_descale_last[-it * params.v_descale.stride[2]];
       return {ptx::log2_approx(v), __fdividef(1.f, v)};
     } else {
       return {0.f, 1.f};

@@ -12,7 +12,7 @@ struct DescaleArray {
   const float* data = nullptr;
   int64_t stride[3] = {0, 0, 0};
 #ifdef __CUDACC__
-  __device__ __forceinline__ float at(int batch, int head, int block) const {
+  __device__ __forceinline__ const float& at(int batch, int head, int block) const {
     return data[batch * stride[0] + head * stride[1] + block * stride[2]];
   }
 #endif
