@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "api/message.hpp"
 #include "api/problem.hpp"
@@ -94,9 +95,12 @@ void check_last_dim_contiguous(const Arg& a) {
 
 // ---- i. alignment and strides. Empty tensors are never accessed, so nothing is required.
 // `base_align` is the required pointer alignment; for q, k, v and out (read and written through
-// the TMA) the outer strides also follow the TMA rules, while lse, written with plain fp32
-// stores, needs only 4-byte alignment and no stride rule beyond the sign ones below.
-void check_alignment_and_strides(const Arg& a, int64_t base_align, bool tma_strides) {
+// the TMA) the outer strides also follow the TMA rules, while lse and the descales, accessed with
+// plain fp32 loads and stores, need only 4-byte alignment and no stride rule beyond the sign
+// ones below. `sign_dims`: how many leading dimensions' strides must be positive (the rest are
+// checked elsewhere: a TMA tensor's last stride is 1 by rule h, a descale array's blocks stride
+// by check_descale_block_stride).
+void check_alignment_and_strides(const Arg& a, int64_t base_align, bool tma_strides, int sign_dims) {
   const TensorView& t = a.view;
   if (is_empty(t)) return;
   const auto address = reinterpret_cast<uintptr_t>(t.data);
@@ -107,7 +111,7 @@ void check_alignment_and_strides(const Arg& a, int64_t base_align, bool tma_stri
     fail(m);
   }
   const int64_t elem = dtype_size(t.dtype);
-  for (int i = 0; i < t.rank - 1; ++i) {
+  for (int i = 0; i < sign_dims; ++i) {
     const int64_t s = t.stride[i];
     if (s < 0) {
       Message m;
@@ -125,7 +129,10 @@ void check_alignment_and_strides(const Arg& a, int64_t base_align, bool tma_stri
         << ") must be positive for a dimension of size " << t.shape[i] << ", got 0";
       fail(m);
     }
-    if (!tma_strides) continue;
+  }
+  if (!tma_strides) return;
+  for (int i = 0; i < t.rank - 1; ++i) {
+    const int64_t s = t.stride[i];
     // Compared in elements so that a huge stride cannot overflow the byte count.
     if (s >= kTmaStrideLimitBytes / elem) {
       Message m;
@@ -140,6 +147,13 @@ void check_alignment_and_strides(const Arg& a, int64_t base_align, bool tma_stri
       fail(m);
     }
   }
+}
+
+// The sign rules of check_alignment_and_strides for a tensor read or written through the TMA
+// (its last stride is 1 by rule h), and for one accessed with plain fp32 loads and stores.
+void check_tma_layout(const Arg& a) { check_alignment_and_strides(a, kTmaAlignBytes, true, a.view.rank - 1); }
+void check_fp32_layout(const Arg& a, int sign_dims) {
+  check_alignment_and_strides(a, dtype_size(DType::f32), false, sign_dims);
 }
 
 // ---- j. batch, sequence and head counts within the kernel's 32-bit coordinates
@@ -191,6 +205,35 @@ void check_no_overlap(const Arg& written, const Arg& other) {
     << " spans bytes [" << hex(w.first) << ", " << hex(w.last) << "] and " << other.name
     << " spans [" << hex(o.first) << ", " << hex(o.last) << "]";
   fail(m);
+}
+
+// ---- m. a written tensor must give each element its own address, or threads writing
+// different elements race. Sufficient rule (the one PyTorch calls "non-overlapping"): taken in
+// increasing order of stride, each dimension of size > 1 must step past every element the
+// dimensions with smaller strides reach. Strides are positive here (rule i ran first).
+void check_no_self_overlap(const Arg& a) {
+  const TensorView& t = a.view;
+  if (is_empty(t)) return;
+  int order[4];
+  int n = 0;
+  for (int i = 0; i < t.rank; ++i)
+    if (t.shape[i] > 1) order[n++] = i;
+  for (int x = 1; x < n; ++x)  // insertion sort by stride, at most 4 entries
+    for (int y = x; y > 0 && t.stride[order[y]] < t.stride[order[y - 1]]; --y) std::swap(order[y], order[y - 1]);
+  uint64_t reach = 0;  // offset, in elements, of the farthest element of the dimensions so far
+  for (int x = 0; x < n; ++x) {
+    const int i = order[x];
+    const auto s = static_cast<uint64_t>(t.stride[i]);
+    if (s <= reach) {
+      Message m;
+      m << a.name << ": stride[" << i << "] (" << a.dim_names[i] << ") = " << t.stride[i]
+        << " makes distinct elements share memory: the dimensions with smaller strides already reach " << reach
+        << " elements past an element's start (a written tensor needs each stride, in increasing order, "
+           "to step past them)";
+      fail(m);
+    }
+    reach = saturating_add(reach, saturating_mul(s, static_cast<uint64_t>(t.shape[i] - 1)));
+  }
 }
 
 // ---- k. softmax scale: positive, because the kernel tracks each row's maximum score and
@@ -343,8 +386,8 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
   // lse is written from registers, not by TMA: any positive strides will do.
 
   // i. alignment and strides
-  for (const Arg* a : attention_args) check_alignment_and_strides(*a, kTmaAlignBytes, true);
-  if (lse) check_alignment_and_strides(alse, dtype_size(DType::f32), false);
+  for (const Arg* a : attention_args) check_tma_layout(*a);
+  if (lse) check_fp32_layout(alse, 3);
 
   // j. 32-bit coordinates (v matches k, out and lse match q, so q and k cover every size)
   check_coordinates_fit(aq);
@@ -359,6 +402,10 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
     check_no_overlap(aout, alse);
     for (const Arg* a : {&aq, &ak, &av}) check_no_overlap(alse, *a);
   }
+
+  // m. each written element at its own address
+  check_no_self_overlap(aout);
+  if (lse) check_no_self_overlap(alse);
 
   return forward_problem({batch, q.shape[1], k.shape[1], heads_q, heads_kv, head_dim}, q.dtype, options,
                          lse.has_value());
@@ -465,8 +512,8 @@ ProblemSizes validate_fp8_operands(const Fp8Operands& f) {
     fail(m);
   }
   for (const Arg* a : tensors) check_last_dim_contiguous(*a);
-  for (const Arg* a : tensors) check_alignment_and_strides(*a, kTmaAlignBytes, true);
-  for (const Arg* a : scales) check_alignment_and_strides(*a, dtype_size(DType::f32), false);
+  for (const Arg* a : tensors) check_tma_layout(*a);
+  for (const Arg* a : scales) check_fp32_layout(*a, 2);
   for (const Arg* a : scales) check_descale_block_stride(*a, false);
   check_coordinates_fit(aq);
   check_coordinates_fit(ak);
@@ -494,7 +541,7 @@ ProblemSizes validate_quantize(const TensorView& q, const TensorView& k, const T
   check_shape(ak, f.k.shape, "(same as fp8.k)");
   check_shape(av, f.k.shape, "(same as fp8.k)");
   for (const Arg* a : inputs) check_last_dim_contiguous(*a);
-  for (const Arg* a : inputs) check_alignment_and_strides(*a, kTmaAlignBytes, true);
+  for (const Arg* a : inputs) check_tma_layout(*a);
   const Arg avt{"fp8.vt", f.vt, kVtDimNames, 4}, aqs{"fp8.q_descale", f.q_descale, kDescaleDimNames, 3},
       aks{"fp8.k_descale", f.k_descale, kDescaleDimNames, 3}, avs{"fp8.v_descale", f.v_descale, kDescaleDimNames, 3};
   for (const Arg* a : {&aqs, &aks, &avs}) check_descale_block_stride(*a, true);
@@ -503,6 +550,7 @@ ProblemSizes validate_quantize(const TensorView& q, const TensorView& k, const T
     for (const Arg* in : inputs) check_no_overlap(*outputs[i], *in);
     for (int j = i + 1; j < 6; ++j) check_no_overlap(*outputs[i], *outputs[j]);
   }
+  for (const Arg* a : outputs) check_no_self_overlap(*a);
   return p;
 }
 
@@ -530,53 +578,21 @@ ForwardProblem validate_forward_fp8(const Fp8Operands& f, const TensorView& out,
     check_shape(alse, want, "(batch, heads_q, seqlen_q)");
   }
   check_last_dim_contiguous(aout);
-  check_alignment_and_strides(aout, kTmaAlignBytes, true);
-  if (lse) check_alignment_and_strides(alse, dtype_size(DType::f32), false);
+  check_tma_layout(aout);
+  if (lse) check_fp32_layout(alse, 3);
   check_softmax_scale(options);
   const Arg aq{"q", f.q, kAttentionDimNames, 4}, ak{"k", f.k, kAttentionDimNames, 4},
-      avt{"vt", f.vt, kVtDimNames, 4};
-  for (const Arg* a : {&aq, &ak, &avt}) check_no_overlap(aout, *a);
+      avt{"vt", f.vt, kVtDimNames, 4}, aqs{"q_descale", f.q_descale, kDescaleDimNames, 3},
+      aks{"k_descale", f.k_descale, kDescaleDimNames, 3}, avs{"v_descale", f.v_descale, kDescaleDimNames, 3};
+  const Arg* const read[6] = {&aq, &ak, &avt, &aqs, &aks, &avs};
+  for (const Arg* a : read) check_no_overlap(aout, *a);
   if (lse) {
     check_no_overlap(aout, alse);
-    for (const Arg* a : {&aq, &ak, &avt}) check_no_overlap(alse, *a);
+    for (const Arg* a : read) check_no_overlap(alse, *a);
   }
+  check_no_self_overlap(aout);
+  if (lse) check_no_self_overlap(alse);
   return forward_problem(p, out.dtype, options, lse.has_value());
-}
-
-namespace {
-
-[[noreturn]] void no_hopper(const std::string& why) {
-  throw Error("no CUDA device with compute capability 9.0 (Hopper) found: " + why);
-}
-
-// A failed query leaves its error as the runtime's last error; clear it so that a caller who
-// catches our Error does not meet it again from an unrelated, later cudaGetLastError.
-[[noreturn]] void no_hopper_after(cudaError_t e, const char* call) {
-  cudaGetLastError();
-  no_hopper(std::string(call) + ": " + cudaGetErrorString(e));
-}
-
-}  // namespace
-
-void require_sm90_device() {
-  int count = 0;
-  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess)
-    no_hopper_after(e, "cudaGetDeviceCount");
-  if (count == 0) no_hopper("cudaGetDeviceCount reported 0 devices");
-
-  int device = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) no_hopper_after(e, "cudaGetDevice");
-  int major = 0, minor = 0;
-  if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-      e != cudaSuccess)
-    no_hopper_after(e, "cudaDeviceGetAttribute");
-  if (cudaError_t e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-      e != cudaSuccess)
-    no_hopper_after(e, "cudaDeviceGetAttribute");
-  // The kernels are built for sm_90a only, and sm_90a code runs on compute capability 9.0 alone.
-  if (major != 9 || minor != 0)
-    no_hopper("found sm_" + std::to_string(major) + std::to_string(minor) + " (current device " +
-              std::to_string(device) + ")");
 }
 
 }  // namespace warpattn::detail

@@ -2,9 +2,10 @@
 //
 // Every rejected call must throw warpattn::Error before touching memory or the GPU, so the
 // tensors here carry fake device addresses, 256 MiB apart so that they never overlap unless a
-// test makes them. A valid call passes validation and then needs a Hopper GPU: where none is
-// present it must fail with the "compute capability 9.0" message; where one is, those tests
-// are skipped (the fake pointers must never reach a kernel) and the GPU tests cover that path.
+// test makes them. Valid calls are checked with warpattn::validate_forward, which runs the
+// same rules and stops there; forward itself with these fake addresses must stop at the device
+// checks (no GPU: the "compute capability 9.0" message; a GPU: "expected device memory"), so
+// the suite passes on any machine and never lets a fake pointer reach a kernel.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -94,15 +95,16 @@ void expect_rejected(const Call& c, const std::string& argument,
 #define EXPECT_REJECTED(call, argument, ...) \
   expect_rejected(call, argument, {__VA_ARGS__}, __LINE__)
 
-// forward must pass validation: on a machine without a Hopper GPU it then fails only in the
-// device check; with one present the test is skipped, since the fake pointers must not run.
+// The call must pass every argument rule (warpattn::validate_forward, the rules forward runs
+// before it looks at the device; on any machine, with or without a GPU).
 void expect_valid(const Call& c, int line) {
-  if (hopper_present())
-    SKIP("a Hopper GPU is present; valid calls are exercised by test_gpu_forward");
-  const std::optional<std::string> message = error_of(c);
-  CHECK(message && message->find("compute capability 9.0") != std::string::npos)
-      << "line " << line << ": expected only the device check to fail, got: "
-      << (message ? *message : std::string("no error"));
+  std::string message;
+  try {
+    warpattn::validate_forward(c.q, c.k, c.v, c.out, c.lse, c.options);
+  } catch (const warpattn::Error& e) {
+    message = e.what();
+  }
+  CHECK(message.empty()) << "line " << line << ": expected a valid call, got: " << message;
 }
 #define EXPECT_VALID(call) expect_valid(call, __LINE__)
 
@@ -163,6 +165,18 @@ TEST(valid_call_without_hopper_reports_compute_capability) {
   if (last_error_clearable) {
     CHECK(cudaGetLastError() == cudaSuccess);
   }
+}
+
+// On any machine: with a GPU, the fake addresses are not device memory; without one, there
+// is no device. Either way the call stops before any launch.
+TEST(valid_call_with_addresses_cuda_does_not_know_is_refused) {
+  const std::optional<std::string> message = error_of(make_call());
+  REQUIRE(message.has_value());
+  const bool no_device = message->find("no CUDA device with compute capability 9.0 (Hopper) found: ") == 0;
+  const bool not_device_memory =
+      message->rfind("q: expected device memory, got an address CUDA does not know (host memory?) at 0x10000000", 0) == 0;
+  CHECK(no_device || not_device_memory) << *message;
+  if (hopper_present()) CHECK(not_device_memory) << *message;
 }
 
 TEST(valid_variants_pass_validation) {
@@ -567,6 +581,20 @@ TEST(lse_stride_must_be_positive_for_dimensions_larger_than_one) {
   EXPECT_REJECTED(c, "lse", "stride[1] (heads) must be positive for a dimension of size 8, got 0");
 }
 
+// lse is written with plain stores: its seqlen stride was never checked (a negative one
+// wrote below lse's base, a zero one made rows overwrite each other).
+TEST(lse_seqlen_stride_must_not_be_negative) {
+  Call c = make_call();
+  c.lse->stride[2] = -1;
+  EXPECT_REJECTED(c, "lse", "stride[2] (seqlen_q) must not be negative, got -1");
+}
+
+TEST(lse_seqlen_stride_must_be_positive) {
+  Call c = make_call();
+  c.lse->stride[2] = 0;
+  EXPECT_REJECTED(c, "lse", "stride[2] (seqlen_q) must be positive for a dimension of size 128, got 0");
+}
+
 // ---------------------------------------------------------------- j. 32-bit coordinates
 
 TEST(seqlen_must_fit_32_bit_coordinates) {
@@ -657,6 +685,38 @@ TEST(lse_must_not_overlap_v) {
   Call c = make_call();
   c.lse->data = fake_device_pointer(kV);
   EXPECT_REJECTED(c, "lse", "must not overlap v in memory");
+}
+
+// ---------------------------------------------------------------- m. written elements apart
+
+TEST(out_heads_must_not_share_memory) {
+  // stride[2] = 8 elements (16 bytes, a valid TMA stride) at head_dim 128: heads overlap.
+  Call c = make_call();
+  c.out.stride[2] = 8;
+  EXPECT_REJECTED(c, "out", "stride[2] (heads) = 8 makes distinct elements share memory",
+                  "already reach 127 elements");
+}
+
+TEST(out_rows_must_not_share_memory) {
+  Call c = make_call();
+  c.out.stride[1] = 128 * 4;  // room for 4 of the 8 heads per row
+  EXPECT_REJECTED(c, "out", "stride[1] (seqlen) = 512 makes distinct elements share memory");
+}
+
+TEST(lse_rows_must_not_share_memory) {
+  Call c = make_call();
+  c.lse->stride[1] = 64;  // 128 rows per head, 64 apart
+  EXPECT_REJECTED(c, "lse", "stride[1] (heads) = 64 makes distinct elements share memory");
+}
+
+TEST(valid_transposed_out_and_lse_do_not_share_memory) {
+  // out as a (B, H, S, D) buffer seen as (B, S, H, D); lse as (B, S, H) seen as (B, H, S).
+  Call c = make_call();
+  c.out.stride[1] = 128;
+  c.out.stride[2] = 128 * 128;
+  c.lse->stride[1] = 1;
+  c.lse->stride[2] = 8;
+  EXPECT_VALID(c);
 }
 
 // ---------------------------------------------------------------- order and side effects
