@@ -66,6 +66,8 @@ struct QuantizeOptions {
 // input once under per-block scaling; per-tensor scaling reads Q and K twice (amax, then
 // codes). Nothing is written if an argument is invalid. A NaN input gives NaN codes (e4m3), or
 // for s8 a NaN descale for its block (per tensor: for the tensor), so it reaches the output.
+// The written tensors (codes, Vᵀ, descales) must give each element its own address. Every
+// tensor must be device memory of one Hopper GPU; the call runs there, as forward() does.
 void quantize_fp8(const TensorView& q, const TensorView& k, const TensorView& v, const Fp8Operands& fp8,
                   const QuantizeOptions& options, cudaStream_t stream = nullptr);
 
@@ -73,9 +75,17 @@ void quantize_fp8(const TensorView& q, const TensorView& k, const TensorView& v,
 // (B, Sq, Hq, D); lse as in forward(). With check_descales the descales are read back to the
 // host and checked (finite and > 0) before the launch, so the call synchronises with `stream`
 // once; pass false for operands known to be valid (quantize_fp8's) to keep it asynchronous.
-// It uses the stream's scheduler buffer described at forward() (the same size formula; one
-// buffer per stream serves both).
+// Device, stream and scheduler memory as in forward(): every tensor (the descales too) must be
+// device memory of one Hopper GPU, and the call runs there.
 void forward_fp8(const Fp8Operands& fp8, const TensorView& out, const std::optional<TensorView>& lse,
                  const ForwardOptions& options, cudaStream_t stream = nullptr, bool check_descales = true);
+
+// Check every argument rule of quantize_fp8 and forward_fp8 on the host, touching neither memory
+// nor the GPU; throw the Error the call would throw. For bindings that report argument errors
+// before they look at where the memory lives (the device checks come after these rules).
+void validate_quantize_fp8(const TensorView& q, const TensorView& k, const TensorView& v, const Fp8Operands& fp8,
+                           const QuantizeOptions& options);
+void validate_forward_fp8(const Fp8Operands& fp8, const TensorView& out, const std::optional<TensorView>& lse,
+                          const ForwardOptions& options);
 
 }  // namespace warpattn

@@ -70,12 +70,19 @@ inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
 //   lse: optional (B, Hq, Sq) fp32, natural log of the softmax denominator including the
 //        scale; rows with no visible key get -inf (and their out rows are zero)
 // Any batch/sequence/head strides, but the last dimension must be contiguous, every base must
-// be 16-byte aligned and every other stride a multiple of 16 bytes (the TMA rules).
-// Runs on `stream` and returns without synchronising. The first call on a stream allocates a
-// scheduler buffer for it (the tile counter, and for non-causal shapes whose last wave is
+// be 16-byte aligned and every other stride a multiple of 16 bytes (the TMA rules); out and lse
+// must give each element its own address (taken in increasing order, each stride steps past
+// what the smaller ones reach) and lse's strides must be positive.
+// Every tensor must be device memory of one CUDA device, a Hopper GPU; the call runs there
+// (it makes that device current for its launches and restores the caller's afterwards), on
+// `stream`, which must belong to that device (0, cudaStreamLegacy and cudaStreamPerThread
+// mean that device's). It returns without synchronising. Each launch of the persistent grid
+// takes its scheduler memory (a tile counter, and for non-causal shapes whose last wave is
 // split over all SMs room for partial results: 2 x SMs x 128 rows x (D + 8) x 4 bytes, about
-// 36 MB at D = 256 on an H200), kept for the process's life; while the stream is captured into
-// a graph nothing is allocated, and the launch then runs without what is missing.
+// 36 MB at D = 256 on an H200) in stream order from a memory pool of warpattn's own, which
+// keeps what it has grown to; launches that may run at the same time (other streams, other
+// host threads on cudaStreamPerThread, CUDA graphs replayed at once) never share it. Under
+// stream capture the allocation and its free become graph memory nodes.
 void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
              const std::optional<TensorView>& lse, const ForwardOptions& options,
              cudaStream_t stream = nullptr);

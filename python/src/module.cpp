@@ -104,13 +104,16 @@ void quantize_fp8(const AnyArray& q, const AnyArray& k, const AnyArray& v, const
                   const AnyArray& fvt, const AnyArray& qs, const AnyArray& ks, const AnyArray& vs, bool rotate,
                   uint64_t seed, bool per_tensor, uintptr_t stream) {
   const warpattn::Fp8Operands f = fp8_operands(fq, fk, fvt, qs, ks, vs);
+  const warpattn::TensorView vq = view_of(q, "q"), vk = view_of(k, "k"), vv = view_of(v, "v");
   warpattn::QuantizeOptions o;
   o.rotate = rotate;
   o.seed = seed;
   o.scaling = per_tensor ? warpattn::Fp8Scaling::per_tensor : warpattn::Fp8Scaling::per_block;
   try {
-    require_cuda({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&fq, "fp8 q"}, {&fk, "fp8 k"}, {&fvt, "vt"}});
-    const warpattn::TensorView vq = view_of(q, "q"), vk = view_of(k, "k"), vv = view_of(v, "v");
+    // Argument rules first, wherever the memory lives, so every error is reported the same.
+    warpattn::validate_quantize_fp8(vq, vk, vv, f, o);
+    require_cuda({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&fq, "fp8 q"}, {&fk, "fp8 k"}, {&fvt, "vt"}, {&qs, "q_descale"},
+                  {&ks, "k_descale"}, {&vs, "v_descale"}});
     nb::gil_scoped_release release;
     warpattn::quantize_fp8(vq, vk, vv, f, o, reinterpret_cast<cudaStream_t>(stream));
   } catch (const warpattn::Error& e) {
@@ -126,7 +129,9 @@ void forward_fp8(const AnyArray& fq, const AnyArray& fk, const AnyArray& fvt, co
   const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
   const warpattn::ForwardOptions options = forward_options(softmax_scale, causal);
   try {
-    require_cuda({{&fq, "q"}, {&fk, "k"}, {&fvt, "vt"}, {&out, "out"}});
+    warpattn::validate_forward_fp8(f, vo, vl, options);
+    require_cuda({{&fq, "q"}, {&fk, "k"}, {&fvt, "vt"}, {&qs, "q_descale"}, {&ks, "k_descale"}, {&vs, "v_descale"},
+                  {&out, "out"}, {lse ? &*lse : nullptr, "lse"}});
     nb::gil_scoped_release release;
     warpattn::forward_fp8(f, vo, vl, options, reinterpret_cast<cudaStream_t>(stream), check_descales);
   } catch (const warpattn::Error& e) {

@@ -1,4 +1,6 @@
 """flash_attn_func for any DLPack tensor: PyTorch (a torch.library custom op), CuPy, JAX."""
+import contextlib
+
 from . import _warpattn
 
 _FRAMEWORKS = {"torch": "torch", "cupy": "cupy", "jax": "jax", "jaxlib": "jax", "numpy": "numpy"}
@@ -43,11 +45,21 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False,
     if fw == "jax":
         return _flash_attn_jax(q, k, v, scale, bool(causal), return_lse, out)
     xp = _array_module(fw)
-    if out is None:
-        out = xp.empty(q.shape, dtype=q.dtype)
-    lse = xp.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=xp.float32) if return_lse else None
-    _warpattn.forward(q, k, v, out, lse, scale, bool(causal), _current_stream(fw))
+    with device_of(q, fw):  # allocate on q's device and take that device's current stream
+        if out is None:
+            out = xp.empty(q.shape, dtype=q.dtype)
+        lse = xp.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=xp.float32) if return_lse else None
+        _warpattn.forward(q, k, v, out, lse, scale, bool(causal), _current_stream(fw))
     return (out, lse) if return_lse else out
+
+
+def device_of(x, fw):
+    """A context in which x's device is CuPy's current one (the library itself runs on the
+    device of its tensors whatever is current; allocations and current streams are not)."""
+    if fw == "cupy":
+        import cupy
+        return cupy.cuda.Device(x.device.id)
+    return contextlib.nullcontext()
 
 
 def _array_module(fw):
@@ -74,18 +86,21 @@ def _flash_attn_jax(q, k, v, scale, causal, return_lse, out):
         raise ValueError("out: JAX arrays are immutable; call without out")
     for t in (q, k, v):
         t.block_until_ready()
+    index = q.devices().pop().id
     try:
         import torch
         dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(str(q.dtype), torch.float32)
-        device = torch.device("cuda", q.devices().pop().id)
+        device = torch.device("cuda", index)
         o = torch.empty(q.shape, dtype=dtype, device=device)
         lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=device)
-        sync = torch.cuda.synchronize
+        sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
     except ImportError:
         import cupy
-        o = cupy.empty(q.shape, dtype=str(q.dtype))
-        lse = cupy.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=cupy.float32)
-        sync = cupy.cuda.Device().synchronize
+        with cupy.cuda.Device(index):
+            o = cupy.empty(q.shape, dtype=str(q.dtype))
+            lse = cupy.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=cupy.float32)
+        sync = cupy.cuda.Device(index).synchronize
+    # Stream 0: the legacy default stream of the device the tensors are on (the library runs there).
     _warpattn.forward(q, k, v, o, lse if return_lse else None, scale, causal, 0)
     sync()
     o = jax.dlpack.from_dlpack(o)

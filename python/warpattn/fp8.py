@@ -57,7 +57,7 @@ def _torch_empty(device_index):
     return lambda shape, kind: torch.empty(shape, dtype=types[kind], device=device)
 
 
-def _cupy_empty():
+def _cupy_empty(device_index):
     import cupy
     types = {"int8": cupy.int8, "e4m3": cupy.uint8, "uint8": cupy.uint8, "float32": cupy.float32,
              "float16": cupy.float16}
@@ -65,8 +65,16 @@ def _cupy_empty():
     def empty(shape, kind):
         if kind not in types:
             raise ValueError("CuPy has no %s: use out_dtype='float16'" % kind)
-        return cupy.empty(shape, dtype=types[kind])
+        with cupy.cuda.Device(device_index):
+            return cupy.empty(shape, dtype=types[kind])
     return empty
+
+
+def _cupy_stream(x):
+    """The current CuPy stream of x's device (the library runs on the device of its tensors)."""
+    import cupy
+    with cupy.cuda.Device(x.device.id):
+        return cupy.cuda.get_current_stream().ptr
 
 
 def _bytes(t, name, int8_ok=False):
@@ -99,10 +107,10 @@ def _jax_run(device_index, run):
     import jax
     try:
         import torch
-        empty, sync = _torch_empty(device_index), torch.cuda.synchronize
+        empty, sync = _torch_empty(device_index), lambda: torch.cuda.synchronize(device_index)
     except ImportError:
         import cupy
-        empty, sync = _cupy_empty(), cupy.cuda.Device().synchronize
+        empty, sync = _cupy_empty(device_index), cupy.cuda.Device(device_index).synchronize
     results = run(lambda shape, kind: empty(shape, "uint8" if kind == "e4m3" else kind))
     sync()
     return [None if r is None else jax.dlpack.from_dlpack(r) for r in results]
@@ -158,8 +166,7 @@ def quantize_fp8(q, k, v, rotate=True, seed=0, per_tensor=False, qk_dtype="e4m3"
         import torch
         return run(_torch_empty(q.device.index), torch.cuda.current_stream(q.device).cuda_stream, (q, k, v))
     if fw == "cupy":
-        import cupy
-        return run(_cupy_empty(), cupy.cuda.get_current_stream().ptr, (q, k, v))
+        return run(_cupy_empty(q.device.id), _cupy_stream(q), (q, k, v))
     if fw == "jax":
         for t in (q, k, v):
             t.block_until_ready()
@@ -193,8 +200,7 @@ def flash_attn_fp8_func(ops: Fp8Operands, softmax_scale: Optional[float] = None,
         o, lse = run(_torch_empty(ops.q.device.index), torch.cuda.current_stream(ops.q.device).cuda_stream,
                      _call_args(ops))
     elif fw == "cupy":
-        import cupy
-        o, lse = run(_cupy_empty(), cupy.cuda.get_current_stream().ptr, _call_args(ops))
+        o, lse = run(_cupy_empty(ops.q.device.id), _cupy_stream(ops.q), _call_args(ops))
     elif fw == "jax":
         if out is not None:
             raise ValueError("out: JAX arrays are immutable; call without out")

@@ -3,9 +3,11 @@
 #include <cmath>
 #include <vector>
 
+#include "api/device_scope.hpp"
 #include "api/message.hpp"
 #include "api/problem.hpp"
 #include "common/fp8_signs.hpp"
+#include "common/stream_memory.hpp"
 #include "fp8/quantize.hpp"
 #include "hopper/cuda_check.hpp"
 #include "hopper/launch.hpp"
@@ -16,17 +18,6 @@ namespace {
 void copy3(int64_t (&dst)[3], const int64_t* src) {
   for (int i = 0; i < 3; ++i) dst[i] = src[i];
 }
-
-// A per-tensor pass needs one float of device scratch per tensor for the global amax.
-struct DeviceScratch {
-  float* ptr = nullptr;
-  cudaStream_t stream;
-  explicit DeviceScratch(cudaStream_t s, int n) : stream(s) {
-    detail::check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&ptr), n * sizeof(float), s),
-                       "quantize_fp8: allocating 12 bytes of scratch");
-  }
-  ~DeviceScratch() { cudaFreeAsync(ptr, stream); }
-};
 
 // One tensor's quantisation: per block in one launch; per tensor in three (each block's amax
 // into the descale array, their maximum into *global_amax, then the codes with it).
@@ -109,24 +100,32 @@ void check_descales(const TensorView& t, const char* name, cudaStream_t stream) 
       }
 }
 
+void check_scaling(const QuantizeOptions& options) {
+  if (options.scaling == Fp8Scaling::per_block || options.scaling == Fp8Scaling::per_tensor) return;
+  detail::Message m;
+  m << "options.scaling: expected per_block (0) or per_tensor (1), got " << static_cast<int>(options.scaling);
+  throw Error(m.str());
+}
+
 }  // namespace
 
 void quantize_fp8(const TensorView& q, const TensorView& k, const TensorView& v, const Fp8Operands& fp8,
                   const QuantizeOptions& options, cudaStream_t stream) {
   const detail::ProblemSizes p = detail::validate_quantize(q, k, v, fp8);
-  if (options.scaling != Fp8Scaling::per_block && options.scaling != Fp8Scaling::per_tensor) {
-    detail::Message m;
-    m << "options.scaling: expected per_block (0) or per_tensor (1), got " << static_cast<int>(options.scaling);
-    throw Error(m.str());
-  }
+  check_scaling(options);
   if (p.batch == 0) return;
-  detail::require_sm90_device();
+  const detail::DeviceScope on_device({{"q", &q}, {"k", &k}, {"v", &v}, {"fp8.q", &fp8.q}, {"fp8.k", &fp8.k},
+                                       {"fp8.vt", &fp8.vt}, {"fp8.q_descale", &fp8.q_descale},
+                                       {"fp8.k_descale", &fp8.k_descale}, {"fp8.v_descale", &fp8.v_descale}},
+                                      stream);
   const int d = static_cast<int>(p.head_dim);
   if (options.scaling == Fp8Scaling::per_tensor) {
-    DeviceScratch scratch(stream, 3);
-    quantize_rows(q, fp8.q, fp8.q_descale, options, d, scratch.ptr, stream);
-    quantize_rows(k, fp8.k, fp8.k_descale, options, d, scratch.ptr + 1, stream);
-    quantize_v(v, fp8, options, d, scratch.ptr + 2, stream);
+    // One float of scratch per tensor for its global amax.
+    const detail::StreamMemory scratch(3 * sizeof(float), stream, "quantize_fp8");
+    float* amax = static_cast<float*>(scratch.get());
+    quantize_rows(q, fp8.q, fp8.q_descale, options, d, amax, stream);
+    quantize_rows(k, fp8.k, fp8.k_descale, options, d, amax + 1, stream);
+    quantize_v(v, fp8, options, d, amax + 2, stream);
   } else {
     quantize_rows(q, fp8.q, fp8.q_descale, options, d, nullptr, stream);
     quantize_rows(k, fp8.k, fp8.k_descale, options, d, nullptr, stream);
@@ -138,7 +137,10 @@ void forward_fp8(const Fp8Operands& fp8, const TensorView& out, const std::optio
                  const ForwardOptions& options, cudaStream_t stream, bool check) {
   const detail::ForwardProblem p = detail::validate_forward_fp8(fp8, out, lse, options);
   if (p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0) return;
-  detail::require_sm90_device();
+  const detail::DeviceScope on_device({{"q", &fp8.q}, {"k", &fp8.k}, {"vt", &fp8.vt}, {"q_descale", &fp8.q_descale},
+                                       {"k_descale", &fp8.k_descale}, {"v_descale", &fp8.v_descale}, {"out", &out},
+                                       {"lse", lse ? &*lse : nullptr}},
+                                      stream);
   if (check) check_descales(fp8.q_descale, "q_descale", stream);
   if (check && p.seqlen_k > 0) {
     check_descales(fp8.k_descale, "k_descale", stream);
@@ -148,6 +150,17 @@ void forward_fp8(const Fp8Operands& fp8, const TensorView& out, const std::optio
     detail::fill_no_key_rows(p, out, lse, stream);
   else
     detail::launch_forward_fp8_sm90(p, fp8, out, lse, stream);
+}
+
+void validate_quantize_fp8(const TensorView& q, const TensorView& k, const TensorView& v, const Fp8Operands& fp8,
+                           const QuantizeOptions& options) {
+  detail::validate_quantize(q, k, v, fp8);
+  check_scaling(options);
+}
+
+void validate_forward_fp8(const Fp8Operands& fp8, const TensorView& out, const std::optional<TensorView>& lse,
+                          const ForwardOptions& options) {
+  detail::validate_forward_fp8(fp8, out, lse, options);
 }
 
 }  // namespace warpattn

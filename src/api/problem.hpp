@@ -46,7 +46,5 @@ ProblemSizes validate_quantize(const TensorView& q, const TensorView& k, const T
 ForwardProblem validate_forward_fp8(const Fp8Operands& f, const TensorView& out, const std::optional<TensorView>& lse,
                                     const ForwardOptions& options);
 
-// Throws Error unless the current CUDA device has compute capability 9.0 (Hopper).
-void require_sm90_device();
 
 }  // namespace warpattn::detail

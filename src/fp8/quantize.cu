@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -425,20 +426,45 @@ __global__ void __launch_bounds__(VtLayout<D>::kThreads, VtLayout<D>::kMinBlocks
 
 // -------------------------------------------------------------------------------- launch
 
+// Grid dimensions y and z stop at 65535: (heads, batch) go in chunks of that many, each
+// chunk's pointers moved to its first head and batch, so the kernels count from 0 in each.
+constexpr int kGridYZLimit = 65535;
+
+// `p` moved to batch b0, head h0; `out_head_axis` is the head's stride index in p.out_stride
+// (2 for Q and K rows, 1 for Vᵀ). Inputs are 16-bit, codes 1 byte.
+template <class Params>
+Params at_chunk(Params p, int64_t b0, int64_t h0, int out_head_axis) {
+  p.in = static_cast<const char*>(p.in) + 2 * (b0 * p.in_stride[0] + h0 * p.in_stride[2]);
+  p.out = static_cast<char*>(p.out) + b0 * p.out_stride[0] + h0 * p.out_stride[out_head_axis];
+  p.descale += b0 * p.descale_stride[0] + h0 * p.descale_stride[1];
+  return p;
+}
+
+template <class Params, class Launch>
+void for_each_chunk(const Params& p, int heads, int batch, int out_head_axis, const Launch& launch) {
+  for (int b0 = 0; b0 < batch; b0 += kGridYZLimit)
+    for (int h0 = 0; h0 < heads; h0 += kGridYZLimit)
+      launch(at_chunk(p, b0, h0, out_head_axis), std::min(heads - h0, kGridYZLimit), std::min(batch - b0, kGridYZLimit));
+}
+
 template <class T, int D, bool kRotate>
-void launch_rows(const QuantizeRowsParams& p, int blocks, int heads, int batch, cudaStream_t stream) {
-  const dim3 grid(blocks, heads, batch);
-  if (p.int8_codes)
-    quantize_rows_kernel<T, D, kRotate, true><<<grid, RowsLayout<D, kRotate>::kThreads, 0, stream>>>(p);
-  else
-    quantize_rows_kernel<T, D, kRotate, false><<<grid, RowsLayout<D, kRotate>::kThreads, 0, stream>>>(p);
-  check_cuda(cudaGetLastError(), "quantize_rows_kernel: launch failed");
+void launch_rows(const QuantizeRowsParams& params, int blocks, int heads, int batch, cudaStream_t stream) {
+  for_each_chunk(params, heads, batch, 2, [&](const QuantizeRowsParams& p, int h, int b) {
+    const dim3 grid(blocks, h, b);
+    if (p.int8_codes)
+      quantize_rows_kernel<T, D, kRotate, true><<<grid, RowsLayout<D, kRotate>::kThreads, 0, stream>>>(p);
+    else
+      quantize_rows_kernel<T, D, kRotate, false><<<grid, RowsLayout<D, kRotate>::kThreads, 0, stream>>>(p);
+    check_cuda(cudaGetLastError(), "quantize_rows_kernel: launch failed");
+  });
 }
 
 template <class T, int D>
-void launch_vt(const QuantizeVtParams& p, int blocks, int heads, int batch, cudaStream_t stream) {
-  quantize_vt_kernel<T, D><<<dim3(blocks, heads, batch), VtLayout<D>::kThreads, 0, stream>>>(p);
-  check_cuda(cudaGetLastError(), "quantize_vt_kernel: launch failed");
+void launch_vt(const QuantizeVtParams& params, int blocks, int heads, int batch, cudaStream_t stream) {
+  for_each_chunk(params, heads, batch, 1, [&](const QuantizeVtParams& p, int h, int b) {
+    quantize_vt_kernel<T, D><<<dim3(blocks, h, b), VtLayout<D>::kThreads, 0, stream>>>(p);
+    check_cuda(cudaGetLastError(), "quantize_vt_kernel: launch failed");
+  });
 }
 
 template <class T, int D>

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "api/problem.hpp"
@@ -84,22 +85,21 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
   // Persistent grid: one CTA per SM (the register file holds one), or fewer for small problems.
   const int64_t blocks = std::min<int64_t>(tiles, multiprocessor_count());
   params.split.first_tile = static_cast<int>(tiles);  // every tile whole unless split below
+  // More tiles than CTAs: hand them out dynamically (greedy, as the hardware would), and split
+  // the last wave's tiles over every CTA where that saves enough (non-causal: all tiles have
+  // the same key tiles). The counter and the partial states are this launch's own.
+  std::optional<SchedulerWorkspace> ws;
   if (blocks < tiles) {
-    // More tiles than CTAs: hand them out dynamically (greedy, as the hardware would), and
-    // split the last wave's tiles over every CTA where that saves enough (non-causal: all
-    // tiles have the same key tiles).
     const SplitTail split =
         !Cfg::kCausal && kSplitTailMinSaved > 0
             ? plan_split_tail(static_cast<int>(tiles), ceil_div(params.seqlen_k, Cfg::kBlockN),
                               static_cast<int>(blocks), kSplitTailMinSaved)
             : SplitTail{};
-    const bool splits = split.tiles > 0;
-    const SchedulerWorkspace ws =
-        scheduler_workspace_for(stream, splits ? PartialState<Cfg>::bytes(static_cast<int>(blocks)) : 0);
-    params.tile_counter = ws.tile_counter;
-    if (splits && ws.partials != nullptr) {
+    ws.emplace(stream, split.tiles > 0 ? PartialState<Cfg>::bytes(static_cast<int>(blocks)) : 0);
+    params.tile_counter = ws->tile_counter();
+    if (split.tiles > 0) {
       params.split = split;
-      params.partials = static_cast<float*>(ws.partials);
+      params.partials = ws->partials();
     }
   }
 

@@ -1,6 +1,7 @@
 // Argument validation of warpattn::quantize_fp8 and warpattn::forward_fp8: one test per rule.
 // As in test_validation.cpp the tensors carry fake device addresses (never dereferenced: every
-// rejected call throws before touching memory), 256 MiB apart.
+// rejected call throws before touching memory), 256 MiB apart; valid calls are checked with
+// validate_quantize_fp8 / validate_forward_fp8, so the suite passes with or without a GPU.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -75,15 +76,39 @@ void expect_starts(const std::string& m, const std::string& prefix) {
   CHECK(m.rfind(prefix, 0) == 0) << "expected \"" << prefix << "...\", got \"" << m << "\"";
 }
 
-// A valid call passes validation in both entry points; without a Hopper GPU it then stops at
-// the device check.
-void expect_valid(const Fp8Call& c, const std::string& what) {
-  for (const std::string& m : {quantize_error(c), forward_error(c)})
-    CHECK(m.empty() || m.find("compute capability 9.0") != std::string::npos) << what << ": " << m;
+std::string validate_error(const Fp8Call& c, bool quantize) {
+  try {
+    if (quantize)
+      warpattn::validate_quantize_fp8(c.q, c.k, c.v, c.f, {});
+    else
+      warpattn::validate_forward_fp8(c.f, c.out, c.lse, {});
+  } catch (const warpattn::Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
-TEST(fp8_valid_call_reaches_the_device_check) {
+// A valid call passes every argument rule of both entry points (on any machine).
+void expect_valid(const Fp8Call& c, const std::string& what) {
+  for (bool quantize : {true, false}) {
+    const std::string m = validate_error(c, quantize);
+    CHECK(m.empty()) << what << (quantize ? " (quantize_fp8): " : " (forward_fp8): ") << m;
+  }
+}
+
+TEST(fp8_valid_calls_pass_validation) {
   for (int64_t d : {64, 128, 256}) expect_valid(make_call(d), "d=" + std::to_string(d));
+}
+
+// The entry points themselves stop at the device checks with these fake addresses: no device
+// without a GPU, "expected device memory" with one. Nothing launches either way.
+TEST(fp8_fake_addresses_stop_at_the_device_check) {
+  const Fp8Call c = make_call();
+  for (const std::string& m : {quantize_error(c), forward_error(c)}) {
+    const bool no_device = m.rfind("no CUDA device with compute capability 9.0 (Hopper) found: ", 0) == 0;
+    const bool not_device_memory = m.find(": expected device memory, got an address CUDA does not know") != std::string::npos;
+    CHECK(no_device || not_device_memory) << m;
+  }
 }
 
 TEST(fp8_rank) {
@@ -205,12 +230,47 @@ TEST(fp8_forward_out_overlaps_operand) {
 TEST(fp8_descale_broadcast_over_blocks) {
   Fp8Call c = make_call();
   c.f.k_descale.stride[2] = 0;  // one descale per (batch, head): forward_fp8 takes it
-  const std::string f = forward_error(c);
-  CHECK(f.empty() || f.find("compute capability 9.0") != std::string::npos) << f;
+  const std::string f = validate_error(c, false);
+  CHECK(f.empty()) << f;
   // quantize_fp8 writes the descales: a broadcast would have every block write one float
   expect_starts(quantize_error(c), "fp8.k_descale: stride[2] (blocks) must be positive, got 0");
   c.f.k_descale.stride[2] = -1;
   expect_starts(forward_error(c), "k_descale: stride[2] (blocks) must be zero or positive, got -1");
+}
+
+TEST(fp8_forward_out_and_lse_must_not_overlap_the_descales) {
+  Fp8Call c = make_call();
+  c.out.data = at(0x90000000 - 64);  // runs into v_descale
+  expect_starts(forward_error(c), "out: must not overlap v_descale");
+  c = make_call();
+  c.lse->data = at(0x70000000 + 8);  // inside q_descale
+  expect_starts(forward_error(c), "lse: must not overlap q_descale");
+}
+
+TEST(fp8_forward_lse_seqlen_stride) {
+  Fp8Call c = make_call();
+  c.lse->stride[2] = -1;
+  expect_starts(forward_error(c), "lse: stride[2] (seqlen_q) must not be negative, got -1");
+  c.lse->stride[2] = 0;
+  expect_starts(forward_error(c), "lse: stride[2] (seqlen_q) must be positive for a dimension of size 300, got 0");
+}
+
+TEST(fp8_forward_out_must_not_share_memory) {
+  Fp8Call c = make_call();
+  c.out.stride[2] = 64;  // head_dim 128: heads overlap
+  expect_starts(forward_error(c), "out: stride[2] (heads) = 64 makes distinct elements share memory");
+}
+
+TEST(fp8_quantize_codes_must_not_share_memory) {
+  Fp8Call c = make_call();
+  c.f.q.stride[2] = 64;  // 64 bytes: a valid TMA stride, but heads overlap at head_dim 128
+  expect_starts(quantize_error(c), "fp8.q: stride[2] (heads) = 64 makes distinct elements share memory");
+  c = make_call();
+  c.f.vt.stride[2] = 112;  // rows of 208 keys, 112 apart
+  expect_starts(quantize_error(c), "fp8.vt: stride[2] (head_dim) = 112 makes distinct elements share memory");
+  c = make_call();
+  c.f.q_descale.stride[1] = 2;  // 3 blocks per head, 2 apart
+  expect_starts(quantize_error(c), "fp8.q_descale: stride[1] (heads) = 2 makes distinct elements share memory");
 }
 
 TEST(fp8_quantize_scaling_option) {

@@ -18,6 +18,7 @@
 
 #include "common/host_float16.hpp"
 #include "harness.hpp"
+#include "warpattn/fp8.hpp"
 #include "warpattn/warpattn.hpp"
 
 namespace gpu_test {
@@ -49,6 +50,10 @@ inline std::string why_no_hopper() {
     const cudaError_t e_ = (call);                                                  \
     REQUIRE(e_ == cudaSuccess) << #call << " -> " << cudaGetErrorString(e_);        \
   } while (0)
+
+// The larger of a running worst error and a new one, where NaN is the worst of all
+// (std::max(worst, NaN) would keep `worst` and let a NaN pass).
+inline double worse(double worst, double err) { return std::isnan(err) ? INFINITY : std::max(worst, err); }
 
 // f(i) for i in [0, n), spread over the host's cores (the CPU references are the slow part).
 template <class F>
@@ -165,6 +170,47 @@ struct DeviceTensor {
     int64_t n = 0;
     for (int64_t i = 0; i < alloc_elems; ++i) n += !inside[i] && r[i] != 0xFFFF;
     return n;
+  }
+};
+
+// Device memory for a contiguous view, poisoned with `poison` bytes.
+struct DeviceBuffer {
+  void* mem = nullptr;
+  size_t bytes = 0;
+  DeviceBuffer(size_t n, int poison = 0xFF) : bytes(std::max<size_t>(n, 1)) {
+    if (cudaMalloc(&mem, bytes) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
+    cudaMemset(mem, poison, bytes);
+  }
+  ~DeviceBuffer() { cudaFree(mem); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  template <class T>
+  std::vector<T> get() const {
+    std::vector<T> h(bytes / sizeof(T));
+    cudaMemcpy(h.data(), mem, h.size() * sizeof(T), cudaMemcpyDeviceToHost);
+    return h;
+  }
+};
+
+inline warpattn::TensorView contiguous(void* p, warpattn::DType t, std::initializer_list<int64_t> shape) {
+  const std::vector<int64_t> s(shape);
+  return warpattn::make_contiguous_view(p, t, static_cast<int>(s.size()), s.data());
+}
+
+inline int64_t blocks_of(int64_t n) { return (n + 127) / 128; }
+
+// The FP8 operands of one problem, in their own device buffers; Q and K in `qk` (e4m3 or s8).
+struct Fp8Buffers {
+  DeviceBuffer q, k, vt, qs, ks, vs;
+  warpattn::Fp8Operands ops;
+  Fp8Buffers(int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d, warpattn::DType qk = warpattn::DType::e4m3)
+      : q(b * sq * hq * d), k(b * sk * hkv * d), vt(b * hkv * d * warpattn::fp8_padded_keys(sk)),
+        qs(b * hq * blocks_of(sq) * 4), ks(b * hkv * blocks_of(sk) * 4), vs(b * hkv * blocks_of(sk) * 4) {
+    ops.q = contiguous(q.mem, qk, {b, sq, hq, d});
+    ops.k = contiguous(k.mem, qk, {b, sk, hkv, d});
+    ops.vt = contiguous(vt.mem, warpattn::DType::e4m3, {b, hkv, d, warpattn::fp8_padded_keys(sk)});
+    ops.q_descale = contiguous(qs.mem, warpattn::DType::f32, {b, hq, blocks_of(sq)});
+    ops.k_descale = contiguous(ks.mem, warpattn::DType::f32, {b, hkv, blocks_of(sk)});
+    ops.v_descale = contiguous(vs.mem, warpattn::DType::f32, {b, hkv, blocks_of(sk)});
   }
 };
 

@@ -245,3 +245,87 @@ def test_fp8_errors():
     ops8 = warpattn.quantize_fp8(q, q, q, qk_dtype=torch.int8)
     with pytest.raises(ValueError, match="k: expected dtype int8"):
         warpattn.flash_attn_fp8_func(ops8._replace(k=ops.k))
+
+
+@pytest.mark.gpu
+def test_fp8_descales_on_the_host_are_refused():
+    q = torch.randn(1, 128, 2, 128, device="cuda", dtype=torch.bfloat16)
+    ops = warpattn.quantize_fp8(q, q, q)
+    for check in (True, False):  # unchecked descales are read by the kernel itself: never from the host
+        with pytest.raises(TypeError, match="k_descale: CUDA tensor required"):
+            warpattn.flash_attn_fp8_func(ops._replace(k_descale=ops.k_descale.cpu()), check_descales=check)
+
+
+# ---------------------------------------------------------------- two GPUs
+
+def _second_gpu():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs, found %d" % torch.cuda.device_count())
+    if torch.cuda.get_device_capability(1) != (9, 0):
+        pytest.skip("cuda:1 is not an sm_90 GPU")
+    return torch.device("cuda", 1)
+
+
+@pytest.mark.gpu
+def test_tensors_on_the_second_gpu_while_the_first_is_current():
+    dev = _second_gpu()
+    torch.cuda.set_device(0)
+    q, k, v = (torch.randn(2, 3000, 8, 128, device=dev, dtype=torch.bfloat16) for _ in range(3))
+    with torch.cuda.device(dev):
+        want_out, want_lse = warpattn.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    for _ in range(2):  # the second call too: a wrong device once left the next call faulting
+        out, lse = warpattn.flash_attn_func(q, k, v, causal=True, return_lse=True)
+        assert out.device == dev and torch.cuda.current_device() == 0
+        torch.cuda.synchronize(0), torch.cuda.synchronize(1)
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    assert rel_l2(out, reference(q, k, v, True)[0]) <= 5e-3
+    ops = warpattn.quantize_fp8(q, k, v, qk_dtype="int8")
+    fp8 = warpattn.flash_attn_fp8_func(ops, causal=True)
+    torch.cuda.synchronize(1)
+    with torch.cuda.device(dev):
+        same = warpattn.flash_attn_fp8_func(warpattn.quantize_fp8(q, k, v, qk_dtype="int8"), causal=True)
+    assert fp8.device == dev and torch.equal(fp8, same)
+    assert rel_l2(fp8, want_out) < 6e-2
+
+
+@pytest.mark.gpu
+def test_tensors_on_two_gpus_are_refused():
+    dev = _second_gpu()
+    q = torch.randn(1, 256, 2, 64, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(1, 256, 2, 64, device="cuda:0", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="k: on device 0, but q is on device 1"):
+        warpattn.flash_attn_func(q, k, q)
+    out = torch.empty(1, 256, 2, 64, device="cuda:0", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="out: on device 0, but q is on device 1"):
+        warpattn.flash_attn_func(q, q, q, out=out)
+
+
+@pytest.mark.gpu
+def test_cupy_and_jax_on_the_second_gpu():
+    dev = _second_gpu()
+    torch.cuda.set_device(0)
+    q, k, v = (torch.randn(1, 700, 4, 64, device=dev, dtype=torch.float16) for _ in range(3))
+    want = reference(q, k, v, False)[0]
+    try:
+        import cupy
+    except ImportError:
+        cupy = None
+    if cupy is not None:
+        cq, ck, cv = (cupy.from_dlpack(t) for t in (q, k, v))
+        with cupy.cuda.Device(0):
+            out = warpattn.flash_attn_func(cq, ck, cv)
+            ops = warpattn.quantize_fp8(cq, ck, cv)
+            out8 = warpattn.flash_attn_fp8_func(ops, out_dtype="float16")
+        assert out.device.id == 1 and out8.device.id == 1
+        cupy.cuda.Device(1).synchronize()
+        assert rel_l2(torch.from_dlpack(out), want) <= 1e-3
+        assert rel_l2(torch.from_dlpack(out8), want) < 6e-2
+    jax = pytest.importorskip("jax", reason="JAX is not installed")
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    if len(gpus) < 2:
+        pytest.skip("JAX sees fewer than two GPUs")
+    torch.cuda.synchronize(1)
+    jq, jk, jv = (jax.dlpack.from_dlpack(t) for t in (q, k, v))
+    out = warpattn.flash_attn_func(jq, jk, jv)
+    assert out.devices().pop().id == 1
+    assert rel_l2(torch.from_dlpack(out), want) <= 1e-3

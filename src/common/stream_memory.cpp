@@ -1,0 +1,48 @@
+#include "common/stream_memory.hpp"
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "hopper/cuda_check.hpp"
+
+namespace warpattn::detail {
+
+namespace {
+
+// warpattn's pool on `device`, created on first use and kept for the process's life.
+cudaMemPool_t pool_of(int device) {
+  static std::mutex mutex;
+  static std::vector<cudaMemPool_t> pools;  // by device ordinal; nullptr: not created yet
+  std::lock_guard<std::mutex> lock(mutex);
+  if (device >= static_cast<int>(pools.size())) pools.resize(device + 1, nullptr);
+  if (pools[device] == nullptr) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    cudaMemPool_t pool = nullptr;
+    check_cuda(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate (warpattn's workspace pool)");
+    uint64_t keep_everything = UINT64_MAX;
+    check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_everything),
+               "cudaMemPoolSetAttribute (warpattn's workspace pool)");
+    pools[device] = pool;
+  }
+  return pools[device];
+}
+
+}  // namespace
+
+StreamMemory::StreamMemory(size_t bytes, cudaStream_t stream, const char* what) : stream_(stream) {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaMallocFromPoolAsync(&ptr_, bytes, pool_of(device), stream),
+             (std::string(what) + ": allocating " + std::to_string(bytes) + " bytes in stream order").c_str());
+}
+
+StreamMemory::~StreamMemory() {
+  if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);
+}
+
+}  // namespace warpattn::detail
