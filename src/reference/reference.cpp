@@ -29,11 +29,12 @@ Acc dot(const float* a, const float* b, int64_t n) {
 // sum and product is carried in; a template over that type guarantees it.
 template <class Acc>
 void softmax_row(const AttentionShape& s, const float* q, const float* k, const float* v, int64_t b,
-                 int64_t h, int64_t row, Acc* out_row, Acc* lse) {
+                 int64_t h, int64_t row, Acc* out_row, Acc* lse, Acc* spread = nullptr) {
   const int64_t d_count = s.head_dim;
   const int64_t n = visible_keys(s, row);
   if (n == 0) {
     std::fill(out_row, out_row + d_count, Acc(0));
+    if (spread) std::fill(spread, spread + d_count, Acc(0));
     if (lse) *lse = -std::numeric_limits<Acc>::infinity();
     return;
   }
@@ -57,14 +58,19 @@ void softmax_row(const AttentionShape& s, const float* q, const float* k, const 
   // Subtracting the row maximum keeps every exponential in (0, 1], so nothing overflows
   // however large the scaled scores are.
   std::fill(out_row, out_row + d_count, Acc(0));
+  if (spread) std::fill(spread, spread + d_count, Acc(0));
   Acc denominator = 0;
   for (int64_t j = 0; j < n; ++j) {
     const Acc p = std::exp(scores[j] - max_score);
     denominator += p;
     const float* v_row = v_head + j * key_step;
     for (int64_t d = 0; d < d_count; ++d) out_row[d] += p * Acc(v_row[d]);
+    if (spread)
+      for (int64_t d = 0; d < d_count; ++d) spread[d] += (p * Acc(v_row[d])) * (p * Acc(v_row[d]));
   }
   for (int64_t d = 0; d < d_count; ++d) out_row[d] /= denominator;
+  if (spread)
+    for (int64_t d = 0; d < d_count; ++d) spread[d] = std::sqrt(spread[d]) / denominator;
   if (lse) *lse = max_score + std::log(denominator);
 }
 
@@ -77,9 +83,21 @@ int64_t visible_keys(const AttentionShape& s, int64_t row) {
   return std::clamp<int64_t>(last_visible + 1, 0, s.seqlen_k);
 }
 
+double visible_pairs(const AttentionShape& s) {
+  if (!s.causal) return double(s.seqlen_q) * double(s.seqlen_k);
+  double pairs = 0;
+  for (int64_t row = 0; row < s.seqlen_q; ++row) pairs += double(visible_keys(s, row));
+  return pairs;
+}
+
 void attention_row(const AttentionShape& s, const float* q, const float* k, const float* v,
                    int64_t b, int64_t h, int64_t row, double* out_row, double* lse) {
   softmax_row<double>(s, q, k, v, b, h, row, out_row, lse);
+}
+
+void attention_row_with_spread(const AttentionShape& s, const float* q, const float* k, const float* v, int64_t b,
+                               int64_t h, int64_t row, double* out_row, double* lse, double* spread) {
+  softmax_row<double>(s, q, k, v, b, h, row, out_row, lse, spread);
 }
 
 void attention_row_fp32(const AttentionShape& s, const float* q, const float* k, const float* v,

@@ -27,11 +27,22 @@ struct AttentionShape {
 // lies before the first key, which happens when seqlen_q > seqlen_k).
 int64_t visible_keys(const AttentionShape& s, int64_t row);
 
+// The (query, key) pairs the mask leaves for one (batch, head): the sum of visible_keys over the
+// query rows (seqlen_q x seqlen_k without a mask). Attention's FLOPs are 4 x head_dim per pair.
+double visible_pairs(const AttentionShape& s);
+
 // One output row: batch b, query head h, query position `row`. Query head h reads key/value
 // head h / (Hq / Hkv). Writes head_dim values to out_row and the natural-log log-sum-exp of
 // the scaled scores to *lse (lse may be null). A row with no visible key gets zeros and -inf.
 void attention_row(const AttentionShape& s, const float* q, const float* k, const float* v,
                    int64_t b, int64_t h, int64_t row, double* out_row, double* lse);
+
+// attention_row, and for every output element d its spread sqrt(sum_j (P_j v_jd)^2), P_j the
+// normalised softmax weights: rounding each P_j (or each v_jd) independently by a relative
+// error of standard deviation e moves element d by about e times its spread (standard
+// deviation). The error models of the GPU tests are built on it.
+void attention_row_with_spread(const AttentionShape& s, const float* q, const float* k, const float* v, int64_t b,
+                               int64_t h, int64_t row, double* out_row, double* lse, double* spread);
 
 // The same algorithm with every sum, exponential and product in float32.
 void attention_row_fp32(const AttentionShape& s, const float* q, const float* k, const float* v,

@@ -252,6 +252,20 @@ TEST(fp32_reference_is_close_to_fp64) {
 
 // ---------------------------------------------------------------- compare()
 
+// FLOPs count the pairs the mask leaves: with Sq = 16384 > Sk = 1024 only the last 1024 query
+// rows see keys (1 + 2 + ... + 1024 pairs), 16x fewer than "half of Sq x Sk".
+TEST(visible_pairs_counts_the_unmasked_pairs) {
+  AttentionShape s;
+  s.seqlen_q = 16384, s.seqlen_k = 1024, s.causal = true;
+  CHECK(warpattn::reference::visible_pairs(s) == 1024.0 * 1025 / 2) << warpattn::reference::visible_pairs(s);
+  s.seqlen_q = 1024, s.seqlen_k = 16384;  // every row sees 15360 + row + 1 keys
+  CHECK(warpattn::reference::visible_pairs(s) == 1024.0 * 15360 + 1024.0 * 1025 / 2);
+  s.seqlen_q = s.seqlen_k = 7;
+  CHECK(warpattn::reference::visible_pairs(s) == 28);
+  s.causal = false;
+  CHECK(warpattn::reference::visible_pairs(s) == 49);
+}
+
 TEST(compare_identical_values_have_no_error) {
   const float got[3] = {1.f, -2.f, 0.5f};
   const double want[3] = {1.0, -2.0, 0.5};
