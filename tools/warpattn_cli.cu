@@ -46,7 +46,7 @@ constexpr int kExitFailed = 1;
 constexpr int kExitNoHopper = 2;
 constexpr int kExitUsage = 64;  // EX_USAGE: keeps "bad flags" apart from "no GPU"
 
-// The cuBLAS ceiling: the size MISSION.md's anchors use.
+// The cuBLAS ceiling: the size the anchors use (docs/perf/anchors.md).
 constexpr int kGemmSize = 8192;
 
 // ------------------------------------------------------------------------------------------
@@ -450,10 +450,15 @@ const char* torch_name(warpattn::DType d) {
 double rel_l2_limit(warpattn::DType d) { return d == warpattn::DType::bf16 ? 5e-3 : 1e-3; }
 constexpr double kLseLimit = 1e-4;
 
-// Forward FLOPs as MISSION.md counts them: 4·B·H·Nq·Nk·d, halved for causal.
+// Forward FLOPs: 4·d per (query, key) pair the mask leaves, per batch and head. Without a mask
+// that is 4·B·H·Nq·Nk·d. With the bottom-right causal mask, query i sees keys j <= i + Nk - Nq,
+// so the pairs are counted row by row: (Nq² + Nq)/2 when Nq = Nk (the usual "halved" figure, to
+// within 1/Nq), but far fewer for Nq > Nk and far more than half for Nq < Nk (halving
+// overstated Nq = 16384, Nk = 1024 sixteenfold).
 double forward_flops(const Config& c) {
-  const double f = 4.0 * c.batch * c.heads_q * c.seqlen_q * c.seqlen_k * c.head_dim;
-  return c.causal ? f / 2 : f;
+  warpattn::reference::AttentionShape shape;
+  shape.seqlen_q = c.seqlen_q, shape.seqlen_k = c.seqlen_k, shape.causal = c.causal;
+  return 4.0 * c.batch * c.heads_q * warpattn::reference::visible_pairs(shape) * c.head_dim;
 }
 
 float to_float(uint16_t bits, warpattn::DType d) {
@@ -729,7 +734,8 @@ void write_json(const std::string& path, const DeviceInfo& dev, const Options& o
   f << "  \"seed\": " << seed << ",\n";
   std::string method = "median of " + std::to_string(o.iters) + " CUDA-event-timed launches";
   method += " after " + std::to_string(o.warmup) + " warm-up launches; fresh N(0,1) inputs;";
-  method += " forward FLOPs 4*B*H*Nq*Nk*d (halved for causal); timed without LSE; checked";
+  method += " forward FLOPs 4*B*H*d per unmasked (query, key) pair (Nq*Nk, causal: counted row by row);";
+  method += " timed without LSE; checked";
   method += " with LSE against an fp64 reference on " + std::to_string(o.check_rows);
   method += " sampled rows per (batch, head)";
   f << "  \"method\": " << json_string(method) << ",\n";

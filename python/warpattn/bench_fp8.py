@@ -83,10 +83,20 @@ def bench_point(torch, timer, p):
     def quantize():
         warpattn.quantize_fp8(q, k, v)
 
+    # The first call of each, checked below against cuDNN; the timed calls must give its bits.
+    from .bench import same_bits_after_timing
+    out.fill_(float("nan"))
+    out8.fill_(float("nan"))
+    fp8_forward()
+    int8qk_forward()
+    torch.cuda.synchronize()
+    fp8_out, int8_out = out.clone(), out8.clone()
     row = dict(p)
     row["fp8_ms"] = round(timer(fp8_forward), 5)
+    row["fp8_timed_calls"] = same_bits_after_timing(torch, fp8_forward, out, fp8_out)
     row["fp8_tflops"] = tf(row["fp8_ms"])
     row["int8qk_tflops"] = tf(timer(int8qk_forward))
+    row["int8qk_timed_calls"] = same_bits_after_timing(torch, int8qk_forward, out8, int8_out)
     row["quantize_ms"] = round(timer(quantize), 5)
     row["end_to_end_tflops"] = tf(row["fp8_ms"] + row["quantize_ms"])
     # The pass reads Q, K, V (2 bytes each) and writes them back as 1 byte; a device copy of
@@ -96,8 +106,6 @@ def bench_point(torch, timer, p):
     qkv = torch.stack((q, k, v))
     copy_ms = timer(lambda: qkv.clone())
     row["copy_GBps"] = round(2 * qkv.numel() * 2 / (copy_ms * 1e-3) / 1e9, 1)
-    fp8_forward()
-    fp8_out = out.clone()
     row["bf16_tflops"] = tf(timer(lambda: warpattn.flash_attn_func(q, k, v, causal=p["causal"])))
     qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
@@ -106,11 +114,13 @@ def bench_point(torch, timer, p):
             lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=p["causal"])))
     ref = ref.transpose(1, 2).float()
     row["rel_l2_vs_cudnn"] = round(float((fp8_out.float() - ref).norm() / ref.norm()), 5)
-    int8qk_forward()
-    row["int8qk_rel_l2_vs_cudnn"] = round(float((out8.float() - ref).norm() / ref.norm()), 5)
+    row["int8qk_rel_l2_vs_cudnn"] = round(float((int8_out.float() - ref).norm() / ref.norm()), 5)
     # On N(0, 1) data O averages thousands of values, so Q and K's E4M3 rounding shows at
-    # ~5% of |O| (run 22); a layout or scale error gives ~100%.
-    row["check"] = "PASS" if row["rel_l2_vs_cudnn"] < 0.1 else "FAIL"
+    # ~5% of |O| (run 22; INT8 Q and K less); a layout or scale error gives ~100%. NaN fails.
+    # Both variants are checked, and their timed calls must repeat their first call's bits.
+    passed = (row["rel_l2_vs_cudnn"] < 0.1 and row["int8qk_rel_l2_vs_cudnn"] < 0.1
+              and row["fp8_timed_calls"] == "same" and row["int8qk_timed_calls"] == "same")
+    row["check"] = "PASS" if passed else "FAIL"
     return row
 
 
@@ -125,7 +135,8 @@ def markdown(env, gemm, method, rows):
              "*quantize*: the FP8 pass alone (reads Q, K, V once, writes e4m3), beside a device copy "
              "of Q, K, V. *end to end* = quantize + FP8 forward. *INT8 Q/K*: the same forward with Q "
              "and K in INT8 (quantize_fp8(qk_dtype=torch.int8)), its rel L2 vs cuDNN in brackets. "
-             "*check*: FP8 output vs cuDNN BF16, rel L2 < 0.1." % (method, GEMM_SIZE, fmt(gemm, ".1f")), "",
+             "*check*: the FP8 and INT8 Q/K outputs vs cuDNN BF16, rel L2 < 0.1 each, and every timed call "
+             "repeats its first call's bits." % (method, GEMM_SIZE, fmt(gemm, ".1f")), "",
              "| d | N | causal | FP8 | FP8 / GEMM | INT8 Q/K (rel L2) | end to end | BF16 warpattn | cuDNN BF16 | "
              "quantize ms | quantize GB/s | copy GB/s | check (rel L2) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
