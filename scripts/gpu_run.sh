@@ -6,11 +6,11 @@
 set -u -o pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-"primitives forward cli bench"}  # also: fp8, sanitize, python, ncu, ncu_fp8
+STAGES=${STAGES:-"ctest cli bench"}  # also: primitives, forward, fp8, devices, sanitize, python, ncu, ncu_fp8
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/configure.log" 2>&1 || { tail -20 "$OUT/configure.log"; exit 1; }
-if ! cmake --build build -j"$(nproc)" > "$OUT/build.log" 2>&1; then
-  grep -E "error|FAILED" "$OUT/build.log" | head -30
+# The first half of the README's test command: scripts/build.sh (every core).
+if ! bash scripts/build.sh > "$OUT/build.log" 2>&1; then
+  grep -E "error|FAILED|ERROR" "$OUT/build.log" | head -30
   exit 1
 fi
 grep -E "C75[0-9][0-9]" "$OUT/build.log" | head -5
@@ -27,6 +27,20 @@ ncu_report() {
   fi
   grep -E "Duration|Tensor|Issue Slots Busy|No Eligible|Compute \(SM\) Throughput" "$OUT/$1.txt" | head -12
 }
+if stage ctest; then
+  # The second half of the README's test command: every CTest suite, CTEST_REPEAT times (fresh
+  # random data each time). This is how a kernel change is verified.
+  for i in $(seq "${CTEST_REPEAT:-1}"); do
+    timeout -k 5 "${CTEST_TIMEOUT:-900}" ctest --test-dir build --output-on-failure > "$OUT/ctest-$i.log" 2>&1
+    echo "ctest pass $i rc=$?: $(grep -E "tests passed|tests failed" "$OUT/ctest-$i.log")"
+    grep -E "^ +[0-9]+/[0-9]+ Test|FAIL|CHECK failed|SKIPPED \]" "$OUT/ctest-$i.log" | head -${CTEST_LINES:-24}
+  done
+fi
+if stage devices; then
+  timeout -k 5 300 ./build/test_gpu_devices > "$OUT/devices.log" 2>&1
+  echo "devices rc=$?: $(tail -1 "$OUT/devices.log")"
+  grep -E "FAIL|failed|SKIP" "$OUT/devices.log" | head -20
+fi
 if stage primitives; then
   timeout -k 5 120 ./build/test_gpu_primitives > "$OUT/primitives.log" 2>&1
   echo "primitives rc=$?: $(tail -1 "$OUT/primitives.log")"
@@ -83,6 +97,9 @@ if stage python; then
       (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 -m warpattn.bench --out "$OUT" \
         ${PY_BENCH_ARGS:---quick} > "$OUT/pybench.log" 2> "$OUT/pybench.err")
       echo "python bench rc=$?"; tail -4 "$OUT/pybench.err"
+    fi
+    if [ -n "${HOST_COST:-}" ]; then
+      (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 120 python3 "$OLDPWD/scripts/host_cost.py" 2>&1 | tee "$OUT/host_cost.log")
     fi
     if [ -n "${FP8_BENCH:-}" ]; then
       (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 -m warpattn.bench_fp8 --out "$OUT" \
