@@ -29,9 +29,10 @@ ncu_report() {
 }
 if stage ctest; then
   # The second half of the README's test command: every CTest suite, CTEST_REPEAT times (fresh
-  # random data each time). This is how a kernel change is verified.
+  # random data each time). This is how a kernel change is verified. CTEST_ARGS: e.g. -j3 to run
+  # suites side by side (correctness only: never for timings).
   for i in $(seq "${CTEST_REPEAT:-1}"); do
-    timeout -k 5 "${CTEST_TIMEOUT:-900}" ctest --test-dir build --output-on-failure > "$OUT/ctest-$i.log" 2>&1
+    timeout -k 5 "${CTEST_TIMEOUT:-900}" ctest --test-dir build --output-on-failure ${CTEST_ARGS:-} > "$OUT/ctest-$i.log" 2>&1
     echo "ctest pass $i rc=$?: $(grep -E "tests passed|tests failed" "$OUT/ctest-$i.log")"
     grep -E "^ +[0-9]+/[0-9]+ Test|FAIL|CHECK failed|SKIPPED \]" "$OUT/ctest-$i.log" | head -${CTEST_LINES:-24}
   done
