@@ -80,11 +80,19 @@ DeviceScope::DeviceScope(std::initializer_list<NamedView> tensors, cudaStream_t 
     if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) cuda_failed(e, "cudaSetDevice");
   // With the tensors' device current, the special handles (0, cudaStreamLegacy,
   // cudaStreamPerThread) name that device's streams; any other stream has a device of its own.
-  int stream_device = device_;
-  if (cudaError_t e = cudaStreamGetDevice(stream, &stream_device); e != cudaSuccess) {
+  // CUDA refuses cudaStreamGetDevice on a stream being captured: there the check is left to
+  // the launch, which fails on a stream of another device (invalid resource handle).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaError_t e = cudaStreamIsCapturing(stream, &capture); e != cudaSuccess) {
     cudaSetDevice(previous_);
-    cuda_failed(e, "stream: cudaStreamGetDevice");
+    cuda_failed(e, "stream: cudaStreamIsCapturing");
   }
+  int stream_device = device_;
+  if (capture == cudaStreamCaptureStatusNone)
+    if (cudaError_t e = cudaStreamGetDevice(stream, &stream_device); e != cudaSuccess) {
+      cudaSetDevice(previous_);
+      cuda_failed(e, "stream: cudaStreamGetDevice");
+    }
   if (stream_device != device_) {
     cudaSetDevice(previous_);
     Message m;
