@@ -87,21 +87,37 @@ def _flash_attn_jax(q, k, v, scale, causal, return_lse, out):
     for t in (q, k, v):
         t.block_until_ready()
     index = q.devices().pop().id
+    # Everything on q's device: PyTorch exports a tensor through DLPack only from its own device.
+    with _framework_device(index) as (empty, sync):
+        o = empty(q.shape, str(q.dtype))
+        lse = empty((q.shape[0], q.shape[2], q.shape[1]), "float32")
+        # Stream 0: the legacy default stream of the tensors' device (the library runs there).
+        _warpattn.forward(q, k, v, o, lse if return_lse else None, scale, causal, 0)
+        sync()
+        o = jax.dlpack.from_dlpack(o)
+        return (o, jax.dlpack.from_dlpack(lse)) if return_lse else o
+
+
+@contextlib.contextmanager
+def _framework_device(index):
+    """For JAX calls: (empty(shape, dtype_name), sync) from PyTorch or CuPy (whichever is
+    installed), with device `index` current in it while the context lasts."""
     try:
         import torch
-        dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(str(q.dtype), torch.float32)
-        device = torch.device("cuda", index)
-        o = torch.empty(q.shape, dtype=dtype, device=device)
-        lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=device)
-        sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
     except ImportError:
-        import cupy
-        with cupy.cuda.Device(index):
-            o = cupy.empty(q.shape, dtype=str(q.dtype))
-            lse = cupy.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=cupy.float32)
-        sync = cupy.cuda.Device(index).synchronize
-    # Stream 0: the legacy default stream of the device the tensors are on (the library runs there).
-    _warpattn.forward(q, k, v, o, lse if return_lse else None, scale, causal, 0)
-    sync()
-    o = jax.dlpack.from_dlpack(o)
-    return (o, jax.dlpack.from_dlpack(lse)) if return_lse else o
+        torch = None
+    if torch is not None:
+        types = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+                 "int8": torch.int8, "uint8": torch.uint8}
+        with torch.cuda.device(index):
+            yield (lambda shape, kind: torch.empty(shape, dtype=types[kind], device="cuda"),
+                   lambda: torch.cuda.synchronize(index))
+        return
+    import cupy
+
+    def empty(shape, kind):
+        if kind == "bfloat16":
+            raise ValueError("CuPy has no bfloat16: install PyTorch, or use float16")
+        return cupy.empty(shape, dtype=kind)
+    with cupy.cuda.Device(index):
+        yield empty, cupy.cuda.Device(index).synchronize

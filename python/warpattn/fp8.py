@@ -105,15 +105,12 @@ def _jax_run(device_index, run):
     and run's results are handed to JAX without a copy. e4m3 buffers are allocated as bytes
     (uint8): DLPack may not carry FP8."""
     import jax
-    try:
-        import torch
-        empty, sync = _torch_empty(device_index), lambda: torch.cuda.synchronize(device_index)
-    except ImportError:
-        import cupy
-        empty, sync = _cupy_empty(device_index), cupy.cuda.Device(device_index).synchronize
-    results = run(lambda shape, kind: empty(shape, "uint8" if kind == "e4m3" else kind))
-    sync()
-    return [None if r is None else jax.dlpack.from_dlpack(r) for r in results]
+    from .api import _framework_device
+    # Everything on the device: PyTorch exports a tensor through DLPack only from its own device.
+    with _framework_device(device_index) as (empty, sync):
+        results = run(lambda shape, kind: empty(shape, "uint8" if kind == "e4m3" else kind))
+        sync()
+        return [None if r is None else jax.dlpack.from_dlpack(r) for r in results]
 
 
 def _jax_e4m3(a):

@@ -325,7 +325,12 @@ def test_cupy_and_jax_on_the_second_gpu():
     if len(gpus) < 2:
         pytest.skip("JAX sees fewer than two GPUs")
     torch.cuda.synchronize(1)
-    jq, jk, jv = (jax.dlpack.from_dlpack(t) for t in (q, k, v))
+    with torch.cuda.device(dev):  # PyTorch exports through DLPack only from the tensor's device
+        jq, jk, jv = (jax.dlpack.from_dlpack(t) for t in (q, k, v))
     out = warpattn.flash_attn_func(jq, jk, jv)
     assert out.devices().pop().id == 1
     assert rel_l2(torch.from_dlpack(out), want) <= 1e-3
+    ops = warpattn.quantize_fp8(jq, jk, jv, qk_dtype="int8")
+    out8 = warpattn.flash_attn_fp8_func(ops)
+    assert out8.devices().pop().id == 1
+    assert rel_l2(torch.from_dlpack(out8), want) < 6e-2
