@@ -81,8 +81,10 @@ inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
 // split over all SMs room for partial results: 2 x SMs x 128 rows x (D + 8) x 4 bytes, about
 // 36 MB at D = 256 on an H200) in stream order from a memory pool of warpattn's own, which
 // keeps what it has grown to; launches that may run at the same time (other streams, other
-// host threads on cudaStreamPerThread, CUDA graphs replayed at once) never share it. Under
-// stream capture the allocation and its free become graph memory nodes.
+// host threads on cudaStreamPerThread, CUDA graphs replayed at once) never share it. A launch
+// captured into a CUDA graph gets scheduler memory of its own (cudaMalloc, zeroed by a node of
+// the graph at each replay), kept for the process's life, since the graph may be replayed at
+// any time.
 void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
              const std::optional<TensorView>& lse, const ForwardOptions& options,
              cudaStream_t stream = nullptr);

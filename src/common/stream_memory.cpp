@@ -35,14 +35,28 @@ cudaMemPool_t pool_of(int device) {
 }  // namespace
 
 StreamMemory::StreamMemory(size_t bytes, cudaStream_t stream, const char* what) : stream_(stream) {
+  const std::string context = std::string(what) + ": allocating " + std::to_string(bytes) + " bytes";
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &capture), (context + " (cudaStreamIsCapturing)").c_str());
+  if (capture != cudaStreamCaptureStatusNone) {
+    // cudaMalloc is not a stream operation, but a capture in global or thread-local mode refuses
+    // it as potentially unsafe; it is safe here (nothing waits on the device), so this thread
+    // lets it through for the one call, as PyTorch's caching allocator does.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    check_cuda(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");
+    const cudaError_t e = cudaMalloc(&ptr_, bytes);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    check_cuda(e, (context + " for a captured launch (cudaMalloc)").c_str());
+    captured_ = true;
+    return;
+  }
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaMallocFromPoolAsync(&ptr_, bytes, pool_of(device), stream),
-             (std::string(what) + ": allocating " + std::to_string(bytes) + " bytes in stream order").c_str());
+  check_cuda(cudaMallocFromPoolAsync(&ptr_, bytes, pool_of(device), stream), (context + " in stream order").c_str());
 }
 
 StreamMemory::~StreamMemory() {
-  if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);
+  if (ptr_ != nullptr && !captured_) cudaFreeAsync(ptr_, stream_);
 }
 
 }  // namespace warpattn::detail

@@ -6,9 +6,15 @@
 // run at the same time, and the host cannot know which those are (two host threads on
 // cudaStreamPerThread share one handle; a CUDA graph replays whenever its owner likes). Stream
 // order makes it the driver's job: a block is handed out again only once the work that freed it
-// is done, or behind a dependency on it. While the stream is captured into a graph, the
-// allocation and the free become graph memory nodes, and each replay's memory is the graph's
-// own.
+// is done, or behind a dependency on it.
+//
+// While the stream is being captured into a CUDA graph, the memory is instead a plain
+// cudaMalloc of its own, kept for the process's life: the graph may be replayed at any time,
+// beside any other graph, and warpattn cannot know when it is destroyed. (Graph memory nodes,
+// the stream-ordered allocator's form under capture, were tried first: in run 79 the replays of
+// a non-causal launch with the split tail left 93% of the output unwritten, cause not found.)
+// So each captured launch keeps its scheduler memory, up to ~36 MB with the split tail at
+// d = 256, for as long as the process lives.
 //
 // Why a pool of our own: the device's default pool gives memory back to the system at every
 // synchronisation (release threshold 0), so each call would map pages again. Ours keeps what
@@ -26,7 +32,8 @@ class StreamMemory {
   // `bytes` of device memory on the current device, usable by work enqueued on `stream` after
   // this call; `what` names the use in the error thrown when the allocation fails.
   StreamMemory(size_t bytes, cudaStream_t stream, const char* what);
-  // Frees it in stream order: after all work enqueued on the stream before the destructor.
+  // Frees it in stream order: after all work enqueued on the stream before the destructor
+  // (memory taken under capture is kept).
   ~StreamMemory();
   StreamMemory(const StreamMemory&) = delete;
   StreamMemory& operator=(const StreamMemory&) = delete;
@@ -36,6 +43,7 @@ class StreamMemory {
  private:
   void* ptr_ = nullptr;
   cudaStream_t stream_;
+  bool captured_ = false;  // taken while the stream was captured: kept
 };
 
 }  // namespace warpattn::detail
