@@ -10,11 +10,12 @@
 //
 // While the stream is being captured into a CUDA graph, the memory is instead a plain
 // cudaMalloc of its own, kept for the process's life: the graph may be replayed at any time,
-// beside any other graph, and warpattn cannot know when it is destroyed. (Graph memory nodes,
-// the stream-ordered allocator's form under capture, were tried first: in run 79 the replays of
-// a non-causal launch with the split tail left 93% of the output unwritten, cause not found.)
-// So each captured launch keeps its scheduler memory, up to ~36 MB with the split tail at
-// d = 256, for as long as the process lives.
+// beside any other graph, and warpattn cannot know when it is destroyed. So each captured
+// launch keeps its scheduler memory, up to ~36 MB with the split tail at d = 256, for as long
+// as the process lives. (The stream-ordered allocator's own form under capture, graph memory
+// nodes, would free it with the graph, but would also bind the caller's graph: one
+// instantiation at a time, no cloning, no cudaGraphExecUpdate, a child graph only by moving
+// ownership.)
 //
 // Why a pool of our own: the device's default pool gives memory back to the system at every
 // synchronisation (release threshold 0), so each call would map pages again. Ours keeps what

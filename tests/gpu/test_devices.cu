@@ -298,6 +298,10 @@ TEST(concurrent_graph_replays) {
   const uint64_t seed = gpu_test::fresh_seed();
   for (bool causal : {false, true}) {
     Problem a(kB, kS, kH, kD, seed), b(kB, kS, kH, kD, seed + 100);
+    // The fills and poison above ran on the legacy stream, which the non-blocking streams
+    // below do not wait for (run 80's first version of this test compared against outputs
+    // poisoned after they were written).
+    CUDA_OK(cudaDeviceSynchronize());
     cudaStream_t capture, s1, s2;
     CUDA_OK(cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking));
     CUDA_OK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
