@@ -28,7 +28,7 @@ struct ForwardParams {
   int m_blocks = 0;      // query blocks per (batch, head)
   int chunk_heads = 1;   // (batch, head) pairs whose K/V the scheduler keeps in L2 together
   float scale_log2 = 0;  // softmax_scale * log2(e): one FFMA + EX2 per score
-  int* tile_counter = nullptr;  // [next tile, CTAs done], zeroed before the launch; null: static order
+  int* tile_counter = nullptr;  // [next tile, CTAs done], zero at launch; null: static order
   // The split tail (split_tail.hpp; split.tiles == 0: every tile whole) and its partial
   // states, 2 x grid slots of kConsumerWarpgroups x 128 threads x (head_dim / 2 + 4) floats.
   SplitTail split;

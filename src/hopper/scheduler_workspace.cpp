@@ -1,19 +1,92 @@
 #include "hopper/scheduler_workspace.hpp"
 
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+#include <vector>
+
 #include "hopper/cuda_check.hpp"
 
 namespace warpattn::detail {
 
 namespace {
-// The counter first, partial states from a 256-byte boundary on.
-constexpr size_t kCounterBytes = 2 * sizeof(int);  // [next tile, CTAs done]
-constexpr size_t kPartialsOffset = 256;
+
+constexpr int kSlotInts = 2;           // [next tile, CTAs done]
+constexpr int kSlotsPerChunk = 1024;   // 8 KB of device memory per chunk
+
+// Where a launch's counter slot is kept: by device and stream, or by capture (never reused).
+using SlotKey = std::tuple<int, int, unsigned long long, std::thread::id>;  // device, kind, stream id, thread
+
+struct Slots {
+  std::mutex mutex;
+  std::map<SlotKey, int*> by_key;
+  std::vector<int*> free_in_chunk;  // per device: the next unused slot of its newest chunk
+  std::vector<int> left_in_chunk;
+};
+
+Slots& slots() {
+  static Slots s;
+  return s;
+}
+
+// A new chunk of zeroed slots on the current device. Made out of any capture's sight: the
+// allocation is no stream operation, and the zeroing runs on a private non-blocking stream that
+// the host waits for. A capture in global mode refuses both as potentially unsafe, so this
+// thread relaxes that for the chunk (as PyTorch's caching allocator does for cudaMalloc).
+int* new_chunk() {
+  constexpr size_t kBytes = kSlotsPerChunk * kSlotInts * sizeof(int);
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  check_cuda(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");
+  int* chunk = nullptr;
+  cudaStream_t zeroing = nullptr;
+  cudaError_t e = cudaMalloc(&chunk, kBytes);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&zeroing, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaMemsetAsync(chunk, 0, kBytes, zeroing);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(zeroing);
+  if (zeroing != nullptr) cudaStreamDestroy(zeroing);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  check_cuda(e, "scheduler counter slots: allocating and zeroing a chunk");
+  return chunk;
+}
+
+int* counter_slot(cudaStream_t stream) {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+  Slots& s = slots();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  std::optional<SlotKey> key;
+  if (capture == cudaStreamCaptureStatusNone) {
+    if (stream == cudaStreamPerThread) {
+      key = SlotKey{device, 1, 0, std::this_thread::get_id()};
+    } else {
+      unsigned long long id = 0;
+      check_cuda(cudaStreamGetId(stream, &id), "cudaStreamGetId");
+      key = SlotKey{device, 0, id, std::thread::id()};
+    }
+    if (auto it = s.by_key.find(*key); it != s.by_key.end()) return it->second;
+  }
+  if (device >= static_cast<int>(s.free_in_chunk.size())) {
+    s.free_in_chunk.resize(device + 1, nullptr);
+    s.left_in_chunk.resize(device + 1, 0);
+  }
+  if (s.left_in_chunk[device] == 0) {
+    s.free_in_chunk[device] = new_chunk();
+    s.left_in_chunk[device] = kSlotsPerChunk;
+  }
+  int* slot = s.free_in_chunk[device];
+  s.free_in_chunk[device] += kSlotInts;
+  --s.left_in_chunk[device];
+  if (key) s.by_key[*key] = slot;
+  return slot;
+}
+
 }  // namespace
 
-SchedulerWorkspace::SchedulerWorkspace(cudaStream_t stream, size_t partial_bytes)
-    : memory_(partial_bytes > 0 ? kPartialsOffset + partial_bytes : kCounterBytes, stream, "scheduler workspace") {
-  check_cuda(cudaMemsetAsync(memory_.get(), 0, kCounterBytes, stream), "cudaMemsetAsync(tile counter)");
-  if (partial_bytes > 0) partials_ = reinterpret_cast<float*>(static_cast<char*>(memory_.get()) + kPartialsOffset);
+SchedulerWorkspace::SchedulerWorkspace(cudaStream_t stream, size_t partial_bytes) : counter_(counter_slot(stream)) {
+  if (partial_bytes > 0) partials_.emplace(partial_bytes, stream, "split-tail partial states");
 }
 
 }  // namespace warpattn::detail

@@ -3,8 +3,9 @@
 //
 // Assignment: CTA c starts with tile c. Then, with a tile counter (dynamic), the producer
 // takes the next free tile with one atomicAdd, so a CTA that finishes early takes more
-// (greedy, like the hardware's block scheduler); the counter is the launch's own, zeroed
-// before it (scheduler_workspace.hpp). Without one (static), CTAs walk rounds of
+// (greedy, like the hardware's block scheduler); the counter resets itself when the last CTA
+// is done, ready for the next launch that uses it: never one that may run at the same time
+// (scheduler_workspace.hpp). Without one (static), CTAs walk rounds of
 // gridDim.x tiles, snaking (CTA c takes the round's c-th tile in even rounds and its
 // (gridDim.x - 1 - c)-th in odd rounds), which evens out the longest-first order over two
 // rounds.
@@ -39,9 +40,7 @@ struct TileChooser {
       tile = g + atomicAdd(p.tile_counter, 1);
       if (tile >= whole) {
         // Every CTA stops fetching once it draws past the whole tiles; the last one to stop
-        // leaves the counter zero. Each launch has a counter of its own, zeroed before it
-        // (scheduler_workspace.hpp), so nothing needs this any more; but without these lines
-        // ptxas spills registers in the FP8 d = 256 kernels (seen 2026-11-30), so they stay.
+        // leaves the counter zero for the next launch that uses it (scheduler_workspace.hpp).
         __threadfence();
         if (atomicAdd(p.tile_counter + 1, 1) == g - 1) {
           p.tile_counter[0] = 0;
