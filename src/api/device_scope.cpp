@@ -52,6 +52,26 @@ void require_sm90(int device) {
               ", where the tensors are)");
 }
 
+// `stream` must belong to `device`. The special handles (0, cudaStreamLegacy,
+// cudaStreamPerThread) name the current device's streams, and the call makes the tensors'
+// device current; any other stream has a device of its own, which CUDA will not tell while the
+// stream is being captured: there the launch itself fails on a stream of another device
+// (invalid resource handle).
+void check_stream(cudaStream_t stream, int device) {
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaError_t e = cudaStreamIsCapturing(stream, &capture); e != cudaSuccess)
+    cuda_failed(e, "stream: cudaStreamIsCapturing");
+  if (capture != cudaStreamCaptureStatusNone) return;
+  int stream_device = device;
+  if (cudaError_t e = cudaStreamGetDevice(stream, &stream_device); e != cudaSuccess)
+    cuda_failed(e, "stream: cudaStreamGetDevice");
+  if (stream_device == device) return;
+  Message m;
+  m << "stream: belongs to device " << stream_device << ", but the tensors are on device " << device;
+  fail(m);
+}
+
 }  // namespace
 
 DeviceScope::DeviceScope(std::initializer_list<NamedView> tensors, cudaStream_t stream) {
@@ -76,29 +96,10 @@ DeviceScope::DeviceScope(std::initializer_list<NamedView> tensors, cudaStream_t 
     }
   }
   require_sm90(device_);
+  check_stream(stream, device_);
+  // Last, so that a refused call leaves the caller's device current.
   if (device_ != previous_)
     if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) cuda_failed(e, "cudaSetDevice");
-  // With the tensors' device current, the special handles (0, cudaStreamLegacy,
-  // cudaStreamPerThread) name that device's streams; any other stream has a device of its own.
-  // CUDA refuses cudaStreamGetDevice on a stream being captured: there the check is left to
-  // the launch, which fails on a stream of another device (invalid resource handle).
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaError_t e = cudaStreamIsCapturing(stream, &capture); e != cudaSuccess) {
-    cudaSetDevice(previous_);
-    cuda_failed(e, "stream: cudaStreamIsCapturing");
-  }
-  int stream_device = device_;
-  if (capture == cudaStreamCaptureStatusNone)
-    if (cudaError_t e = cudaStreamGetDevice(stream, &stream_device); e != cudaSuccess) {
-      cudaSetDevice(previous_);
-      cuda_failed(e, "stream: cudaStreamGetDevice");
-    }
-  if (stream_device != device_) {
-    cudaSetDevice(previous_);
-    Message m;
-    m << "stream: belongs to device " << stream_device << ", but the tensors are on device " << device_;
-    fail(m);
-  }
 }
 
 DeviceScope::~DeviceScope() {

@@ -87,7 +87,8 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
   params.split.first_tile = static_cast<int>(tiles);  // every tile whole unless split below
   // More tiles than CTAs: hand them out dynamically (greedy, as the hardware would), and split
   // the last wave's tiles over every CTA where that saves enough (non-causal: all tiles have
-  // the same key tiles). The counter and the partial states are this launch's own.
+  // the same key tiles). The counter is never shared with a launch that may run at the same
+  // time, and the partial states are this launch's own (scheduler_workspace.hpp).
   std::optional<SchedulerWorkspace> ws;
   if (blocks < tiles) {
     const SplitTail split =

@@ -18,11 +18,16 @@ constexpr int kSlotsPerChunk = 1024;   // 8 KB of device memory per chunk
 // Where a launch's counter slot is kept: by device and stream, or by capture (never reused).
 using SlotKey = std::tuple<int, int, unsigned long long, std::thread::id>;  // device, kind, stream id, thread
 
+// The newest chunk of one device: its next unused slot and how many are left.
+struct Chunk {
+  int* next = nullptr;
+  int left = 0;
+};
+
 struct Slots {
   std::mutex mutex;
   std::map<SlotKey, int*> by_key;
-  std::vector<int*> free_in_chunk;  // per device: the next unused slot of its newest chunk
-  std::vector<int> left_in_chunk;
+  std::vector<Chunk> chunks;  // by device ordinal
 };
 
 Slots& slots() {
@@ -68,17 +73,12 @@ int* counter_slot(cudaStream_t stream) {
     }
     if (auto it = s.by_key.find(*key); it != s.by_key.end()) return it->second;
   }
-  if (device >= static_cast<int>(s.free_in_chunk.size())) {
-    s.free_in_chunk.resize(device + 1, nullptr);
-    s.left_in_chunk.resize(device + 1, 0);
-  }
-  if (s.left_in_chunk[device] == 0) {
-    s.free_in_chunk[device] = new_chunk();
-    s.left_in_chunk[device] = kSlotsPerChunk;
-  }
-  int* slot = s.free_in_chunk[device];
-  s.free_in_chunk[device] += kSlotInts;
-  --s.left_in_chunk[device];
+  if (device >= static_cast<int>(s.chunks.size())) s.chunks.resize(device + 1);
+  Chunk& chunk = s.chunks[device];
+  if (chunk.left == 0) chunk = {new_chunk(), kSlotsPerChunk};
+  int* slot = chunk.next;
+  chunk.next += kSlotInts;
+  --chunk.left;
   if (key) s.by_key[*key] = slot;
   return slot;
 }
