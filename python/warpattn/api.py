@@ -98,6 +98,29 @@ def _flash_attn_jax(q, k, v, scale, causal, return_lse, out):
         return (o, jax.dlpack.from_dlpack(lse)) if return_lse else o
 
 
+def _torch_empty(device_index):
+    """empty(shape, dtype_name) on cuda:device_index; "e4m3" is float8_e4m3fn."""
+    import torch
+    device = torch.device("cuda", device_index)
+    types = {"int8": torch.int8, "e4m3": torch.float8_e4m3fn, "uint8": torch.uint8, "float32": torch.float32,
+             "float16": torch.float16, "bfloat16": torch.bfloat16}
+    return lambda shape, kind: torch.empty(shape, dtype=types[kind], device=device)
+
+
+def _cupy_empty(device_index):
+    """empty(shape, dtype_name) on CuPy device device_index; "e4m3" is its bytes (uint8)."""
+    import cupy
+    types = {"int8": cupy.int8, "e4m3": cupy.uint8, "uint8": cupy.uint8, "float32": cupy.float32,
+             "float16": cupy.float16}
+
+    def empty(shape, kind):
+        if kind not in types:
+            raise ValueError("CuPy has no %s: use out_dtype='float16'" % kind)
+        with cupy.cuda.Device(device_index):
+            return cupy.empty(shape, dtype=types[kind])
+    return empty
+
+
 @contextlib.contextmanager
 def _framework_device(index):
     """For JAX calls: (empty(shape, dtype_name), sync) from PyTorch or CuPy (whichever is
@@ -107,17 +130,9 @@ def _framework_device(index):
     except ImportError:
         torch = None
     if torch is not None:
-        types = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-                 "int8": torch.int8, "uint8": torch.uint8}
         with torch.cuda.device(index):
-            yield (lambda shape, kind: torch.empty(shape, dtype=types[kind], device="cuda"),
-                   lambda: torch.cuda.synchronize(index))
+            yield _torch_empty(index), lambda: torch.cuda.synchronize(index)
         return
     import cupy
-
-    def empty(shape, kind):
-        if kind == "bfloat16":
-            raise ValueError("CuPy has no bfloat16: install PyTorch, or use float16")
-        return cupy.empty(shape, dtype=kind)
     with cupy.cuda.Device(index):
-        yield empty, cupy.cuda.Device(index).synchronize
+        yield _cupy_empty(index), cupy.cuda.Device(index).synchronize

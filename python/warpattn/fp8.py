@@ -16,7 +16,7 @@ its outputs are float16.
 from typing import Any, NamedTuple, Optional
 
 from . import _warpattn
-from .api import framework_of
+from .api import _cupy_empty, _framework_device, _torch_empty, framework_of
 
 FP8_BLOCK_ROWS = 128
 FP8_KEY_ORDER = (0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)
@@ -48,27 +48,6 @@ def _qk_int8(qk_dtype):
 
 
 # ------------------------------------------------------------------------------ allocation
-
-def _torch_empty(device_index):
-    import torch
-    device = torch.device("cuda", device_index)
-    types = {"int8": torch.int8, "e4m3": torch.float8_e4m3fn, "uint8": torch.uint8, "float32": torch.float32,
-             "float16": torch.float16, "bfloat16": torch.bfloat16}
-    return lambda shape, kind: torch.empty(shape, dtype=types[kind], device=device)
-
-
-def _cupy_empty(device_index):
-    import cupy
-    types = {"int8": cupy.int8, "e4m3": cupy.uint8, "uint8": cupy.uint8, "float32": cupy.float32,
-             "float16": cupy.float16}
-
-    def empty(shape, kind):
-        if kind not in types:
-            raise ValueError("CuPy has no %s: use out_dtype='float16'" % kind)
-        with cupy.cuda.Device(device_index):
-            return cupy.empty(shape, dtype=types[kind])
-    return empty
-
 
 def _cupy_stream(x):
     """The current CuPy stream of x's device (the library runs on the device of its tensors)."""
@@ -105,7 +84,6 @@ def _jax_run(device_index, run):
     and run's results are handed to JAX without a copy. e4m3 buffers are allocated as bytes
     (uint8): DLPack may not carry FP8."""
     import jax
-    from .api import _framework_device
     # Everything on the device: PyTorch exports a tensor through DLPack only from its own device.
     with _framework_device(device_index) as (empty, sync):
         results = run(lambda shape, kind: empty(shape, "uint8" if kind == "e4m3" else kind))

@@ -39,14 +39,8 @@ StreamMemory::StreamMemory(size_t bytes, cudaStream_t stream, const char* what) 
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   check_cuda(cudaStreamIsCapturing(stream, &capture), (context + " (cudaStreamIsCapturing)").c_str());
   if (capture != cudaStreamCaptureStatusNone) {
-    // cudaMalloc is not a stream operation, but a capture in global or thread-local mode refuses
-    // it as potentially unsafe; it is safe here (nothing waits on the device), so this thread
-    // lets it through for the one call, as PyTorch's caching allocator does.
-    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    check_cuda(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");
-    const cudaError_t e = cudaMalloc(&ptr_, bytes);
-    cudaThreadExchangeStreamCaptureMode(&mode);
-    check_cuda(e, (context + " for a captured launch (cudaMalloc)").c_str());
+    check_cuda(outside_capture_rules([&] { return cudaMalloc(&ptr_, bytes); }),
+               (context + " for a captured launch (cudaMalloc)").c_str());
     captured_ = true;
     return;
   }

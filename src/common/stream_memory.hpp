@@ -28,6 +28,19 @@
 
 namespace warpattn::detail {
 
+// Runs `call` (CUDA calls that are no operation of any stream: cudaMalloc, or work on a
+// private stream that the host waits for) with this thread's stream-capture mode relaxed: a
+// capture in global or thread-local mode refuses such calls as potentially unsafe, though they
+// are safe here, as PyTorch's caching allocator reasons for its cudaMalloc. Returns call's error.
+template <class Call>
+cudaError_t outside_capture_rules(const Call& call) {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  if (cudaError_t e = cudaThreadExchangeStreamCaptureMode(&mode); e != cudaSuccess) return e;
+  const cudaError_t e = call();
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  return e;
+}
+
 class StreamMemory {
  public:
   // `bytes` of device memory on the current device, usable by work enqueued on `stream` after

@@ -35,22 +35,21 @@ Slots& slots() {
   return s;
 }
 
-// A new chunk of zeroed slots on the current device. Made out of any capture's sight: the
+// A new chunk of zeroed slots on the current device, made out of any capture's sight: the
 // allocation is no stream operation, and the zeroing runs on a private non-blocking stream that
-// the host waits for. A capture in global mode refuses both as potentially unsafe, so this
-// thread relaxes that for the chunk (as PyTorch's caching allocator does for cudaMalloc).
+// the host waits for (outside_capture_rules).
 int* new_chunk() {
   constexpr size_t kBytes = kSlotsPerChunk * kSlotInts * sizeof(int);
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  check_cuda(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode");
   int* chunk = nullptr;
-  cudaStream_t zeroing = nullptr;
-  cudaError_t e = cudaMalloc(&chunk, kBytes);
-  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&zeroing, cudaStreamNonBlocking);
-  if (e == cudaSuccess) e = cudaMemsetAsync(chunk, 0, kBytes, zeroing);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(zeroing);
-  if (zeroing != nullptr) cudaStreamDestroy(zeroing);
-  cudaThreadExchangeStreamCaptureMode(&mode);
+  const cudaError_t e = outside_capture_rules([&] {
+    cudaStream_t zeroing = nullptr;
+    cudaError_t r = cudaMalloc(&chunk, kBytes);
+    if (r == cudaSuccess) r = cudaStreamCreateWithFlags(&zeroing, cudaStreamNonBlocking);
+    if (r == cudaSuccess) r = cudaMemsetAsync(chunk, 0, kBytes, zeroing);
+    if (r == cudaSuccess) r = cudaStreamSynchronize(zeroing);
+    if (zeroing != nullptr) cudaStreamDestroy(zeroing);
+    return r;
+  });
   check_cuda(e, "scheduler counter slots: allocating and zeroing a chunk");
   return chunk;
 }
