@@ -96,4 +96,49 @@ void validate_forward(const TensorView& q, const TensorView& k, const TensorView
                       const TensorView& out, const std::optional<TensorView>& lse,
                       const ForwardOptions& options);
 
+struct BackwardOptions {
+  // As ForwardOptions: the scale and mask of the forward call whose gradients are wanted.
+  std::optional<float> softmax_scale;
+  bool causal = false;
+  // The same bits on every run: dQ's partial sums are added in a fixed order (dK and dV are
+  // always deterministic). Slower; see docs/perf/ for by how much.
+  bool deterministic = false;
+};
+
+// Device memory the backward uses between its launches (dQ's fp32 accumulator, the row terms):
+// `bytes` at least backward_workspace_bytes(...), 256-byte aligned, on the tensors' device, not
+// used by anything else until the work enqueued by backward() on its stream has finished.
+struct Workspace {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
+// Bytes of workspace backward() needs for q of shape (B, Sq, Hq, D) and these options
+// (O(B x Hq x Sq x D) x 4 bytes). q's shape is validated (rank 4, sizes >= 0), nothing else.
+size_t backward_workspace_bytes(const TensorView& q, const BackwardOptions& options);
+
+// Gradients of forward(q, k, v) -> out with respect to q, k and v, given dout = dL/d(out):
+//   dout, out, dq: (B, Sq, Hq, D)   same dtype as q (fp16 or bf16)
+//   k, v, dk, dv:  (B, Sk, Hkv, D)  same dtype; Hq a multiple of Hkv (dk, dv summed over the
+//                                   query heads of a group)
+//   lse:           (B, Hq, Sq) fp32, the forward's log-sum-exp (natural log, -inf for rows
+//                                   with no visible key)
+// The layout rules of forward() apply to every tensor; dq, dk and dv must not overlap any
+// other argument or each other, and give each element its own address. options must be those
+// of the forward call. Accumulation is fp32.
+// workspace: memory the call may use (see Workspace); without it the call takes it in stream
+// order from warpattn's memory pool, which is refused while `stream` is being captured into a
+// CUDA graph (a captured call must be given its workspace). Device and stream rules as
+// forward(); returns without synchronising.
+void backward(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+              const TensorView& out, const TensorView& lse, const TensorView& dq, const TensorView& dk,
+              const TensorView& dv, const BackwardOptions& options,
+              const std::optional<Workspace>& workspace = std::nullopt, cudaStream_t stream = nullptr);
+
+// Every argument rule of backward() on the host, touching neither memory nor the GPU.
+void validate_backward(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+                       const TensorView& out, const TensorView& lse, const TensorView& dq, const TensorView& dk,
+                       const TensorView& dv, const BackwardOptions& options,
+                       const std::optional<Workspace>& workspace = std::nullopt);
+
 }  // namespace warpattn

@@ -46,5 +46,21 @@ ProblemSizes validate_quantize(const TensorView& q, const TensorView& k, const T
 ForwardProblem validate_forward_fp8(const Fp8Operands& f, const TensorView& out, const std::optional<TensorView>& lse,
                                     const ForwardOptions& options);
 
+// What validation hands to the backward's dispatch.
+struct BackwardProblem {
+  int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
+  DType dtype = DType::bf16;
+  float softmax_scale = 1.f;  // resolved
+  bool causal = false;
+  bool deterministic = false;
+};
+
+// The tensors of one backward call, validated.
+struct BackwardTensors {
+  TensorView dout, q, k, v, out, lse, dq, dk, dv;
+};
+
+BackwardProblem validate_backward(const BackwardTensors& t, const BackwardOptions& options,
+                                  const std::optional<Workspace>& workspace);
 
 }  // namespace warpattn::detail
