@@ -52,6 +52,40 @@ void attention_row_fp32(const AttentionShape& s, const float* q, const float* k,
 void attention(const AttentionShape& s, const float* q, const float* k, const float* v, double* out,
                double* lse);
 
+// ---- Backward (issue 14)
+//
+// Optional outputs of attention_backward: one spread per gradient element, laid out as that
+// gradient (dq: [B][Sq][Hq][D], dk and dv: [B][Sk][Hkv][D]); a null pointer skips it. Each is
+// the root sum of squares of the terms the element is a sum of, so a GPU that rounds every
+// term's operand by a relative error of standard deviation e is off by about e times the
+// spread:
+//   dv_jd: sqrt(sum_{h,i} (P_ij dO_id)^2)           P rounded to 16 bits for dV = P^T dO
+//   dq_id: sqrt(sum_j (scale dS_ij K_jd)^2)         dS rounded to 16 bits for dQ = dS K
+//   dk_jd: sqrt(sum_{h,i} (scale dS_ij Q_id)^2)     ... and for dK = dS^T Q
+// (h over the query heads of the key/value head's group, i over the rows that see key j).
+// What they do not cover: an error in D_i (a GPU takes it from its own rounded O) moves every
+// dS_ij of the row by P_ij times that error, a correlated term the error model adds itself.
+struct BackwardSpreads {
+  double* dq = nullptr;
+  double* dk = nullptr;
+  double* dv = nullptr;
+};
+
+// Gradients of L = sum(out * dout), out = attention(s, q, k, v), in fp64, from the definitions
+// with nothing taken from a forward pass (so a GPU's LSE or O error cannot hide in both sides):
+//   P = softmax(scale Q K^T + mask)   O = P V   D_i = sum_d dO_id O_id   dP = dO V^T
+//   dS = P * (dP - D)   dQ = scale dS K   dK = scale dS^T Q   dV = P^T dO
+// q, k, v as for attention(); dout [B][Sq][Hq][D] like out; dq [B][Sq][Hq][D], dk and dv
+// [B][Sk][Hkv][D], every element written. Under GQA dk and dv are summed over the query heads
+// of the group; a row with no visible key contributes nothing and gets a zero dq row.
+// Spread over std::thread::hardware_concurrency() threads: first per query row (its O, LSE,
+// D and dq row), then per (batch, kv head, block of keys) (their dk and dv rows), so no two
+// threads write one element, and each element is summed by one thread in a fixed order: the
+// result is bitwise the same for any thread count.
+void attention_backward(const AttentionShape& s, const float* q, const float* k, const float* v,
+                        const float* dout, double* dq, double* dk, double* dv,
+                        const BackwardSpreads& spreads = {});
+
 // How far `got` (a GPU result widened to float) is from `want` (the reference).
 struct ErrorStats {
   double rel_l2 = 0;         // ||got - want|| / ||want||; infinite if any got is NaN
