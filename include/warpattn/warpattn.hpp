@@ -114,13 +114,14 @@ struct Workspace {
 };
 
 // Bytes of workspace backward() needs for q of shape (B, Sq, Hq, D) and these options
-// (O(B x Hq x Sq x D) x 4 bytes). q's shape is validated (rank 4, sizes >= 0), nothing else.
+// (O(B x Hq x Sq x D) x 4 bytes). q's shape is validated (rank 4, sizes >= 0, a workspace below
+// 2^62 bytes), nothing else.
 size_t backward_workspace_bytes(const TensorView& q, const BackwardOptions& options);
 
 // Gradients of forward(q, k, v) -> out with respect to q, k and v, given dout = dL/d(out):
 //   dout, out, dq: (B, Sq, Hq, D)   same dtype as q (fp16 or bf16)
 //   k, v, dk, dv:  (B, Sk, Hkv, D)  same dtype; Hq a multiple of Hkv (dk, dv summed over the
-//                                   query heads of a group)
+//                                   query heads of a group), and not 0 unless Hkv is
 //   lse:           (B, Hq, Sq) fp32, the forward's log-sum-exp (natural log, -inf for rows
 //                                   with no visible key)
 // The layout rules of forward() apply to every tensor; dq, dk and dv must not overlap any

@@ -1,8 +1,8 @@
-/* warpattn: a plain C ABI over warpattn::forward.
+/* warpattn: a plain C ABI over warpattn::forward and warpattn::backward.
  *
  * Why it exists: Python's ctypes (and any other FFI) cannot call C++ functions that take
- * std::optional or throw exceptions. This header exposes the same forward pass through
- * C types only: a tensor is a struct of pointer, dtype code, rank, shape and strides, and
+ * std::optional or throw exceptions. This header exposes the same forward and backward passes
+ * through C types only: a tensor is a struct of pointer, dtype code, rank, shape and strides, and
  * errors come back as a status code plus a message copied into a caller-owned buffer.
  *
  * The struct layout is part of the ABI (x86-64 / aarch64 LP64: 80 bytes, no padding):
@@ -13,8 +13,9 @@
  *   offset 48 int64_t stride[4]   (in elements, not bytes)
  * warpattn_tensor_struct_size() lets an FFI binding check that its mirror agrees.
  *
- * Semantics, layouts and rules are those of warpattn::forward in warpattn/warpattn.hpp:
- *   q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D), out (B, Sq, Hq, D), lse (B, Hq, Sq) fp32.
+ * Semantics, layouts and rules are those of warpattn::forward and warpattn::backward in
+ * warpattn/warpattn.hpp: q, out, dout, dq (B, Sq, Hq, D), k, v, dk, dv (B, Sk, Hkv, D), lse
+ * (B, Hq, Sq) fp32.
  */
 #ifndef WARPATTN_WARPATTN_C_H
 #define WARPATTN_WARPATTN_C_H
@@ -39,9 +40,9 @@ enum {
   WARPATTN_DTYPE_F32 = 2
 };
 
-/* Return codes of warpattn_forward. */
+/* Return codes of every entry below that returns an int. */
 enum {
-  WARPATTN_OK = 0,             /* launched (asynchronously) on the stream */
+  WARPATTN_OK = 0,             /* done: launched (asynchronously) on the stream, or computed */
   WARPATTN_INVALID = 1,        /* warpattn::Error: invalid argument or CUDA failure; see err */
   WARPATTN_INTERNAL_ERROR = 2  /* any other exception (out of host memory, ...); see err */
 };
@@ -49,7 +50,7 @@ enum {
 typedef struct {
   void* data;        /* device pointer */
   int dtype;         /* WARPATTN_DTYPE_*: 0 f16, 1 bf16, 2 f32 */
-  int rank;          /* 4 for q, k, v, out; 3 for lse */
+  int rank;          /* 4 for q, k, v, out and the gradients; 3 for lse */
   int64_t shape[4];  /* entries past rank are ignored */
   int64_t stride[4]; /* in elements; entries past rank are ignored */
 } warpattn_tensor;
@@ -68,6 +69,36 @@ WARPATTN_C_API int warpattn_forward(const warpattn_tensor* q, const warpattn_ten
                                     const warpattn_tensor* lse, int has_scale,
                                     float softmax_scale, int causal, void* stream, char* err,
                                     size_t err_len);
+
+/* The gradients of warpattn_forward(q, k, v) -> out, given dout = dL/d(out): dq, dk and dv.
+ *   lse:              the forward's log-sum-exp (not optional here).
+ *   has_scale, softmax_scale, causal: those of the forward call.
+ *   deterministic:    non-zero for the same bits on every run (dq's partial sums added in a
+ *                     fixed order; slower).
+ *   workspace:        NULL: none, the call takes it from warpattn's memory pool in stream
+ *                     order (refused while the stream is being captured into a CUDA graph);
+ *                     otherwise device memory of workspace_bytes bytes, at least
+ *                     warpattn_backward_workspace_bytes, 256-byte aligned, used by nothing else
+ *                     until the work enqueued on the stream has finished.
+ *   stream, err, err_len: as warpattn_forward.
+ * Returns WARPATTN_OK, WARPATTN_INVALID or WARPATTN_INTERNAL_ERROR. Never throws; does not
+ * synchronise the stream. On failure nothing has been launched for invalid arguments. */
+WARPATTN_C_API int warpattn_backward(const warpattn_tensor* dout, const warpattn_tensor* q,
+                                     const warpattn_tensor* k, const warpattn_tensor* v,
+                                     const warpattn_tensor* out, const warpattn_tensor* lse,
+                                     const warpattn_tensor* dq, const warpattn_tensor* dk,
+                                     const warpattn_tensor* dv, int has_scale,
+                                     float softmax_scale, int causal, int deterministic,
+                                     void* workspace, size_t workspace_bytes, void* stream,
+                                     char* err, size_t err_len);
+
+/* Stores in *bytes the workspace warpattn_backward needs for q (B, Sq, Hq, D) and these options.
+ * Only q's rank and sizes are checked (rank 4, sizes >= 0; q's dtype code must still be one of
+ * WARPATTN_DTYPE_*). Returns WARPATTN_OK, or WARPATTN_INVALID / WARPATTN_INTERNAL_ERROR with err
+ * set and *bytes untouched. Never throws; touches no GPU. */
+WARPATTN_C_API int warpattn_backward_workspace_bytes(const warpattn_tensor* q, int causal,
+                                                     int deterministic, size_t* bytes, char* err,
+                                                     size_t err_len);
 
 /* sizeof(warpattn_tensor) as this library was compiled: an FFI mirror must match it. */
 WARPATTN_C_API size_t warpattn_tensor_struct_size(void);

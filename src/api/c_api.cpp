@@ -1,12 +1,14 @@
 // The C ABI (warpattn/warpattn_c.h): translates C structs into TensorViews, calls
-// warpattn::forward, and turns exceptions into status codes, because an exception must never
-// cross an extern "C" boundary (ctypes would abort the whole Python process).
+// warpattn::forward or warpattn::backward, and turns exceptions into status codes, because an
+// exception must never cross an extern "C" boundary (ctypes would abort the whole Python process).
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <optional>
 #include <string>
 
+#include "api/problem.hpp"
 #include "warpattn/warpattn.hpp"
 #include "warpattn/warpattn_c.h"
 
@@ -21,7 +23,7 @@ static_assert(sizeof(void*) != 8 || sizeof(warpattn_tensor) == 80,
 
 // Only what the C struct can get wrong and TensorView cannot express is checked here (a NULL
 // struct, a dtype code outside the enum, a rank that would index past shape[4]); every other
-// rule is warpattn::forward's, so the messages stay in one place.
+// rule is warpattn::forward's or warpattn::backward's, so the messages stay in one place.
 warpattn::TensorView to_view(const warpattn_tensor* t, const char* name) {
   if (t == nullptr) throw warpattn::Error(std::string(name) + ": expected a tensor, got NULL");
   if (t->dtype < WARPATTN_DTYPE_F16 || t->dtype > WARPATTN_DTYPE_F32) {
@@ -52,21 +54,13 @@ void copy_message(const char* message, char* err, size_t err_len) {
   err[n] = '\0';
 }
 
-}  // namespace
-
-extern "C" int warpattn_forward(const warpattn_tensor* q, const warpattn_tensor* k,
-                                const warpattn_tensor* v, const warpattn_tensor* out,
-                                const warpattn_tensor* lse, int has_scale, float softmax_scale,
-                                int causal, void* stream, char* err, size_t err_len) {
+// One C entry: clears err, runs `work`, and turns whatever it throws into a status code and
+// the message. `entry` names the function in the message of an exception that carries none.
+template <class Work>
+int run_entry(const char* entry, char* err, size_t err_len, const Work& work) {
   copy_message("", err, err_len);
   try {
-    warpattn::ForwardOptions options;
-    if (has_scale) options.softmax_scale = softmax_scale;
-    options.causal = causal != 0;
-    std::optional<warpattn::TensorView> lse_view;
-    if (lse != nullptr) lse_view = to_view(lse, "lse");
-    warpattn::forward(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"), to_view(out, "out"),
-                      lse_view, options, static_cast<cudaStream_t>(stream));
+    work();
     return WARPATTN_OK;
   } catch (const warpattn::Error& e) {
     copy_message(e.what(), err, err_len);
@@ -75,9 +69,66 @@ extern "C" int warpattn_forward(const warpattn_tensor* q, const warpattn_tensor*
     copy_message(e.what(), err, err_len);
     return WARPATTN_INTERNAL_ERROR;
   } catch (...) {
-    copy_message("warpattn_forward: unknown exception", err, err_len);
+    if (err != nullptr && err_len > 0) std::snprintf(err, err_len, "%s: unknown exception", entry);
     return WARPATTN_INTERNAL_ERROR;
   }
+}
+
+std::optional<float> scale_option(int has_scale, float softmax_scale) {
+  return has_scale ? std::optional<float>(softmax_scale) : std::nullopt;
+}
+
+warpattn::BackwardOptions backward_options(int causal, int deterministic) {
+  warpattn::BackwardOptions options;
+  options.causal = causal != 0;
+  options.deterministic = deterministic != 0;
+  return options;
+}
+
+}  // namespace
+
+extern "C" int warpattn_forward(const warpattn_tensor* q, const warpattn_tensor* k,
+                                const warpattn_tensor* v, const warpattn_tensor* out,
+                                const warpattn_tensor* lse, int has_scale, float softmax_scale,
+                                int causal, void* stream, char* err, size_t err_len) {
+  return run_entry("warpattn_forward", err, err_len, [&] {
+    warpattn::ForwardOptions options;
+    options.softmax_scale = scale_option(has_scale, softmax_scale);
+    options.causal = causal != 0;
+    std::optional<warpattn::TensorView> lse_view;
+    if (lse != nullptr) lse_view = to_view(lse, "lse");
+    warpattn::forward(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"), to_view(out, "out"),
+                      lse_view, options, static_cast<cudaStream_t>(stream));
+  });
+}
+
+extern "C" int warpattn_backward(const warpattn_tensor* dout, const warpattn_tensor* q,
+                                 const warpattn_tensor* k, const warpattn_tensor* v,
+                                 const warpattn_tensor* out, const warpattn_tensor* lse,
+                                 const warpattn_tensor* dq, const warpattn_tensor* dk,
+                                 const warpattn_tensor* dv, int has_scale, float softmax_scale,
+                                 int causal, int deterministic, void* workspace,
+                                 size_t workspace_bytes, void* stream, char* err, size_t err_len) {
+  return run_entry("warpattn_backward", err, err_len, [&] {
+    warpattn::BackwardOptions options = backward_options(causal, deterministic);
+    options.softmax_scale = scale_option(has_scale, softmax_scale);
+    std::optional<warpattn::Workspace> given;
+    if (workspace != nullptr) given = warpattn::Workspace{workspace, workspace_bytes};
+    // Braces convert in argument order, so the first bad struct is the one reported.
+    const warpattn::detail::BackwardTensors t{to_view(dout, "dout"), to_view(q, "q"),   to_view(k, "k"),
+                                              to_view(v, "v"),       to_view(out, "out"), to_view(lse, "lse"),
+                                              to_view(dq, "dq"),     to_view(dk, "dk"),   to_view(dv, "dv")};
+    warpattn::backward(t.dout, t.q, t.k, t.v, t.out, t.lse, t.dq, t.dk, t.dv, options, given,
+                       static_cast<cudaStream_t>(stream));
+  });
+}
+
+extern "C" int warpattn_backward_workspace_bytes(const warpattn_tensor* q, int causal, int deterministic,
+                                                 size_t* bytes, char* err, size_t err_len) {
+  return run_entry("warpattn_backward_workspace_bytes", err, err_len, [&] {
+    if (bytes == nullptr) throw warpattn::Error("bytes: expected a pointer to receive the size, got NULL");
+    *bytes = warpattn::backward_workspace_bytes(to_view(q, "q"), backward_options(causal, deterministic));
+  });
 }
 
 extern "C" size_t warpattn_tensor_struct_size(void) { return sizeof(warpattn_tensor); }

@@ -1,6 +1,7 @@
-// What validation hands to dispatch: the checked sizes of one forward call.
+// What validation hands to dispatch: the checked sizes of one call.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "warpattn/fp8.hpp"
@@ -60,7 +61,14 @@ struct BackwardTensors {
   TensorView dout, q, k, v, out, lse, dq, dk, dv;
 };
 
+// Every rule of backward() (see warpattn.hpp): the tensors' (the forward's rules, a to m, over
+// nine tensors), then the workspace's (n: the size the problem needs, within 2^62 bytes; a
+// given workspace's pointer, size and overlap). Throws Error as validate_forward.
 BackwardProblem validate_backward(const BackwardTensors& t, const BackwardOptions& options,
                                   const std::optional<Workspace>& workspace);
+
+// warpattn::backward_workspace_bytes: q's rank and sizes checked (rules a and b), then the
+// Hopper layout's size (hopper/backward/workspace.hpp) for that q.
+size_t backward_workspace_bytes(const TensorView& q, const BackwardOptions& options);
 
 }  // namespace warpattn::detail

@@ -1,17 +1,22 @@
-// Argument validation for warpattn::forward, and the check for a Hopper device.
+// Argument validation for warpattn::forward and warpattn::backward (and FP8's, further down).
 //
 // Every rule runs on the host before anything is launched or written, in a fixed order (the
 // rule letters below), so that a call with several mistakes always reports the same, most
 // basic one first: a rank mistake makes every later shape message meaningless, a null pointer
 // or wrong dtype makes a stride message beside the point, and so on. Each message names the
-// argument, says what was expected and what came.
+// argument, says what was expected and what came. The forward and the backward run the same
+// rule functions over their own lists of tensors (check_attention_tensors, check_written_apart).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "api/message.hpp"
 #include "api/problem.hpp"
+#include "hopper/backward/launch_backward.hpp"
 
 namespace warpattn::detail {
 // Any zero-sized dimension makes a tensor empty. Decided without multiplying the sizes, which
@@ -30,6 +35,9 @@ constexpr int64_t kTmaAlignBytes = 16;
 constexpr int64_t kTmaStrideLimitBytes = int64_t(1) << 40;
 // The kernel indexes rows, heads and batches with 32-bit coordinates.
 constexpr int64_t kCoordinateLimit = int64_t(1) << 31;
+// The backward's workspace regions start 256-byte aligned (hopper/backward/workspace.hpp), for
+// the bulk copies and reductions that move dQ's accumulator.
+constexpr uint64_t kWorkspaceAlignBytes = 256;
 
 const char* const kAttentionDimNames[4] = {"batch", "seqlen", "heads", "head_dim"};
 const char* const kLseDimNames[3] = {"batch", "heads", "seqlen_q"};
@@ -51,7 +59,6 @@ std::string shape_string(const TensorView& t) {
   s << ")";
   return s.str();
 }
-
 
 // ---- a. rank
 void check_rank(const Arg& a) {
@@ -81,6 +88,85 @@ void check_not_null(const Arg& a) {
   m << a.name << ": data is null, expected a device pointer for a non-empty tensor of shape "
     << shape_string(a.view);
   fail(m);
+}
+
+// ---- d. dtypes. `same_as`: the argument whose dtype `want` is, for the message (or none).
+void check_dtype(const Arg& a, DType want, const char* same_as = nullptr) {
+  if (a.view.dtype == want) return;
+  Message m;
+  m << a.name << ": expected dtype " << dtype_name(want);
+  if (same_as != nullptr) m << " (same as " << same_as << ")";
+  m << ", got " << dtype_name(a.view.dtype);
+  fail(m);
+}
+
+// The element types of the 16-bit kernels' operands and outputs.
+void check_16bit_dtype(const Arg& a) {
+  if (a.view.dtype == DType::f16 || a.view.dtype == DType::bf16) return;
+  Message m;
+  m << a.name << ": expected dtype float16 or bfloat16, got " << dtype_name(a.view.dtype);
+  fail(m);
+}
+
+// ---- e. head dimension: one of those with a kernel
+std::string supported_head_dims() {
+  Message s;
+  bool first = true;
+  for (int d : kSupportedHeadDims) {
+    s << (first ? "" : ", ") << d;
+    first = false;
+  }
+  return s.str();
+}
+
+bool is_supported_head_dim(int64_t d) {
+  for (int s : kSupportedHeadDims)
+    if (d == s) return true;
+  return false;
+}
+
+void check_supported_head_dim(const Arg& q) {
+  const int64_t head_dim = q.view.shape[3];
+  if (is_supported_head_dim(head_dim)) return;
+  Message m;
+  m << q.name << ": head_dim (shape[3]) must be one of " << supported_head_dims() << ", got " << head_dim;
+  fail(m);
+}
+
+// ---- f. shapes. `why` says where the expected shape comes from.
+void check_shape(const Arg& a, const int64_t* want, const std::string& why) {
+  bool same = true;
+  for (int i = 0; i < a.expected_rank; ++i) same = same && a.view.shape[i] == want[i];
+  if (same) return;
+  Message m;
+  m << a.name << ": expected shape (";
+  for (int i = 0; i < a.expected_rank; ++i) m << (i ? ", " : "") << want[i];
+  m << ") " << why << ", got " << shape_string(a.view);
+  fail(m);
+}
+
+// lse's dimensions spelled out: (batch, seqlen, heads), the attention tensors' order, is the
+// common mistake.
+void check_lse_shape(const Arg& lse, const ProblemSizes& s) {
+  if (lse.view.shape[0] == s.batch && lse.view.shape[1] == s.heads_q && lse.view.shape[2] == s.seqlen_q) return;
+  Message m;
+  m << lse.name << ": expected shape (batch, heads_q, seqlen_q) = (" << s.batch << ", " << s.heads_q << ", "
+    << s.seqlen_q << "), got " << shape_string(lse.view);
+  fail(m);
+}
+
+// ---- g. grouped-query heads: every query head maps onto one key/value head
+void check_head_groups(int64_t heads_q, int64_t heads_kv) {
+  if (heads_q >= 1 && heads_kv < 1) {
+    Message m;
+    m << "k: expected at least 1 key/value head for " << heads_q << " query heads, got " << heads_kv;
+    fail(m);
+  }
+  if (heads_kv >= 1 && heads_q % heads_kv != 0) {
+    Message m;
+    m << "k: query heads (" << heads_q << ") must be a multiple of key/value heads (" << heads_kv << ")";
+    fail(m);
+  }
 }
 
 // ---- h. innermost dimension contiguous (the TMA box and the kernel's vector accesses need it)
@@ -195,16 +281,18 @@ ByteRange byte_range(const TensorView& t) {
   return {first, last};
 }
 
-void check_no_overlap(const Arg& written, const Arg& other) {
-  if (is_empty(written.view) || is_empty(other.view)) return;
-  const ByteRange w = byte_range(written.view);
-  const ByteRange o = byte_range(other.view);
+void check_ranges_apart(const char* written, ByteRange w, const char* other, ByteRange o) {
   if (w.last < o.first || o.last < w.first) return;
   Message m;
-  m << written.name << ": must not overlap " << other.name << " in memory, but " << written.name
-    << " spans bytes [" << hex(w.first) << ", " << hex(w.last) << "] and " << other.name
-    << " spans [" << hex(o.first) << ", " << hex(o.last) << "]";
+  m << written << ": must not overlap " << other << " in memory, but " << written << " spans bytes ["
+    << hex(w.first) << ", " << hex(w.last) << "] and " << other << " spans [" << hex(o.first) << ", "
+    << hex(o.last) << "]";
   fail(m);
+}
+
+void check_no_overlap(const Arg& written, const Arg& other) {
+  if (is_empty(written.view) || is_empty(other.view)) return;
+  check_ranges_apart(written.name, byte_range(written.view), other.name, byte_range(other.view));
 }
 
 // ---- m. a written tensor must give each element its own address, or threads writing
@@ -238,13 +326,99 @@ void check_no_self_overlap(const Arg& a) {
 
 // ---- k. softmax scale: positive, because the kernel tracks each row's maximum score and
 // folds the scale into the exponent (a negative scale would turn that max into a min).
-void check_softmax_scale(const ForwardOptions& options) {
-  if (!options.softmax_scale) return;
-  const float s = *options.softmax_scale;
+void check_softmax_scale(const std::optional<float>& scale) {
+  if (!scale) return;
+  const float s = *scale;
   if (std::isfinite(s) && s > 0.f) return;
   Message m;
   m << "softmax_scale: expected a finite positive value, got " << s;
   fail(m);
+}
+
+float resolved_softmax_scale(const std::optional<float>& scale, int64_t head_dim) {
+  return scale ? *scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+}
+
+// ---- l and m for a whole call: every written tensor apart from every other tensor of the
+// call (`tensors`, in argument order; each pair checked once, named by the written one that
+// comes first in `written`), then each written tensor's elements apart from one another.
+void check_written_apart(std::span<const Arg* const> tensors, std::span<const Arg* const> written) {
+  for (auto w = written.begin(); w != written.end(); ++w)
+    for (const Arg* other : tensors) {
+      const bool pair_checked = std::find(written.begin(), w + 1, other) != w + 1;  // itself, or from the other side
+      if (!pair_checked) check_no_overlap(**w, *other);
+    }
+  for (const Arg* w : written) check_no_self_overlap(*w);
+}
+
+// ---- the rules a to j for the tensors of an attention call, forward's or backward's.
+// One 16-bit tensor of the call and the tensor whose shape it must have: q, (B, Sq, Hq, D), or
+// k, (B, Sk, Hkv, D); q and k name themselves.
+struct Operand {
+  const Arg& arg;
+  const Arg& shaped_as;
+};
+
+// `operands`: every 16-bit tensor of the call in argument order, q and k among them; `lse`:
+// the (B, Hq, Sq) fp32 log-sum-exp, or nullptr. Returns the call's sizes.
+ProblemSizes check_attention_tensors(std::span<const Operand> operands, const Arg& q, const Arg& k, const Arg* lse) {
+  // a. rank
+  for (const Operand& o : operands) check_rank(o.arg);
+  if (lse) check_rank(*lse);
+
+  // b. negative sizes
+  for (const Operand& o : operands) check_sizes_not_negative(o.arg);
+  if (lse) check_sizes_not_negative(*lse);
+
+  // c. null pointers
+  for (const Operand& o : operands) check_not_null(o.arg);
+  if (lse) check_not_null(*lse);
+
+  // d. dtypes
+  check_16bit_dtype(q);
+  for (const Operand& o : operands)
+    if (&o.arg != &q) check_dtype(o.arg, q.view.dtype, q.name);
+  if (lse) check_dtype(*lse, DType::f32);
+
+  // e. head dimension
+  check_supported_head_dim(q);
+  const int64_t head_dim = q.view.shape[3];
+  for (const Operand& o : operands) {
+    if (o.arg.view.shape[3] == head_dim) continue;
+    Message m;
+    m << o.arg.name << ": expected head_dim " << head_dim << " (same as " << q.name << "), got "
+      << o.arg.view.shape[3];
+    fail(m);
+  }
+
+  // f. batch and shape agreement
+  const ProblemSizes sizes{q.view.shape[0], q.view.shape[1], k.view.shape[1], q.view.shape[2], k.view.shape[2], head_dim};
+  for (const Operand& o : operands) {
+    if (o.arg.view.shape[0] == sizes.batch) continue;
+    Message m;
+    m << o.arg.name << ": expected batch " << sizes.batch << " (same as " << q.name << "), got " << o.arg.view.shape[0];
+    fail(m);
+  }
+  for (const Operand& o : operands)
+    if (&o.arg != &o.shaped_as)
+      check_shape(o.arg, o.shaped_as.view.shape, std::string("(same as ") + o.shaped_as.name + ")");
+  if (lse) check_lse_shape(*lse, sizes);
+
+  // g. grouped-query heads
+  check_head_groups(sizes.heads_q, sizes.heads_kv);
+
+  // h. innermost dimension contiguous (lse is accessed with plain fp32 loads and stores, not
+  // by TMA: any positive strides will do)
+  for (const Operand& o : operands) check_last_dim_contiguous(o.arg);
+
+  // i. alignment and strides
+  for (const Operand& o : operands) check_tma_layout(o.arg);
+  if (lse) check_fp32_layout(*lse, 3);
+
+  // j. 32-bit coordinates (every other tensor matches q or k, so they cover every size)
+  check_coordinates_fit(q);
+  check_coordinates_fit(k);
+  return sizes;
 }
 
 // What dispatch needs of a validated call; the softmax scale resolved to its default.
@@ -257,28 +431,58 @@ ForwardProblem forward_problem(const ProblemSizes& sizes, DType dtype, const For
   p.heads_kv = sizes.heads_kv;
   p.head_dim = sizes.head_dim;
   p.dtype = dtype;
-  p.softmax_scale = options.softmax_scale
-                        ? *options.softmax_scale
-                        : static_cast<float>(1.0 / std::sqrt(static_cast<double>(sizes.head_dim)));
+  p.softmax_scale = resolved_softmax_scale(options.softmax_scale, sizes.head_dim);
   p.causal = options.causal;
   p.has_lse = has_lse;
   return p;
 }
 
-std::string supported_head_dims() {
-  Message s;
-  bool first = true;
-  for (int d : kSupportedHeadDims) {
-    s << (first ? "" : ", ") << d;
-    first = false;
+// ---- n. the backward's workspace.
+// The bytes a backward problem needs, by the Hopper layout, whose int64 arithmetic must not
+// overflow: so a shape whose workspace would pass 2^62 bytes (far beyond any device) is refused
+// first, by a bound in saturating arithmetic. The bound is the layout's O(B x Hq x Sq x D)
+// (dQ's fp32 accumulator, two fp32 row terms, a turn counter per 64 rows, each region padded to
+// 256 bytes) with room to spare; `q` names the shape in the message.
+size_t backward_workspace_bytes_of(const Arg& q, const BackwardProblem& p) {
+  constexpr uint64_t kLimit = uint64_t(1) << 62;
+  const auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
+  const uint64_t rows = saturating_add(u(p.seqlen_q), 128);
+  const uint64_t row_count = saturating_mul(saturating_mul(u(p.batch), u(p.heads_q)), rows);
+  const uint64_t bound = saturating_add(saturating_mul(row_count, saturating_mul(saturating_add(u(p.head_dim), 3), 4)), 1024);
+  if (bound >= kLimit) {
+    Message m;
+    m << q.name << ": shape " << shape_string(q.view) << " needs a backward workspace of more than 2^62 bytes";
+    fail(m);
   }
-  return s.str();
+  return backward_workspace_bytes_sm90(p);
 }
 
-bool is_supported_head_dim(int64_t d) {
-  for (int s : kSupportedHeadDims)
-    if (d == s) return true;
-  return false;
+// The kernels write the workspace while they read every tensor and write the gradients, so it
+// must be apart from all of them; the whole range the caller gave counts, as the call may use
+// it all (Workspace). Null is fine only when no byte is needed.
+void check_workspace(const Workspace& w, size_t needed, std::span<const Arg* const> tensors) {
+  if (w.data == nullptr) {
+    if (needed == 0) return;
+    Message m;
+    m << "workspace: data is null, expected a device pointer to at least " << needed
+      << " bytes (backward_workspace_bytes)";
+    fail(m);
+  }
+  const uint64_t address = reinterpret_cast<uintptr_t>(w.data);
+  if (address % kWorkspaceAlignBytes != 0) {
+    Message m;
+    m << "workspace: data pointer " << hex(address) << " must be " << kWorkspaceAlignBytes << "-byte aligned";
+    fail(m);
+  }
+  if (w.bytes < needed) {
+    Message m;
+    m << "workspace: expected at least " << needed << " bytes (backward_workspace_bytes), got " << w.bytes;
+    fail(m);
+  }
+  if (w.bytes == 0) return;
+  const ByteRange range{address, saturating_add(address, w.bytes - 1)};
+  for (const Arg* t : tensors)
+    if (!is_empty(t->view)) check_ranges_apart("workspace", range, t->name, byte_range(t->view));
 }
 
 }  // namespace
@@ -290,125 +494,93 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
   const Arg ak{"k", k, kAttentionDimNames, 4};
   const Arg av{"v", v, kAttentionDimNames, 4};
   const Arg aout{"out", out, kAttentionDimNames, 4};
-  const Arg* const attention_args[4] = {&aq, &ak, &av, &aout};
   const TensorView no_lse;
   const Arg alse{"lse", lse ? *lse : no_lse, kLseDimNames, 3};
+  const Operand operands[4] = {{aq, aq}, {ak, ak}, {av, ak}, {aout, aq}};
 
-  // a. rank
-  for (const Arg* a : attention_args) check_rank(*a);
-  if (lse) check_rank(alse);
-
-  // b. negative sizes
-  for (const Arg* a : attention_args) check_sizes_not_negative(*a);
-  if (lse) check_sizes_not_negative(alse);
-
-  // c. null pointers
-  for (const Arg* a : attention_args) check_not_null(*a);
-  if (lse) check_not_null(alse);
-
-  // d. dtypes
-  if (q.dtype != DType::f16 && q.dtype != DType::bf16) {
-    Message m;
-    m << "q: expected dtype float16 or bfloat16, got " << dtype_name(q.dtype);
-    fail(m);
-  }
-  for (const Arg* a : {&ak, &av, &aout}) {
-    if (a->view.dtype == q.dtype) continue;
-    Message m;
-    m << a->name << ": expected dtype " << dtype_name(q.dtype) << " (same as q), got "
-      << dtype_name(a->view.dtype);
-    fail(m);
-  }
-  if (lse && lse->dtype != DType::f32) {
-    Message m;
-    m << "lse: expected dtype float32, got " << dtype_name(lse->dtype);
-    fail(m);
-  }
-
-  // e. head dimension
-  const int64_t head_dim = q.shape[3];
-  if (!is_supported_head_dim(head_dim)) {
-    Message m;
-    m << "q: head_dim (shape[3]) must be one of " << supported_head_dims() << ", got " << head_dim;
-    fail(m);
-  }
-  for (const Arg* a : {&ak, &av, &aout}) {
-    if (a->view.shape[3] == head_dim) continue;
-    Message m;
-    m << a->name << ": expected head_dim " << head_dim << " (same as q), got " << a->view.shape[3];
-    fail(m);
-  }
-
-  // f. batch and shape agreement
-  const int64_t batch = q.shape[0];
-  for (const Arg* a : {&ak, &av, &aout}) {
-    if (a->view.shape[0] == batch) continue;
-    Message m;
-    m << a->name << ": expected batch " << batch << " (same as q), got " << a->view.shape[0];
-    fail(m);
-  }
-  if (v.shape[1] != k.shape[1] || v.shape[2] != k.shape[2]) {
-    Message m;
-    m << "v: expected shape " << shape_string(k) << " (same as k), got " << shape_string(v);
-    fail(m);
-  }
-  if (out.shape[1] != q.shape[1] || out.shape[2] != q.shape[2]) {
-    Message m;
-    m << "out: expected shape " << shape_string(q) << " (same as q), got " << shape_string(out);
-    fail(m);
-  }
-  if (lse &&
-      (lse->shape[0] != batch || lse->shape[1] != q.shape[2] || lse->shape[2] != q.shape[1])) {
-    Message m;
-    m << "lse: expected shape (batch, heads_q, seqlen_q) = (" << batch << ", " << q.shape[2] << ", "
-      << q.shape[1] << "), got " << shape_string(*lse);
-    fail(m);
-  }
-
-  // g. grouped-query heads: every query head maps onto one key/value head
-  const int64_t heads_q = q.shape[2];
-  const int64_t heads_kv = k.shape[2];
-  if (heads_q >= 1 && heads_kv < 1) {
-    Message m;
-    m << "k: expected at least 1 key/value head for " << heads_q << " query heads, got "
-      << heads_kv;
-    fail(m);
-  }
-  if (heads_kv >= 1 && heads_q % heads_kv != 0) {
-    Message m;
-    m << "k: query heads (" << heads_q << ") must be a multiple of key/value heads (" << heads_kv
-      << ")";
-    fail(m);
-  }
-
-  // h. innermost dimension contiguous
-  for (const Arg* a : attention_args) check_last_dim_contiguous(*a);
-  // lse is written from registers, not by TMA: any positive strides will do.
-
-  // i. alignment and strides
-  for (const Arg* a : attention_args) check_tma_layout(*a);
-  if (lse) check_fp32_layout(alse, 3);
-
-  // j. 32-bit coordinates (v matches k, out and lse match q, so q and k cover every size)
-  check_coordinates_fit(aq);
-  check_coordinates_fit(ak);
+  // a to j
+  const ProblemSizes sizes = check_attention_tensors(operands, aq, ak, lse ? &alse : nullptr);
 
   // k. softmax scale
-  check_softmax_scale(options);
+  check_softmax_scale(options.softmax_scale);
 
-  // l. outputs must not alias anything else the call reads or writes
-  for (const Arg* a : {&aq, &ak, &av}) check_no_overlap(aout, *a);
+  // l. outputs must not alias anything else the call reads or writes; m. each written element
+  // at its own address
+  std::vector<const Arg*> tensors = {&aq, &ak, &av, &aout}, written = {&aout};
   if (lse) {
-    check_no_overlap(aout, alse);
-    for (const Arg* a : {&aq, &ak, &av}) check_no_overlap(alse, *a);
+    tensors.push_back(&alse);
+    written.push_back(&alse);
+  }
+  check_written_apart(tensors, written);
+
+  return forward_problem(sizes, q.dtype, options, lse.has_value());
+}
+
+BackwardProblem validate_backward(const BackwardTensors& t, const BackwardOptions& options,
+                                  const std::optional<Workspace>& workspace) {
+  const Arg adout{"dout", t.dout, kAttentionDimNames, 4};
+  const Arg aq{"q", t.q, kAttentionDimNames, 4};
+  const Arg ak{"k", t.k, kAttentionDimNames, 4};
+  const Arg av{"v", t.v, kAttentionDimNames, 4};
+  const Arg aout{"out", t.out, kAttentionDimNames, 4};
+  const Arg alse{"lse", t.lse, kLseDimNames, 3};
+  const Arg adq{"dq", t.dq, kAttentionDimNames, 4};
+  const Arg adk{"dk", t.dk, kAttentionDimNames, 4};
+  const Arg adv{"dv", t.dv, kAttentionDimNames, 4};
+  const Operand operands[8] = {{adout, aq}, {aq, aq},   {ak, ak},   {av, ak},
+                               {aout, aq},  {adq, aq}, {adk, ak}, {adv, ak}};
+
+  // a to j
+  const ProblemSizes sizes = check_attention_tensors(operands, aq, ak, &alse);
+  // g, for the backward: dk and dv are written, and only through the query heads of their
+  // group, so key/value heads without any query head would be left unwritten (the forward
+  // only reads k and v, and may take them).
+  if (sizes.heads_q == 0 && sizes.heads_kv > 0) {
+    Message m;
+    m << "k: expected 0 key/value heads for 0 query heads (dk and dv are computed from their query heads), got "
+      << sizes.heads_kv;
+    fail(m);
   }
 
-  // m. each written element at its own address
-  check_no_self_overlap(aout);
-  if (lse) check_no_self_overlap(alse);
+  // k. softmax scale
+  check_softmax_scale(options.softmax_scale);
 
-  return forward_problem({batch, q.shape[1], k.shape[1], heads_q, heads_kv, head_dim}, q.dtype, options,
-                         lse.has_value());
+  // l, m. the gradients apart from every other argument and from one another
+  const Arg* const tensors[9] = {&adout, &aq, &ak, &av, &aout, &alse, &adq, &adk, &adv};
+  const Arg* const written[3] = {&adq, &adk, &adv};
+  check_written_apart(tensors, written);
+
+  BackwardProblem p;
+  p.batch = sizes.batch;
+  p.seqlen_q = sizes.seqlen_q;
+  p.seqlen_k = sizes.seqlen_k;
+  p.heads_q = sizes.heads_q;
+  p.heads_kv = sizes.heads_kv;
+  p.head_dim = sizes.head_dim;
+  p.dtype = t.q.dtype;
+  p.softmax_scale = resolved_softmax_scale(options.softmax_scale, sizes.head_dim);
+  p.causal = options.causal;
+  p.deterministic = options.deterministic;
+
+  // n. workspace
+  const size_t needed = backward_workspace_bytes_of(aq, p);
+  if (workspace) check_workspace(*workspace, needed, tensors);
+  return p;
+}
+
+size_t backward_workspace_bytes(const TensorView& q, const BackwardOptions& options) {
+  const Arg aq{"q", q, kAttentionDimNames, 4};
+  check_rank(aq);
+  check_sizes_not_negative(aq);
+  BackwardProblem p;
+  p.batch = q.shape[0];
+  p.seqlen_q = q.shape[1];
+  p.heads_q = q.shape[2];
+  p.head_dim = q.shape[3];
+  p.dtype = q.dtype;
+  p.causal = options.causal;
+  p.deterministic = options.deterministic;
+  return backward_workspace_bytes_of(aq, p);
 }
 
 // ---- FP8 (warpattn/fp8.hpp). The same rule letters, in the same order.
@@ -416,24 +588,6 @@ namespace {
 
 const char* const kVtDimNames[4] = {"batch", "heads", "head_dim", "keys"};
 const char* const kDescaleDimNames[3] = {"batch", "heads", "blocks"};
-
-void check_dtype(const Arg& a, DType want) {
-  if (a.view.dtype == want) return;
-  Message m;
-  m << a.name << ": expected dtype " << dtype_name(want) << ", got " << dtype_name(a.view.dtype);
-  fail(m);
-}
-
-void check_shape(const Arg& a, const int64_t* want, const char* why) {
-  bool same = true;
-  for (int i = 0; i < a.expected_rank; ++i) same = same && a.view.shape[i] == want[i];
-  if (same) return;
-  Message m;
-  m << a.name << ": expected shape (";
-  for (int i = 0; i < a.expected_rank; ++i) m << (i ? ", " : "") << want[i];
-  m << ") " << why << ", got " << shape_string(a.view);
-  fail(m);
-}
 
 int64_t blocks_of(int64_t rows) { return (rows + kFp8BlockRows - 1) / kFp8BlockRows; }
 
@@ -501,16 +655,7 @@ ProblemSizes validate_fp8_operands(const Fp8Operands& f) {
   const int64_t kvs_want[3] = {p.batch, p.heads_kv, blocks_of(p.seqlen_k)};
   check_shape(aks, kvs_want, "(batch, heads_kv, ceil(seqlen_k / 128))");
   check_shape(avs, kvs_want, "(batch, heads_kv, ceil(seqlen_k / 128))");
-  if (p.heads_q >= 1 && p.heads_kv < 1) {
-    Message m;
-    m << "k: expected at least 1 key/value head for " << p.heads_q << " query heads, got " << p.heads_kv;
-    fail(m);
-  }
-  if (p.heads_kv >= 1 && p.heads_q % p.heads_kv != 0) {
-    Message m;
-    m << "k: query heads (" << p.heads_q << ") must be a multiple of key/value heads (" << p.heads_kv << ")";
-    fail(m);
-  }
+  check_head_groups(p.heads_q, p.heads_kv);
   for (const Arg* a : tensors) check_last_dim_contiguous(*a);
   for (const Arg* a : tensors) check_tma_layout(*a);
   for (const Arg* a : scales) check_fp32_layout(*a, 2);
@@ -529,11 +674,7 @@ ProblemSizes validate_quantize(const TensorView& q, const TensorView& k, const T
   for (const Arg* a : inputs) check_rank(*a);
   for (const Arg* a : inputs) check_sizes_not_negative(*a);
   for (const Arg* a : inputs) check_not_null(*a);
-  if (q.dtype != DType::f16 && q.dtype != DType::bf16) {
-    Message m;
-    m << "q: expected dtype float16 or bfloat16, got " << dtype_name(q.dtype);
-    fail(m);
-  }
+  check_16bit_dtype(aq);
   for (const Arg* a : {&ak, &av}) check_dtype(*a, q.dtype);
   const ProblemSizes p = validate_fp8_operands(f);
   const Arg fq{"fp8.q", f.q, kAttentionDimNames, 4}, fk{"fp8.k", f.k, kAttentionDimNames, 4};
@@ -545,12 +686,9 @@ ProblemSizes validate_quantize(const TensorView& q, const TensorView& k, const T
   const Arg avt{"fp8.vt", f.vt, kVtDimNames, 4}, aqs{"fp8.q_descale", f.q_descale, kDescaleDimNames, 3},
       aks{"fp8.k_descale", f.k_descale, kDescaleDimNames, 3}, avs{"fp8.v_descale", f.v_descale, kDescaleDimNames, 3};
   for (const Arg* a : {&aqs, &aks, &avs}) check_descale_block_stride(*a, true);
+  const Arg* const tensors[9] = {&aq, &ak, &av, &fq, &fk, &avt, &aqs, &aks, &avs};
   const Arg* const outputs[6] = {&fq, &fk, &avt, &aqs, &aks, &avs};
-  for (int i = 0; i < 6; ++i) {
-    for (const Arg* in : inputs) check_no_overlap(*outputs[i], *in);
-    for (int j = i + 1; j < 6; ++j) check_no_overlap(*outputs[i], *outputs[j]);
-  }
-  for (const Arg* a : outputs) check_no_self_overlap(*a);
+  check_written_apart(tensors, outputs);
   return p;
 }
 
@@ -566,11 +704,7 @@ ForwardProblem validate_forward_fp8(const Fp8Operands& f, const TensorView& out,
   if (lse) check_sizes_not_negative(alse);
   check_not_null(aout);
   if (lse) check_not_null(alse);
-  if (out.dtype != DType::f16 && out.dtype != DType::bf16) {
-    Message m;
-    m << "out: expected dtype float16 or bfloat16, got " << dtype_name(out.dtype);
-    fail(m);
-  }
+  check_16bit_dtype(aout);
   if (lse) check_dtype(alse, DType::f32);
   check_shape(aout, f.q.shape, "(same as q)");
   if (lse) {
@@ -580,18 +714,16 @@ ForwardProblem validate_forward_fp8(const Fp8Operands& f, const TensorView& out,
   check_last_dim_contiguous(aout);
   check_tma_layout(aout);
   if (lse) check_fp32_layout(alse, 3);
-  check_softmax_scale(options);
+  check_softmax_scale(options.softmax_scale);
   const Arg aq{"q", f.q, kAttentionDimNames, 4}, ak{"k", f.k, kAttentionDimNames, 4},
       avt{"vt", f.vt, kVtDimNames, 4}, aqs{"q_descale", f.q_descale, kDescaleDimNames, 3},
       aks{"k_descale", f.k_descale, kDescaleDimNames, 3}, avs{"v_descale", f.v_descale, kDescaleDimNames, 3};
-  const Arg* const read[6] = {&aq, &ak, &avt, &aqs, &aks, &avs};
-  for (const Arg* a : read) check_no_overlap(aout, *a);
+  std::vector<const Arg*> tensors = {&aq, &ak, &avt, &aqs, &aks, &avs, &aout}, written = {&aout};
   if (lse) {
-    check_no_overlap(aout, alse);
-    for (const Arg* a : read) check_no_overlap(alse, *a);
+    tensors.push_back(&alse);
+    written.push_back(&alse);
   }
-  check_no_self_overlap(aout);
-  if (lse) check_no_self_overlap(alse);
+  check_written_apart(tensors, written);
   return forward_problem(p, out.dtype, options, lse.has_value());
 }
 
