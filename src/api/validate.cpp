@@ -542,6 +542,16 @@ BackwardProblem validate_backward(const BackwardTensors& t, const BackwardOption
     fail(m);
   }
 
+  // e, for the backward: a head dim with a backward kernel
+  if (std::find(std::begin(kBackwardHeadDims), std::end(kBackwardHeadDims), sizes.head_dim) ==
+      std::end(kBackwardHeadDims)) {
+    Message m;
+    m << "q: head_dim (shape[3]) must be one of ";
+    for (int d : kBackwardHeadDims) m << (d == kBackwardHeadDims[0] ? "" : ", ") << d;
+    m << " for the backward, got " << sizes.head_dim;
+    fail(m);
+  }
+
   // k. softmax scale
   check_softmax_scale(options.softmax_scale);
 

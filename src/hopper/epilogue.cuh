@@ -1,7 +1,8 @@
 // Epilogue of a consumer warpgroup: its 64 normalised O rows go from registers straight to
-// global memory in 16-byte stores (rows past seqlen_q are skipped) and LSE goes out per row. Writing from
-// registers leaves the Q buffer free as soon as the last S GEMM has read it, so the producer
-// can load the next tile's Q while this epilogue runs.
+// global memory in 16-byte stores (rows past seqlen_q are skipped) and LSE goes out per row.
+// Writing from registers leaves the Q buffer free as soon as the last S GEMM has read it, so
+// the producer can load the next tile's Q while this epilogue runs. The backward stores dK and
+// dV the same way (store_accumulator_row).
 #pragma once
 #include <cstdint>
 
@@ -11,34 +12,45 @@
 
 namespace warpattn::detail {
 
+// Row r (0 or 1) of a thread's slice of an m64nN f32 accumulator (N = kCols), as 16-bit values
+// in 16-byte stores at `dst`, the row's first element; nothing is stored when dst is null (the
+// shuffles still run: they need the whole warp). A quad holds a row as 4-byte pairs (lane q:
+// columns 8j + 2q, 8j + 2q + 1). Transposed across the quad, four groups j at a time, lane q
+// gets the 16 contiguous bytes of group 4a + q: a quarter of the store instructions, each
+// writing whole 16-byte pieces.
+template <class Out, int kCols>
+__device__ __forceinline__ void store_accumulator_row(const float (&acc)[kCols / 2], int r, int quad, Out* dst) {
+  uint32_t pieces[kCols / 32][4];
+#pragma unroll
+  for (int a = 0; a < kCols / 32; ++a) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int j = 4 * a + k;
+      pieces[a][k] = ptx::pack_pair<Out>(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]);
+    }
+    quad_transpose(pieces[a], quad);
+  }
+  if (dst == nullptr) return;
+  uint4* out_row = reinterpret_cast<uint4*>(dst);
+#pragma unroll
+  for (int a = 0; a < kCols / 32; ++a)  // group 4a + q: columns 8 (4a + q) ... + 7
+    out_row[4 * a + quad] = make_uint4(pieces[a][0], pieces[a][1], pieces[a][2], pieces[a][3]);
+}
+
 template <class Cfg>
 __device__ __forceinline__ void store_output(const float (&o)[Cfg::kHeadDim / 2], const float (&lse)[2],
                                              const ForwardParams& params, const FragmentCoords& f,
                                              int warpgroup, int m_block, int head, int batch) {
+  using Out = typename Cfg::OutElement;
   const int row_start = m_block * Cfg::kBlockM + warpgroup * 64;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row_start + f.row(r);
-    // A quad holds a row as 4-byte pairs (lane q: columns 8j + 2q, 8j + 2q + 1). Transposed
-    // across the quad, four groups j at a time, lane q gets the 16 contiguous bytes of group
-    // 4a + q: a quarter of the store instructions, each writing whole 16-byte pieces.
-    uint32_t pieces[Cfg::kHeadDim / 32][4];
-#pragma unroll
-    for (int a = 0; a < Cfg::kHeadDim / 32; ++a) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int j = 4 * a + k;
-        pieces[a][k] = ptx::pack_pair<typename Cfg::OutElement>(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
-      }
-      quad_transpose(pieces[a], f.quad);
-    }
-    if (row >= params.seqlen_q) continue;  // after the shuffles, which need the whole warp
-    uint4* out_row = reinterpret_cast<uint4*>(static_cast<uint16_t*>(params.out) + batch * params.out_stride_batch +
-                                              row * params.out_stride_row + head * params.out_stride_head);
-#pragma unroll
-    for (int a = 0; a < Cfg::kHeadDim / 32; ++a)  // group 4a + q: columns 8 (4a + q) ... + 7
-      out_row[4 * a + f.quad] = make_uint4(pieces[a][0], pieces[a][1], pieces[a][2], pieces[a][3]);
-    if (params.lse != nullptr && f.quad == 0)
+    Out* out_row = row < params.seqlen_q ? static_cast<Out*>(params.out) + batch * params.out_stride_batch +
+                                               row * params.out_stride_row + head * params.out_stride_head
+                                         : nullptr;
+    store_accumulator_row<Out, Cfg::kHeadDim>(o, r, f.quad, out_row);
+    if (params.lse != nullptr && f.quad == 0 && out_row != nullptr)
       params.lse[batch * params.lse_stride_batch + head * params.lse_stride_head +
                  row * params.lse_stride_row] = lse[r];
   }

@@ -20,16 +20,23 @@ __global__ void fill_no_key_rows_kernel(uint16_t* out, int64_t rows, int heads, 
   }
 }
 
-void fill_no_key_rows(const ForwardProblem& p, const TensorView& out,
-                      const std::optional<TensorView>& lse, cudaStream_t stream) {
-  const int64_t rows = p.batch * p.seqlen_q * p.heads_q;
+static void fill_rows(const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream) {
+  const int64_t rows = out.shape[0] * out.shape[1] * out.shape[2];
+  if (rows == 0) return;
   const int blocks = static_cast<int>(std::min<int64_t>((rows + 255) / 256, 65536));
   fill_no_key_rows_kernel<<<blocks, 256, 0, stream>>>(
-      static_cast<uint16_t*>(out.data), rows, static_cast<int>(p.heads_q),
-      static_cast<int>(p.seqlen_q), static_cast<int>(p.head_dim), out.stride[0], out.stride[1],
-      out.stride[2], lse ? static_cast<float*>(lse->data) : nullptr, lse ? lse->stride[0] : 0,
-      lse ? lse->stride[1] : 0, lse ? lse->stride[2] : 0);
+      static_cast<uint16_t*>(out.data), rows, static_cast<int>(out.shape[2]), static_cast<int>(out.shape[1]),
+      static_cast<int>(out.shape[3]), out.stride[0], out.stride[1], out.stride[2],
+      lse ? static_cast<float*>(lse->data) : nullptr, lse ? lse->stride[0] : 0, lse ? lse->stride[1] : 0,
+      lse ? lse->stride[2] : 0);
   check_cuda(cudaGetLastError(), "fill_no_key_rows_kernel: launch failed");
 }
+
+void fill_no_key_rows(const ForwardProblem&, const TensorView& out, const std::optional<TensorView>& lse,
+                      cudaStream_t stream) {
+  fill_rows(out, lse, stream);
+}
+
+void zero_rows(const TensorView& t, cudaStream_t stream) { fill_rows(t, std::nullopt, stream); }
 
 }  // namespace warpattn::detail

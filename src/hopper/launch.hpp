@@ -20,4 +20,8 @@ void launch_forward_fp8_sm90(const ForwardProblem& p, const Fp8Operands& fp8, co
 void fill_no_key_rows(const ForwardProblem& p, const TensorView& out,
                       const std::optional<TensorView>& lse, cudaStream_t stream);
 
+// Writes +0 to every element of a (B, S, H, D) 16-bit tensor (the backward's dK and dV when
+// there is no query row).
+void zero_rows(const TensorView& t, cudaStream_t stream);
+
 }  // namespace warpattn::detail

@@ -7,24 +7,12 @@
 #include "hopper/ptx/tma.cuh"
 #include "hopper/forward_params.hpp"
 #include "hopper/kv_tiles.hpp"
+#include "hopper/ring_slot.cuh"
 #include "hopper/tile_order.hpp"
 #include "hopper/shared_storage.cuh"
 #include "hopper/tile_scheduler.cuh"
 
 namespace warpattn::detail {
-
-struct RingSlot {
-  int stage;
-  uint32_t phase;
-};
-
-// Tile ordinal `it` (>= 0) of a kernel's life maps to ring stage it % S, and the barrier phase
-// flips every time the stage index wraps. Unsigned: no sign fix-ups around the division.
-template <int kStages>
-__device__ __forceinline__ RingSlot ring_slot(int it) {
-  const uint32_t u = static_cast<uint32_t>(it);
-  return {static_cast<int>(u % kStages), (u / kStages) & 1u};
-}
 
 // kKeysInner: the tensor is FP8's Vᵀ, keys innermost (its map is {keys, head_dim, 1, heads,
 // batch}); otherwise a (batch, seqlen, heads, head_dim) panel map.

@@ -41,6 +41,29 @@ __device__ __forceinline__ void tma_store_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 }
 
+// Non-tensor bulk copies (cp.async.bulk): `bytes` contiguous bytes, a multiple of 16, both
+// addresses 16-byte aligned. A load completes on an mbarrier like a tile load.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
+// dst[i] += src[i] for `bytes` / 4 floats, element-wise atomic in L2 (a bulk group: commit and
+// wait as for tile stores).
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+}
+
+// Waits until this thread's committed bulk groups have completed, their writes to global
+// memory included (wait_group.read only waits for the shared-memory reads).
+__device__ __forceinline__ void bulk_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
 // Orders this thread's ordinary shared-memory writes before later async-proxy reads
 // (TMA store, wgmma).
 __device__ __forceinline__ void fence_proxy_async_shared() {

@@ -1,0 +1,44 @@
+// Compile-time shape of one backward kernel instantiation.
+//
+// A CTA owns one key block of kBlockN = 128 keys of one (batch, KV head): K and V stay in
+// shared memory, dK and dV in registers, while it walks the query blocks of every query head
+// of the KV head's group (GQA folded into the tile: dK and dV need no reduction across CTAs).
+// Two consumer warpgroups own 64 keys each; S and dP are computed transposed (keys on the
+// wgmma M axis: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ), so their accumulators, Pᵀ and dSᵀ, are already the A
+// operands of dV += Pᵀ·dO and dK += dSᵀ·Q. dQ = dS·K reads dS from shared memory.
+#pragma once
+#include <cstdint>
+
+namespace warpattn::detail {
+
+template <class Element_, int kHeadDim_, bool kCausal_, bool kDeterministic_>
+struct BackwardConfig {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kCausal = kCausal_;
+  static constexpr bool kDeterministic = kDeterministic_;
+  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  static constexpr int kBlockN = 64 * kConsumerWarpgroups;  // keys per CTA
+  // Query rows per step. dQ's tile (kBlockM x d) is split over the two consumers by 64-column
+  // chunks: at d = 128 one chunk each (kBlockM = 64, the same 64 queries); at d = 64 the
+  // whole row width, so each takes 64 of kBlockM = 128 queries.
+  static constexpr int kBlockM = kHeadDim == 64 ? 128 : 64;
+  static constexpr int kDqChunk = 64;  // dQ columns per consumer's GEMM
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "d = 256 has no backward configuration yet");
+  static_assert(kBlockM / 64 * kHeadDim / kDqChunk == kConsumerWarpgroups, "each consumer owns one dQ piece");
+  static constexpr int kStages = 2;  // Q (+ LSE) and dO (+ D) buffers
+  static constexpr int kPanels = kHeadDim / 64;  // 128-byte panels per row
+  static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKTileBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kDsTileBytes = kBlockN * kBlockM * 2;  // dS as [key][query], 64-query panels
+  static constexpr int kDqPieceFloats = 64 * kDqChunk;       // one consumer's dQ piece
+  // setmaxnreg: 24 + 2 x 240 = 504 per 128 threads, within the launch's 384 x 168.
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+  static_assert(128 * (kProducerRegisters + kConsumerWarpgroups * kConsumerRegisters) <= kThreads * kLaunchRegisters,
+                "setmaxnreg.inc would wait forever");
+};
+
+}  // namespace warpattn::detail

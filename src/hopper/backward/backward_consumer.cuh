@@ -1,0 +1,276 @@
+// A consumer warpgroup of the backward: 64 keys of the CTA's key block, dK and dV for them in
+// registers, against every step's query block (FlashAttention-3's backward, section 3 and
+// appendix B of its paper; the GEMM forms are docs/backward-design.md's):
+//   Sᵀ  = K·Qᵀ, dPᵀ = V·dOᵀ          SS, keys on the M axis, both issued at once
+//   Pᵀ  = exp2(Sᵀ·scale·log2e − LSE)  masked where the step needs it
+//   dSᵀ = Pᵀ ∘ (dPᵀ − D)
+//   dV += Pᵀ·dO, dK += dSᵀ·Q         RS: the accumulators, packed to 16 bits, are the A operands
+//   dQ  = dS·K                        SS from shared memory: dSᵀ stored [key][query] is dS read
+//                                     MN-major; each consumer makes one 64-column piece
+//   dQ piece added to the fp32 accumulator in global memory with one bulk reduce
+#pragma once
+
+#include "hopper/backward/backward_params.hpp"
+#include "hopper/backward/backward_shared_storage.cuh"
+#include "hopper/backward/dq_accum.cuh"
+#include "hopper/backward/key_block_work.hpp"
+#include "hopper/consumer_gemms.cuh"
+#include "hopper/epilogue.cuh"
+#include "hopper/fragment.cuh"
+#include "hopper/kv_tiles.hpp"
+#include "hopper/ptx/math.cuh"
+#include "hopper/ptx/mbarrier.cuh"
+#include "hopper/ptx/memory_order.cuh"
+#include "hopper/ptx/tma.cuh"
+#include "hopper/ptx/warpgroup.cuh"
+#include "hopper/ptx/wgmma_ops.cuh"
+#include "hopper/ring_slot.cuh"
+
+namespace warpattn::detail {
+
+// acc (64 x kRows) = A·Bᵀ over the head dim, A = 64 rows at `a` of a tile with kARows rows
+// per panel, B = the kRows rows of the tile at `b`; both K-major (the TMA layout of Q, K, V, dO).
+template <class Element, int kPanels, int kARows, int kRows>
+__device__ __forceinline__ void issue_rows_gemm(float (&acc)[kRows / 2], uint32_t a, uint32_t b) {
+  using Mma = ptx::WgmmaSS<Element, kRows>;
+  const uint64_t ad = kmajor_desc<128>(a), bd = kmajor_desc<128>(b);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int p = 0; p < kPanels; ++p)
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)  // k16 steps of 32 bytes in a 128-byte panel row
+      Mma::mma(acc, advance(ad, p * kARows * 128 + kk * 32), advance(bd, p * kRows * 128 + kk * 32), p > 0 || kk > 0);
+}
+
+// acc (64 x kCols) += A·B, A in registers (kSteps k16 steps), B = kSteps·16 rows of a tile
+// read MN-major (kCols columns in 128-byte panels kPanelStride bytes apart).
+template <class Element, int kCols, int kSteps, int kPanelStride>
+__device__ __forceinline__ void issue_register_gemm(float (&acc)[kCols / 2], const uint32_t (&a)[kSteps][4],
+                                                    uint32_t b) {
+  using Mma = ptx::WgmmaRS<Element, kCols>;
+  const uint64_t bd = ptx::make_smem_desc(b, kPanelStride, 1024, 128);
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) Mma::mma(acc, a[kk], advance(bd, kk * 16 * 128), 1);
+}
+
+// An m64nN f32 accumulator packed to 16 bits as the A operand of a k16 GEMM over its columns:
+// for columns 16kk .. 16kk + 15 the registers acc[8kk .. 8kk + 7] already sit where the A
+// fragment wants them.
+template <class Element, int kCols>
+__device__ __forceinline__ void accumulator_to_operand(const float (&acc)[kCols / 2], uint32_t (&op)[kCols / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kCols / 16; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) op[kk][i] = ptx::pack_pair<Element>(acc[8 * kk + 2 * i], acc[8 * kk + 2 * i + 1]);
+}
+
+template <class Cfg>
+struct BackwardConsumer {
+  using Element = typename Cfg::Element;
+  static constexpr int kM = Cfg::kBlockM, kN = Cfg::kBlockN, kD = Cfg::kHeadDim;
+
+  BackwardSharedStorage<Cfg>& ss;
+  const BackwardParams& p;
+  const KeyBlockWork& work;
+  const int warpgroup;
+  const FragmentCoords f;
+  const int key0;  // this warpgroup's first key
+
+  __device__ __forceinline__ BackwardConsumer(BackwardSharedStorage<Cfg>& ss_, const BackwardParams& p_,
+                                              const KeyBlockWork& work_, int warpgroup_)
+      : ss(ss_),
+        p(p_),
+        work(work_),
+        warpgroup(warpgroup_),
+        f(threadIdx.x % 128),
+        key0(work_.n_block * kN + 64 * warpgroup_) {}
+
+  // Pᵀ from Sᵀ in place. Query rows past seqlen_q have LSE_log2 = +inf (P = 0 by itself); keys
+  // past seqlen_k (zero-filled by TMA) and above the causal diagonal are masked.
+  __device__ __forceinline__ void probabilities(float (&s)[kM / 2], int stage, int q0) const {
+    const float* lse = ss.lse_log2[stage];
+#pragma unroll
+    for (int j = 0; j < kM / 8; ++j) {
+      const float2 l = *reinterpret_cast<const float2*>(lse + f.col(j, 0));
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        s[4 * j + 2 * r] = ptx::exp2_approx(fmaf(s[4 * j + 2 * r], p.scale_log2, -l.x));
+        s[4 * j + 2 * r + 1] = ptx::exp2_approx(fmaf(s[4 * j + 2 * r + 1], p.scale_log2, -l.y));
+      }
+    }
+    if (!kv_tile_needs_mask(work.n_block, kN, q0, p.seqlen_q, p.seqlen_k, Cfg::kCausal)) return;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = key0 + f.row(r);
+#pragma unroll
+      for (int j = 0; j < kM / 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int query = q0 + f.col(j, c);
+          const bool hidden = key >= p.seqlen_k || (Cfg::kCausal && key > query + p.seqlen_k - p.seqlen_q);
+          if (hidden) s[4 * j + 2 * r + c] = 0.f;
+        }
+    }
+  }
+
+  // dSᵀ = Pᵀ ∘ (dPᵀ − D), in dp's registers.
+  __device__ __forceinline__ void score_gradients(const float (&s)[kM / 2], float (&dp)[kM / 2], int stage) const {
+    const float* row_d = ss.row_d[stage];
+#pragma unroll
+    for (int j = 0; j < kM / 8; ++j) {
+      const float2 d = *reinterpret_cast<const float2*>(row_d + f.col(j, 0));
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        dp[4 * j + 2 * r] = s[4 * j + 2 * r] * (dp[4 * j + 2 * r] - d.x);
+        dp[4 * j + 2 * r + 1] = s[4 * j + 2 * r + 1] * (dp[4 * j + 2 * r + 1] - d.y);
+      }
+    }
+  }
+
+  // dSᵀ's 16-bit pairs into buffer `buf` as [key][query] rows of 128 bytes (64-query panels
+  // kN x 128 bytes apart), 128B-swizzled: 16-byte chunk c of key row k at chunk c ^ (k % 8). A
+  // warp's 32 stores hit 32 different banks.
+  __device__ __forceinline__ void write_ds(const uint32_t (&ds)[kM / 16][4], int buf) const {
+    uint8_t* base = ss.ds[buf];
+#pragma unroll
+    for (int kk = 0; kk < kM / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int key = 64 * warpgroup + f.row(i % 2);
+        const int j = 2 * kk + i / 2;  // 8-query group
+        const int chunk = (j % 8) ^ (key % 8);
+        *reinterpret_cast<uint32_t*>(base + (j / 8) * kN * 128 + key * 128 + chunk * 16 + f.quad * 4) = ds[kk][i];
+      }
+  }
+
+  // dQ piece = dS·K for this warpgroup's piece: at kM = 64 columns 64·warpgroup.. of all 64
+  // queries (A the whole dS buffer, B K's panel), at kM = 128 all 64 columns for queries
+  // 64·warpgroup.. (A that dS panel, B K's only panel).
+  __device__ __forceinline__ void issue_dq_gemm(float (&dq)[32], int buf) const {
+    using Mma = ptx::WgmmaSSTransposed<Element, 64>;
+    const uint32_t a = ptx::smem_addr(ss.ds[buf]) + (kM == 128 ? warpgroup * kN * 128 : 0);
+    const uint32_t b = ptx::smem_addr(ss.k) + (kM == 64 ? warpgroup * kN * 128 : 0);
+    const uint64_t ad = ptx::make_smem_desc(a, kN * 128, 1024, 128);
+    const uint64_t bd = ptx::make_smem_desc(b, kN * 128, 1024, 128);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk)  // 16 keys = 16 rows of 128 bytes in both
+      Mma::mma(dq, advance(ad, kk * 16 * 128), advance(bd, kk * 16 * 128), kk > 0);
+  }
+
+  // Adds the dQ piece to the accumulator in global memory: through this warpgroup's piece
+  // buffer (dq_accum.cuh's order) and one bulk reduce issued by its first thread. In the
+  // deterministic mode the key blocks take turns per 64-row block, in ascending order (every
+  // key block before n also covers a query block that n covers: query_block_range's begin
+  // only grows with n), each waiting until the previous one's adds have landed.
+  __device__ __forceinline__ void add_dq_piece(const float (&dq)[32], int head, int m_block) const {
+    using namespace ptx;
+    const int t = threadIdx.x % 128;
+    const int row_block = m_block * kM / 64 + (kM == 128 ? warpgroup : 0);
+    const int piece_index = kM == 64 ? warpgroup : 0;
+    const int bar = BackwardBarrier::kDqPiece0 + warpgroup;
+    float* piece = ss.dq_piece[warpgroup];
+    if (t == 0) tma_store_wait_read();  // the previous reduce has read the buffer
+    named_barrier_sync(bar, 128);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      reinterpret_cast<float4*>(piece)[DqAccumLayout::fragment_offset(j, t) / 4] =
+          make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+    fence_proxy_async_shared();
+    named_barrier_sync(bar, 128);
+    if (t != 0) return;
+    float* dst = p.dq_accum + DqAccumLayout::piece_offset(p, work.batch, head, row_block, piece_index, kD);
+    int* turn = nullptr;
+    if constexpr (Cfg::kDeterministic) {
+      turn = p.turns + ((static_cast<int64_t>(work.batch) * p.heads_q + head) * p.rows) / 64 + row_block;
+      const int mine = work.n_block * (kD / 64);  // each key block adds kD / 64 pieces to a row block
+      while (load_acquire_gpu(turn) < mine) {
+      }
+      fence_proxy_async_global();
+    }
+    bulk_reduce_add_f32(dst, smem_addr(piece), DqAccumLayout::kPieceFloats * 4);
+    tma_store_commit();
+    if constexpr (Cfg::kDeterministic) {
+      bulk_wait_all();  // landed in global memory, not just read from shared memory
+      fence_proxy_async_global();
+      add_release_gpu(turn, 1);
+    }
+  }
+
+  __device__ __forceinline__ void run() const {
+    using namespace ptx;
+    float dk[kD / 2], dv[kD / 2];
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.f;
+    const uint32_t k_rows = smem_addr(ss.k) + warpgroup * 64 * 128;
+    const uint32_t v_rows = smem_addr(ss.v) + warpgroup * 64 * 128;
+    if (work.steps() > 0) mbarrier_wait(smem_addr(&ss.kv_full), 0);
+    for (int step = 0; step < work.steps(); ++step) {
+      const RingSlot slot = ring_slot<Cfg::kStages>(step);
+      const int head = work.head(step), m_block = work.m_block(step);
+      const int buf = step % 2;
+      float s[kM / 2], dp[kM / 2];
+      mbarrier_wait(smem_addr(&ss.q_full[slot.stage]), slot.phase);
+      issue_rows_gemm<Element, Cfg::kPanels, kN, kM>(s, k_rows, smem_addr(ss.q[slot.stage]));
+      wgmma_commit();
+      mbarrier_wait(smem_addr(&ss.do_full[slot.stage]), slot.phase);
+      issue_rows_gemm<Element, Cfg::kPanels, kN, kM>(dp, v_rows, smem_addr(ss.dout[slot.stage]));
+      wgmma_commit();
+      wgmma_wait<1>();
+      pin(s);
+      probabilities(s, slot.stage, m_block * kM);
+      wgmma_wait<0>();
+      pin(dp);
+      score_gradients(s, dp, slot.stage);
+      uint32_t pt[kM / 16][4], dst[kM / 16][4];
+      accumulator_to_operand<Element, kM>(s, pt);
+      accumulator_to_operand<Element, kM>(dp, dst);
+      // dSᵀ to shared memory before the register GEMMs read dst (registers an in-flight wgmma
+      // reads must not be touched until it completes).
+      write_ds(dst, buf);
+      fence_proxy_async_shared();
+      pin(dv);
+      pin(dk);
+      pin(pt);
+      pin(dst);
+      wgmma_fence();
+      issue_register_gemm<Element, kD, kM / 16, kM * 128>(dv, pt, smem_addr(ss.dout[slot.stage]));
+      issue_register_gemm<Element, kD, kM / 16, kM * 128>(dk, dst, smem_addr(ss.q[slot.stage]));
+      wgmma_commit();
+      named_barrier_sync(BackwardBarrier::kDsWritten, 256);
+      float dq[32];
+      issue_dq_gemm(dq, buf);
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin(dv);
+      pin(dk);
+      pin(dq);
+      pin(pt);
+      pin(dst);
+      if (threadIdx.x % 128 == 0) {
+        mbarrier_arrive(smem_addr(&ss.q_empty[slot.stage]));
+        mbarrier_arrive(smem_addr(&ss.do_empty[slot.stage]));
+      }
+      add_dq_piece(dq, head, m_block);
+    }
+    if (threadIdx.x % 128 == 0) bulk_wait_all();
+    store(dk, dv);
+  }
+
+  // dK (times the softmax scale: dK = scale · dSᵀ·Q) and dV for the keys before seqlen_k.
+  __device__ __forceinline__ void store(float (&dk)[kD / 2], const float (&dv)[kD / 2]) const {
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) dk[i] *= p.softmax_scale;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = key0 + f.row(r);
+      const bool inside = key < p.seqlen_k;
+      store_accumulator_row<Element, kD>(dk, r, f.quad,
+                                         inside ? p.dk.row<Element>(work.batch, key, work.head_kv) : nullptr);
+      store_accumulator_row<Element, kD>(dv, r, f.quad,
+                                         inside ? p.dv.row<Element>(work.batch, key, work.head_kv) : nullptr);
+    }
+  }
+};
+
+}  // namespace warpattn::detail

@@ -1,0 +1,50 @@
+// The backward's producer: one thread loads K and V once, then for every step Q with its rows'
+// LSE_log2 and dO with their D (1-D bulk copies of the preprocess's row terms on the same
+// mbarriers), through a two-stage ring, in the consumers' order.
+#pragma once
+#include <cuda.h>
+
+#include "hopper/backward/backward_params.hpp"
+#include "hopper/backward/backward_shared_storage.cuh"
+#include "hopper/backward/key_block_work.hpp"
+#include "hopper/ptx/mbarrier.cuh"
+#include "hopper/ptx/tma.cuh"
+#include "hopper/ring_slot.cuh"
+
+namespace warpattn::detail {
+
+template <class Cfg>
+__device__ __forceinline__ void load_query_tile(const CUtensorMap* map, uint8_t* tile, const float* row_terms,
+                                                float* row_terms_smem, uint64_t* full, uint64_t* empty, RingSlot slot,
+                                                int m_block, int head, int batch) {
+  using namespace ptx;
+  mbarrier_wait(smem_addr(empty), slot.phase ^ 1);  // a fresh barrier's preceding phase counts as complete
+  const uint32_t bar = smem_addr(full);
+  mbarrier_arrive_expect_tx(bar, Cfg::kQTileBytes + Cfg::kBlockM * 4);
+  tma_load_5d(smem_addr(tile), map, bar, 0, m_block * Cfg::kBlockM, 0, head, batch);
+  bulk_load(smem_addr(row_terms_smem), row_terms, Cfg::kBlockM * 4, bar);
+}
+
+template <class Cfg>
+__device__ __forceinline__ void run_backward_producer(BackwardSharedStorage<Cfg>& ss, const CUtensorMap* tm_q,
+                                                      const CUtensorMap* tm_k, const CUtensorMap* tm_v,
+                                                      const CUtensorMap* tm_do, const BackwardParams& p,
+                                                      const KeyBlockWork& work) {
+  using namespace ptx;
+  if (work.steps() == 0) return;
+  const uint32_t kv_bar = smem_addr(&ss.kv_full);
+  mbarrier_arrive_expect_tx(kv_bar, 2 * Cfg::kKTileBytes);
+  tma_load_5d(smem_addr(ss.k), tm_k, kv_bar, 0, work.n_block * Cfg::kBlockN, 0, work.head_kv, work.batch);
+  tma_load_5d(smem_addr(ss.v), tm_v, kv_bar, 0, work.n_block * Cfg::kBlockN, 0, work.head_kv, work.batch);
+  for (int step = 0; step < work.steps(); ++step) {
+    const RingSlot slot = ring_slot<Cfg::kStages>(step);
+    const int head = work.head(step), m_block = work.m_block(step);
+    const int64_t first_row = (static_cast<int64_t>(work.batch) * p.heads_q + head) * p.rows + m_block * Cfg::kBlockM;
+    load_query_tile<Cfg>(tm_q, ss.q[slot.stage], p.lse_log2 + first_row, ss.lse_log2[slot.stage],
+                         &ss.q_full[slot.stage], &ss.q_empty[slot.stage], slot, m_block, head, work.batch);
+    load_query_tile<Cfg>(tm_do, ss.dout[slot.stage], p.row_d + first_row, ss.row_d[slot.stage],
+                         &ss.do_full[slot.stage], &ss.do_empty[slot.stage], slot, m_block, head, work.batch);
+  }
+}
+
+}  // namespace warpattn::detail

@@ -1,0 +1,33 @@
+// Shared memory of the backward's main kernel. K and V once per CTA; Q (+ its rows' LSE) and
+// dO (+ D) in a ring; dS in two buffers (the next step's dS is written while the dQ GEMMs of
+// this one may still read); one dQ piece per consumer for the bulk reduce. Tiles are stacks of
+// 128-byte panels, 128B-swizzled and 1024-byte aligned (see ../shared_storage.cuh).
+#pragma once
+#include <cstdint>
+
+namespace warpattn::detail {
+
+template <class Cfg>
+struct BackwardSharedStorage {
+  alignas(1024) uint8_t k[Cfg::kKTileBytes];
+  alignas(1024) uint8_t v[Cfg::kKTileBytes];
+  alignas(1024) uint8_t q[Cfg::kStages][Cfg::kQTileBytes];
+  alignas(1024) uint8_t dout[Cfg::kStages][Cfg::kQTileBytes];
+  alignas(1024) uint8_t ds[2][Cfg::kDsTileBytes];
+  alignas(1024) float dq_piece[Cfg::kConsumerWarpgroups][Cfg::kDqPieceFloats];
+  alignas(16) float lse_log2[Cfg::kStages][Cfg::kBlockM];
+  alignas(16) float row_d[Cfg::kStages][Cfg::kBlockM];
+  alignas(8) uint64_t kv_full;
+  uint64_t q_full[Cfg::kStages];
+  uint64_t q_empty[Cfg::kStages];  // both consumers' dK GEMM (Q's last reader) has completed
+  uint64_t do_full[Cfg::kStages];
+  uint64_t do_empty[Cfg::kStages];  // both consumers' dV GEMM (dO's last reader) has completed
+};
+
+// Named barriers of the backward (0 is __syncthreads).
+struct BackwardBarrier {
+  static constexpr int kDsWritten = 1;  // both consumers' dS halves are in shared memory (256)
+  static constexpr int kDqPiece0 = 2;   // consumer i's dQ piece buffer (128): kDqPiece0 + i
+};
+
+}  // namespace warpattn::detail

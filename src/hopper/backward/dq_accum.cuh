@@ -1,0 +1,57 @@
+// dQ's fp32 accumulator in the workspace, and the kernel that turns it into dQ.
+//
+// Layout: per (batch, query head), `rows` x head_dim floats in blocks of 64 rows; a block is
+// head_dim / 64 pieces of 64 x 64 floats, piece c holding columns 64c .. 64c + 63 in the order
+// an m64n64 wgmma accumulator sits in a warpgroup's registers: thread t's d[4j .. 4j + 3] at
+// floats 4 (128 j + t) .. + 3. A consumer warpgroup stores its piece to shared memory in that
+// order (one 16-byte store per j, consecutive threads at consecutive addresses: no bank
+// conflict), and one bulk reduce adds the 16 KB to the piece in global memory.
+#pragma once
+#include <cstdint>
+
+#include "hopper/backward/backward_params.hpp"
+#include "hopper/fragment.cuh"
+#include "hopper/ptx/math.cuh"
+
+namespace warpattn::detail {
+
+struct DqAccumLayout {
+  static constexpr int kPieceFloats = 64 * 64;
+  // First float of piece `piece` of the 64-row block `row_block` of (batch, head).
+  __device__ __forceinline__ static int64_t piece_offset(const BackwardParams& p, int batch, int head,
+                                                         int row_block, int piece, int head_dim) {
+    return ((static_cast<int64_t>(batch) * p.heads_q + head) * p.rows + row_block * 64) * head_dim +
+           piece * kPieceFloats;
+  }
+  // Where thread t's registers d[4j .. 4j + 3] go within a piece.
+  __device__ __forceinline__ static int fragment_offset(int j, int thread) { return 4 * (128 * j + thread); }
+};
+
+// dQ = softmax_scale x the accumulator, in dQ's dtype, for one 64-row block of one (batch, head):
+// grid (rows / 64, heads_q, batch), 256 threads; each thread converts 16-byte groups (a
+// thread's d[4j .. 4j + 3]: rows g and g + 8, two columns each).
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(256) convert_dq_kernel(const __grid_constant__ BackwardParams p) {
+  const int row_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  const float4* block = reinterpret_cast<const float4*>(
+      p.dq_accum + DqAccumLayout::piece_offset(p, batch, head, row_block, 0, kHeadDim));
+  constexpr int kGroups = 64 * kHeadDim / 4;
+  for (int e = threadIdx.x; e < kGroups; e += blockDim.x) {
+    const int piece = e / (DqAccumLayout::kPieceFloats / 4);
+    const int in_piece = e % (DqAccumLayout::kPieceFloats / 4);
+    const int j = in_piece / 128;
+    const FragmentCoords f(in_piece % 128);
+    const float4 v = block[e];
+    const int col = 64 * piece + f.col(j, 0);
+    const float pair[2][2] = {{v.x, v.y}, {v.z, v.w}};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = 64 * row_block + f.row(r);
+      if (row >= p.seqlen_q) continue;
+      *reinterpret_cast<uint32_t*>(p.dq.row<Element>(batch, row, head) + col) =
+          ptx::pack_pair<Element>(pair[r][0] * p.softmax_scale, pair[r][1] * p.softmax_scale);
+    }
+  }
+}
+
+}  // namespace warpattn::detail

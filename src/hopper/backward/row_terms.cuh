@@ -1,0 +1,58 @@
+// The backward's preprocess: per query row, the terms every key block needs, and the zeroed dQ
+// accumulator.
+//   D = rowsum(dO ∘ O)   (dS = P ∘ (dP − D): D is the softmax's part of each row's gradient)
+//   LSE · log2(e)        so that P = exp2(S · scale · log2(e) − LSE_log2), one FFMA + EX2;
+//                        +inf for a row without keys (forward LSE −inf) and for padding rows
+//                        past seqlen_q, which makes P exactly 0 there without a mask
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "hopper/backward/backward_params.hpp"
+#include "hopper/ptx/math.cuh"
+
+namespace warpattn::detail {
+
+// Grid (rows / 64, heads_q, batch), 256 threads: one 64-row block of one (batch, head).
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(256) backward_row_terms_kernel(const __grid_constant__ BackwardParams p) {
+  const int row_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  const int64_t first = (static_cast<int64_t>(batch) * p.heads_q + head) * p.rows + row_block * 64;
+  // D: kLanes threads per row, 8 elements (16 bytes) each, summed with shuffles.
+  constexpr int kLanes = kHeadDim / 8;
+  static_assert(kLanes <= 32 && 256 % kLanes == 0, "a row's lanes sit in one warp");
+  constexpr int kRowsPerPass = 256 / kLanes;
+  const int lane = threadIdx.x % kLanes;
+  for (int r0 = 0; r0 < 64; r0 += kRowsPerPass) {
+    const int r = r0 + threadIdx.x / kLanes;
+    const int row = row_block * 64 + r;
+    float sum = 0.f;
+    if (row < p.seqlen_q) {
+      const uint4 a = reinterpret_cast<const uint4*>(p.dout.row<const Element>(batch, row, head))[lane];
+      const uint4 b = reinterpret_cast<const uint4*>(p.out.row<const Element>(batch, row, head))[lane];
+      const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 x = ptx::unpack_pair<Element>(aw[i]), y = ptx::unpack_pair<Element>(bw[i]);
+        sum = fmaf(x.x, y.x, fmaf(x.y, y.y, sum));
+      }
+    }
+#pragma unroll
+    for (int o = kLanes / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) p.row_d[first + r] = sum;
+  }
+  if (threadIdx.x < 64) {
+    const int row = row_block * 64 + threadIdx.x;
+    float l = INFINITY;
+    if (row < p.seqlen_q) {
+      const float lse = p.lse[batch * p.lse_stride_batch + head * p.lse_stride_head + row * p.lse_stride_row];
+      l = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+    }
+    p.lse_log2[first + threadIdx.x] = l;
+  }
+  float4* acc = reinterpret_cast<float4*>(p.dq_accum + first * kHeadDim);
+  for (int e = threadIdx.x; e < 64 * kHeadDim / 4; e += blockDim.x) acc[e] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (p.turns != nullptr && threadIdx.x == 0) p.turns[first / 64] = 0;
+}
+
+}  // namespace warpattn::detail

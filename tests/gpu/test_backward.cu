@@ -1,0 +1,210 @@
+// GPU tests of warpattn::backward against the fp64 reference backward, on fresh random data:
+// the forward runs first (its out and lse are the backward's inputs, as in training), dq, dk
+// and dv are poisoned (NaN) before every run, and padded strides check that nothing outside
+// the views is written. Skips with the reason where no sm_90 GPU exists.
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <optional>
+
+#include "gpu_test_support.cuh"
+#include "reference/reference.hpp"
+
+using gpu_test::DeviceBuffer;
+using gpu_test::DeviceTensor;
+using warpattn::DType;
+
+namespace {
+
+struct Case {
+  DType dtype = DType::bf16;
+  int head_dim = 128;
+  bool causal = false;
+  int64_t batch = 1, seqlen_q = 256, seqlen_k = 256, heads_q = 2, heads_kv = 2;
+  bool padded = false;
+  bool deterministic = false;
+  std::optional<float> softmax_scale;
+};
+
+std::string describe(const Case& c) {
+  char buf[220];
+  snprintf(buf, sizeof buf, "%s d=%d %s B=%lld Sq=%lld Sk=%lld Hq=%lld Hkv=%lld%s%s", 
+           c.dtype == DType::bf16 ? "bf16" : "fp16", c.head_dim, c.causal ? "causal" : "full", (long long)c.batch,
+           (long long)c.seqlen_q, (long long)c.seqlen_k, (long long)c.heads_q, (long long)c.heads_kv,
+           c.padded ? " strided" : "", c.deterministic ? " deterministic" : "");
+  return buf;
+}
+
+// Everything one run leaves behind: the inputs as the GPU saw them and the three gradients.
+struct Run {
+  std::vector<float> q, k, v, dout;
+  std::vector<uint16_t> dq, dk, dv;  // raw allocations (views inside)
+  int64_t written_outside = 0;
+};
+
+struct Tensors {
+  DeviceTensor q, k, v, out, dout, dq, dk, dv;
+  DeviceBuffer lse;
+  explicit Tensors(const Case& c)
+      : q(c.dtype, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.padded),
+        k(c.dtype, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.padded),
+        v(c.dtype, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.padded),
+        out(c.dtype, c.batch, c.seqlen_q, c.heads_q, c.head_dim, false),
+        dout(c.dtype, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.padded),
+        dq(c.dtype, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.padded),
+        dk(c.dtype, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.padded),
+        dv(c.dtype, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.padded),
+        lse(static_cast<size_t>(c.batch * c.heads_q * c.seqlen_q) * 4) {}
+  warpattn::TensorView lse_view(const Case& c) {
+    return gpu_test::contiguous(lse.mem, DType::f32, {c.batch, c.heads_q, c.seqlen_q});
+  }
+};
+
+// Forward, then backward, on the given inputs (fresh when seed is set).
+void run_backward(const Case& c, Tensors& t, std::optional<uint64_t> seed) {
+  if (seed) {
+    t.q.fill_normal(*seed);
+    t.k.fill_normal(*seed + 1);
+    t.v.fill_normal(*seed + 2);
+    t.dout.fill_normal(*seed + 3);
+  }
+  warpattn::ForwardOptions fo;
+  fo.causal = c.causal;
+  fo.softmax_scale = c.softmax_scale;
+  warpattn::forward(t.q.view, t.k.view, t.v.view, t.out.view, t.lse_view(c), fo);
+  t.dq.poison();
+  t.dk.poison();
+  t.dv.poison();
+  warpattn::BackwardOptions bo;
+  bo.causal = c.causal;
+  bo.softmax_scale = c.softmax_scale;
+  bo.deterministic = c.deterministic;
+  warpattn::backward(t.dout.view, t.q.view, t.k.view, t.v.view, t.out.view, t.lse_view(c), t.dq.view, t.dk.view,
+                     t.dv.view, bo);
+}
+
+struct GradientError {
+  double rel_l2;
+  int64_t nan;
+};
+
+GradientError compare(const DeviceTensor& t, const std::vector<uint16_t>& raw, const std::vector<double>& want) {
+  const std::vector<float> got = t.logical(raw);
+  const warpattn::reference::ErrorStats e = warpattn::reference::compare(got.data(), want.data(), got.size());
+  return {e.rel_l2, e.nan_count};
+}
+
+// Relative L2 bounds per gradient. Provisional (session 9): measured errors are printed; the
+// error model of issue 14 replaces these.
+double bound(const Case& c) { return c.dtype == DType::bf16 ? 2e-2 : 4e-3; }
+
+void check_case(const Case& c) {
+  const uint64_t seed = gpu_test::fresh_seed();
+  Tensors t(c);
+  run_backward(c, t, seed);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto dq_raw = t.dq.raw(), dk_raw = t.dk.raw(), dv_raw = t.dv.raw();
+  const std::vector<float> q = t.q.logical(t.q.raw()), k = t.k.logical(t.k.raw()), v = t.v.logical(t.v.raw()),
+                           dout = t.dout.logical(t.dout.raw());
+  warpattn::reference::AttentionShape s;
+  s.batch = c.batch;
+  s.seqlen_q = c.seqlen_q;
+  s.seqlen_k = c.seqlen_k;
+  s.heads_q = c.heads_q;
+  s.heads_kv = c.heads_kv;
+  s.head_dim = c.head_dim;
+  s.softmax_scale = c.softmax_scale ? *c.softmax_scale : 1.0 / std::sqrt(double(c.head_dim));
+  s.causal = c.causal;
+  std::vector<double> dq(q.size()), dk(k.size()), dv(v.size());
+  warpattn::reference::attention_backward(s, q.data(), k.data(), v.data(), dout.data(), dq.data(), dk.data(),
+                                          dv.data());
+  const GradientError eq = compare(t.dq, dq_raw, dq), ek = compare(t.dk, dk_raw, dk), ev = compare(t.dv, dv_raw, dv);
+  const int64_t outside =
+      t.dq.written_outside_view(dq_raw) + t.dk.written_outside_view(dk_raw) + t.dv.written_outside_view(dv_raw);
+  printf("  %-62s dq %.2e  dk %.2e  dv %.2e  (seed %llu)\n", describe(c).c_str(), eq.rel_l2, ek.rel_l2, ev.rel_l2,
+         (unsigned long long)seed);
+  const double b = bound(c);
+  CHECK(eq.nan == 0 && ek.nan == 0 && ev.nan == 0) << describe(c) << ": NaN in a gradient, seed " << seed;
+  CHECK(eq.rel_l2 <= b) << describe(c) << ": dq rel L2 " << eq.rel_l2 << " > " << b << ", seed " << seed;
+  CHECK(ek.rel_l2 <= b) << describe(c) << ": dk rel L2 " << ek.rel_l2 << " > " << b << ", seed " << seed;
+  CHECK(ev.rel_l2 <= b) << describe(c) << ": dv rel L2 " << ev.rel_l2 << " > " << b << ", seed " << seed;
+  CHECK(outside == 0) << describe(c) << ": " << outside << " elements written outside the views";
+  if (c.deterministic) {  // the same bits again, on the same inputs
+    run_backward(c, t, std::nullopt);
+    CUDA_OK(cudaDeviceSynchronize());
+    CHECK(t.dq.raw() == dq_raw && t.dk.raw() == dk_raw && t.dv.raw() == dv_raw)
+        << describe(c) << ": deterministic mode gave different bits on a second run";
+  }
+}
+
+void run_matrix(DType dtype, int head_dim, bool causal) {
+  REQUIRE_HOPPER();
+  const std::vector<std::array<int64_t, 5>> shapes = {
+      // B, Sq, Sk, Hq, Hkv
+      {1, 256, 256, 2, 2}, {2, 128, 384, 4, 2}, {1, 384, 128, 4, 1}, {1, 1, 1, 2, 2},   {1, 17, 300, 2, 2},
+      {1, 300, 17, 2, 1},  {2, 257, 129, 2, 2}, {1, 1000, 999, 3, 1}, {1, 64, 4097, 1, 1},
+  };
+  for (const auto& sh : shapes) {
+    Case c;
+    c.dtype = dtype;
+    c.head_dim = head_dim;
+    c.causal = causal;
+    c.batch = sh[0];
+    c.seqlen_q = sh[1];
+    c.seqlen_k = sh[2];
+    c.heads_q = sh[3];
+    c.heads_kv = sh[4];
+    c.padded = sh[1] % 2 == 1;
+    check_case(c);
+  }
+}
+
+}  // namespace
+
+TEST(backward_bf16_d64_full) { run_matrix(DType::bf16, 64, false); }
+TEST(backward_bf16_d64_causal) { run_matrix(DType::bf16, 64, true); }
+TEST(backward_bf16_d128_full) { run_matrix(DType::bf16, 128, false); }
+TEST(backward_bf16_d128_causal) { run_matrix(DType::bf16, 128, true); }
+TEST(backward_f16_d64_full) { run_matrix(DType::f16, 64, false); }
+TEST(backward_f16_d128_causal) { run_matrix(DType::f16, 128, true); }
+
+TEST(backward_deterministic_is_bitwise_repeatable) {
+  REQUIRE_HOPPER();
+  for (int d : {64, 128})
+    for (bool causal : {false, true}) {
+      Case c;
+      c.head_dim = d;
+      c.causal = causal;
+      c.deterministic = true;
+      c.batch = 2;
+      c.seqlen_q = 700;
+      c.seqlen_k = 900;
+      c.heads_q = 4;
+      c.heads_kv = 2;
+      check_case(c);
+    }
+}
+
+TEST(backward_custom_scale) {
+  REQUIRE_HOPPER();
+  Case c;
+  c.softmax_scale = 0.3f;
+  c.causal = true;
+  check_case(c);
+}
+
+// No query rows: dk = dv = 0. No keys: dq = 0 (the forward gave out = 0, lse = -inf).
+TEST(backward_empty_sequences) {
+  REQUIRE_HOPPER();
+  for (const auto& [sq, sk] : {std::pair<int64_t, int64_t>{0, 100}, {100, 0}})
+    for (bool causal : {false, true}) {
+      Case c;
+      c.seqlen_q = sq;
+      c.seqlen_k = sk;
+      c.causal = causal;
+      c.padded = true;
+      check_case(c);
+    }
+}
+
+HARNESS_MAIN()
