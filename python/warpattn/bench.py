@@ -186,7 +186,7 @@ class WarpattnTensor(ctypes.Structure):
     ]
 
 
-WARPATTN_DTYPE = {"float16": 0, "bfloat16": 1}
+WARPATTN_DTYPE = {"float16": 0, "bfloat16": 1, "float32": 2}
 
 
 def load_warpattn(path):
