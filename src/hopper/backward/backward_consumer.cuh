@@ -7,7 +7,8 @@
 //   dV += Pᵀ·dO, dK += dSᵀ·Q         RS: the accumulators, packed to 16 bits, are the A operands
 //   dQ  = dS·K                        SS from shared memory: dSᵀ stored [key][query] is dS read
 //                                     MN-major; each consumer makes one 64-column piece
-//   dQ piece added to the fp32 accumulator in global memory with one bulk reduce
+//   dQ piece handed to a writer warp, which adds it to the fp32 accumulator in global memory
+//                                     with one bulk reduce
 #pragma once
 
 #include "hopper/backward/backward_params.hpp"
@@ -158,43 +159,24 @@ struct BackwardConsumer {
       Mma::mma(dq, advance(ad, kk * 16 * 128), advance(bd, kk * 16 * 128), kk > 0);
   }
 
-  // Adds the dQ piece to the accumulator in global memory: through this warpgroup's piece
-  // buffer (dq_accum.cuh's order) and one bulk reduce issued by its first thread. In the
-  // deterministic mode the key blocks take turns per 64-row block, in ascending order (every
-  // key block before n also covers a query block that n covers: query_block_range's begin
-  // only grows with n), each waiting until the previous one's adds have landed.
-  __device__ __forceinline__ void add_dq_piece(const float (&dq)[32], int head, int m_block) const {
+  // Hands the dQ piece to this warpgroup's writer warp (backward_dq_writer.cuh) through the
+  // piece buffer, in dq_accum.cuh's order, once the writer has read the previous one.
+  __device__ __forceinline__ void hand_over_dq_piece(const float (&dq)[32], int step) const {
     using namespace ptx;
     const int t = threadIdx.x % 128;
-    const int row_block = m_block * kM / 64 + (kM == 128 ? warpgroup : 0);
-    const int piece_index = kM == 64 ? warpgroup : 0;
-    const int bar = BackwardBarrier::kDqPiece0 + warpgroup;
-    float* piece = ss.dq_piece[warpgroup];
-    if (t == 0) tma_store_wait_read();  // the previous reduce has read the buffer
-    named_barrier_sync(bar, 128);
+    if (step > 0) named_barrier_sync(BackwardBarrier::kDqEmpty0 + warpgroup, BackwardBarrier::kDqThreads);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
-      reinterpret_cast<float4*>(piece)[DqAccumLayout::fragment_offset(j, t) / 4] =
+      reinterpret_cast<float4*>(ss.dq_piece[warpgroup])[DqAccumLayout::fragment_offset(j, t) / 4] =
           make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
     fence_proxy_async_shared();
-    named_barrier_sync(bar, 128);
-    if (t != 0) return;
-    float* dst = p.dq_accum + DqAccumLayout::piece_offset(p, work.batch, head, row_block, piece_index, kD);
-    int* turn = nullptr;
-    if constexpr (Cfg::kDeterministic) {
-      turn = p.turns + ((static_cast<int64_t>(work.batch) * p.heads_q + head) * p.rows) / 64 + row_block;
-      const int mine = work.n_block * (kD / 64);  // each key block adds kD / 64 pieces to a row block
-      while (load_acquire_gpu(turn) < mine) {
-      }
-      fence_proxy_async_global();
-    }
-    bulk_reduce_add_f32(dst, smem_addr(piece), DqAccumLayout::kPieceFloats * 4);
-    tma_store_commit();
-    if constexpr (Cfg::kDeterministic) {
-      bulk_wait_all();  // landed in global memory, not just read from shared memory
-      fence_proxy_async_global();
-      add_release_gpu(turn, 1);
-    }
+    named_barrier_arrive(BackwardBarrier::kDqFull0 + warpgroup, BackwardBarrier::kDqThreads);
+  }
+
+  // One elected thread per warpgroup frees a ring slot (empty barriers count one arrival per
+  // consumer warpgroup).
+  __device__ __forceinline__ static void release(uint64_t* empty) {
+    if (threadIdx.x % 128 == 0) ptx::mbarrier_arrive(ptx::smem_addr(empty));
   }
 
   __device__ __forceinline__ void run() const {
@@ -233,27 +215,28 @@ struct BackwardConsumer {
       pin(dk);
       pin(pt);
       pin(dst);
+      // dV, then dQ once both halves of dS are written, then dK: dQ completes first among what
+      // the writer waits for, and dK runs while the dQ piece is handed over.
       wgmma_fence();
       issue_register_gemm<Element, kD, kM / 16, kM * 128>(dv, pt, smem_addr(ss.dout[slot.stage]));
-      issue_register_gemm<Element, kD, kM / 16, kM * 128>(dk, dst, smem_addr(ss.q[slot.stage]));
       wgmma_commit();
       named_barrier_sync(BackwardBarrier::kDsWritten, 256);
       float dq[32];
       issue_dq_gemm(dq, buf);
       wgmma_commit();
-      wgmma_wait<0>();
+      issue_register_gemm<Element, kD, kM / 16, kM * 128>(dk, dst, smem_addr(ss.q[slot.stage]));
+      wgmma_commit();
+      wgmma_wait<1>();  // dV and dQ
       pin(dv);
-      pin(dk);
       pin(dq);
       pin(pt);
+      release(&ss.do_empty[slot.stage]);
+      hand_over_dq_piece(dq, step);
+      wgmma_wait<0>();  // dK
+      pin(dk);
       pin(dst);
-      if (threadIdx.x % 128 == 0) {
-        mbarrier_arrive(smem_addr(&ss.q_empty[slot.stage]));
-        mbarrier_arrive(smem_addr(&ss.do_empty[slot.stage]));
-      }
-      add_dq_piece(dq, head, m_block);
+      release(&ss.q_empty[slot.stage]);
     }
-    if (threadIdx.x % 128 == 0) bulk_wait_all();
     store(dk, dv);
   }
 

@@ -1,5 +1,6 @@
 // The Hopper backward's main kernel: one CTA per (key block, KV head, batch), three
-// warpgroups: warpgroup 0 produces (TMA), the other two consume (backward_consumer.cuh).
+// warpgroups: warpgroup 0 produces (warp 0 loads through TMA, warps 1 and 2 add the consumers'
+// dQ pieces to global memory), the other two consume (backward_consumer.cuh).
 // Not persistent: the grid is ordered key block fastest, so under the causal mask the long
 // key blocks (the first ones see the most query blocks) start first, and in the deterministic
 // mode the key block a CTA waits for was launched before it.
@@ -7,6 +8,7 @@
 #include <cuda.h>
 
 #include "hopper/backward/backward_consumer.cuh"
+#include "hopper/backward/backward_dq_writer.cuh"
 #include "hopper/backward/backward_producer.cuh"
 #include "hopper/ptx/mbarrier.cuh"
 #include "hopper/ptx/tma.cuh"
@@ -45,10 +47,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   if (warpgroup == 0) {
     release_registers<Cfg::kProducerRegisters>();
+    const int warp = threadIdx.x / 32;
     if (threadIdx.x == 0) {
       prefetch_tensor_map(&tm_q);
       prefetch_tensor_map(&tm_do);
       run_backward_producer<Cfg>(ss, &tm_q, &tm_k, &tm_v, &tm_do, params, work);
+    } else if (warp == 1 || warp == 2) {
+      run_dq_writer<Cfg>(ss, params, work, warp - 1);
     }
   } else {
     acquire_registers<Cfg::kConsumerRegisters>();

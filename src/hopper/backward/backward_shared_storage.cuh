@@ -27,7 +27,11 @@ struct BackwardSharedStorage {
 // Named barriers of the backward (0 is __syncthreads).
 struct BackwardBarrier {
   static constexpr int kDsWritten = 1;  // both consumers' dS halves are in shared memory (256)
-  static constexpr int kDqPiece0 = 2;   // consumer i's dQ piece buffer (128): kDqPiece0 + i
+  // Consumer i and its dQ writer warp (128 + 32 threads): the piece buffer holds a new piece
+  // (kDqFull0 + i), and the writer's bulk reduce has read it (kDqEmpty0 + i).
+  static constexpr int kDqFull0 = 2;
+  static constexpr int kDqEmpty0 = 4;
+  static constexpr int kDqThreads = 128 + 32;
 };
 
 }  // namespace warpattn::detail

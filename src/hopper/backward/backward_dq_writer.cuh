@@ -1,0 +1,63 @@
+// A dQ writer warp of the producer warpgroup: for each step, waits for its consumer's dQ piece
+// in shared memory and adds it to the fp32 accumulator in global memory with one bulk reduce
+// (cp.reduce.async.bulk .add.f32), then frees the buffer once the reduce has read it. The
+// consumer's threads never wait on global memory.
+//
+// Deterministic mode: the key blocks add to a 64-row block of dQ in ascending order (each key
+// block before n also covers the query blocks n covers: query_block_range's begin only grows
+// with n). The writer waits until the block's turn counter shows every earlier key block's
+// pieces (kD / 64 per key block) as landed, adds, waits for its own add to land in global memory
+// (wait_group 0, not just the shared-memory read) and counts itself in with a release.
+#pragma once
+
+#include "hopper/backward/backward_params.hpp"
+#include "hopper/backward/backward_shared_storage.cuh"
+#include "hopper/backward/dq_accum.cuh"
+#include "hopper/backward/key_block_work.hpp"
+#include "hopper/ptx/memory_order.cuh"
+#include "hopper/ptx/mbarrier.cuh"
+#include "hopper/ptx/tma.cuh"
+#include "hopper/ptx/warpgroup.cuh"
+
+namespace warpattn::detail {
+
+template <class Cfg>
+__device__ __forceinline__ void run_dq_writer(BackwardSharedStorage<Cfg>& ss, const BackwardParams& p,
+                                              const KeyBlockWork& work, int consumer) {
+  using namespace ptx;
+  constexpr int kM = Cfg::kBlockM, kD = Cfg::kHeadDim;
+  const bool leader = threadIdx.x % 32 == 0;
+  // The consumer's piece: at kM = 64 columns 64·consumer.. of the step's 64 rows; at kM = 128
+  // all columns of rows 64·consumer.. of the step's 128.
+  const int piece_index = kM == 64 ? consumer : 0;
+  for (int step = 0; step < work.steps(); ++step) {
+    const int head = work.head(step);
+    const int row_block = work.m_block(step) * kM / 64 + (kM == 128 ? consumer : 0);
+    named_barrier_sync(BackwardBarrier::kDqFull0 + consumer, BackwardBarrier::kDqThreads);
+    if (leader) {
+      float* dst = p.dq_accum + DqAccumLayout::piece_offset(p, work.batch, head, row_block, piece_index, kD);
+      int* turn = nullptr;
+      if constexpr (Cfg::kDeterministic) {
+        turn = p.turns + (static_cast<int64_t>(work.batch) * p.heads_q + head) * p.rows / 64 + row_block;
+        const int mine = work.n_block * (kD / 64);
+        while (load_acquire_gpu(turn) < mine) {
+        }
+        fence_proxy_async_global();
+      }
+      bulk_reduce_add_f32(dst, smem_addr(ss.dq_piece[consumer]), DqAccumLayout::kPieceFloats * 4);
+      tma_store_commit();
+      if constexpr (Cfg::kDeterministic) {
+        bulk_wait_all();
+        fence_proxy_async_global();
+        add_release_gpu(turn, 1);
+      }
+      if (step + 1 < work.steps()) tma_store_wait_read();
+    }
+    __syncwarp();
+    if (step + 1 < work.steps())  // the consumer waits for this before its next piece
+      named_barrier_arrive(BackwardBarrier::kDqEmpty0 + consumer, BackwardBarrier::kDqThreads);
+  }
+  if (leader) bulk_wait_all();  // the last adds have landed before the CTA (and its shared memory) ends
+}
+
+}  // namespace warpattn::detail
