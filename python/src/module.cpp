@@ -1,6 +1,7 @@
-// The Python extension: warpattn.forward on any DLPack tensor (PyTorch, JAX, CuPy, NumPy),
-// without copies. Argument errors come out as ValueError (TypeError for a tensor that is not
-// on a CUDA device or has a dtype warpattn does not know), with warpattn's own message.
+// The Python extension: warpattn.forward and warpattn.backward on any DLPack tensor (PyTorch,
+// JAX, CuPy, NumPy), without copies. Argument errors come out as ValueError (TypeError for a
+// tensor that is not on a CUDA device or has a dtype warpattn does not know), with warpattn's own
+// message.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -74,18 +75,56 @@ warpattn::ForwardOptions forward_options(std::optional<float> softmax_scale, boo
   return options;
 }
 
+warpattn::BackwardOptions backward_options(std::optional<float> softmax_scale, bool causal, bool deterministic) {
+  warpattn::BackwardOptions options;
+  options.softmax_scale = softmax_scale;
+  options.causal = causal;
+  options.deterministic = deterministic;
+  return options;
+}
+
 std::optional<warpattn::TensorView> optional_view(const std::optional<AnyArray>& a, const char* name) {
   if (!a) return std::nullopt;
   return view_of(*a, name);
 }
 
-void require_cuda(std::initializer_list<std::pair<const AnyArray*, const char*>> arrays) {
+// The backward's workspace as the library takes it: the bytes of a C-contiguous array of any
+// dtype (the Python side allocates uint8), so that its size in bytes is all the memory it spans.
+std::optional<warpattn::Workspace> workspace_of(const std::optional<AnyArray>& a) {
+  if (!a) return std::nullopt;
+  int64_t dense_stride = 1;
+  for (size_t i = a->ndim(); i-- > 0;) {
+    if (a->shape(i) != 1 && a->stride(i) != dense_stride)
+      throw nb::value_error("workspace: expected a contiguous array (its bytes are handed to the library whole)");
+    dense_stride *= static_cast<int64_t>(a->shape(i));
+  }
+  return warpattn::Workspace{const_cast<void*>(a->data()), a->nbytes()};
+}
+
+using NamedArrays = std::initializer_list<std::pair<const AnyArray*, const char*>>;
+
+void require_cuda(NamedArrays arrays) {
   for (const auto& [a, name] : arrays)
     if (a && !on_cuda(*a))
       throw nb::type_error((std::string(name) +
                             ": CUDA tensor required (warpattn runs on the GPU), got a tensor on DLPack device type " +
                             std::to_string(a->device_type()))
                                .c_str());
+}
+
+// Every entry point: the library's argument rules first, wherever the memory lives, so that every
+// error is reported the same (and NumPy arrays can test them without a GPU); then the arrays
+// must be on a CUDA device; then `launch` runs without the GIL. warpattn::Error is a ValueError.
+template <class Validate, class Launch>
+void checked_launch(Validate validate, NamedArrays arrays, Launch launch) {
+  try {
+    validate();
+    require_cuda(arrays);
+    nb::gil_scoped_release release;
+    launch();
+  } catch (const warpattn::Error& e) {
+    throw nb::value_error(e.what());
+  }
 }
 
 warpattn::Fp8Operands fp8_operands(const AnyArray& q, const AnyArray& k, const AnyArray& vt, const AnyArray& qs,
@@ -109,16 +148,10 @@ void quantize_fp8(const AnyArray& q, const AnyArray& k, const AnyArray& v, const
   o.rotate = rotate;
   o.seed = seed;
   o.scaling = per_tensor ? warpattn::Fp8Scaling::per_tensor : warpattn::Fp8Scaling::per_block;
-  try {
-    // Argument rules first, wherever the memory lives, so every error is reported the same.
-    warpattn::validate_quantize_fp8(vq, vk, vv, f, o);
-    require_cuda({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&fq, "fp8 q"}, {&fk, "fp8 k"}, {&fvt, "vt"}, {&qs, "q_descale"},
-                  {&ks, "k_descale"}, {&vs, "v_descale"}});
-    nb::gil_scoped_release release;
-    warpattn::quantize_fp8(vq, vk, vv, f, o, reinterpret_cast<cudaStream_t>(stream));
-  } catch (const warpattn::Error& e) {
-    throw nb::value_error(e.what());
-  }
+  checked_launch([&] { warpattn::validate_quantize_fp8(vq, vk, vv, f, o); },
+                 {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&fq, "fp8 q"}, {&fk, "fp8 k"}, {&fvt, "vt"}, {&qs, "q_descale"},
+                  {&ks, "k_descale"}, {&vs, "v_descale"}},
+                 [&] { warpattn::quantize_fp8(vq, vk, vv, f, o, reinterpret_cast<cudaStream_t>(stream)); });
 }
 
 void forward_fp8(const AnyArray& fq, const AnyArray& fk, const AnyArray& fvt, const AnyArray& qs, const AnyArray& ks,
@@ -128,15 +161,12 @@ void forward_fp8(const AnyArray& fq, const AnyArray& fk, const AnyArray& fvt, co
   const warpattn::TensorView vo = view_of(out, "out");
   const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
   const warpattn::ForwardOptions options = forward_options(softmax_scale, causal);
-  try {
-    warpattn::validate_forward_fp8(f, vo, vl, options);
-    require_cuda({{&fq, "q"}, {&fk, "k"}, {&fvt, "vt"}, {&qs, "q_descale"}, {&ks, "k_descale"}, {&vs, "v_descale"},
-                  {&out, "out"}, {lse ? &*lse : nullptr, "lse"}});
-    nb::gil_scoped_release release;
-    warpattn::forward_fp8(f, vo, vl, options, reinterpret_cast<cudaStream_t>(stream), check_descales);
-  } catch (const warpattn::Error& e) {
-    throw nb::value_error(e.what());
-  }
+  checked_launch([&] { warpattn::validate_forward_fp8(f, vo, vl, options); },
+                 {{&fq, "q"}, {&fk, "k"}, {&fvt, "vt"}, {&qs, "q_descale"}, {&ks, "k_descale"}, {&vs, "v_descale"},
+                  {&out, "out"}, {lse ? &*lse : nullptr, "lse"}},
+                 [&] {
+                   warpattn::forward_fp8(f, vo, vl, options, reinterpret_cast<cudaStream_t>(stream), check_descales);
+                 });
 }
 
 void forward(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& out,
@@ -146,12 +176,34 @@ void forward(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyA
                              vo = view_of(out, "out");
   const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
   const warpattn::ForwardOptions options = forward_options(softmax_scale, causal);
+  checked_launch([&] { warpattn::validate_forward(vq, vk, vv, vo, vl, options); },
+                 {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {lse ? &*lse : nullptr, "lse"}},
+                 [&] { warpattn::forward(vq, vk, vv, vo, vl, options, reinterpret_cast<cudaStream_t>(stream)); });
+}
+
+void backward(const AnyArray& dout, const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& out,
+              const AnyArray& lse, const AnyArray& dq, const AnyArray& dk, const AnyArray& dv,
+              std::optional<float> softmax_scale, bool causal, bool deterministic,
+              const std::optional<AnyArray>& workspace, uintptr_t stream) {
+  const warpattn::TensorView vdout = view_of(dout, "dout"), vq = view_of(q, "q"), vk = view_of(k, "k"),
+                             vv = view_of(v, "v"), vo = view_of(out, "out"), vl = view_of(lse, "lse"),
+                             vdq = view_of(dq, "dq"), vdk = view_of(dk, "dk"), vdv = view_of(dv, "dv");
+  const std::optional<warpattn::Workspace> w = workspace_of(workspace);
+  const warpattn::BackwardOptions options = backward_options(softmax_scale, causal, deterministic);
+  checked_launch([&] { warpattn::validate_backward(vdout, vq, vk, vv, vo, vl, vdq, vdk, vdv, options, w); },
+                 {{&dout, "dout"}, {&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&lse, "lse"}, {&dq, "dq"},
+                  {&dk, "dk"}, {&dv, "dv"}, {workspace ? &*workspace : nullptr, "workspace"}},
+                 [&] {
+                   warpattn::backward(vdout, vq, vk, vv, vo, vl, vdq, vdk, vdv, options, w,
+                                      reinterpret_cast<cudaStream_t>(stream));
+                 });
+}
+
+size_t backward_workspace_bytes(const AnyArray& q, std::optional<float> softmax_scale, bool causal,
+                                bool deterministic) {
+  const warpattn::TensorView vq = view_of(q, "q");
   try {
-    // Argument rules first, wherever the memory lives, so every error is reported the same.
-    warpattn::validate_forward(vq, vk, vv, vo, vl, options);
-    require_cuda({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {lse ? &*lse : nullptr, "lse"}});
-    nb::gil_scoped_release release;
-    warpattn::forward(vq, vk, vv, vo, vl, options, reinterpret_cast<cudaStream_t>(stream));
+    return warpattn::backward_workspace_bytes(vq, backward_options(softmax_scale, causal, deterministic));
   } catch (const warpattn::Error& e) {
     throw nb::value_error(e.what());
   }
@@ -166,6 +218,18 @@ NB_MODULE(_warpattn, m) {
         "Writes softmax(scale q k^T) v into `out` (and the log-sum-exp into `lse`), on `stream` (a "
         "cudaStream_t as an integer). All tensors in (batch, seqlen, heads, head_dim) layout.");
   m.attr("supported_head_dims") = nb::make_tuple(64, 128, 256);
+  nb::list backward_head_dims;
+  for (int d : warpattn::kBackwardHeadDims) backward_head_dims.append(d);
+  m.attr("backward_head_dims") = nb::tuple(backward_head_dims);
+  m.def("backward", &backward, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
+        nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("softmax_scale").none(),
+        nb::arg("causal"), nb::arg("deterministic"), nb::arg("workspace").none(), nb::arg("stream"),
+        "Writes the gradients of forward(q, k, v) -> out, lse into dq, dk, dv, given dout = dL/d(out), on "
+        "`stream`. workspace: a contiguous device array of at least backward_workspace_bytes bytes, 256-byte "
+        "aligned (None: taken from warpattn's memory pool, which is refused during CUDA graph capture).");
+  m.def("backward_workspace_bytes", &backward_workspace_bytes, nb::arg("q"), nb::arg("softmax_scale").none() = nb::none(),
+        nb::arg("causal") = false, nb::arg("deterministic") = false,
+        "Bytes of workspace backward needs for q's shape and these options (only q's rank and sizes are checked).");
   m.def("quantize_fp8", &quantize_fp8, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("fp8_q"), nb::arg("fp8_k"),
         nb::arg("vt"), nb::arg("q_descale"), nb::arg("k_descale"), nb::arg("v_descale"), nb::arg("rotate"),
         nb::arg("seed"), nb::arg("per_tensor"), nb::arg("stream"),

@@ -5,12 +5,15 @@ FlashAttention-3 is built (TMA producer warpgroup, WGMMA consumers, ping-pong, o
 
 q, k, v are (batch, seqlen, heads, head_dim) CUDA tensors of PyTorch, JAX or CuPy (any DLPack
 tensor), float16 or bfloat16; nothing is copied and the result is the caller's framework's
-tensor. FP8 (PyTorch, CuPy, JAX): ops = warpattn.quantize_fp8(q, k, v); warpattn.flash_attn_fp8_func(ops).
+tensor. Gradients: PyTorch's autograd through flash_attn_func; warpattn.flash_attn_backward
+(CuPy, any framework); warpattn.jax_flash_attn (JAX, jax.grad). FP8 (PyTorch, CuPy, JAX):
+ops = warpattn.quantize_fp8(q, k, v); warpattn.flash_attn_fp8_func(ops).
 """
-from ._warpattn import supported_head_dims
-from .api import flash_attn_func
+from ._warpattn import backward_head_dims, supported_head_dims
+from .api import flash_attn_backward, flash_attn_func
 from .fp8 import FP8_BLOCK_ROWS, FP8_KEY_ORDER, Fp8Operands, flash_attn_fp8_func, quantize_fp8
+from .jax_op import jax_flash_attn
 
-__all__ = ["flash_attn_func", "supported_head_dims", "quantize_fp8", "flash_attn_fp8_func", "Fp8Operands",
-           "FP8_KEY_ORDER", "FP8_BLOCK_ROWS"]
+__all__ = ["flash_attn_func", "flash_attn_backward", "jax_flash_attn", "supported_head_dims", "backward_head_dims",
+           "quantize_fp8", "flash_attn_fp8_func", "Fp8Operands", "FP8_KEY_ORDER", "FP8_BLOCK_ROWS"]
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
-"""flash_attn_func for any DLPack tensor: PyTorch (a torch.library custom op), CuPy, JAX."""
+"""flash_attn_func and flash_attn_backward for any DLPack tensor: PyTorch (torch.library custom
+ops, differentiable), CuPy, JAX (eager; warpattn.jax_flash_attn is the differentiable form)."""
 import contextlib
 
 from . import _warpattn
@@ -15,47 +16,125 @@ def framework_of(x, name):
                     % (name, type(x).__module__, type(x).__name__))
 
 
+def _common_framework(q, **others):
+    """q's framework, once every other tensor given (None: not given) is found to be of it too."""
+    fw = framework_of(q, "q")
+    for name, t in others.items():
+        if t is not None and framework_of(t, name) != fw:
+            raise TypeError("%s: expected a %s tensor like q, got %s.%s"
+                            % (name, fw, type(t).__module__, type(t).__name__))
+    return fw
+
+
 def _check_rank(q):
     if len(q.shape) != 4:
         raise ValueError("q: expected rank 4 (batch, seqlen, heads, head_dim), got rank %d" % len(q.shape))
 
 
-def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False, out=None):
+def _scale(softmax_scale):
+    return None if softmax_scale is None else float(softmax_scale)
+
+
+def _lse_shape(q):
+    return (q.shape[0], q.shape[2], q.shape[1])
+
+
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False, out=None, deterministic=False):
     """Exact attention: softmax(softmax_scale * q k^T [+ causal mask]) v.
 
     q: (batch, seqlen_q, heads, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim) with
     heads a multiple of heads_kv (GQA/MQA); float16 or bfloat16 on a CUDA device; head_dim 64,
     128 or 256; any batch/sequence/head strides with a contiguous last dimension.
     softmax_scale: default 1/sqrt(head_dim). causal: aligned bottom-right when
-    seqlen_q != seqlen_k (as FlashAttention 2 and 3). out: optional output tensor to write.
-    Returns out, or (out, lse) with return_lse, lse being (batch, heads, seqlen_q) float32
-    (natural log). Runs on the caller's current stream; argument errors raise ValueError,
-    a tensor that is not on a CUDA device TypeError.
+    seqlen_q != seqlen_k (as FlashAttention 2 and 3). out: optional output tensor to write
+    (not differentiable). Returns out, or (out, lse) with return_lse, lse being
+    (batch, heads, seqlen_q) float32 (natural log). Runs on the caller's current stream;
+    argument errors raise ValueError, a tensor that is not on a CUDA device TypeError.
+    PyTorch: differentiable in q, k and v (head_dim in warpattn.backward_head_dims; a gradient
+    of lse is refused with NotImplementedError unless it is zero); deterministic=True makes the
+    backward give the same bits on every run (slower). CuPy: see flash_attn_backward; JAX:
+    warpattn.jax_flash_attn.
     """
-    fw = framework_of(q, "q")
-    for name, t in (("k", k), ("v", v), ("out", out)):
-        if t is not None and framework_of(t, name) != fw:
-            raise TypeError("%s: expected a %s tensor like q, got %s.%s"
-                            % (name, fw, type(t).__module__, type(t).__name__))
+    fw = _common_framework(q, k=k, v=v, out=out)
     _check_rank(q)
-    scale = None if softmax_scale is None else float(softmax_scale)
+    scale = _scale(softmax_scale)
     if fw == "torch":
         from .torch_op import flash_attn_torch
-        return flash_attn_torch(q, k, v, scale, bool(causal), return_lse, out)
+        return flash_attn_torch(q, k, v, scale, bool(causal), return_lse, out, bool(deterministic))
     if fw == "jax":
         return _flash_attn_jax(q, k, v, scale, bool(causal), return_lse, out)
     xp = _array_module(fw)
     with device_of(q, fw):  # allocate on q's device and take that device's current stream
         if out is None:
             out = xp.empty(q.shape, dtype=q.dtype)
-        lse = xp.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=xp.float32) if return_lse else None
-        _warpattn.forward(q, k, v, out, lse, scale, bool(causal), _current_stream(fw))
+        lse = xp.empty(_lse_shape(q), dtype=xp.float32) if return_lse else None
+        _warpattn.forward(q, k, v, out, lse, scale, bool(causal), _current_stream(fw, q))
     return (out, lse) if return_lse else out
 
 
+def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, deterministic=False,
+                        dq=None, dk=None, dv=None):
+    """The gradients (dq, dk, dv) of out = flash_attn_func(q, k, v, softmax_scale, causal) with
+    respect to q, k and v, given dout = dL/d(out) and the forward's out and lse (return_lse=True).
+
+    Tensors of one framework (PyTorch, CuPy, JAX), as in flash_attn_func; dout like out. dq, dk,
+    dv: tensors to write (PyTorch and CuPy), shaped as q, k, v (dk and dv summed over the query
+    heads of a group); each one not given is allocated. softmax_scale and causal must be those of
+    the forward call. deterministic: the same bits on every run (dq's partial sums are added in
+    a fixed order), slower. Head dims: warpattn.backward_head_dims (64 and 128). Runs on the
+    current stream (PyTorch, CuPy) and returns without synchronising; JAX arrays are waited for
+    and the result handed back once computed. PyTorch users get this through autograd.
+    """
+    fw = _common_framework(q, dout=dout, k=k, v=v, out=out, lse=lse, dq=dq, dk=dk, dv=dv)
+    _check_rank(q)
+    args = (dout, q, k, v, out, lse, _scale(softmax_scale), bool(causal), bool(deterministic))
+    if fw == "jax":
+        if any(g is not None for g in (dq, dk, dv)):
+            raise ValueError("dq, dk, dv: JAX arrays are immutable; call without them")
+        _wait_for_jax_arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
+        return tuple(_jax_run(q.devices().pop().id, lambda empty: _backward_into(
+            *args, (None, None, None), lambda t: empty(t.shape, str(t.dtype)), lambda n: empty((n,), "uint8"), 0)))
+    with device_of(q, fw):  # allocate on q's device
+        return _backward_into(*args, (dq, dk, dv), *_backward_allocators(fw, q), _current_stream(fw, q))
+
+
+def _backward_into(dout, q, k, v, out, lse, scale, causal, deterministic, grads, new_like, new_workspace, stream):
+    """Runs the backward on `stream` into `grads` (dq, dk, dv), allocating each one that is None
+    with new_like(the tensor it is the gradient of). The workspace is new_workspace(bytes) (None:
+    the library's own pool): memory of the caller's framework, so that it is stream-ordered and
+    may be taken during CUDA graph capture, where the library's pool may not."""
+    dq, dk, dv = (g if g is not None else new_like(t) for g, t in zip(grads, (q, k, v)))
+    workspace = new_workspace(_warpattn.backward_workspace_bytes(q, scale, causal, deterministic))
+    _warpattn.backward(dout, q, k, v, out, lse, dq, dk, dv, scale, causal, deterministic, workspace, stream)
+    return dq, dk, dv
+
+
+def _backward_allocators(fw, q):
+    """(new_like, new_workspace) for _backward_into: contiguous tensors and bytes of the
+    framework's own on q's device (CuPy: its current one). Host tensors are validated, then
+    refused: they get no workspace, whose host alignment would be reported instead."""
+    if fw == "torch":
+        import torch
+
+        def new_like(t):
+            return t.new_empty(t.shape)
+
+        def new_workspace(n):
+            return torch.empty(n, dtype=torch.uint8, device=q.device) if q.is_cuda else None
+        return new_like, new_workspace
+    xp = _array_module(fw)
+
+    def new_like(t):
+        return xp.empty(t.shape, dtype=t.dtype)
+
+    def new_workspace(n):
+        return xp.empty(n, dtype=xp.uint8) if fw == "cupy" else None
+    return new_like, new_workspace
+
+
 def device_of(x, fw):
-    """A context in which x's device is CuPy's current one (the library itself runs on the
-    device of its tensors whatever is current; allocations and current streams are not)."""
+    """A context in which x's device is CuPy's current one (the library itself runs on the device
+    of its tensors whatever is current; allocations and current streams are not)."""
     if fw == "cupy":
         import cupy
         return cupy.cuda.Device(x.device.id)
@@ -70,32 +149,69 @@ def _array_module(fw):
     return numpy
 
 
-def _current_stream(fw):
+def _current_stream(fw, x):
+    """The current stream of x's device in x's framework, as an integer (0: none, for host arrays)."""
     if fw == "cupy":
         import cupy
-        return cupy.cuda.get_current_stream().ptr
+        with cupy.cuda.Device(x.device.id):
+            return cupy.cuda.get_current_stream().ptr
+    if fw == "torch" and x.is_cuda:
+        import torch
+        return torch.cuda.current_stream(x.device).cuda_stream
     return 0
 
 
-def _flash_attn_jax(q, k, v, scale, causal, return_lse, out):
-    """JAX arrays are immutable and JAX exposes no stream: the inputs are waited for, the
-    result is written into memory from PyTorch or CuPy (whichever is installed), the device is
-    synchronised, and the memory is handed to JAX without a copy."""
+# ---------------------------------------------------------------------------------- JAX
+# JAX arrays are immutable and JAX exposes no stream: the inputs are waited for, the results are
+# written into memory from PyTorch or CuPy (whichever is installed) on the legacy default stream
+# of the device, the device is synchronised, and the memory is handed to JAX without a copy. So
+# these calls run eagerly, on concrete arrays; under jax.jit they are refused (issue 17).
+
+def _wait_for_jax_arrays(**arrays):
+    """Blocks until every array is computed. TypeError for an abstract (traced) array, which has
+    no memory to read, and for one that is not on a GPU."""
     import jax
+    tracer = getattr(jax.core, "Tracer", ())
+    for name, a in arrays.items():
+        if isinstance(a, tracer):
+            raise TypeError("%s: warpattn takes concrete JAX arrays only (it reads their memory through "
+                            "DLPack), not traced ones under jax.jit, vmap or the like; for gradients use "
+                            "warpattn.jax_flash_attn with jax.grad outside jax.jit" % name)
+        platform = a.devices().pop().platform
+        if platform != "gpu":
+            raise TypeError("%s: CUDA tensor required (warpattn runs on the GPU), got a JAX array on %s"
+                            % (name, platform))
+    for a in arrays.values():
+        a.block_until_ready()
+
+
+def _jax_run(device_index, run):
+    """run(empty) writes into memory from PyTorch or CuPy on the default stream of the device;
+    the device is synchronised and run's results are handed to JAX without a copy. e4m3 buffers
+    are allocated as bytes (uint8): DLPack may not carry FP8."""
+    import jax
+    # Everything on the device: PyTorch exports a tensor through DLPack only from its own device.
+    with _framework_device(device_index) as (empty, sync):
+        results = run(lambda shape, kind: empty(shape, "uint8" if kind == "e4m3" else kind))
+        sync()
+        return [None if r is None else jax.dlpack.from_dlpack(r) for r in results]
+
+
+def _flash_attn_jax(q, k, v, scale, causal, return_lse, out):
+    """flash_attn_func on JAX arrays."""
     if out is not None:
         raise ValueError("out: JAX arrays are immutable; call without out")
-    for t in (q, k, v):
-        t.block_until_ready()
-    index = q.devices().pop().id
-    # Everything on q's device: PyTorch exports a tensor through DLPack only from its own device.
-    with _framework_device(index) as (empty, sync):
+    _wait_for_jax_arrays(q=q, k=k, v=v)
+
+    def run(empty):
         o = empty(q.shape, str(q.dtype))
-        lse = empty((q.shape[0], q.shape[2], q.shape[1]), "float32")
+        lse = empty(_lse_shape(q), "float32") if return_lse else None
         # Stream 0: the legacy default stream of the tensors' device (the library runs there).
-        _warpattn.forward(q, k, v, o, lse if return_lse else None, scale, causal, 0)
-        sync()
-        o = jax.dlpack.from_dlpack(o)
-        return (o, jax.dlpack.from_dlpack(lse)) if return_lse else o
+        _warpattn.forward(q, k, v, o, lse, scale, causal, 0)
+        return o, lse
+
+    o, lse = _jax_run(q.devices().pop().id, run)
+    return (o, lse) if return_lse else o
 
 
 def _torch_empty(device_index):

@@ -16,7 +16,7 @@ its outputs are float16.
 from typing import Any, NamedTuple, Optional
 
 from . import _warpattn
-from .api import _cupy_empty, _framework_device, _torch_empty, framework_of
+from .api import _current_stream, _cupy_empty, _jax_run, _torch_empty, _wait_for_jax_arrays, framework_of
 
 FP8_BLOCK_ROWS = 128
 FP8_KEY_ORDER = (0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)
@@ -49,13 +49,6 @@ def _qk_int8(qk_dtype):
 
 # ------------------------------------------------------------------------------ allocation
 
-def _cupy_stream(x):
-    """The current CuPy stream of x's device (the library runs on the device of its tensors)."""
-    import cupy
-    with cupy.cuda.Device(x.device.id):
-        return cupy.cuda.get_current_stream().ptr
-
-
 def _bytes(t, name, int8_ok=False):
     """What the module takes for an FP8 operand: its e4m3 bytes as uint8 (a view for PyTorch,
     the array itself for CuPy), or an int8 tensor (Q and K)."""
@@ -77,19 +70,6 @@ def _call_args(ops):
 
 
 # ---------------------------------------------------------------------------------- JAX
-
-def _jax_run(device_index, run):
-    """JAX arrays are immutable and JAX exposes no stream: run(empty) writes into memory from
-    PyTorch or CuPy (whichever is installed) on the default stream, the device is synchronised,
-    and run's results are handed to JAX without a copy. e4m3 buffers are allocated as bytes
-    (uint8): DLPack may not carry FP8."""
-    import jax
-    # Everything on the device: PyTorch exports a tensor through DLPack only from its own device.
-    with _framework_device(device_index) as (empty, sync):
-        results = run(lambda shape, kind: empty(shape, "uint8" if kind == "e4m3" else kind))
-        sync()
-        return [None if r is None else jax.dlpack.from_dlpack(r) for r in results]
-
 
 def _jax_e4m3(a):
     import jax
@@ -138,13 +118,11 @@ def quantize_fp8(q, k, v, rotate=True, seed=0, per_tensor=False, qk_dtype="e4m3"
         return ops
 
     if fw == "torch":
-        import torch
-        return run(_torch_empty(q.device.index), torch.cuda.current_stream(q.device).cuda_stream, (q, k, v))
+        return run(_torch_empty(q.device.index), _current_stream(fw, q), (q, k, v))
     if fw == "cupy":
-        return run(_cupy_empty(q.device.id), _cupy_stream(q), (q, k, v))
+        return run(_cupy_empty(q.device.id), _current_stream(fw, q), (q, k, v))
     if fw == "jax":
-        for t in (q, k, v):
-            t.block_until_ready()
+        _wait_for_jax_arrays(q=q, k=k, v=v)
         ops = Fp8Operands(*_jax_run(q.devices().pop().id, lambda empty: run(empty, 0, (q, k, v), tuple)))
         if int8:
             return ops._replace(vt=_jax_e4m3(ops.vt))
@@ -171,11 +149,9 @@ def flash_attn_fp8_func(ops: Fp8Operands, softmax_scale: Optional[float] = None,
         return o, lse
 
     if fw == "torch":
-        import torch
-        o, lse = run(_torch_empty(ops.q.device.index), torch.cuda.current_stream(ops.q.device).cuda_stream,
-                     _call_args(ops))
+        o, lse = run(_torch_empty(ops.q.device.index), _current_stream(fw, ops.q), _call_args(ops))
     elif fw == "cupy":
-        o, lse = run(_cupy_empty(ops.q.device.id), _cupy_stream(ops.q), _call_args(ops))
+        o, lse = run(_cupy_empty(ops.q.device.id), _current_stream(fw, ops.q), _call_args(ops))
     elif fw == "jax":
         if out is not None:
             raise ValueError("out: JAX arrays are immutable; call without out")

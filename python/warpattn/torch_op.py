@@ -1,45 +1,108 @@
-"""warpattn for PyTorch: a torch.library custom op, so flash_attn_func works under
-torch.compile and CUDA graph capture, on PyTorch's current stream."""
+"""warpattn for PyTorch: torch.library custom ops for the forward and the backward, joined by
+register_autograd, so that flash_attn_func is differentiable and works under torch.compile and
+CUDA graph capture, on PyTorch's current stream."""
 from typing import Optional, Tuple
 
 import torch
 
 from . import _warpattn
+from .api import _current_stream, flash_attn_backward as _flash_attn_backward
 
 
-def _stream(t):
-    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+def _lse_like(q):
+    return q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+
+
+# Outputs are contiguous whatever the inputs' strides, in the real ops and the fake ones alike.
+def _forward_outputs(q):
+    return q.new_empty(q.shape), _lse_like(q)
+
+
+def _gradients_like(q, k, v):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 @torch.library.custom_op("warpattn::flash_attn_forward", mutates_args=())
-def flash_attn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       softmax_scale: Optional[float], causal: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
-    _warpattn.forward(q, k, v, out, lse, softmax_scale, causal, _stream(q))
+def flash_attn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float],
+                       causal: bool, deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    # deterministic is the backward's: an input here because setup_context sees only the op's
+    # inputs and outputs.
+    out, lse = _forward_outputs(q)
+    _warpattn.forward(q, k, v, out, lse, softmax_scale, causal, _current_stream("torch", q))
     return out, lse
 
 
 @flash_attn_forward.register_fake
-def _(q, k, v, softmax_scale, causal):
-    return (q.new_empty(q.shape),
-            q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32))
+def _(q, k, v, softmax_scale, causal, deterministic):
+    return _forward_outputs(q)
 
 
-def _no_backward(ctx, grad_out, grad_lse):
-    raise RuntimeError("warpattn: the backward pass is not implemented yet (forward only); "
-                       "call flash_attn_func under torch.no_grad() or on tensors that do not "
-                       "require grad")
+@torch.library.custom_op("warpattn::flash_attn_backward", mutates_args=())
+def flash_attn_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        out: torch.Tensor, lse: torch.Tensor, dlse: Optional[torch.Tensor],
+                        softmax_scale: Optional[float], causal: bool,
+                        deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv of flash_attn_forward. dlse, the gradient of lse, must be None or zero: checked
+    here, where the tensors are real also under torch.compile."""
+    _refuse_lse_gradient(dlse)
+    # The workspace is a tensor of PyTorch's caching allocator, freed in stream order: safe to
+    # take during CUDA graph capture (from the graph's pool), where warpattn's own pool is not.
+    dq, dk, dv = _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, causal, deterministic)
+    return dq, dk, dv
 
 
-flash_attn_forward.register_autograd(_no_backward, setup_context=lambda ctx, inputs, output: None)
+@flash_attn_backward.register_fake
+def _(dout, q, k, v, out, lse, dlse, softmax_scale, causal, deterministic):
+    return _gradients_like(q, k, v)
 
 
-def flash_attn_torch(q, k, v, softmax_scale, causal, return_lse, out):
+def _refuse_lse_gradient(dlse):
+    """NotImplementedError for a non-zero gradient of lse: the kernels have no term for it (nor
+    has FlashAttention's backward), and dropping it would give wrong gradients silently."""
+    if dlse is None:
+        return
+    if dlse.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise NotImplementedError(
+            "warpattn: lse (return_lse=True) receives a gradient, which cannot be checked for zero "
+            "during CUDA graph capture, and the backward supports none; detach lse (lse.detach()) "
+            "where it feeds what is differentiated")
+    if bool(dlse.any()):  # a synchronisation, paid only when lse is differentiated at all
+        raise NotImplementedError(
+            "warpattn: the backward does not support a gradient of lse (return_lse=True), as "
+            "FlashAttention's does not; detach lse (lse.detach()) where it feeds what is differentiated")
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, softmax_scale, causal, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
+    # Outputs without a gradient (lse, mostly) arrive as None rather than as zeros, which would
+    # cost an allocation and the synchronisation that checks them.
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    # contiguous(): sum() and expand() hand down stride-0 gradients, which the kernel cannot read.
+    dout = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
+    dq, dk, dv = flash_attn_backward(dout, q, k, v, out, lse, grad_lse, ctx.softmax_scale, ctx.causal,
+                                     ctx.deterministic)
+    return dq, dk, dv, None, None, None
+
+
+flash_attn_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def flash_attn_torch(q, k, v, softmax_scale, causal, return_lse, out, deterministic):
     if out is None:
-        o, lse = flash_attn_forward(q, k, v, softmax_scale, causal)
+        o, lse = flash_attn_forward(q, k, v, softmax_scale, causal, deterministic)
         return (o, lse) if return_lse else o
-    # Writing into a caller's tensor is outside the custom op (a graph break under compile).
-    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device) if return_lse else None
-    _warpattn.forward(q, k, v, out, lse, softmax_scale, causal, _stream(q))
+    # Writing into a caller's tensor is outside the custom op (a graph break under compile), and
+    # outside autograd: refused where a gradient could be asked for, as PyTorch's own out= are.
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise RuntimeError("out: flash_attn_func(..., out=...) is not differentiable, but q, k or v "
+                           "requires grad; call it without out=, or under torch.no_grad()")
+    lse = _lse_like(q) if return_lse else None
+    _warpattn.forward(q, k, v, out, lse, softmax_scale, causal, _current_stream("torch", q))
     return (out, lse) if return_lse else out

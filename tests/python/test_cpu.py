@@ -1,13 +1,17 @@
 """The Python package without a GPU: import, metadata, and every argument error, checked on
 NumPy (CPU) arrays: warpattn validates arguments before it looks at where memory lives, so each
 rule gives the same message here as on the GPU, and a valid call on CPU memory is refused with
-"CUDA tensor required"."""
+"CUDA tensor required". Where PyTorch is installed, its custom ops are checked on meta tensors
+(fake implementations, autograd, torch.compile's tracing); where JAX is, its refusals."""
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import warpattn
+from warpattn import _warpattn
 
 
 def qkv(b=2, sq=128, sk=128, hq=8, hkv=8, d=64, dtype=np.float16):
@@ -19,9 +23,18 @@ def qkv(b=2, sq=128, sk=128, hq=8, hkv=8, d=64, dtype=np.float16):
 
 def test_import_and_metadata():
     assert warpattn.supported_head_dims == (64, 128, 256)
+    assert warpattn.backward_head_dims == (64, 128)
     assert warpattn.__version__
-    assert "flash_attn_func" in warpattn.__all__
+    for name in ("flash_attn_func", "flash_attn_backward", "jax_flash_attn"):
+        assert name in warpattn.__all__
     assert "softmax_scale" in warpattn.flash_attn_func.__doc__
+    assert "deterministic" in warpattn.flash_attn_backward.__doc__
+
+
+def test_import_needs_no_framework():
+    # Each framework is imported by the first call that takes its tensors.
+    code = "import sys, warpattn; print(sorted({'torch', 'jax', 'cupy'} & set(sys.modules)))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
 
 
 def test_valid_call_on_cpu_memory_is_refused():
@@ -131,3 +144,186 @@ def test_fp8_arguments_without_a_gpu():
     with pytest.raises(TypeError, match="k: expected a DLPack tensor"):
         warpattn.quantize_fp8(q, [1], v)
 
+
+# ------------------------------------------------------------------------- backward
+
+def backward_args(b=2, sq=128, sk=96, hq=8, hkv=2, d=64):
+    """dout, q, k, v, out, lse of a valid backward call (GQA, seqlen_q != seqlen_k)."""
+    q, k, v = qkv(b, sq, sk, hq, hkv, d)
+    return np.zeros_like(q), q, k, v, np.zeros_like(q), np.zeros((b, hq, sq), np.float32)
+
+
+def test_backward_valid_call_on_cpu_memory_is_refused():
+    with pytest.raises(TypeError, match="dout: CUDA tensor required"):
+        warpattn.flash_attn_backward(*backward_args(), causal=True, deterministic=True)
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(dq=np.zeros((2, 128, 8, 128), np.float16)), r"dq: expected head_dim 64 \(same as q\), got 128"),
+    (dict(dk=np.zeros((2, 96, 2, 64), np.float32)), r"dk: expected dtype float16 \(same as q\), got float32"),
+    (dict(dv=np.zeros((2, 96, 8, 64), np.float16)), r"dv: expected shape \(2, 96, 2, 64\) \(same as k\)"),
+    (dict(softmax_scale=0.0), "softmax_scale: expected a finite positive value"),
+])
+def test_backward_argument_errors(change, message):
+    with pytest.raises(ValueError, match=message):
+        warpattn.flash_attn_backward(*backward_args(), **change)
+
+
+def test_backward_head_dim_without_a_kernel():
+    with pytest.raises(ValueError, match=r"head_dim \(shape\[3\]\) must be one of 64, 128 for the backward, got 256"):
+        warpattn.flash_attn_backward(*backward_args(d=256))
+
+
+def test_backward_tensor_errors():
+    dout, q, k, v, out, lse = backward_args()
+    with pytest.raises(ValueError, match=r"lse: expected shape \(batch, heads_q, seqlen_q\) = \(2, 8, 128\)"):
+        warpattn.flash_attn_backward(dout, q, k, v, out, lse.transpose(0, 2, 1))
+    with pytest.raises(ValueError, match="lse: expected dtype float32, got float16"):
+        warpattn.flash_attn_backward(dout, q, k, v, out, lse.astype(np.float16))
+    with pytest.raises(ValueError, match=r"dout: expected shape \(2, 128, 8, 64\) \(same as q\)"):
+        warpattn.flash_attn_backward(dout[:, :64], q, k, v, out, lse)
+    with pytest.raises(ValueError, match="dq: must not overlap q"):
+        warpattn.flash_attn_backward(dout, q, k, v, out, lse, dq=q)
+    grad = np.zeros_like(k)
+    with pytest.raises(ValueError, match="dk: must not overlap dv"):
+        warpattn.flash_attn_backward(dout, q, k, v, out, lse, dk=grad, dv=grad)
+    with pytest.raises(ValueError, match=r"q: expected rank 4 .* got rank 3"):
+        warpattn.flash_attn_backward(dout, q[0], k, v, out, lse)
+    with pytest.raises(TypeError, match="lse: expected a DLPack tensor"):
+        warpattn.flash_attn_backward(dout, q, k, v, out, [0.0])
+
+
+def aligned_bytes(n):
+    """n bytes of host memory at a 256-byte aligned address (as the workspace must be)."""
+    buffer = np.zeros(n + 256, np.uint8)
+    start = -buffer.ctypes.data % 256
+    return buffer[start:start + n]
+
+
+def test_backward_workspace():
+    dout, q, k, v, out, lse = backward_args()
+    need = _warpattn.backward_workspace_bytes(q)
+    assert need >= q.size * 4  # dQ's fp32 accumulator at least
+    assert _warpattn.backward_workspace_bytes(q, None, True, True) >= need
+    grads = (np.zeros_like(q), np.zeros_like(k), np.zeros_like(v))
+
+    def call(workspace):
+        _warpattn.backward(dout, q, k, v, out, lse, *grads, None, False, False, workspace, 0)
+    with pytest.raises(ValueError, match="workspace: expected at least %d bytes" % need):
+        call(aligned_bytes(need - 256))
+    with pytest.raises(ValueError, match="workspace: data pointer 0x[0-9a-f]+ must be 256-byte aligned"):
+        call(aligned_bytes(need + 1)[1:])
+    with pytest.raises(ValueError, match="workspace: expected a contiguous array"):
+        call(aligned_bytes(2 * need)[::2])
+    with pytest.raises(TypeError, match="dout: CUDA tensor required"):
+        call(aligned_bytes(need))
+    with pytest.raises(ValueError, match="q: expected rank 4"):
+        _warpattn.backward_workspace_bytes(q[0])
+
+
+# ---------------------------------------------------------------- PyTorch, no GPU
+
+@pytest.fixture
+def torch():
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    import warpattn.torch_op  # noqa: F401 (registers the custom ops, as the first call would)
+    return torch
+
+
+def meta_qkv(torch, b=2, sq=128, sk=96, hq=8, hkv=2, d=64):
+    """Meta tensors (shapes, no memory): the custom ops run their fake implementations on them."""
+    def make(*shape):
+        return torch.empty(shape, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    return make(b, sq, hq, d), make(b, sk, hkv, d), make(b, sk, hkv, d)
+
+
+def test_torch_fake_implementations(torch):
+    q, k, v = (t.detach() for t in meta_qkv(torch))
+    out, lse = torch.ops.warpattn.flash_attn_forward(q, k, v, None, True, False)
+    assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
+    assert lse.shape == (2, 8, 128) and lse.dtype == torch.float32
+    grads = torch.ops.warpattn.flash_attn_backward(out, q, k, v, out, lse, None, 0.1, True, True)
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    assert all(g.dtype == q.dtype and g.is_contiguous() for g in grads)
+
+
+def test_torch_opcheck(torch):
+    from warpattn.torch_op import flash_attn_backward, flash_attn_forward
+    q, k, v = meta_qkv(torch)
+    torch.library.opcheck(flash_attn_forward, (q, k, v, None, True, False))
+    out, lse = (t.detach() for t in flash_attn_forward(q, k, v, None, True, False))
+    q, k, v = (t.detach() for t in (q, k, v))
+    torch.library.opcheck(flash_attn_backward, (out, q, k, v, out, lse, None, None, True, False))
+
+
+def test_torch_autograd_shapes(torch):
+    q, k, v = meta_qkv(torch)
+    out = warpattn.flash_attn_func(q, k, v, causal=True, deterministic=True)
+    out.sum().backward()  # a stride-0 gradient, made contiguous for the kernel
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+
+
+def test_torch_compile_traces_forward_and_backward(torch):
+    q, k, v = meta_qkv(torch)
+    ops = []
+
+    def backend(graph, example_inputs):
+        from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+
+        def compiler(g, _):
+            ops.extend(str(n.target) for n in g.graph.nodes if n.op == "call_function")
+            return make_boxed_func(g.forward)
+        return aot_module_simplified(graph, example_inputs, fw_compiler=compiler, bw_compiler=compiler)
+
+    def loss(q, k, v):
+        return warpattn.flash_attn_func(q, k, v, causal=True).float().square().sum()
+    torch.compile(loss, backend=backend, fullgraph=True)(q, k, v).backward()
+    assert "warpattn.flash_attn_forward.default" in ops and "warpattn.flash_attn_backward.default" in ops
+    assert k.grad.shape == k.shape
+
+
+def test_torch_lse_gradient_is_refused_unless_zero(torch):
+    q = torch.zeros(1, 128, 2, 64, dtype=torch.float16)
+    lse = torch.zeros(1, 2, 128)
+    with pytest.raises(NotImplementedError, match="gradient of lse"):
+        torch.ops.warpattn.flash_attn_backward(q, q, q, q, q, lse, lse + 1, None, False, False)
+    with pytest.raises(TypeError, match="dout: CUDA tensor required"):  # a zero one passes
+        torch.ops.warpattn.flash_attn_backward(q, q, q, q, q, lse, lse, None, False, False)
+
+
+def test_torch_out_argument_is_not_differentiable(torch):
+    q = torch.zeros(1, 128, 2, 64, dtype=torch.float16)
+    k = q.clone().requires_grad_()
+    with pytest.raises(RuntimeError, match=r"out: flash_attn_func\(..., out=...\) is not differentiable"):
+        warpattn.flash_attn_func(q, k, q, out=torch.empty_like(q))
+    with torch.no_grad(), pytest.raises(TypeError, match="q: CUDA tensor required"):
+        warpattn.flash_attn_func(q, k, q, out=torch.empty_like(q))
+
+
+def test_torch_backward_on_cpu_tensors(torch):
+    dout, q, k, v, out, lse = (torch.from_numpy(a) for a in backward_args())
+    with pytest.raises(ValueError, match="dq: must not overlap q"):
+        warpattn.flash_attn_backward(dout, q, k, v, out, lse, dq=q)
+    with pytest.raises(TypeError, match="dout: CUDA tensor required"):
+        warpattn.flash_attn_backward(dout, q, k, v, out, lse)
+
+
+# -------------------------------------------------------------------- JAX, no GPU
+
+def test_jax_refusals():
+    jax = pytest.importorskip("jax", reason="JAX is not installed")
+    import jax.numpy as jnp
+    q = jnp.zeros((1, 128, 2, 64), jnp.bfloat16)
+    lse = jnp.zeros((1, 2, 128), jnp.float32)
+
+    def loss(q):
+        return warpattn.jax_flash_attn(q, q, q).astype(jnp.float32).sum()
+    if not any(dev.platform == "gpu" for dev in jax.devices()):
+        with pytest.raises(TypeError, match="q: CUDA tensor required .* got a JAX array on cpu"):
+            jax.grad(loss)(q)
+    with pytest.raises(TypeError, match="not traced ones under jax.jit"):
+        jax.jit(jax.grad(loss))(q)
+    with pytest.raises(ValueError, match="dq, dk, dv: JAX arrays are immutable"):
+        warpattn.flash_attn_backward(q, q, q, q, q, lse, dq=q)
+    with pytest.raises(ValueError, match="q: expected rank 4"):
+        warpattn.jax_flash_attn(q[0], q, q)
