@@ -3,11 +3,10 @@
 // (cp.reduce.async.bulk .add.f32), then frees the buffer once the reduce has read it. The
 // consumer's threads never wait on global memory.
 //
-// Deterministic mode: the key blocks add to a 64-row block of dQ in ascending order (each key
-// block before n also covers the query blocks n covers: query_block_range's begin only grows
-// with n). The writer waits until the block's turn counter shows every earlier key block's
-// pieces (kD / 64 per key block) as landed, adds, waits for its own add to land in global memory
-// (wait_group 0, not just the shared-memory read) and counts itself in with a release.
+// Deterministic mode: the key blocks add to a 64-row block of dQ in a fixed order (dq_turn in
+// key_block_work.hpp). The writer waits until the block's turn counter shows every earlier key
+// block's pieces (kD / 64 per key block) as landed, adds, waits for its own add to land in global
+// memory (wait_group 0, not just the shared-memory read) and counts itself in with a release.
 #pragma once
 
 #include "hopper/backward/backward_params.hpp"
@@ -39,7 +38,9 @@ __device__ __forceinline__ void run_dq_writer(BackwardSharedStorage<Cfg>& ss, co
       int* turn = nullptr;
       if constexpr (Cfg::kDeterministic) {
         turn = p.turns + (static_cast<int64_t>(work.batch) * p.heads_q + head) * p.rows / 64 + row_block;
-        const int mine = work.n_block * (kD / 64);
+        const int mine = dq_turn(work.n_block, work.m_block(step), kM, Cfg::kBlockN, p.seqlen_q, p.seqlen_k,
+                                 Cfg::kCausal) *
+                         (kD / 64);  // each key block adds kD / 64 pieces to a 64-row block
         while (load_acquire_gpu(turn) < mine) {
         }
         fence_proxy_async_global();

@@ -3,7 +3,7 @@
 // dQ pieces to global memory), the other two consume (backward_consumer.cuh).
 // Not persistent: the grid is ordered key block fastest, so under the causal mask the long
 // key blocks (the first ones see the most query blocks) start first, and in the deterministic
-// mode the key block a CTA waits for was launched before it.
+// mode the key blocks a CTA waits for were launched before it.
 #pragma once
 #include <cuda.h>
 
@@ -38,7 +38,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   __syncthreads();  // the last CTA-wide barrier: roles split below
 
   KeyBlockWork work;
-  work.n_block = blockIdx.x;
+  // Key blocks first-first (the longest under the causal mask start first), except for the
+  // deterministic causal order, which needs them last-first (dq_turn).
+  work.n_block = Cfg::kCausal && Cfg::kDeterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   work.head_kv = blockIdx.y;
   work.batch = blockIdx.z;
   work.group = params.kv_group;

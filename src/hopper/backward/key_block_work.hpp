@@ -27,6 +27,26 @@ WARPATTN_HOST_DEVICE QueryBlockRange query_block_range(int n, int block_n, int b
   return r;
 }
 
+// The last key block with a key visible to some row of query block m (one that has rows:
+// m < ceil(seqlen_q / block_m), and under the causal mask m >= query_block_range(0).begin).
+WARPATTN_HOST_DEVICE int last_key_block(int m, int block_m, int block_n, int seqlen_q, int seqlen_k, bool causal) {
+  const int last = ceil_div(seqlen_k, block_n) - 1;
+  if (!causal) return last;
+  const int last_row = ((m + 1) * block_m < seqlen_q ? (m + 1) * block_m : seqlen_q) - 1;
+  const int n = (last_row + seqlen_k - seqlen_q) / block_n;
+  return n < last ? n : last;
+}
+
+// Deterministic mode: the key blocks add their dQ to query block m one at a time, this one
+// after `dq_turn` others. Without a mask in ascending order (all start at query block 0 and
+// walk up together); under the causal mask in descending order, from the diagonal: key block
+// n's first query block is one no later key block reaches, so it starts without waiting, and
+// the kernel launches the key blocks last-first so that those a CTA waits for were launched
+// before it.
+WARPATTN_HOST_DEVICE int dq_turn(int n, int m, int block_m, int block_n, int seqlen_q, int seqlen_k, bool causal) {
+  return causal ? last_key_block(m, block_m, block_n, seqlen_q, seqlen_k, true) - n : n;
+}
+
 struct KeyBlockWork {
   int n_block, head_kv, batch;
   QueryBlockRange m;
