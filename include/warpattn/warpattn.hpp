@@ -63,7 +63,7 @@ class Error : public std::runtime_error {
 // Head dimensions with a kernel.
 inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
 // Head dimensions with a backward kernel.
-inline constexpr int kBackwardHeadDims[] = {64, 128};
+inline constexpr int kBackwardHeadDims[] = {64, 128, 256};
 
 // out = softmax(scale · q·kᵀ [+ causal mask]) · v, per batch and query head.
 //   q:   (B, Sq, Hq, D)   fp16 or bf16

@@ -81,7 +81,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=Fals
     dv: tensors to write (PyTorch and CuPy), shaped as q, k, v (dk and dv summed over the query
     heads of a group); each one not given is allocated. softmax_scale and causal must be those of
     the forward call. deterministic: the same bits on every run (dq's partial sums are added in
-    a fixed order), slower. Head dims: warpattn.backward_head_dims (64 and 128). Runs on the
+    a fixed order), slower. Head dims: warpattn.backward_head_dims (64, 128 and 256). Runs on the
     current stream (PyTorch, CuPy) and returns without synchronising; JAX arrays are waited for
     and the result handed back once computed. PyTorch users get this through autograd.
     """

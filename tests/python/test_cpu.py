@@ -23,7 +23,7 @@ def qkv(b=2, sq=128, sk=128, hq=8, hkv=8, d=64, dtype=np.float16):
 
 def test_import_and_metadata():
     assert warpattn.supported_head_dims == (64, 128, 256)
-    assert warpattn.backward_head_dims == (64, 128)
+    assert warpattn.backward_head_dims == (64, 128, 256)
     assert warpattn.__version__
     for name in ("flash_attn_func", "flash_attn_backward", "jax_flash_attn"):
         assert name in warpattn.__all__
@@ -170,8 +170,8 @@ def test_backward_argument_errors(change, message):
 
 
 def test_backward_head_dim_without_a_kernel():
-    with pytest.raises(ValueError, match=r"head_dim \(shape\[3\]\) must be one of 64, 128 for the backward, got 256"):
-        warpattn.flash_attn_backward(*backward_args(d=256))
+    with pytest.raises(ValueError, match=r"head_dim \(shape\[3\]\) must be one of 64, 128, 256, got 96"):
+        warpattn.flash_attn_backward(*backward_args(d=96))
 
 
 def test_backward_tensor_errors():

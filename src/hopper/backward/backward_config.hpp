@@ -19,20 +19,30 @@ struct BackwardConfig {
   static constexpr bool kDeterministic = kDeterministic_;
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
-  static constexpr int kBlockN = 64 * kConsumerWarpgroups;  // keys per CTA
-  // Query rows per step. dQ's tile (kBlockM x d) is split over the two consumers by 64-column
-  // chunks: at d = 128 one chunk each (kBlockM = 64, the same 64 queries); at d = 64 the
-  // whole row width, so each takes 64 of kBlockM = 128 queries.
+  // d = 256: a consumer's dK and dV for 64 keys would take 256 registers a thread. There both
+  // consumers take the same 64 keys and split the head dim: each keeps dK and dV for half of its
+  // columns, and each computes S and dP whole (the same values, bit for bit; consumer 0 stores
+  // dS). That repeats two of the five GEMMs, the price of keeping P and dS in registers.
+  static constexpr bool kSplitHeadDim = kHeadDim == 256;
+  static constexpr int kBlockN = kSplitHeadDim ? 64 : 64 * kConsumerWarpgroups;  // keys per CTA
+  static constexpr int kKVColumns = kSplitHeadDim ? kHeadDim / 2 : kHeadDim;     // dK, dV columns per consumer
+  // Query rows per step. dQ's tile (kBlockM x d) is split over the two consumers in pieces of
+  // 64 x 64: at d = 128 one each (the same 64 queries, columns 64·consumer..), at d = 256 two
+  // each (columns 128·consumer..), at d = 64 the whole row width, so each takes 64 of kBlockM =
+  // 128 queries.
   static constexpr int kBlockM = kHeadDim == 64 ? 128 : 64;
-  static constexpr int kDqChunk = 64;  // dQ columns per consumer's GEMM
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "d = 256 has no backward configuration yet");
-  static_assert(kBlockM / 64 * kHeadDim / kDqChunk == kConsumerWarpgroups, "each consumer owns one dQ piece");
-  static constexpr int kStages = 2;  // Q (+ LSE) and dO (+ D) buffers
+  static constexpr int kDqPiecesPerConsumer = kHeadDim == 256 ? 2 : 1;
+  static_assert(kBlockM / 64 * kHeadDim / 64 == kConsumerWarpgroups * kDqPiecesPerConsumer,
+                "the consumers' dQ pieces tile the step's dQ");
+  // Q (+ LSE) and dO (+ D) buffers; d = 256 keeps one dO buffer to fit in shared memory (dO is
+  // free again after the dV GEMM, early in a step).
+  static constexpr int kQStages = 2;
+  static constexpr int kDoStages = kSplitHeadDim ? 1 : 2;
   static constexpr int kPanels = kHeadDim / 64;  // 128-byte panels per row
   static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKTileBytes = kBlockN * kHeadDim * 2;
   static constexpr int kDsTileBytes = kBlockN * kBlockM * 2;  // dS as [key][query], 64-query panels
-  static constexpr int kDqPieceFloats = 64 * kDqChunk;       // one consumer's dQ piece
+  static constexpr int kDqPieceFloats = 64 * 64;
   // setmaxnreg: 24 + 2 x 240 = 504 per 128 threads, within the launch's 384 x 168.
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;

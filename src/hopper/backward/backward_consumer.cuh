@@ -69,13 +69,14 @@ template <class Cfg>
 struct BackwardConsumer {
   using Element = typename Cfg::Element;
   static constexpr int kM = Cfg::kBlockM, kN = Cfg::kBlockN, kD = Cfg::kHeadDim;
+  static constexpr int kKV = Cfg::kKVColumns, kPieces = Cfg::kDqPiecesPerConsumer;
 
   BackwardSharedStorage<Cfg>& ss;
   const BackwardParams& p;
   const KeyBlockWork& work;
   const int warpgroup;
   const FragmentCoords f;
-  const int key0;  // this warpgroup's first key
+  const int key0;  // this warpgroup's first key (its 64 keys: the CTA's, or a half of them)
 
   __device__ __forceinline__ BackwardConsumer(BackwardSharedStorage<Cfg>& ss_, const BackwardParams& p_,
                                               const KeyBlockWork& work_, int warpgroup_)
@@ -84,7 +85,7 @@ struct BackwardConsumer {
         work(work_),
         warpgroup(warpgroup_),
         f(threadIdx.x % 128),
-        key0(work_.n_block * kN + 64 * warpgroup_) {}
+        key0(work_.n_block * kN + (Cfg::kSplitHeadDim ? 0 : 64 * warpgroup_)) {}
 
   // Pᵀ from Sᵀ in place. Query rows past seqlen_q have LSE_log2 = +inf (P = 0 by itself); keys
   // past seqlen_k (zero-filled by TMA) and above the causal diagonal are masked.
@@ -137,20 +138,20 @@ struct BackwardConsumer {
     for (int kk = 0; kk < kM / 16; ++kk)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int key = 64 * warpgroup + f.row(i % 2);
+        const int key = key0 - work.n_block * kN + f.row(i % 2);
         const int j = 2 * kk + i / 2;  // 8-query group
         const int chunk = (j % 8) ^ (key % 8);
         *reinterpret_cast<uint32_t*>(base + (j / 8) * kN * 128 + key * 128 + chunk * 16 + f.quad * 4) = ds[kk][i];
       }
   }
 
-  // dQ piece = dS·K for this warpgroup's piece: at kM = 64 columns 64·warpgroup.. of all 64
-  // queries (A the whole dS buffer, B K's panel), at kM = 128 all 64 columns for queries
-  // 64·warpgroup.. (A that dS panel, B K's only panel).
-  __device__ __forceinline__ void issue_dq_gemm(float (&dq)[32], int buf) const {
+  // dQ piece `piece` of this warpgroup = dS·K: at kM = 64 the 64 columns of piece
+  // kPieces·warpgroup + piece for all 64 queries (A the whole dS buffer, B that panel of K); at
+  // kM = 128 all 64 columns for queries 64·warpgroup.. (A that dS panel, B K's only panel).
+  __device__ __forceinline__ void issue_dq_gemm(float (&dq)[32], int buf, int piece) const {
     using Mma = ptx::WgmmaSSTransposed<Element, 64>;
     const uint32_t a = ptx::smem_addr(ss.ds[buf]) + (kM == 128 ? warpgroup * kN * 128 : 0);
-    const uint32_t b = ptx::smem_addr(ss.k) + (kM == 64 ? warpgroup * kN * 128 : 0);
+    const uint32_t b = ptx::smem_addr(ss.k) + (kM == 64 ? (kPieces * warpgroup + piece) * kN * 128 : 0);
     const uint64_t ad = ptx::make_smem_desc(a, kN * 128, 1024, 128);
     const uint64_t bd = ptx::make_smem_desc(b, kN * 128, 1024, 128);
     ptx::wgmma_fence();
@@ -161,10 +162,10 @@ struct BackwardConsumer {
 
   // Hands the dQ piece to this warpgroup's writer warp (backward_dq_writer.cuh) through the
   // piece buffer, in dq_accum.cuh's order, once the writer has read the previous one.
-  __device__ __forceinline__ void hand_over_dq_piece(const float (&dq)[32], int step) const {
+  __device__ __forceinline__ void hand_over_dq_piece(const float (&dq)[32], int ordinal) const {
     using namespace ptx;
     const int t = threadIdx.x % 128;
-    if (step > 0) named_barrier_sync(BackwardBarrier::kDqEmpty0 + warpgroup, BackwardBarrier::kDqThreads);
+    if (ordinal > 0) named_barrier_sync(BackwardBarrier::kDqEmpty0 + warpgroup, BackwardBarrier::kDqThreads);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
       reinterpret_cast<float4*>(ss.dq_piece[warpgroup])[DqAccumLayout::fragment_offset(j, t) / 4] =
@@ -181,77 +182,92 @@ struct BackwardConsumer {
 
   __device__ __forceinline__ void run() const {
     using namespace ptx;
-    float dk[kD / 2], dv[kD / 2];
+    float dk[kKV / 2], dv[kKV / 2];
 #pragma unroll
-    for (int i = 0; i < kD / 2; ++i) dk[i] = dv[i] = 0.f;
-    const uint32_t k_rows = smem_addr(ss.k) + warpgroup * 64 * 128;
-    const uint32_t v_rows = smem_addr(ss.v) + warpgroup * 64 * 128;
+    for (int i = 0; i < kKV / 2; ++i) dk[i] = dv[i] = 0.f;
+    const uint32_t k_rows = smem_addr(ss.k) + (key0 - work.n_block * kN) * 128;
+    const uint32_t v_rows = smem_addr(ss.v) + (key0 - work.n_block * kN) * 128;
     if (work.steps() > 0) mbarrier_wait(smem_addr(&ss.kv_full), 0);
     for (int step = 0; step < work.steps(); ++step) {
-      const RingSlot slot = ring_slot<Cfg::kStages>(step);
+      const RingSlot qs = ring_slot<Cfg::kQStages>(step), ds = ring_slot<Cfg::kDoStages>(step);
       const int head = work.head(step), m_block = work.m_block(step);
       const int buf = step % 2;
       float s[kM / 2], dp[kM / 2];
-      mbarrier_wait(smem_addr(&ss.q_full[slot.stage]), slot.phase);
-      issue_rows_gemm<Element, Cfg::kPanels, kN, kM>(s, k_rows, smem_addr(ss.q[slot.stage]));
+      mbarrier_wait(smem_addr(&ss.q_full[qs.stage]), qs.phase);
+      issue_rows_gemm<Element, Cfg::kPanels, kN, kM>(s, k_rows, smem_addr(ss.q[qs.stage]));
       wgmma_commit();
-      mbarrier_wait(smem_addr(&ss.do_full[slot.stage]), slot.phase);
-      issue_rows_gemm<Element, Cfg::kPanels, kN, kM>(dp, v_rows, smem_addr(ss.dout[slot.stage]));
+      mbarrier_wait(smem_addr(&ss.do_full[ds.stage]), ds.phase);
+      issue_rows_gemm<Element, Cfg::kPanels, kN, kM>(dp, v_rows, smem_addr(ss.dout[ds.stage]));
       wgmma_commit();
       wgmma_wait<1>();
       pin(s);
-      probabilities(s, slot.stage, m_block * kM);
+      probabilities(s, qs.stage, m_block * kM);
       wgmma_wait<0>();
       pin(dp);
-      score_gradients(s, dp, slot.stage);
+      score_gradients(s, dp, ds.stage);
       uint32_t pt[kM / 16][4], dst[kM / 16][4];
       accumulator_to_operand<Element, kM>(s, pt);
       accumulator_to_operand<Element, kM>(dp, dst);
       // dSᵀ to shared memory before the register GEMMs read dst (registers an in-flight wgmma
-      // reads must not be touched until it completes).
-      write_ds(dst, buf);
-      fence_proxy_async_shared();
+      // reads must not be touched until it completes). With the head dim split, both consumers
+      // hold the same dS: consumer 0 stores it.
+      if (!Cfg::kSplitHeadDim || warpgroup == 0) {
+        write_ds(dst, buf);
+        fence_proxy_async_shared();
+      }
       pin(dv);
       pin(dk);
       pin(pt);
       pin(dst);
       // dV, then dQ once both halves of dS are written, then dK: dQ completes first among what
-      // the writer waits for, and dK runs while the dQ piece is handed over.
+      // the writer waits for, and dK runs while the dQ piece is handed over. A consumer's
+      // dK and dV columns: kKV from kKV·warpgroup with the head dim split, else all.
+      const uint32_t kv_columns = Cfg::kSplitHeadDim ? warpgroup * (kKV / 64) * kM * 128 : 0;
       wgmma_fence();
-      issue_register_gemm<Element, kD, kM / 16, kM * 128>(dv, pt, smem_addr(ss.dout[slot.stage]));
+      issue_register_gemm<Element, kKV, kM / 16, kM * 128>(dv, pt, smem_addr(ss.dout[ds.stage]) + kv_columns);
       wgmma_commit();
       named_barrier_sync(BackwardBarrier::kDsWritten, 256);
       float dq[32];
-      issue_dq_gemm(dq, buf);
+      issue_dq_gemm(dq, buf, 0);
       wgmma_commit();
-      issue_register_gemm<Element, kD, kM / 16, kM * 128>(dk, dst, smem_addr(ss.q[slot.stage]));
+      issue_register_gemm<Element, kKV, kM / 16, kM * 128>(dk, dst, smem_addr(ss.q[qs.stage]) + kv_columns);
       wgmma_commit();
       wgmma_wait<1>();  // dV and dQ
       pin(dv);
       pin(dq);
       pin(pt);
-      release(&ss.do_empty[slot.stage]);
-      hand_over_dq_piece(dq, step);
+      release(&ss.do_empty[ds.stage]);
+      hand_over_dq_piece(dq, step * kPieces);
+#pragma unroll
+      for (int piece = 1; piece < kPieces; ++piece) {  // into the same registers, once handed over
+        issue_dq_gemm(dq, buf, piece);
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin(dq);
+        hand_over_dq_piece(dq, step * kPieces + piece);
+      }
       wgmma_wait<0>();  // dK
       pin(dk);
       pin(dst);
-      release(&ss.q_empty[slot.stage]);
+      release(&ss.q_empty[qs.stage]);
     }
     store(dk, dv);
   }
 
-  // dK (times the softmax scale: dK = scale · dSᵀ·Q) and dV for the keys before seqlen_k.
-  __device__ __forceinline__ void store(float (&dk)[kD / 2], const float (&dv)[kD / 2]) const {
+  // dK (times the softmax scale: dK = scale · dSᵀ·Q) and dV for the keys before seqlen_k: this
+  // warpgroup's kKV columns.
+  __device__ __forceinline__ void store(float (&dk)[kKV / 2], const float (&dv)[kKV / 2]) const {
 #pragma unroll
-    for (int i = 0; i < kD / 2; ++i) dk[i] *= p.softmax_scale;
+    for (int i = 0; i < kKV / 2; ++i) dk[i] *= p.softmax_scale;
+    const int column0 = Cfg::kSplitHeadDim ? warpgroup * kKV : 0;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int key = key0 + f.row(r);
       const bool inside = key < p.seqlen_k;
-      store_accumulator_row<Element, kD>(dk, r, f.quad,
-                                         inside ? p.dk.row<Element>(work.batch, key, work.head_kv) : nullptr);
-      store_accumulator_row<Element, kD>(dv, r, f.quad,
-                                         inside ? p.dv.row<Element>(work.batch, key, work.head_kv) : nullptr);
+      store_accumulator_row<Element, kKV>(
+          dk, r, f.quad, inside ? p.dk.row<Element>(work.batch, key, work.head_kv) + column0 : nullptr);
+      store_accumulator_row<Element, kKV>(
+          dv, r, f.quad, inside ? p.dv.row<Element>(work.batch, key, work.head_kv) + column0 : nullptr);
     }
   }
 };

@@ -28,10 +28,15 @@ __device__ __forceinline__ void run_dq_writer(BackwardSharedStorage<Cfg>& ss, co
   const bool leader = threadIdx.x % 32 == 0;
   // The consumer's piece: at kM = 64 columns 64·consumer.. of the step's 64 rows; at kM = 128
   // all columns of rows 64·consumer.. of the step's 128.
-  const int piece_index = kM == 64 ? consumer : 0;
-  for (int step = 0; step < work.steps(); ++step) {
+  // kDqPiecesPerConsumer pieces per step: at kM = 64 pieces kPieces·consumer.. (64 columns
+  // each) of the step's 64 rows; at kM = 128 all columns of rows 64·consumer.. of its 128.
+  constexpr int kPieces = Cfg::kDqPiecesPerConsumer;
+  const int ordinals = work.steps() * kPieces;
+  for (int ordinal = 0; ordinal < ordinals; ++ordinal) {
+    const int step = ordinal / kPieces, piece = ordinal % kPieces;
     const int head = work.head(step);
     const int row_block = work.m_block(step) * kM / 64 + (kM == 128 ? consumer : 0);
+    const int piece_index = kM == 64 ? kPieces * consumer + piece : 0;
     named_barrier_sync(BackwardBarrier::kDqFull0 + consumer, BackwardBarrier::kDqThreads);
     if (leader) {
       float* dst = p.dq_accum + DqAccumLayout::piece_offset(p, work.batch, head, row_block, piece_index, kD);
@@ -52,10 +57,10 @@ __device__ __forceinline__ void run_dq_writer(BackwardSharedStorage<Cfg>& ss, co
         fence_proxy_async_global();
         add_release_gpu(turn, 1);
       }
-      if (step + 1 < work.steps()) tma_store_wait_read();
+      if (ordinal + 1 < ordinals) tma_store_wait_read();
     }
     __syncwarp();
-    if (step + 1 < work.steps())  // the consumer waits for this before its next piece
+    if (ordinal + 1 < ordinals)  // the consumer waits for this before its next piece
       named_barrier_arrive(BackwardBarrier::kDqEmpty0 + consumer, BackwardBarrier::kDqThreads);
   }
   if (leader) bulk_wait_all();  // the last adds have landed before the CTA (and its shared memory) ends

@@ -27,10 +27,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (threadIdx.x == 0) {
     mbarrier_init(smem_addr(&ss.kv_full), 1);
 #pragma unroll
-    for (int s = 0; s < Cfg::kStages; ++s) {
+    for (int s = 0; s < Cfg::kQStages; ++s) {
       mbarrier_init(smem_addr(&ss.q_full[s]), 1);
-      mbarrier_init(smem_addr(&ss.do_full[s]), 1);
       mbarrier_init(smem_addr(&ss.q_empty[s]), Cfg::kConsumerWarpgroups);
+    }
+#pragma unroll
+    for (int s = 0; s < Cfg::kDoStages; ++s) {
+      mbarrier_init(smem_addr(&ss.do_full[s]), 1);
       mbarrier_init(smem_addr(&ss.do_empty[s]), Cfg::kConsumerWarpgroups);
     }
     fence_barrier_init();

@@ -1,6 +1,6 @@
 // The backward's producer: one thread loads K and V once, then for every step Q with its rows'
 // LSE_log2 and dO with their D (1-D bulk copies of the preprocess's row terms on the same
-// mbarriers), through a two-stage ring, in the consumers' order.
+// mbarriers), through rings of kQStages and kDoStages buffers, in the consumers' order.
 #pragma once
 #include <cuda.h>
 
@@ -37,13 +37,13 @@ __device__ __forceinline__ void run_backward_producer(BackwardSharedStorage<Cfg>
   tma_load_5d(smem_addr(ss.k), tm_k, kv_bar, 0, work.n_block * Cfg::kBlockN, 0, work.head_kv, work.batch);
   tma_load_5d(smem_addr(ss.v), tm_v, kv_bar, 0, work.n_block * Cfg::kBlockN, 0, work.head_kv, work.batch);
   for (int step = 0; step < work.steps(); ++step) {
-    const RingSlot slot = ring_slot<Cfg::kStages>(step);
+    const RingSlot qs = ring_slot<Cfg::kQStages>(step), ds = ring_slot<Cfg::kDoStages>(step);
     const int head = work.head(step), m_block = work.m_block(step);
     const int64_t first_row = (static_cast<int64_t>(work.batch) * p.heads_q + head) * p.rows + m_block * Cfg::kBlockM;
-    load_query_tile<Cfg>(tm_q, ss.q[slot.stage], p.lse_log2 + first_row, ss.lse_log2[slot.stage],
-                         &ss.q_full[slot.stage], &ss.q_empty[slot.stage], slot, m_block, head, work.batch);
-    load_query_tile<Cfg>(tm_do, ss.dout[slot.stage], p.row_d + first_row, ss.row_d[slot.stage],
-                         &ss.do_full[slot.stage], &ss.do_empty[slot.stage], slot, m_block, head, work.batch);
+    load_query_tile<Cfg>(tm_q, ss.q[qs.stage], p.lse_log2 + first_row, ss.lse_log2[qs.stage], &ss.q_full[qs.stage],
+                         &ss.q_empty[qs.stage], qs, m_block, head, work.batch);
+    load_query_tile<Cfg>(tm_do, ss.dout[ds.stage], p.row_d + first_row, ss.row_d[ds.stage], &ss.do_full[ds.stage],
+                         &ss.do_empty[ds.stage], ds, m_block, head, work.batch);
   }
 }
 

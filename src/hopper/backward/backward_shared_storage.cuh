@@ -11,17 +11,17 @@ template <class Cfg>
 struct BackwardSharedStorage {
   alignas(1024) uint8_t k[Cfg::kKTileBytes];
   alignas(1024) uint8_t v[Cfg::kKTileBytes];
-  alignas(1024) uint8_t q[Cfg::kStages][Cfg::kQTileBytes];
-  alignas(1024) uint8_t dout[Cfg::kStages][Cfg::kQTileBytes];
+  alignas(1024) uint8_t q[Cfg::kQStages][Cfg::kQTileBytes];
+  alignas(1024) uint8_t dout[Cfg::kDoStages][Cfg::kQTileBytes];
   alignas(1024) uint8_t ds[2][Cfg::kDsTileBytes];
   alignas(1024) float dq_piece[Cfg::kConsumerWarpgroups][Cfg::kDqPieceFloats];
-  alignas(16) float lse_log2[Cfg::kStages][Cfg::kBlockM];
-  alignas(16) float row_d[Cfg::kStages][Cfg::kBlockM];
+  alignas(16) float lse_log2[Cfg::kQStages][Cfg::kBlockM];
+  alignas(16) float row_d[Cfg::kDoStages][Cfg::kBlockM];
   alignas(8) uint64_t kv_full;
-  uint64_t q_full[Cfg::kStages];
-  uint64_t q_empty[Cfg::kStages];  // both consumers' dK GEMM (Q's last reader) has completed
-  uint64_t do_full[Cfg::kStages];
-  uint64_t do_empty[Cfg::kStages];  // both consumers' dV GEMM (dO's last reader) has completed
+  uint64_t q_full[Cfg::kQStages];
+  uint64_t q_empty[Cfg::kQStages];  // both consumers' dK GEMM (Q's last reader) has completed
+  uint64_t do_full[Cfg::kDoStages];
+  uint64_t do_empty[Cfg::kDoStages];  // both consumers' dV GEMM (dO's last reader) has completed
 };
 
 // Named barriers of the backward (0 is __syncthreads).

@@ -22,6 +22,7 @@ static void dispatch_head_dim(const BackwardProblem& p, const BackwardTensors& t
   switch (p.head_dim) {
     case 64: return run_backward_head_dim<Element, 64>(p, t, workspace, stream);
     case 128: return run_backward_head_dim<Element, 128>(p, t, workspace, stream);
+    case 256: return run_backward_head_dim<Element, 256>(p, t, workspace, stream);
   }
   throw Error("q: head dim " + std::to_string(p.head_dim) + " has no backward kernel yet");
 }

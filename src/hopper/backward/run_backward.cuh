@@ -68,6 +68,7 @@ void run_backward(const BackwardProblem& pr, const BackwardTensors& t, void* wor
     const CUtensorMap tm_v = make_panel_tensor_map(t.v, "v", Cfg::kBlockN, Cfg::kPanels, 128);
     auto kernel = attention_backward_kernel<Cfg>;
     constexpr int kSmem = sizeof(BackwardSharedStorage<Cfg>);
+    static_assert(kSmem <= 227 * 1024, "more shared memory than a CTA may have on sm_90");
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                "attention_backward_kernel: setting its shared-memory size");
     kernel<<<dim3(n_blocks, p.heads_kv, p.batch), Cfg::kThreads, kSmem, stream>>>(tm_q, tm_k, tm_v, tm_do, p);
