@@ -5,15 +5,15 @@
 #
 # From the compiler log (ptxas -v output, see HOPPER-PRIMER.md §1.3):
 #   1. Each function compiled for sm_90a whose mangled name contains "attention_forward",
-#      "split_tail" or "hopper" must show 0 bytes stack frame, 0 bytes spill stores and 0 bytes
+#      "attention_backward", "backward_row_terms", "convert_dq", "split_tail" or "hopper" must show 0 bytes stack frame, 0 bytes spill stores and 0 bytes
 #      spill loads.
 #      Its "cumulative stack size" (stack used by functions it calls) must be 0 too.
 #      Other functions are not checked.
 #   2. No line may contain a ptxas advisory code C75xx (for example C7511, C7515, C7519).
 #      Every such line is printed.
 # From the SASS of the library (cuobjdump -sass, see HOPPER-PRIMER.md §1.4):
-#   3. There must be at least one forward kernel: an entry function whose name contains
-#      "attention_forward". With none, the check fails instead of passing vacuously.
+#   3. There must be at least one attention kernel: an entry function whose name contains
+#      "attention_forward" or "attention_backward" (the checks 4-5 call both "forward kernel"). With none, the check fails instead of passing vacuously.
 #   4. Each forward kernel must contain wgmma instructions of its type: HGMMA (fp16/bf16),
 #      QGMMA (FP8 kernels, whose names carry __nv_fp8_e4m3), and IGMMA as well in the FP8
 #      kernels with INT8 Q and K (QKElement int8_t: their mangled names end in "aLi<n>EEEEEv").
@@ -47,8 +47,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-HOPPER_RE='attention_forward|split_tail|hopper'   # names under checks 1 and 6
-FORWARD_RE='attention_forward'         # forward kernels: checks 3-5
+HOPPER_RE='attention_forward|attention_backward|backward_row_terms|convert_dq|split_tail|hopper'  # checks 1 and 6
+FORWARD_RE='attention_forward|attention_backward'  # the attention kernels (forward and backward): checks 3-5
 GMMA_RE='[[:space:]]HGMMA[.]'
 QGMMA_RE='[[:space:]]QGMMA[.]'
 IGMMA_RE='[[:space:]]IGMMA[.]'
@@ -254,7 +254,7 @@ awk -F '\t' -v fwd="$FORWARD_RE" -v hop="$HOPPER_RE" '
       if (fp8 && gq[k] == 0) printf "FAIL\tFP8 forward kernel [%s] (%s) has no QGMMA in its SASS: the FP8 WGMMA path was not compiled\n", name, arch
       if (int8qk && gi[k] == 0) printf "FAIL\tINT8-Q/K forward kernel [%s] (%s) has no IGMMA in its SASS: its S GEMM is not s8\n", name, arch
       if (arch != "sm_90a") printf "FAIL\tforward kernel [%s] is compiled for %s, expected sm_90a\n", name, arch
-      if (name ~ /ConfigI(13__nv_fp8_e4m3|13__nv_bfloat16|6__half)Li(128|256)E/ &&
+      if (name ~ /ForwardConfigI(13__nv_fp8_e4m3|13__nv_bfloat16|6__half)Li(128|256)E/ &&
           (!(name in overlap) || overlap[name] < 8 || early_max[name] < 16))
         printf "FAIL\tforward kernel [%s]: fewer than 8 MUFU.EX2 or 16 FMNMX between the S wait and the P.V wait of its main loop: the softmax no longer runs under P.V (ForwardConfig::kSoftmaxRowsThenConvert; schedule fence lost?)\n", name
       if (!(name in logged)) printf "FAIL\tforward kernel [%s] has no ptxas report in the compile log (stale or incomplete log: run bash scripts/build.sh)\n", name
@@ -278,7 +278,7 @@ done < "$TMP/verdict.tsv"
 
 # Summary
 nk=$(grep -c '^K' "$TMP/verdict.tsv" || true)
-say "forward kernels in $LIB: $nk"
+say "attention kernels (forward and backward) in $LIB: $nk"
 if [ "$nk" -gt 0 ]; then
   printf '  %-7s %12s %5s  %s\n' arch wgmma REG kernel
   while IFS=$'\t' read -r _ arch name n r; do

@@ -71,6 +71,8 @@ def main(argv=None):
     p.add_argument("--passes", type=int, default=3)
     p.add_argument("--deterministic", action="store_true", help="also time warpattn's deterministic mode")
     p.add_argument("--json", default=None)
+    p.add_argument("--warpattn-only", action="store_true",
+                   help="run warpattn's backward alone, a few times, untimed (for ncu / compute-sanitizer)")
     args = p.parse_args(argv)
 
     import torch
@@ -102,6 +104,11 @@ def main(argv=None):
                 if args.deterministic:
                     launches["warpattn_det"] = warpattn_backward_call(
                         lib, torch, args.dtype, (dout, q, k, v, out, lse, dq, dk, dv), causal, True)
+                if args.warpattn_only:
+                    for _ in range(3):
+                        launches["warpattn"]()
+                    torch.cuda.synchronize()
+                    continue
                 grads = {}
                 for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
                     try:
