@@ -9,13 +9,12 @@
 
 namespace warpattn::detail {
 
-struct ForwardProblem {
-  int64_t batch = 0;
-  int64_t seqlen_q = 0;
-  int64_t seqlen_k = 0;
-  int64_t heads_q = 0;
-  int64_t heads_kv = 0;
-  int64_t head_dim = 0;
+// The checked sizes of a call (forward, backward, quantize_fp8, forward_fp8).
+struct ProblemSizes {
+  int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
+};
+
+struct ForwardProblem : ProblemSizes {
   DType dtype = DType::bf16;
   float softmax_scale = 1.f;  // resolved: the option, or 1/sqrt(head_dim)
   bool causal = false;
@@ -28,10 +27,6 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
                                 const TensorView& out, const std::optional<TensorView>& lse,
                                 const ForwardOptions& options);
 
-// The checked sizes of a call (forward, quantize_fp8, forward_fp8).
-struct ProblemSizes {
-  int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
-};
 
 // True when some dimension is 0 (nothing to read or write).
 bool is_empty(const TensorView& t);
@@ -48,8 +43,7 @@ ForwardProblem validate_forward_fp8(const Fp8Operands& f, const TensorView& out,
                                     const ForwardOptions& options);
 
 // What validation hands to the backward's dispatch.
-struct BackwardProblem {
-  int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
+struct BackwardProblem : ProblemSizes {
   DType dtype = DType::bf16;
   float softmax_scale = 1.f;  // resolved
   bool causal = false;

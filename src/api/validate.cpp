@@ -424,12 +424,7 @@ ProblemSizes check_attention_tensors(std::span<const Operand> operands, const Ar
 // What dispatch needs of a validated call; the softmax scale resolved to its default.
 ForwardProblem forward_problem(const ProblemSizes& sizes, DType dtype, const ForwardOptions& options, bool has_lse) {
   ForwardProblem p;
-  p.batch = sizes.batch;
-  p.seqlen_q = sizes.seqlen_q;
-  p.seqlen_k = sizes.seqlen_k;
-  p.heads_q = sizes.heads_q;
-  p.heads_kv = sizes.heads_kv;
-  p.head_dim = sizes.head_dim;
+  static_cast<ProblemSizes&>(p) = sizes;
   p.dtype = dtype;
   p.softmax_scale = resolved_softmax_scale(options.softmax_scale, sizes.head_dim);
   p.causal = options.causal;
@@ -561,12 +556,7 @@ BackwardProblem validate_backward(const BackwardTensors& t, const BackwardOption
   check_written_apart(tensors, written);
 
   BackwardProblem p;
-  p.batch = sizes.batch;
-  p.seqlen_q = sizes.seqlen_q;
-  p.seqlen_k = sizes.seqlen_k;
-  p.heads_q = sizes.heads_q;
-  p.heads_kv = sizes.heads_kv;
-  p.head_dim = sizes.head_dim;
+  static_cast<ProblemSizes&>(p) = sizes;
   p.dtype = t.q.dtype;
   p.softmax_scale = resolved_softmax_scale(options.softmax_scale, sizes.head_dim);
   p.causal = options.causal;
