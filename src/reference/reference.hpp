@@ -78,13 +78,40 @@ struct BackwardSpreads {
 // q, k, v as for attention(); dout [B][Sq][Hq][D] like out; dq [B][Sq][Hq][D], dk and dv
 // [B][Sk][Hkv][D], every element written. Under GQA dk and dv are summed over the query heads
 // of the group; a row with no visible key contributes nothing and gets a zero dq row.
-// Spread over std::thread::hardware_concurrency() threads: first per query row (its O, LSE,
-// D and dq row), then per (batch, kv head, block of keys) (their dk and dv rows), so no two
-// threads write one element, and each element is summed by one thread in a fixed order: the
-// result is bitwise the same for any thread count.
+// Spread over std::thread::hardware_concurrency() threads: first per block of query rows
+// (their O, LSE and D), then per query row (its dq row), then per (batch, kv head, block of keys)
+// (their dk and dv rows), so no two threads write one element, and each element is summed by one
+// thread in a fixed order: the result is bitwise the same for any thread count.
 void attention_backward(const AttentionShape& s, const float* q, const float* k, const float* v,
                         const float* dout, double* dq, double* dk, double* dv,
                         const BackwardSpreads& spreads = {});
+
+// ---- Sampled backward: attention_backward for chosen rows only, where the whole would take too
+// long (at 64K tokens it is ~5e11 multiply-adds per head, three times over). Same inputs as
+// attention_backward; the same code computes each row, so every value is bitwise the one
+// attention_backward gives. Rows are numbered as lse is laid out: query row i of batch b, query
+// head h is (b * Hq + h) * Sq + i; key j of batch b, key/value head h_kv is (b * Hkv + h_kv) *
+// Sk + j. Results are packed, row n of the list at n * head_dim.
+
+// Every query row's LSE_i (natural log, -inf for a row with no visible key) and D_i = dO_i·O_i
+// (0 there), in lse's layout [B][Hq][Sq]: what dk and dv of any key need. O(Sq Sk D) per head,
+// spread over std::thread::hardware_concurrency() threads (blocks of rows share each chunk of
+// keys and values read from memory).
+void attention_backward_row_stats(const AttentionShape& s, const float* q, const float* k, const float* v,
+                                  const float* dout, double* lse, double* delta);
+
+// dq and its spread (dq_spread may be null) of the `count` query rows rows[0..count), into
+// [count][D]. Each row computes its own LSE and D: O(Sk D) per row.
+void attention_backward_dq_rows(const AttentionShape& s, const float* q, const float* k, const float* v,
+                                const float* dout, const int64_t* rows, int64_t count, double* dq,
+                                double* dq_spread = nullptr);
+
+// dk and dv and their spreads (null to skip) of the `count` keys keys[0..count), into
+// [count][D], from every row's LSE and D (attention_backward_row_stats): O(group Sq D) per key.
+void attention_backward_dkv_rows(const AttentionShape& s, const float* q, const float* k, const float* v,
+                                 const float* dout, const double* lse, const double* delta, const int64_t* keys,
+                                 int64_t count, double* dk, double* dv, double* dk_spread = nullptr,
+                                 double* dv_spread = nullptr);
 
 // How far `got` (a GPU result widened to float) is from `want` (the reference).
 struct ErrorStats {

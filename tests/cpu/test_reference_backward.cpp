@@ -19,6 +19,7 @@
 // largest gradient on these shapes (WARPATTN_PRINT_AGREEMENT=1 prints it), so a tolerance of
 // 1e-8 is robust by nearly 1000x, while the planted faults move gradients by 0.75 to 6.6 of
 // that size, 10^7 times the tolerance.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -466,4 +467,119 @@ TEST(backward_with_no_keys_or_no_queries_writes_zeros) {
     for (const auto* t : {&g.dk, &g.dv, &g.dk_spread, &g.dv_spread})
       for (double x : *t) CHECK(x == 0.0) << x;
   }
+}
+
+// ---------------------------------------------------------------- sampled rows
+
+// The sampled functions (the 64K-token GPU test's reference) against attention_backward: the
+// same code computes each row, so the values must be the same bits, for rows and keys asked for
+// in any order and more than once. The shapes cover what the row-stats pass arranges its loops
+// around: partial blocks of 8 query rows, several 64-key chunks of values with a tail that is
+// not a multiple of 4 keys, a head dim that is not a multiple of 4, causal rows that see no key
+// or a different number of keys within one block, GQA and MQA.
+void check_sampled(const AttentionShape& s, uint64_t seed) {
+  const Inputs in = random_inputs(s, seed);
+  const Grads full = run_reference(s, in);
+  check_not_trivial(full);
+  const int64_t D = s.head_dim;
+  const int64_t query_rows = s.batch * s.heads_q * s.seqlen_q, key_rows = s.batch * s.heads_kv * s.seqlen_k;
+  std::mt19937_64 rng(seed);
+  auto sample = [&](int64_t n) {  // every row once, shuffled, and a few again
+    std::vector<int64_t> rows(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) rows[i] = i;
+    std::shuffle(rows.begin(), rows.end(), rng);
+    for (int i = 0; i < 5; ++i) rows.push_back(int64_t(rng() % uint64_t(n)));
+    return rows;
+  };
+  const std::vector<int64_t> rows = sample(query_rows), keys = sample(key_rows);
+  // Where row (b, h, i) and key (b, h_kv, j) sit in the full gradients.
+  auto q_offset = [&](int64_t r) {
+    const int64_t i = r % s.seqlen_q, h = (r / s.seqlen_q) % s.heads_q, b = r / (s.seqlen_q * s.heads_q);
+    return ((b * s.seqlen_q + i) * s.heads_q + h) * D;
+  };
+  auto kv_offset = [&](int64_t t) {
+    const int64_t j = t % s.seqlen_k, h = (t / s.seqlen_k) % s.heads_kv, b = t / (s.seqlen_k * s.heads_kv);
+    return ((b * s.seqlen_k + j) * s.heads_kv + h) * D;
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> dq(rows.size() * D, nan), dq_spread(dq.size(), nan);
+  warpattn::reference::attention_backward_dq_rows(s, in.q.data(), in.k.data(), in.v.data(), in.dout.data(),
+                                                  rows.data(), int64_t(rows.size()), dq.data(), dq_spread.data());
+  std::vector<double> lse(size_t(query_rows), nan), delta(lse.size(), nan);
+  warpattn::reference::attention_backward_row_stats(s, in.q.data(), in.k.data(), in.v.data(), in.dout.data(),
+                                                    lse.data(), delta.data());
+  std::vector<double> dk(keys.size() * D, nan), dv(dk.size(), nan), dk_spread(dk.size(), nan), dv_spread(dk.size(), nan);
+  warpattn::reference::attention_backward_dkv_rows(s, in.q.data(), in.k.data(), in.v.data(), in.dout.data(),
+                                                   lse.data(), delta.data(), keys.data(), int64_t(keys.size()),
+                                                   dk.data(), dv.data(), dk_spread.data(), dv_spread.data());
+  int64_t differ = 0;
+  std::string first;
+  auto same = [&](const char* name, const std::vector<double>& got, int64_t n, const std::vector<double>& want,
+                  int64_t offset) {
+    for (int64_t d = 0; d < D; ++d)
+      if (!(got[n * D + d] == want[offset + d]) && differ++ == 0)  // NaN (never written) differs too
+        first = std::string(name) + " of list entry " + std::to_string(n) + ", element " + std::to_string(d) +
+                ": " + std::to_string(got[n * D + d]) + ", want " + std::to_string(want[offset + d]);
+  };
+  for (size_t n = 0; n < rows.size(); ++n) {
+    same("dq", dq, int64_t(n), full.dq, q_offset(rows[n]));
+    same("dq spread", dq_spread, int64_t(n), full.dq_spread, q_offset(rows[n]));
+  }
+  for (size_t n = 0; n < keys.size(); ++n) {
+    same("dk", dk, int64_t(n), full.dk, kv_offset(keys[n]));
+    same("dv", dv, int64_t(n), full.dv, kv_offset(keys[n]));
+    same("dk spread", dk_spread, int64_t(n), full.dk_spread, kv_offset(keys[n]));
+    same("dv spread", dv_spread, int64_t(n), full.dv_spread, kv_offset(keys[n]));
+  }
+  CHECK(differ == 0) << differ << " values differ from attention_backward's, first " << first;
+
+  // The stats against the forward reference, row by row: LSE from attention_row, D = dO·O.
+  // The same arithmetic in the same order (bitwise under the default build); a compiler free to
+  // fuse multiply-adds may fuse the two loops differently, hence the tolerance.
+  double worst = 0;
+  std::vector<double> out(static_cast<size_t>(D));
+  for (int64_t r = 0; r < query_rows; ++r) {
+    const int64_t i = r % s.seqlen_q, h = (r / s.seqlen_q) % s.heads_q, b = r / (s.seqlen_q * s.heads_q);
+    double want_lse;
+    warpattn::reference::attention_row(s, in.q.data(), in.k.data(), in.v.data(), b, h, i, out.data(), &want_lse);
+    double want_delta = 0;
+    for (int64_t d = 0; d < D; ++d) want_delta += double(in.dout[q_offset(r) + d]) * out[d];
+    if (std::isinf(want_lse)) {
+      CHECK(lse[r] == want_lse && delta[r] == 0.0) << "row " << r << " sees no key: " << lse[r] << ", " << delta[r];
+      continue;
+    }
+    worst = std::max({worst, std::fabs(lse[r] - want_lse) / std::max(1.0, std::fabs(want_lse)),
+                      std::fabs(delta[r] - want_delta) / std::max(1.0, std::fabs(want_delta))});
+  }
+  CHECK(worst <= 1e-13) << "LSE or D off the forward reference's by " << worst;
+}
+
+TEST(sampled_backward_matches_the_full_one_bitwise) {
+  // Non-causal: 70 rows (8 blocks of 8, one of 6), 150 keys (two full 64-key chunks, a tail of 22).
+  check_sampled(shape(1, 70, 150, 2, 2, 16, 0.25, false), 160);
+  // Causal, Sq < Sk: every block's rows see different numbers of keys, across chunk boundaries.
+  check_sampled(shape(2, 37, 133, 4, 2, 8, 0.3, true), 161);
+  // Causal, Sq > Sk: rows 0..12 see no key; MQA.
+  check_sampled(shape(1, 45, 32, 3, 1, 8, 0.4, true), 162);
+  // A head dim that is not a multiple of 4 (the dot's tail lane), GQA, negative scale.
+  check_sampled(shape(2, 19, 70, 4, 2, 6, -0.5, false), 163);
+  check_sampled(shape(1, 19, 70, 2, 1, 7, 0.5, true), 164);
+}
+
+TEST(sampled_backward_of_empty_sequences) {
+  // No keys: dq rows are zero (and LSE -inf). No query rows: dk and dv rows are zero.
+  const AttentionShape no_keys = shape(1, 3, 0, 2, 1, 8, 0.3, false);
+  const Inputs a = random_inputs(no_keys, 170);
+  const std::vector<int64_t> rows = {0, 5, 2};
+  std::vector<double> dq(rows.size() * 8, 1.0), spread(dq.size(), 1.0);
+  warpattn::reference::attention_backward_dq_rows(no_keys, a.q.data(), a.k.data(), a.v.data(), a.dout.data(),
+                                                  rows.data(), 3, dq.data(), spread.data());
+  for (size_t e = 0; e < dq.size(); ++e) CHECK(dq[e] == 0.0 && spread[e] == 0.0) << e;
+  const AttentionShape no_rows = shape(1, 0, 3, 2, 1, 8, 0.3, false);
+  const Inputs b = random_inputs(no_rows, 171);
+  const std::vector<int64_t> keys = {2, 0};
+  std::vector<double> dk(keys.size() * 8, 1.0), dv(dk.size(), 1.0);
+  warpattn::reference::attention_backward_dkv_rows(no_rows, b.q.data(), b.k.data(), b.v.data(), b.dout.data(),
+                                                   nullptr, nullptr, keys.data(), 2, dk.data(), dv.data());
+  for (size_t e = 0; e < dk.size(); ++e) CHECK(dk[e] == 0.0 && dv[e] == 0.0) << e;
 }

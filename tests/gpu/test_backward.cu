@@ -4,6 +4,7 @@
 // the views is written. Skips with the reason where no sm_90 GPU exists.
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <optional>
 
@@ -100,9 +101,8 @@ struct GradientError {
   bool within(double margin) const { return nan == 0 && err <= margin * model; }
 };
 
-GradientError compare(const Case& c, const DeviceTensor& t, const std::vector<uint16_t>& raw,
-                      const std::vector<double>& want, const std::vector<double>& spread) {
-  const std::vector<float> got = t.logical(raw);
+GradientError compare(const Case& c, const std::vector<float>& got, const std::vector<double>& want,
+                      const std::vector<double>& spread) {
   const double u = c.dtype == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
   GradientError e;
   double want2 = 0, spread2 = 0, err2 = 0;
@@ -115,6 +115,11 @@ GradientError compare(const Case& c, const DeviceTensor& t, const std::vector<ui
   e.err = std::sqrt(err2);
   e.model = u / std::sqrt(3.0) * std::sqrt(want2 + spread2) + 1e-6 * std::sqrt(double(got.size()));
   return e;
+}
+
+GradientError compare(const Case& c, const DeviceTensor& t, const std::vector<uint16_t>& raw,
+                      const std::vector<double>& want, const std::vector<double>& spread) {
+  return compare(c, t.logical(raw), want, spread);
 }
 
 // The measured error may exceed the model by this factor (fp32 accumulation, D from the rounded
@@ -287,5 +292,111 @@ TEST(backward_empty_sequences) {
       check_case(c);
     }
 }
+
+// ---- 64K tokens
+//
+// Sq = Sk = 65536, d = 128, bf16, one head: the backward at the length where long-context
+// training runs it, where a loop bound or an index that overflows, or a sum that drifts, would
+// show. The full fp64 reference is out of reach here (~5e11 multiply-adds per head, three times
+// over), so the check samples: dq of 64 query rows and dk, dv of 64 keys (the first and last
+// ones, those at the 64- and 128-row block edges, the middle, and random ones), from the sampled
+// reference (reference::attention_backward_dq_rows, _dkv_rows: bitwise the full reference's
+// values for those rows, from every row's LSE and D, computed once in fp64). Each gradient's
+// sampled rows are held to the same error model and margin as above; dq, dk and dv are scanned
+// whole for NaN and infinity. And the check must have teeth at this length: the same comparison
+// against a reference with a planted 1% fault (dq: the softmax scale x 1.01; dk, dv: every P
+// x 0.99, the LSE off by log(1/0.99)) must fail (simulated with model-sized errors: 3-4x the
+// model against the faulty reference, ~0.9x against the true one). The reference's row
+// statistics (O(S² d)) take nearly all of the time: measured ~65 ns per (row, key) pair and core
+// (145 core-seconds causal on a 2-core EPYC VM), so ~290 core-seconds non-causal: ~20-25 s and
+// ~10-13 s on the GPU host's 16 cores.
+namespace {
+
+std::vector<int64_t> sample_rows(int64_t n, std::mt19937_64& rng) {
+  std::vector<int64_t> rows = {0, 1, 2, 63, 64, 127, 128, 129, 4095, 4096, n / 2, n - 129, n - 128, n - 65, n - 2, n - 1};
+  while (rows.size() < 64) {
+    const int64_t r = static_cast<int64_t>(rng() % static_cast<uint64_t>(n));
+    if (std::find(rows.begin(), rows.end(), r) == rows.end()) rows.push_back(r);
+  }
+  return rows;
+}
+
+// The GPU's values of the listed rows of a (1, S, 1, D) gradient, packed as the reference packs them.
+std::vector<float> rows_of(const std::vector<float>& all, const std::vector<int64_t>& rows, int64_t d) {
+  std::vector<float> got(rows.size() * d);
+  for (size_t n = 0; n < rows.size(); ++n) std::copy_n(&all[rows[n] * d], d, &got[n * d]);
+  return got;
+}
+
+void check_backward_64k(bool causal) {
+  REQUIRE_HOPPER();
+  Case c;
+  c.head_dim = 128;
+  c.causal = causal;
+  c.seqlen_q = c.seqlen_k = 65536;
+  c.heads_q = c.heads_kv = 1;
+  const int64_t S = c.seqlen_q, D = c.head_dim;
+  const uint64_t seed = gpu_test::fresh_seed();
+  Tensors t(c);
+  run_backward(c, t, seed);
+  const cudaError_t e = cudaDeviceSynchronize();
+  REQUIRE(e == cudaSuccess) << describe(c) << ": " << cudaGetErrorString(e);
+  const std::vector<float> dq_all = t.dq.logical(t.dq.raw()), dk_all = t.dk.logical(t.dk.raw()),
+                           dv_all = t.dv.logical(t.dv.raw());
+  auto non_finite = [](const std::vector<float>& x) {
+    return std::count_if(x.begin(), x.end(), [](float y) { return !std::isfinite(y); });
+  };
+  const int64_t bad_dq = non_finite(dq_all), bad_dk = non_finite(dk_all), bad_dv = non_finite(dv_all);
+  CHECK(bad_dq + bad_dk + bad_dv == 0) << describe(c) << ": NaN or infinite gradients: dq " << bad_dq << ", dk "
+                                       << bad_dk << ", dv " << bad_dv << " (seed " << seed << ")";
+
+  const std::vector<float> q = t.q.logical(t.q.raw()), k = t.k.logical(t.k.raw()), v = t.v.logical(t.v.raw()),
+                           dout = t.dout.logical(t.dout.raw());
+  std::mt19937_64 rng(seed);
+  const std::vector<int64_t> rows = sample_rows(S, rng), keys = sample_rows(S, rng);
+  const int64_t n = static_cast<int64_t>(rows.size());  // as many keys
+  warpattn::reference::AttentionShape s{1, S, S, 1, 1, D, 1.0 / std::sqrt(double(D)), causal};
+  namespace ref = warpattn::reference;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<double> dq(n * D), sq(n * D), dk(n * D), dv(n * D), sk(n * D), sv(n * D);
+  ref::attention_backward_dq_rows(s, q.data(), k.data(), v.data(), dout.data(), rows.data(), n, dq.data(), sq.data());
+  std::vector<double> lse(S), delta(S);
+  ref::attention_backward_row_stats(s, q.data(), k.data(), v.data(), dout.data(), lse.data(), delta.data());
+  ref::attention_backward_dkv_rows(s, q.data(), k.data(), v.data(), dout.data(), lse.data(), delta.data(), keys.data(),
+                                   n, dk.data(), dv.data(), sk.data(), sv.data());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::vector<float> got_dq = rows_of(dq_all, rows, D), got_dk = rows_of(dk_all, keys, D),
+                           got_dv = rows_of(dv_all, keys, D);
+  Outcome o;
+  o.dq = compare(c, got_dq, dq, sq);
+  o.dk = compare(c, got_dk, dk, sk);
+  o.dv = compare(c, got_dv, dv, sv);
+  printf("  %-62s err/model dq %.2f dk %.2f dv %.2f over %lld rows and keys (reference %.1f s; seed %llu)\n",
+         describe(c).c_str(), o.dq.err / o.dq.model, o.dk.err / o.dk.model, o.dv.err / o.dv.model, (long long)n,
+         seconds, (unsigned long long)seed);
+  CHECK(o.within()) << describe(c) << ": err/model dq " << o.dq.err / o.dq.model << " dk " << o.dk.err / o.dk.model
+                    << " dv " << o.dv.err / o.dv.model << ", margin " << kModelMargin << " (seed " << seed << ")";
+
+  // The planted faults, on the reference side (cheap: 64 rows and keys, the row statistics kept).
+  ref::AttentionShape wrong_scale = s;
+  wrong_scale.softmax_scale *= 1.01;
+  std::vector<double> fault_dq(n * D), fault_dk(n * D), fault_dv(n * D), shifted_lse(lse);
+  ref::attention_backward_dq_rows(wrong_scale, q.data(), k.data(), v.data(), dout.data(), rows.data(), n,
+                                  fault_dq.data());
+  for (double& x : shifted_lse) x -= std::log(0.99);
+  ref::attention_backward_dkv_rows(s, q.data(), k.data(), v.data(), dout.data(), shifted_lse.data(), delta.data(),
+                                   keys.data(), n, fault_dk.data(), fault_dv.data());
+  const GradientError f_dq = compare(c, got_dq, fault_dq, sq), f_dk = compare(c, got_dk, fault_dk, sk),
+                      f_dv = compare(c, got_dv, fault_dv, sv);
+  printf("  %-62s planted faults: err/model dq %.2f (scale x 1.01), dk %.2f dv %.2f (P x 0.99)\n",
+         describe(c).c_str(), f_dq.err / f_dq.model, f_dk.err / f_dk.model, f_dv.err / f_dv.model);
+  CHECK(!f_dq.within(kModelMargin) && !f_dk.within(kModelMargin) && !f_dv.within(kModelMargin))
+      << describe(c) << ": a planted 1% fault passed the 64K checks";
+}
+
+}  // namespace
+
+TEST(backward_64k_tokens_full) { check_backward_64k(false); }
+TEST(backward_64k_tokens_causal) { check_backward_64k(true); }
 
 HARNESS_MAIN()
