@@ -83,7 +83,7 @@ if stage python; then
   # The package as a user installs it (no network there: no build isolation), its tests, and
   # the benchmark through the package (quick unless PY_BENCH_ARGS says otherwise).
   if timeout -k 5 300 python3 -m pip install -q --no-build-isolation --no-deps . > "$OUT/pip.log" 2>&1; then
-    for part in gpu cpu; do  # separately: a crash in one part still leaves the other's result
+    for part in gpu cpu training; do  # separately: a crash in one part still leaves the others' results
       (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${PYTEST_TIMEOUT:-400} python3 -X faulthandler -m pytest -q -rs \
         "$OLDPWD/tests/python/test_$part.py" > "$OUT/pytest-$part.log" 2>&1)
       rc=$?; echo "pytest $part rc=$rc: $(tail -1 "$OUT/pytest-$part.log")"

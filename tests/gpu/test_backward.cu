@@ -240,10 +240,13 @@ TEST(backward_bf16_d128_full) { run_matrix(DType::bf16, 128, false); }
 TEST(backward_bf16_d128_causal) { run_matrix(DType::bf16, 128, true); }
 TEST(backward_f16_d64_full) { run_matrix(DType::f16, 64, false); }
 TEST(backward_f16_d128_causal) { run_matrix(DType::f16, 128, true); }
+TEST(backward_bf16_d256_full) { run_matrix(DType::bf16, 256, false); }
+TEST(backward_bf16_d256_causal) { run_matrix(DType::bf16, 256, true); }
+TEST(backward_f16_d256_causal) { run_matrix(DType::f16, 256, true); }
 
 TEST(backward_deterministic_is_bitwise_repeatable) {
   REQUIRE_HOPPER();
-  for (int d : {64, 128})
+  for (int d : {64, 128, 256})
     for (bool causal : {false, true}) {
       Case c;
       c.head_dim = d;
@@ -260,7 +263,7 @@ TEST(backward_deterministic_is_bitwise_repeatable) {
 
 TEST(backward_planted_faults_fail) {
   REQUIRE_HOPPER();
-  for (int d : {64, 128})
+  for (int d : {64, 128, 256})
     for (Fault fault : {Fault::d_sign, Fault::skipped_query_block}) {
       Case c;
       c.head_dim = d;
