@@ -122,8 +122,27 @@ GradientError compare(const Case& c, const DeviceTensor& t, const std::vector<ui
   return compare(c, t.logical(raw), want, spread);
 }
 
-// The measured error may exceed the model by this factor (fp32 accumulation, D from the rounded
-// O, exp2's approximation are not in it).
+// D's rounding, a term of dq's model: the backward takes D_i = dO_i·O_i from the forward's O,
+// rounded to 16 bits, so D_i is off by about u/sqrt(3) · sqrt(Σ_d (dO_id O_id)²), and every dS_ij
+// of the row by P_ij times that: dq_i moves by scale · δD_i · (P K)_i. Unlike the rest of dq_i,
+// which cancels over the row's keys (Σ_j dS_ij = 0), this does not: rows that see few keys
+// (the start of a causal sequence) are mostly that cancellation, and their measured error was
+// 2x the model without the term (run 98). (FlashAttention and cuDNN take D from O the same way.)
+// Adds scale · sqrt(Σ_d (dO_d O_d)²) · (P K)_d in quadrature to the spread of query row i of
+// batch b, head h (the model multiplies the spread by u/sqrt(3)). `out`: the GPU's O.
+void add_d_rounding(const warpattn::reference::AttentionShape& s, const std::vector<float>& q,
+                    const std::vector<float>& k, const std::vector<float>& out, const std::vector<float>& dout,
+                    int64_t b, int64_t h, int64_t i, double* spread_row) {
+  const int64_t D = s.head_dim, at = ((b * s.seqlen_q + i) * s.heads_q + h) * D;
+  double dd = 0;
+  for (int64_t d = 0; d < D; ++d) dd += double(dout[at + d]) * out[at + d] * double(dout[at + d]) * out[at + d];
+  std::vector<double> pk(D);
+  warpattn::reference::attention_row(s, q.data(), k.data(), k.data(), b, h, i, pk.data(), nullptr);  // P·K
+  for (int64_t d = 0; d < D; ++d) spread_row[d] = std::hypot(spread_row[d], s.softmax_scale * std::sqrt(dd) * pk[d]);
+}
+
+// The measured error may exceed the model by this factor (fp32 accumulation and exp2's
+// approximation are not in it).
 constexpr double kModelMargin = 1.5;
 
 struct Outcome {
@@ -184,6 +203,11 @@ Outcome run_and_compare(const Case& c, Fault fault = Fault::none) {
   std::vector<double> dq(q.size()), dk(k.size()), dv(v.size()), sq(q.size()), sk(k.size()), sv(v.size());
   warpattn::reference::attention_backward(s, q.data(), k.data(), v.data(), dout.data(), dq.data(), dk.data(),
                                           dv.data(), {sq.data(), sk.data(), sv.data()});
+  const std::vector<float> out = t.out.logical(t.out.raw());
+  gpu_test::parallel_for(c.batch * c.seqlen_q * c.heads_q, [&](int64_t r) {
+    const int64_t h = r % c.heads_q, i = (r / c.heads_q) % c.seqlen_q, b = r / c.heads_q / c.seqlen_q;
+    add_d_rounding(s, q, k, out, dout, b, h, i, &sq[r * c.head_dim]);
+  });
   Outcome o;
   o.dq = compare(c, t.dq, dq_raw, dq, sq);
   o.dk = compare(c, t.dk, dk_raw, dk, sk);
@@ -363,6 +387,8 @@ void check_backward_64k(bool causal) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<double> dq(n * D), sq(n * D), dk(n * D), dv(n * D), sk(n * D), sv(n * D);
   ref::attention_backward_dq_rows(s, q.data(), k.data(), v.data(), dout.data(), rows.data(), n, dq.data(), sq.data());
+  const std::vector<float> out = t.out.logical(t.out.raw());
+  gpu_test::parallel_for(n, [&](int64_t r) { add_d_rounding(s, q, k, out, dout, 0, 0, rows[r], &sq[r * D]); });
   std::vector<double> lse(S), delta(S);
   ref::attention_backward_row_stats(s, q.data(), k.data(), v.data(), dout.data(), lse.data(), delta.data());
   ref::attention_backward_dkv_rows(s, q.data(), k.data(), v.data(), dout.data(), lse.data(), delta.data(), keys.data(),
