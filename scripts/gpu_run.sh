@@ -6,7 +6,7 @@
 set -u -o pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-"ctest cli bench"}  # also: primitives, forward, fp8, devices, sanitize, python, ncu, ncu_fp8
+STAGES=${STAGES:-"ctest cli bench"}  # also: primitives, forward, fp8, devices, sanitize, python, bench_backward, ncu, ncu_fp8
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 # The first half of the README's test command: scripts/build.sh (every core).
 if ! bash scripts/build.sh > "$OUT/build.log" 2>&1; then
@@ -78,6 +78,13 @@ if stage bench; then
   PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 python/warpattn/bench.py --lib build/libwarpattn.so \
     --out "$OUT" ${BENCH_ARGS:---quick} > "$OUT/bench.log" 2> "$OUT/bench.err"
   echo "bench rc=$?"; tail -5 "$OUT/bench.err"; tail -40 "$OUT/bench.log"
+fi
+if stage bench_backward; then
+  # The backward beside cuDNN and FA2 (interleaved passes; BWD_BENCH_ARGS e.g. "--d 128 --n 16384").
+  PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 python/warpattn/bench_backward.py \
+    --lib build/libwarpattn.so --json "$OUT/bench-backward.json" ${BWD_BENCH_ARGS:---deterministic --passes 3} \
+    > "$OUT/bench-backward.log" 2>&1
+  echo "bench_backward rc=$?"; tail -20 "$OUT/bench-backward.log"
 fi
 if stage python; then
   # The package as a user installs it (no network there: no build isolation), its tests, and
