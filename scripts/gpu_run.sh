@@ -68,6 +68,10 @@ if stage sanitize; then
     timeout -k 5 ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 9 \
       ./build/test_gpu_fp8 ${SANITIZE_FP8_FILTER:-fp8_forward_shapes} > "$OUT/$tool-fp8.log" 2>&1
     echo "$tool fp8 rc=$?: $(grep -E "ERROR SUMMARY|passed" "$OUT/$tool-fp8.log" | tr '\n' ' ')"
+    # The backward (d = 128 causal, small): its ring, dS buffers, dQ pieces and writer warps.
+    timeout -k 5 ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 9 \
+      ./build/test_gpu_backward ${SANITIZE_BWD_FILTER:-backward_custom_scale} > "$OUT/$tool-backward.log" 2>&1
+    echo "$tool backward rc=$?: $(grep -E "ERROR SUMMARY|passed" "$OUT/$tool-backward.log" | tr '\n' ' ')"
   done
 fi
 if stage cli; then
