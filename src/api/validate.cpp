@@ -108,28 +108,15 @@ void check_16bit_dtype(const Arg& a) {
   fail(m);
 }
 
-// ---- e. head dimension: one of those with a kernel
-std::string supported_head_dims() {
-  Message s;
-  bool first = true;
-  for (int d : kSupportedHeadDims) {
-    s << (first ? "" : ", ") << d;
-    first = false;
-  }
-  return s.str();
-}
-
-bool is_supported_head_dim(int64_t d) {
-  for (int s : kSupportedHeadDims)
-    if (d == s) return true;
-  return false;
-}
-
-void check_supported_head_dim(const Arg& q) {
+// ---- e. head dimension: one of those with a kernel (`kernel`: which kernels, for the message:
+// "" for the forward, " for the backward", " for FP8")
+void check_head_dim_in(const Arg& q, std::span<const int> dims, const char* kernel) {
   const int64_t head_dim = q.view.shape[3];
-  if (is_supported_head_dim(head_dim)) return;
+  if (std::find(dims.begin(), dims.end(), head_dim) != dims.end()) return;
   Message m;
-  m << q.name << ": head_dim (shape[3]) must be one of " << supported_head_dims() << ", got " << head_dim;
+  m << q.name << ": head_dim (shape[3]) must be one of ";
+  for (size_t i = 0; i < dims.size(); ++i) m << (i ? ", " : "") << dims[i];
+  m << kernel << ", got " << head_dim;
   fail(m);
 }
 
@@ -381,7 +368,7 @@ ProblemSizes check_attention_tensors(std::span<const Operand> operands, const Ar
   if (lse) check_dtype(*lse, DType::f32);
 
   // e. head dimension
-  check_supported_head_dim(q);
+  check_head_dim_in(q, kSupportedHeadDims, "");
   const int64_t head_dim = q.view.shape[3];
   for (const Operand& o : operands) {
     if (o.arg.view.shape[3] == head_dim) continue;
@@ -538,14 +525,7 @@ BackwardProblem validate_backward(const BackwardTensors& t, const BackwardOption
   }
 
   // e, for the backward: a head dim with a backward kernel
-  if (std::find(std::begin(kBackwardHeadDims), std::end(kBackwardHeadDims), sizes.head_dim) ==
-      std::end(kBackwardHeadDims)) {
-    Message m;
-    m << "q: head_dim (shape[3]) must be one of ";
-    for (int d : kBackwardHeadDims) m << (d == kBackwardHeadDims[0] ? "" : ", ") << d;
-    m << " for the backward, got " << sizes.head_dim;
-    fail(m);
-  }
+  check_head_dim_in(aq, kBackwardHeadDims, " for the backward");
 
   // k. softmax scale
   check_softmax_scale(options.softmax_scale);
@@ -625,20 +605,8 @@ ProblemSizes validate_fp8_operands(const Fp8Operands& f) {
   check_dtype(ak, f.q.dtype);
   check_dtype(avt, DType::e4m3);
   for (const Arg* a : scales) check_dtype(*a, DType::f32);
+  check_head_dim_in(aq, kFp8HeadDims, " for FP8");
   const int64_t head_dim = f.q.shape[3];
-  bool supported = false;
-  for (int d : kFp8HeadDims) supported = supported || d == head_dim;
-  if (!supported) {
-    Message m;
-    m << "q: head_dim (shape[3]) must be one of ";
-    bool first = true;
-    for (int d : kFp8HeadDims) {
-      m << (first ? "" : ", ") << d;
-      first = false;
-    }
-    m << " for FP8, got " << head_dim;
-    fail(m);
-  }
   ProblemSizes p;
   p.batch = f.q.shape[0];
   p.seqlen_q = f.q.shape[1];
