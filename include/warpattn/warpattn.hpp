@@ -19,11 +19,14 @@
 namespace warpattn {
 
 // e4m3: FP8 E4M3 ("float8_e4m3fn"), the operand type of forward_fp8 (warpattn/fp8.hpp).
-// e4m3 and s8 are operand types of forward_fp8 only (warpattn/fp8.hpp).
-enum class DType : int { f16 = 0, bf16 = 1, f32 = 2, e4m3 = 3, s8 = 4 };
+// e4m3 and s8 are operand types of forward_fp8 only (warpattn/fp8.hpp); s32 is the type of the
+// sequence offsets of packed batches (VarlenBatch).
+enum class DType : int { f16 = 0, bf16 = 1, f32 = 2, e4m3 = 3, s8 = 4, s32 = 5 };
 
 // Bytes per element of a dtype.
-constexpr int dtype_size(DType t) { return t == DType::f32 ? 4 : (t == DType::e4m3 || t == DType::s8 ? 1 : 2); }
+constexpr int dtype_size(DType t) {
+  return t == DType::f32 || t == DType::s32 ? 4 : (t == DType::e4m3 || t == DType::s8 ? 1 : 2);
+}
 const char* dtype_name(DType t);
 
 // A strided view of device memory. Strides are in elements, not bytes.
@@ -143,5 +146,39 @@ void validate_backward(const TensorView& dout, const TensorView& q, const Tensor
                        const TensorView& out, const TensorView& lse, const TensorView& dq, const TensorView& dk,
                        const TensorView& dv, const BackwardOptions& options,
                        const std::optional<Workspace>& workspace = std::nullopt);
+
+// ---- Packed variable-length batches (FlashAttention's "varlen" layout).
+// B sequences packed along one axis: sequence b's query rows are q[cu_seqlens_q[b] ..
+// cu_seqlens_q[b + 1]), its keys k[cu_seqlens_k[b] .. cu_seqlens_k[b + 1]) (v likewise), and
+// each attends only within itself (causal: aligned bottom-right per sequence). Zero-length
+// sequences are allowed.
+struct VarlenBatch {
+  // (B + 1) int32 each, contiguous, device memory: 0 first, non-decreasing, the last entry at
+  // most the packed length (total_q, total_k). These values are read on the device only (no
+  // host synchronisation: CUDA graphs and torch.compile keep working), so they are not
+  // validated: offsets that break these rules give wrong numbers for the sequences concerned,
+  // never an access outside the tensors (every sequence is clamped to the packed length).
+  TensorView cu_seqlens_q, cu_seqlens_k;
+  // Optional (B) int32: sequence b uses only its first seqused_k[b] keys (a KV cache larger
+  // than what is filled). The keys past it are still read: they must be finite.
+  std::optional<TensorView> seqused_k;
+  // The longest sequence's lengths, as FlashAttention takes them; warpattn plans the work on
+  // the device and does not need them, but they must be >= 0 (checked).
+  int64_t max_seqlen_q = 0, max_seqlen_k = 0;
+};
+
+// forward() on a packed batch:
+//   q, out: (total_q, Hq, D); k, v: (total_k, Hkv, D); lse: optional (Hq, total_q) fp32.
+// The dtype, head-dim, layout, overlap and device rules of forward() apply, and the offset
+// arrays must not overlap out or lse. The rows of out and lse that no sequence covers are
+// undefined after the call.
+void forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                    const std::optional<TensorView>& lse, const VarlenBatch& batch, const ForwardOptions& options,
+                    cudaStream_t stream = nullptr);
+
+// Every argument rule of forward_varlen() on the host, touching neither memory nor the GPU.
+void validate_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                             const std::optional<TensorView>& lse, const VarlenBatch& batch,
+                             const ForwardOptions& options);
 
 }  // namespace warpattn

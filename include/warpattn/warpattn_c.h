@@ -37,7 +37,8 @@ extern "C" {
 enum {
   WARPATTN_DTYPE_F16 = 0,
   WARPATTN_DTYPE_BF16 = 1,
-  WARPATTN_DTYPE_F32 = 2
+  WARPATTN_DTYPE_F32 = 2,
+  WARPATTN_DTYPE_S32 = 5 /* int32: the sequence offsets of packed batches */
 };
 
 /* Return codes of every entry below that returns an int. */
@@ -99,6 +100,20 @@ WARPATTN_C_API int warpattn_backward(const warpattn_tensor* dout, const warpattn
 WARPATTN_C_API int warpattn_backward_workspace_bytes(const warpattn_tensor* q, int causal,
                                                      int deterministic, size_t* bytes, char* err,
                                                      size_t err_len);
+
+/* warpattn_forward on a packed variable-length batch (warpattn::forward_varlen):
+ *   q, out (total_q, Hq, D); k, v (total_k, Hkv, D); lse NULL or (Hq, total_q) fp32;
+ *   cu_seqlens_q, cu_seqlens_k: (B + 1) int32 device arrays (WARPATTN_DTYPE_S32), contiguous;
+ *   seqused_k: NULL or (B) int32; max_seqlen_q, max_seqlen_k: >= 0 (not needed by warpattn).
+ * The offsets are read on the device only. Other arguments and the return value as
+ * warpattn_forward. */
+WARPATTN_C_API int warpattn_forward_varlen(const warpattn_tensor* q, const warpattn_tensor* k,
+                                           const warpattn_tensor* v, const warpattn_tensor* out,
+                                           const warpattn_tensor* lse, const warpattn_tensor* cu_seqlens_q,
+                                           const warpattn_tensor* cu_seqlens_k, const warpattn_tensor* seqused_k,
+                                           int64_t max_seqlen_q, int64_t max_seqlen_k, int has_scale,
+                                           float softmax_scale, int causal, void* stream, char* err,
+                                           size_t err_len);
 
 /* sizeof(warpattn_tensor) as this library was compiled: an FFI mirror must match it. */
 WARPATTN_C_API size_t warpattn_tensor_struct_size(void);

@@ -53,6 +53,16 @@ warpattn::TensorView view_as(const AnyArray& a, const char* name, warpattn::DTyp
 
 warpattn::TensorView view_of(const AnyArray& a, const char* name) { return view_as(a, name, dtype_of(a, name)); }
 
+// The sequence offsets of packed batches: int32 only.
+warpattn::TensorView int32_view_of(const AnyArray& a, const char* name) {
+  const nb::dlpack::dtype t = a.dtype();
+  if (t.bits == 32 && t.lanes == 1 && t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Int))
+    return view_as(a, name, warpattn::DType::s32);
+  throw nb::type_error((std::string(name) + ": expected an int32 tensor, got DLPack dtype code " +
+                        std::to_string(t.code) + " with " + std::to_string(t.bits) + " bits")
+                           .c_str());
+}
+
 bool on_cuda(const AnyArray& a) { return a.device_type() == nb::device::cuda::value; }
 
 // FP8 operands travel as uint8 (the Python side views float8_e4m3fn tensors as bytes, since
@@ -181,6 +191,27 @@ void forward(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyA
                  [&] { warpattn::forward(vq, vk, vv, vo, vl, options, reinterpret_cast<cudaStream_t>(stream)); });
 }
 
+void forward_varlen(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& out,
+                    const std::optional<AnyArray>& lse, const AnyArray& cu_seqlens_q, const AnyArray& cu_seqlens_k,
+                    const std::optional<AnyArray>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                    std::optional<float> softmax_scale, bool causal, uintptr_t stream) {
+  const warpattn::TensorView vq = view_of(q, "q"), vk = view_of(k, "k"), vv = view_of(v, "v"),
+                             vo = view_of(out, "out");
+  const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
+  warpattn::VarlenBatch batch;
+  batch.cu_seqlens_q = int32_view_of(cu_seqlens_q, "cu_seqlens_q");
+  batch.cu_seqlens_k = int32_view_of(cu_seqlens_k, "cu_seqlens_k");
+  if (seqused_k) batch.seqused_k = int32_view_of(*seqused_k, "seqused_k");
+  batch.max_seqlen_q = max_seqlen_q;
+  batch.max_seqlen_k = max_seqlen_k;
+  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal);
+  checked_launch([&] { warpattn::validate_forward_varlen(vq, vk, vv, vo, vl, batch, options); },
+                 {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {lse ? &*lse : nullptr, "lse"},
+                  {&cu_seqlens_q, "cu_seqlens_q"}, {&cu_seqlens_k, "cu_seqlens_k"},
+                  {seqused_k ? &*seqused_k : nullptr, "seqused_k"}},
+                 [&] { warpattn::forward_varlen(vq, vk, vv, vo, vl, batch, options, reinterpret_cast<cudaStream_t>(stream)); });
+}
+
 void backward(const AnyArray& dout, const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& out,
               const AnyArray& lse, const AnyArray& dq, const AnyArray& dk, const AnyArray& dv,
               std::optional<float> softmax_scale, bool causal, bool deterministic,
@@ -217,6 +248,12 @@ NB_MODULE(_warpattn, m) {
         nb::arg("lse").none(), nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("stream"),
         "Writes softmax(scale q k^T) v into `out` (and the log-sum-exp into `lse`), on `stream` (a "
         "cudaStream_t as an integer). All tensors in (batch, seqlen, heads, head_dim) layout.");
+  m.def("forward_varlen", &forward_varlen, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
+        nb::arg("lse").none(), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("seqused_k").none(),
+        nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("softmax_scale").none(), nb::arg("causal"),
+        nb::arg("stream"),
+        "forward on a packed batch: q, out (total_q, heads, head_dim); k, v (total_k, heads_kv, head_dim); lse "
+        "(heads, total_q); cu_seqlens_q/k (batch + 1) int32, seqused_k (batch) int32 or None, on the device.");
   m.attr("supported_head_dims") = nb::make_tuple(64, 128, 256);
   nb::list backward_head_dims;
   for (int d : warpattn::kBackwardHeadDims) backward_head_dims.append(d);

@@ -17,6 +17,7 @@ namespace {
 static_assert(static_cast<int>(warpattn::DType::f16) == WARPATTN_DTYPE_F16);
 static_assert(static_cast<int>(warpattn::DType::bf16) == WARPATTN_DTYPE_BF16);
 static_assert(static_cast<int>(warpattn::DType::f32) == WARPATTN_DTYPE_F32);
+static_assert(static_cast<int>(warpattn::DType::s32) == WARPATTN_DTYPE_S32);
 // The ctypes mirror in python/warpattn/bench.py (its --lib mode) hard-codes this layout.
 static_assert(sizeof(void*) != 8 || sizeof(warpattn_tensor) == 80,
               "warpattn_tensor layout changed: update warpattn_c.h's comment and FFI mirrors");
@@ -26,9 +27,9 @@ static_assert(sizeof(void*) != 8 || sizeof(warpattn_tensor) == 80,
 // rule is warpattn::forward's or warpattn::backward's, so the messages stay in one place.
 warpattn::TensorView to_view(const warpattn_tensor* t, const char* name) {
   if (t == nullptr) throw warpattn::Error(std::string(name) + ": expected a tensor, got NULL");
-  if (t->dtype < WARPATTN_DTYPE_F16 || t->dtype > WARPATTN_DTYPE_F32) {
+  if ((t->dtype < WARPATTN_DTYPE_F16 || t->dtype > WARPATTN_DTYPE_F32) && t->dtype != WARPATTN_DTYPE_S32) {
     throw warpattn::Error(std::string(name) +
-                          ".dtype: expected 0 (f16), 1 (bf16) or 2 (f32), got " +
+                          ".dtype: expected 0 (f16), 1 (bf16), 2 (f32) or 5 (s32), got " +
                           std::to_string(t->dtype));
   }
   if (t->rank < 0 || t->rank > 4) {
@@ -78,6 +79,11 @@ std::optional<float> scale_option(int has_scale, float softmax_scale) {
   return has_scale ? std::optional<float>(softmax_scale) : std::nullopt;
 }
 
+std::optional<warpattn::TensorView> optional_view(const warpattn_tensor* t, const char* name) {
+  if (t == nullptr) return std::nullopt;
+  return to_view(t, name);
+}
+
 warpattn::BackwardOptions backward_options(int causal, int deterministic) {
   warpattn::BackwardOptions options;
   options.causal = causal != 0;
@@ -95,10 +101,31 @@ extern "C" int warpattn_forward(const warpattn_tensor* q, const warpattn_tensor*
     warpattn::ForwardOptions options;
     options.softmax_scale = scale_option(has_scale, softmax_scale);
     options.causal = causal != 0;
-    std::optional<warpattn::TensorView> lse_view;
-    if (lse != nullptr) lse_view = to_view(lse, "lse");
     warpattn::forward(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"), to_view(out, "out"),
-                      lse_view, options, static_cast<cudaStream_t>(stream));
+                      optional_view(lse, "lse"), options, static_cast<cudaStream_t>(stream));
+  });
+}
+
+extern "C" int warpattn_forward_varlen(const warpattn_tensor* q, const warpattn_tensor* k, const warpattn_tensor* v,
+                                       const warpattn_tensor* out, const warpattn_tensor* lse,
+                                       const warpattn_tensor* cu_seqlens_q, const warpattn_tensor* cu_seqlens_k,
+                                       const warpattn_tensor* seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                       int has_scale, float softmax_scale, int causal, void* stream, char* err,
+                                       size_t err_len) {
+  return run_entry("warpattn_forward_varlen", err, err_len, [&] {
+    warpattn::ForwardOptions options;
+    options.softmax_scale = scale_option(has_scale, softmax_scale);
+    options.causal = causal != 0;
+    const warpattn::TensorView vq = to_view(q, "q"), vk = to_view(k, "k"), vv = to_view(v, "v"),
+                               vo = to_view(out, "out");
+    const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
+    warpattn::VarlenBatch batch;
+    batch.cu_seqlens_q = to_view(cu_seqlens_q, "cu_seqlens_q");
+    batch.cu_seqlens_k = to_view(cu_seqlens_k, "cu_seqlens_k");
+    batch.seqused_k = optional_view(seqused_k, "seqused_k");
+    batch.max_seqlen_q = max_seqlen_q;
+    batch.max_seqlen_k = max_seqlen_k;
+    warpattn::forward_varlen(vq, vk, vv, vo, vl, batch, options, static_cast<cudaStream_t>(stream));
   });
 }
 

@@ -16,6 +16,8 @@ const char* dtype_name(DType t) {
       return "float8_e4m3fn";
     case DType::s8:
       return "int8";
+    case DType::s32:
+      return "int32";
   }
   // A value outside the enum can arrive through a cast (e.g. from the C API or ctypes);
   // messages must still print something rather than read a null string.

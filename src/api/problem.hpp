@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "hopper/varlen/varlen_tiles.hpp"
 #include "warpattn/fp8.hpp"
 #include "warpattn/warpattn.hpp"
 
@@ -41,6 +42,20 @@ ProblemSizes validate_quantize(const TensorView& q, const TensorView& k, const T
 // the problem's dtype is out's.
 ForwardProblem validate_forward_fp8(const Fp8Operands& f, const TensorView& out, const std::optional<TensorView>& lse,
                                     const ForwardOptions& options);
+
+// A validated call on a packed batch: the problem (batch: the number of sequences; seqlen_q
+// and seqlen_k: the packed lengths), the tensors as (1, total, heads, head_dim) views (lse
+// (1, heads, total_q)) and the device offsets.
+struct VarlenCall {
+  ForwardProblem problem;
+  TensorView q, k, v, out;
+  std::optional<TensorView> lse;
+  VarlenSequences seqs;
+};
+
+VarlenCall validate_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const TensorView& out, const std::optional<TensorView>& lse,
+                                   const VarlenBatch& batch, const ForwardOptions& options);
 
 // What validation hands to the backward's dispatch.
 struct BackwardProblem : ProblemSizes {

@@ -43,22 +43,28 @@ const char* const kAttentionDimNames[4] = {"batch", "seqlen", "heads", "head_dim
 const char* const kLseDimNames[3] = {"batch", "heads", "seqlen_q"};
 
 // One argument under check: its name for messages and which dimension names apply.
+// hidden_dims: leading dimensions of size 1 that the caller's tensor does not have (a packed
+// batch's (total, heads, head_dim) tensors are checked as (1, total, heads, head_dim)):
+// messages number dimensions as the caller's tensor does.
 struct Arg {
   const char* name;
   const TensorView& view;
   const char* const* dim_names;
   int expected_rank;
+  int hidden_dims = 0;
+  int dim(int i) const { return i - hidden_dims; }  // the caller's index of view dimension i
 };
 
 [[noreturn]] void fail(const Message& message) { throw Error(message.str()); }
 
-std::string shape_string(const TensorView& t) {
+std::string shape_string(const TensorView& t, int hidden_dims = 0) {
   Message s;
   s << "(";
-  for (int i = 0; i < t.rank; ++i) s << (i ? ", " : "") << t.shape[i];
+  for (int i = hidden_dims; i < t.rank; ++i) s << (i > hidden_dims ? ", " : "") << t.shape[i];
   s << ")";
   return s.str();
 }
+std::string shape_string(const Arg& a) { return shape_string(a.view, a.hidden_dims); }
 
 // ---- a. rank
 void check_rank(const Arg& a) {
@@ -75,7 +81,7 @@ void check_sizes_not_negative(const Arg& a) {
   for (int i = 0; i < a.view.rank; ++i) {
     if (a.view.shape[i] >= 0) continue;
     Message m;
-    m << a.name << ": shape[" << i << "] (" << a.dim_names[i] << ") must not be negative, got "
+    m << a.name << ": shape[" << a.dim(i) << "] (" << a.dim_names[i] << ") must not be negative, got "
       << a.view.shape[i];
     fail(m);
   }
@@ -86,7 +92,7 @@ void check_not_null(const Arg& a) {
   if (a.view.data != nullptr || is_empty(a.view)) return;
   Message m;
   m << a.name << ": data is null, expected a device pointer for a non-empty tensor of shape "
-    << shape_string(a.view);
+    << shape_string(a);
   fail(m);
 }
 
@@ -111,10 +117,11 @@ void check_16bit_dtype(const Arg& a) {
 // ---- e. head dimension: one of those with a kernel (`kernel`: which kernels, for the message:
 // "" for the forward, " for the backward", " for FP8")
 void check_head_dim_in(const Arg& q, std::span<const int> dims, const char* kernel) {
-  const int64_t head_dim = q.view.shape[3];
+  const int last = q.view.rank - 1;
+  const int64_t head_dim = q.view.shape[last];
   if (std::find(dims.begin(), dims.end(), head_dim) != dims.end()) return;
   Message m;
-  m << q.name << ": head_dim (shape[3]) must be one of ";
+  m << q.name << ": head_dim (shape[" << q.dim(last) << "]) must be one of ";
   for (size_t i = 0; i < dims.size(); ++i) m << (i ? ", " : "") << dims[i];
   m << kernel << ", got " << head_dim;
   fail(m);
@@ -127,8 +134,8 @@ void check_shape(const Arg& a, const int64_t* want, const std::string& why) {
   if (same) return;
   Message m;
   m << a.name << ": expected shape (";
-  for (int i = 0; i < a.expected_rank; ++i) m << (i ? ", " : "") << want[i];
-  m << ") " << why << ", got " << shape_string(a.view);
+  for (int i = a.hidden_dims; i < a.expected_rank; ++i) m << (i > a.hidden_dims ? ", " : "") << want[i];
+  m << ") " << why << ", got " << shape_string(a);
   fail(m);
 }
 
@@ -137,8 +144,12 @@ void check_shape(const Arg& a, const int64_t* want, const std::string& why) {
 void check_lse_shape(const Arg& lse, const ProblemSizes& s) {
   if (lse.view.shape[0] == s.batch && lse.view.shape[1] == s.heads_q && lse.view.shape[2] == s.seqlen_q) return;
   Message m;
-  m << lse.name << ": expected shape (batch, heads_q, seqlen_q) = (" << s.batch << ", " << s.heads_q << ", "
-    << s.seqlen_q << "), got " << shape_string(lse.view);
+  if (lse.hidden_dims == 1)  // a packed batch's
+    m << lse.name << ": expected shape (heads_q, total_q) = (" << s.heads_q << ", " << s.seqlen_q << ")";
+  else
+    m << lse.name << ": expected shape (batch, heads_q, seqlen_q) = (" << s.batch << ", " << s.heads_q << ", "
+      << s.seqlen_q << ")";
+  m << ", got " << shape_string(lse);
   fail(m);
 }
 
@@ -162,7 +173,7 @@ void check_last_dim_contiguous(const Arg& a) {
   if (a.view.stride[last] == 1) return;
   Message m;
   m << a.name << ": last dimension (" << a.dim_names[last] << ") must be contiguous (stride["
-    << last << "] == 1), got stride[" << last << "] = " << a.view.stride[last];
+    << a.dim(last) << "] == 1), got stride[" << a.dim(last) << "] = " << a.view.stride[last];
   fail(m);
 }
 
@@ -188,7 +199,7 @@ void check_alignment_and_strides(const Arg& a, int64_t base_align, bool tma_stri
     const int64_t s = t.stride[i];
     if (s < 0) {
       Message m;
-      m << a.name << ": stride[" << i << "] (" << a.dim_names[i] << ") must not be negative, got "
+      m << a.name << ": stride[" << a.dim(i) << "] (" << a.dim_names[i] << ") must not be negative, got "
         << s;
       fail(m);
     }
@@ -198,7 +209,7 @@ void check_alignment_and_strides(const Arg& a, int64_t base_align, bool tma_stri
     // stride is fine there.
     if (s == 0 && t.shape[i] > 1) {
       Message m;
-      m << a.name << ": stride[" << i << "] (" << a.dim_names[i]
+      m << a.name << ": stride[" << a.dim(i) << "] (" << a.dim_names[i]
         << ") must be positive for a dimension of size " << t.shape[i] << ", got 0";
       fail(m);
     }
@@ -209,13 +220,13 @@ void check_alignment_and_strides(const Arg& a, int64_t base_align, bool tma_stri
     // Compared in elements so that a huge stride cannot overflow the byte count.
     if (s >= kTmaStrideLimitBytes / elem) {
       Message m;
-      m << a.name << ": stride[" << i << "] (" << a.dim_names[i] << ") = " << s
+      m << a.name << ": stride[" << a.dim(i) << "] (" << a.dim_names[i] << ") = " << s
         << " elements must be less than 2^40 bytes (TMA)";
       fail(m);
     }
     if ((s * elem) % kTmaAlignBytes != 0) {
       Message m;
-      m << a.name << ": stride[" << i << "] (" << a.dim_names[i] << ") = " << s
+      m << a.name << ": stride[" << a.dim(i) << "] (" << a.dim_names[i] << ") = " << s
         << " elements = " << s * elem << " bytes must be a multiple of 16 bytes (TMA)";
       fail(m);
     }
@@ -234,7 +245,7 @@ void check_coordinates_fit(const Arg& a) {
   for (int i = 0; i < a.view.rank; ++i) {
     if (a.view.shape[i] < kCoordinateLimit) continue;
     Message m;
-    m << a.name << ": " << a.dim_names[i] << " (shape[" << i << "]) = " << a.view.shape[i]
+    m << a.name << ": " << a.dim_names[i] << " (shape[" << a.dim(i) << "]) = " << a.view.shape[i]
       << " must be less than 2^31 (the kernel uses 32-bit coordinates)";
     fail(m);
   }
@@ -301,7 +312,7 @@ void check_no_self_overlap(const Arg& a) {
     const auto s = static_cast<uint64_t>(t.stride[i]);
     if (s <= reach) {
       Message m;
-      m << a.name << ": stride[" << i << "] (" << a.dim_names[i] << ") = " << t.stride[i]
+      m << a.name << ": stride[" << a.dim(i) << "] (" << a.dim_names[i] << ") = " << t.stride[i]
         << " makes distinct elements share memory: the dimensions with smaller strides already reach " << reach
         << " elements past an element's start (a written tensor needs each stride, in increasing order, "
            "to step past them)";
@@ -693,6 +704,127 @@ ForwardProblem validate_forward_fp8(const Fp8Operands& f, const TensorView& out,
   }
   check_written_apart(tensors, written);
   return forward_problem(p, out.dtype, options, lse.has_value());
+}
+
+// ---- Packed variable-length batches (warpattn.hpp, VarlenBatch). The tensors are checked by
+// the rules a to m as (1, total, heads, head_dim) views (Arg::hidden_dims keeps the messages in
+// the caller's numbering), after their ranks; then the offsets (rules o1 to o6).
+namespace {
+
+const char* const kPackedDimNames[4] = {"", "total", "heads", "head_dim"};
+const char* const kPackedLseDimNames[3] = {"", "heads", "total_q"};
+const char* const kOffsetDimNames[1] = {"batch + 1"};
+const char* const kSequsedDimNames[1] = {"batch"};
+
+// t with a leading dimension of size 1 (stride 0: never stepped over).
+TensorView with_unit_batch(const TensorView& t) {
+  TensorView v = t;
+  v.rank = t.rank + 1;
+  v.shape[0] = 1;
+  v.stride[0] = 0;
+  for (int i = 0; i < t.rank && i < 3; ++i) {
+    v.shape[i + 1] = t.shape[i];
+    v.stride[i + 1] = t.stride[i];
+  }
+  return v;
+}
+
+// o1 to o4 for one int32 array of the batch: rank 1, `length` entries (when known: >= 0),
+// int32, device data, contiguous, 4-byte aligned.
+void check_offsets_array(const Arg& a, int64_t length, const char* length_why) {
+  check_rank(a);
+  check_sizes_not_negative(a);
+  check_dtype(a, DType::s32);
+  if (length >= 0 && a.view.shape[0] != length) {
+    Message m;
+    m << a.name << ": expected " << length << " entries " << length_why << ", got " << a.view.shape[0];
+    fail(m);
+  }
+  check_not_null(a);
+  if (a.view.shape[0] > 1 && a.view.stride[0] != 1) {
+    Message m;
+    m << a.name << ": must be contiguous (stride[0] == 1), got stride[0] = " << a.view.stride[0];
+    fail(m);
+  }
+  check_fp32_layout(a, 0);  // 4-byte alignment (int32 like fp32)
+}
+
+}  // namespace
+
+VarlenCall validate_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const TensorView& out, const std::optional<TensorView>& lse,
+                                   const VarlenBatch& batch, const ForwardOptions& options) {
+  // a. ranks, as the caller's tensors have them
+  {
+    const Arg aq{"q", q, kPackedDimNames + 1, 3}, ak{"k", k, kPackedDimNames + 1, 3}, av{"v", v, kPackedDimNames + 1, 3},
+        aout{"out", out, kPackedDimNames + 1, 3};
+    for (const Arg* a : {&aq, &ak, &av, &aout}) check_rank(*a);
+    if (lse) check_rank(Arg{"lse", *lse, kPackedLseDimNames + 1, 2});
+  }
+  VarlenCall call;
+  call.q = with_unit_batch(q);
+  call.k = with_unit_batch(k);
+  call.v = with_unit_batch(v);
+  call.out = with_unit_batch(out);
+  if (lse) call.lse = with_unit_batch(*lse);
+  const Arg aq{"q", call.q, kPackedDimNames, 4, 1}, ak{"k", call.k, kPackedDimNames, 4, 1},
+      av{"v", call.v, kPackedDimNames, 4, 1}, aout{"out", call.out, kPackedDimNames, 4, 1};
+  const TensorView no_lse;
+  const Arg alse{"lse", lse ? *call.lse : no_lse, kPackedLseDimNames, 3, 1};
+  const Operand operands[4] = {{aq, aq}, {ak, ak}, {av, ak}, {aout, aq}};
+
+  // a to j on the (1, total, heads, head_dim) views
+  ProblemSizes sizes = check_attention_tensors(operands, aq, ak, lse ? &alse : nullptr);
+
+  // k. softmax scale
+  check_softmax_scale(options.softmax_scale);
+
+  // o1 to o4: the offsets (and seqused_k)
+  const Arg acq{"cu_seqlens_q", batch.cu_seqlens_q, kOffsetDimNames, 1};
+  const Arg ack{"cu_seqlens_k", batch.cu_seqlens_k, kOffsetDimNames, 1};
+  check_offsets_array(acq, -1, "");
+  if (batch.cu_seqlens_q.shape[0] < 1) fail(Message() << "cu_seqlens_q: expected batch + 1 >= 1 entries, got 0");
+  const int64_t sequences = batch.cu_seqlens_q.shape[0] - 1;
+  check_offsets_array(ack, sequences + 1, "(batch + 1, as cu_seqlens_q)");
+  const TensorView no_seqused;
+  const Arg aused{"seqused_k", batch.seqused_k ? *batch.seqused_k : no_seqused, kSequsedDimNames, 1};
+  if (batch.seqused_k) check_offsets_array(aused, sequences, "(batch, one per sequence of cu_seqlens_q)");
+
+  // o5. the longest sequences: not needed, but a negative length is a mistake
+  if (batch.max_seqlen_q < 0 || batch.max_seqlen_k < 0)
+    fail(Message() << (batch.max_seqlen_q < 0 ? "max_seqlen_q" : "max_seqlen_k") << ": expected >= 0, got "
+                   << (batch.max_seqlen_q < 0 ? batch.max_seqlen_q : batch.max_seqlen_k));
+
+  // o6. the plan's table of tiles (one per 128 query rows of each sequence and head, at most
+  // total_q / 128 + batch per head) within 32-bit indices
+  const uint64_t table = saturating_mul(saturating_add(static_cast<uint64_t>(sizes.seqlen_q) / 128,
+                                                       static_cast<uint64_t>(sequences)),
+                                        static_cast<uint64_t>(sizes.heads_q));
+  if (table >= static_cast<uint64_t>(kCoordinateLimit)) {
+    Message m;
+    m << "cu_seqlens_q: heads x (total_q / 128 + batch) = " << table
+      << " work tiles must be less than 2^31 (the kernel uses 32-bit tile indices)";
+    fail(m);
+  }
+
+  // l, m. written tensors apart from everything the call reads or writes
+  std::vector<const Arg*> tensors = {&aq, &ak, &av, &aout, &acq, &ack}, written = {&aout};
+  if (batch.seqused_k) tensors.push_back(&aused);
+  if (lse) {
+    tensors.push_back(&alse);
+    written.push_back(&alse);
+  }
+  check_written_apart(tensors, written);
+
+  sizes.batch = sequences;
+  call.problem = forward_problem(sizes, q.dtype, options, lse.has_value());
+  call.seqs.cu_seqlens_q = static_cast<const int*>(batch.cu_seqlens_q.data);
+  call.seqs.cu_seqlens_k = static_cast<const int*>(batch.cu_seqlens_k.data);
+  call.seqs.seqused_k = batch.seqused_k ? static_cast<const int*>(batch.seqused_k->data) : nullptr;
+  call.seqs.batch = static_cast<int>(sequences);
+  call.seqs.total_q = static_cast<int>(sizes.seqlen_q);
+  call.seqs.total_k = static_cast<int>(sizes.seqlen_k);
+  return call;
 }
 
 }  // namespace warpattn::detail

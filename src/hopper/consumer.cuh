@@ -53,6 +53,7 @@ struct TileContext {
   int n_end;
   int kv_base;  // K/V ring ordinal of this tile's first key tile
   int q_stage;  // Q buffer
+  int seqlen_q, seqlen_k;  // of the tile's sequence
 };
 
 // One elected thread per warpgroup releases a ring slot once the warpgroup's wgmma reading it
@@ -116,8 +117,8 @@ struct ConsumerTile {
   }
 
   __device__ __forceinline__ void mask_if_needed(float (&s)[Cfg::kBlockN / 2], int n) const {
-    if (kv_tile_needs_mask(n, Cfg::kBlockN, m_start, params.seqlen_q, params.seqlen_k, Cfg::kCausal))
-      mask_scores<Cfg::kCausal>(s, f, row0, n * Cfg::kBlockN, params.seqlen_q, params.seqlen_k);
+    if (kv_tile_needs_mask(n, Cfg::kBlockN, m_start, t.seqlen_q, t.seqlen_k, Cfg::kCausal))
+      mask_scores<Cfg::kCausal>(s, f, row0, n * Cfg::kBlockN, t.seqlen_q, t.seqlen_k);
   }
   // After the S GEMM of key tile `it` has completed: free its K slot (and after the tile's last
   // S GEMM also the Q buffer), lift INT8 scores to floats, mask where the tile needs it.

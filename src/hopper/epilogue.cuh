@@ -1,5 +1,6 @@
 // Epilogue of a consumer warpgroup: its 64 normalised O rows go from registers straight to
 // global memory in 16-byte stores (rows past seqlen_q are skipped) and LSE goes out per row.
+// first_row: the sequence's first row in out and lse (a packed batch's offset; 0 otherwise).
 // Writing from registers leaves the Q buffer free as soon as the last S GEMM has read it, so
 // the producer can load the next tile's Q while this epilogue runs. The backward stores dK and
 // dV the same way (store_accumulator_row).
@@ -40,15 +41,17 @@ __device__ __forceinline__ void store_accumulator_row(const float (&acc)[kCols /
 template <class Cfg>
 __device__ __forceinline__ void store_output(const float (&o)[Cfg::kHeadDim / 2], const float (&lse)[2],
                                              const ForwardParams& params, const FragmentCoords& f,
-                                             int warpgroup, int m_block, int head, int batch) {
+                                             int warpgroup, int m_block, int head, int batch, int first_row,
+                                             int seqlen_q) {
   using Out = typename Cfg::OutElement;
   const int row_start = m_block * Cfg::kBlockM + warpgroup * 64;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int row = row_start + f.row(r);
-    Out* out_row = row < params.seqlen_q ? static_cast<Out*>(params.out) + batch * params.out_stride_batch +
-                                               row * params.out_stride_row + head * params.out_stride_head
-                                         : nullptr;
+    const int seq_row = row_start + f.row(r);
+    const int64_t row = first_row + seq_row;  // in the tensor: a packed batch's rows follow its offset
+    Out* out_row = seq_row < seqlen_q ? static_cast<Out*>(params.out) + batch * params.out_stride_batch +
+                                            row * params.out_stride_row + head * params.out_stride_head
+                                      : nullptr;
     store_accumulator_row<Out, Cfg::kHeadDim>(o, r, f.quad, out_row);
     if (params.lse != nullptr && f.quad == 0 && out_row != nullptr)
       params.lse[batch * params.lse_stride_batch + head * params.lse_stride_head +

@@ -33,6 +33,7 @@ struct ForwardConfig {
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   static constexpr bool kCausal = kCausal_;
+  static constexpr bool kVarlen = false;  // VarlenConfig: packed variable-length batches
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   // Q and K rows are stored as panels of kSwizzleBytes (the width of one swizzled TMA box
   // row): 128 bytes (64 16-bit or 128 FP8 elements), or 64 bytes when a whole row is that
@@ -100,6 +101,13 @@ struct ForwardConfig {
   static_assert(kBlockN % (kFp8 ? 32 : 16) == 0, "kBlockN is the K extent of the P·V GEMM");
   static_assert(!kFp8 || kBlockN == 128, "FP8 Vᵀ tiles are one 128-byte panel of keys");
   static_assert(kBlockN <= 256 && kHeadDim <= 256, "wgmma N is at most 256");
+};
+
+// The same kernel on a packed variable-length batch: tiles from the device-made plan
+// (varlen/plan_varlen.hpp), each with its sequence's offsets and lengths.
+template <class Base>
+struct VarlenConfig : Base {
+  static constexpr bool kVarlen = true;
 };
 
 }  // namespace warpattn::detail

@@ -33,6 +33,14 @@ void run_fp8_causal(const ForwardProblem& p, const Fp8Operands& f, const TensorV
       p, f.q, f.k, f.vt, out, lse, stream, &f);
 }
 
+// Packed batches take the normal tiles (not the tall ones: sequences are mostly short).
+template <class Element, int kHeadDim, bool kCausal>
+void run_forward_varlen_causal(const ForwardProblem& p, const VarlenSequences& seqs, const TensorView& q,
+                               const TensorView& k, const TensorView& v, const TensorView& out,
+                               const std::optional<TensorView>& lse, cudaStream_t stream) {
+  run_forward_varlen<VarlenConfig<ForwardConfigFor<Element, kHeadDim, kCausal>>>(p, seqs, q, k, v, out, lse, stream);
+}
+
 }  // namespace warpattn::detail
 
 #define WARPATTN_FORWARD_INSTANCE(Element, kHeadDim)                                              \
@@ -45,6 +53,16 @@ void run_fp8_causal(const ForwardProblem& p, const Fp8Operands& f, const TensorV
       run_forward_causal<Element, kHeadDim, true>(p, q, k, v, out, lse, stream);                  \
     else                                                                                          \
       run_forward_causal<Element, kHeadDim, false>(p, q, k, v, out, lse, stream);                 \
+  }                                                                                               \
+  template <>                                                                                     \
+  void run_forward_varlen_head_dim<Element, kHeadDim>(                                            \
+      const ForwardProblem& p, const VarlenSequences& seqs, const TensorView& q, const TensorView& k, \
+      const TensorView& v, const TensorView& out, const std::optional<TensorView>& lse,           \
+      cudaStream_t stream) {                                                                      \
+    if (p.causal)                                                                                 \
+      run_forward_varlen_causal<Element, kHeadDim, true>(p, seqs, q, k, v, out, lse, stream);     \
+    else                                                                                          \
+      run_forward_varlen_causal<Element, kHeadDim, false>(p, seqs, q, k, v, out, lse, stream);    \
   }                                                                                               \
   }
 

@@ -47,23 +47,26 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
   turns.start();
   int kv = 0, q_iter = 0;  // as in the producer
   for (int i = 0;; ++i) {
-    const ScheduledTile w = ss.tiles.receive<!Cfg::kCausal>(i);
+    const ScheduledTile w = ss.tiles.template receive<!Cfg::kCausal && !Cfg::kVarlen, Cfg::kVarlen>(i);
     if (w.is_end()) break;
     const int n_tiles = w.n_tiles;
+    // The tile's sequence: a packed batch's own, or the launch's.
+    const int seqlen_q = Cfg::kVarlen ? w.seqlen_q : params.seqlen_q;
+    const int seqlen_k = Cfg::kVarlen ? w.seqlen_k : params.seqlen_k;
     float o[Cfg::kHeadDim / 2];
 #pragma unroll
     for (int j = 0; j < Cfg::kHeadDim / 2; ++j) o[j] = 0.f;
     OnlineSoftmax softmax(Cfg::kPLog2Offset, Cfg::kStaleLog2);
     if (n_tiles > 0) {
       const RingSlot qs = ring_slot<Cfg::kQStages>(q_iter);
-      const TileContext t{warpgroup, w.m_block, w.head, w.batch, n_tiles, w.n_end, kv, qs.stage};
+      const TileContext t{warpgroup, w.m_block, w.head, w.batch, n_tiles, w.n_end, kv, qs.stage, seqlen_q, seqlen_k};
       ptx::mbarrier_wait(ptx::smem_addr(&ss.q_full[qs.stage]), qs.phase);
       const ConsumerTile<Cfg> tile(ss, params, t);
       if constexpr (Cfg::kFp8) {
         // FP8 P has 3 mantissa bits; splitting it would not buy the 16-bit path's precision.
         tile.run(o, softmax);
       } else {
-        if (sees_few_keys(w.m_block * Cfg::kBlockM, params.seqlen_q, params.seqlen_k, Cfg::kCausal))
+        if (sees_few_keys(w.m_block * Cfg::kBlockM, seqlen_q, seqlen_k, Cfg::kCausal))
           tile.run_precise(o, softmax);
         else
           tile.run(o, softmax);
@@ -72,7 +75,7 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
       ++q_iter;
     }
     // A piece of the split tail leaves its partial state to combine_split_tail_kernel.
-    if constexpr (!Cfg::kCausal) {
+    if constexpr (!Cfg::kCausal && !Cfg::kVarlen) {
       if (w.piece >= 0) {
         PartialState<Cfg>(params, 2 * static_cast<int>(blockIdx.x) + w.piece, warpgroup, threadIdx.x % 128)
             .store(o, softmax);
@@ -81,7 +84,7 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
     }
     float lse[2];
     softmax.finalize(o, lse);
-    store_output<Cfg>(o, lse, params, f, warpgroup, w.m_block, w.head, w.batch);
+    store_output<Cfg>(o, lse, params, f, warpgroup, w.m_block, w.head, w.batch, w.q_offset, seqlen_q);
   }
   turns.finish();
 }

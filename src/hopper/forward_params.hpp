@@ -18,6 +18,8 @@ struct DescaleArray {
 #endif
 };
 
+struct VarlenTile;  // varlen/varlen_tiles.hpp
+
 struct ForwardParams {
   void* out = nullptr;  // (B, Sq, Hq, D), 16-bit; strides in elements
   int64_t out_stride_batch = 0, out_stride_row = 0, out_stride_head = 0;
@@ -34,6 +36,11 @@ struct ForwardParams {
   SplitTail split;
   float* partials = nullptr;
   DescaleArray q_descale, k_descale, v_descale;  // FP8 only
+  // Packed variable-length batches (Cfg::kVarlen): the plan's tiles[0 .. *tile_count)
+  // (varlen/plan_varlen.hpp). batch is then the number of sequences, seqlen_q and seqlen_k the
+  // packed lengths, and out/lse rows are indexed from each sequence's offset (batch strides 0).
+  const VarlenTile* varlen_tiles = nullptr;
+  const int* varlen_tile_count = nullptr;
   // Always 0, unknown to ptxas (ptx::schedule_fence). One per fence of a basic block chain
   // (ptxas drops a second branch on a value it has already branched on); the main loop has one.
   uint32_t opaque_zero[1] = {0};

@@ -28,6 +28,27 @@ void launch_forward_sm90(const ForwardProblem& p, const TensorView& q, const Ten
     dispatch_head_dim<__half>(p, q, k, v, out, lse, stream);
 }
 
+template <class Element>
+static void dispatch_varlen_head_dim(const ForwardProblem& p, const VarlenSequences& seqs, const TensorView& q,
+                                     const TensorView& k, const TensorView& v, const TensorView& out,
+                                     const std::optional<TensorView>& lse, cudaStream_t stream) {
+  switch (p.head_dim) {
+    case 64: return run_forward_varlen_head_dim<Element, 64>(p, seqs, q, k, v, out, lse, stream);
+    case 128: return run_forward_varlen_head_dim<Element, 128>(p, seqs, q, k, v, out, lse, stream);
+    case 256: return run_forward_varlen_head_dim<Element, 256>(p, seqs, q, k, v, out, lse, stream);
+  }
+  throw Error("q: head dim " + std::to_string(p.head_dim) + " has no kernel");  // validated before
+}
+
+void launch_forward_varlen_sm90(const ForwardProblem& p, const VarlenSequences& seqs, const TensorView& q,
+                                const TensorView& k, const TensorView& v, const TensorView& out,
+                                const std::optional<TensorView>& lse, cudaStream_t stream) {
+  if (p.dtype == DType::bf16)
+    dispatch_varlen_head_dim<__nv_bfloat16>(p, seqs, q, k, v, out, lse, stream);
+  else
+    dispatch_varlen_head_dim<__half>(p, seqs, q, k, v, out, lse, stream);
+}
+
 template <class QKElement>
 static void dispatch_fp8_head_dim(const ForwardProblem& p, const Fp8Operands& fp8, const TensorView& out,
                                   const std::optional<TensorView>& lse, cudaStream_t stream) {

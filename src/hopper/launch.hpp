@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "api/problem.hpp"
+#include "hopper/varlen/varlen_tiles.hpp"
 
 namespace warpattn::detail {
 
@@ -11,6 +12,13 @@ namespace warpattn::detail {
 void launch_forward_sm90(const ForwardProblem& p, const TensorView& q, const TensorView& k,
                          const TensorView& v, const TensorView& out,
                          const std::optional<TensorView>& lse, cudaStream_t stream);
+
+// A packed variable-length batch: q, k, v, out as (1, total, heads, head_dim) views, lse as
+// (1, heads, total_q); p.batch sequences (>= 1), p.seqlen_q/k the packed lengths (total_q >= 1,
+// total_k >= 1).
+void launch_forward_varlen_sm90(const ForwardProblem& p, const VarlenSequences& seqs, const TensorView& q,
+                                const TensorView& k, const TensorView& v, const TensorView& out,
+                                const std::optional<TensorView>& lse, cudaStream_t stream);
 
 // FP8: p.dtype is the output's; seqlen_k >= 1.
 void launch_forward_fp8_sm90(const ForwardProblem& p, const Fp8Operands& fp8, const TensorView& out,

@@ -15,13 +15,14 @@
 namespace warpattn::detail {
 
 // kKeysInner: the tensor is FP8's Vᵀ, keys innermost (its map is {keys, head_dim, 1, heads,
-// batch}); otherwise a (batch, seqlen, heads, head_dim) panel map.
+// batch}); otherwise a (batch, seqlen, heads, head_dim) panel map. first_key: the sequence's
+// first key row in the tensor (packed batches; 0 otherwise).
 template <class Cfg, bool kKeysInner = false>
 __device__ __forceinline__ void load_kv_tile(SharedStorage<Cfg>& ss, const CUtensorMap* map,
                                              uint8_t (&tiles)[Cfg::kStages][Cfg::kKVTileBytes],
                                              uint64_t (&full)[Cfg::kStages],
                                              uint64_t (&empty)[Cfg::kStages], int it, int n_block,
-                                             int head_kv, int batch) {
+                                             int head_kv, int batch, int first_key) {
   using namespace ptx;
   const RingSlot slot = ring_slot<Cfg::kStages>(it);
   // The slot's previous occupant was released in the phase before this one; on the first lap
@@ -29,28 +30,43 @@ __device__ __forceinline__ void load_kv_tile(SharedStorage<Cfg>& ss, const CUten
   mbarrier_wait(smem_addr(&empty[slot.stage]), slot.phase ^ 1);
   const uint32_t bar = smem_addr(&full[slot.stage]);
   mbarrier_arrive_expect_tx(bar, Cfg::kKVTileBytes);  // the full box, even past seqlen_k
+  const int key = first_key + n_block * Cfg::kBlockN;
   if constexpr (kKeysInner)
-    tma_load_5d(smem_addr(tiles[slot.stage]), map, bar, n_block * Cfg::kBlockN, 0, 0, head_kv, batch);
+    tma_load_5d(smem_addr(tiles[slot.stage]), map, bar, key, 0, 0, head_kv, batch);
   else
-    tma_load_5d(smem_addr(tiles[slot.stage]), map, bar, 0, n_block * Cfg::kBlockN, 0, head_kv, batch);
+    tma_load_5d(smem_addr(tiles[slot.stage]), map, bar, 0, key, 0, head_kv, batch);
+}
+
+// The tiles the producer hands out whole (TileChooser::whole); a packed batch's count comes
+// from its plan, read once per CTA.
+template <class Cfg>
+__device__ __forceinline__ int whole_tiles(const ForwardParams& params) {
+  if constexpr (Cfg::kVarlen) return *params.varlen_tile_count;
+  else if constexpr (Cfg::kCausal) return total_tiles(params);
+  else return params.split.first_tile;
 }
 
 // What the chooser points at: a whole tile of tile_order.hpp's order, a piece of the split
 // tail, or the end marker.
 template <class Cfg>
 __device__ __forceinline__ ScheduledTile schedule_tile(const TileChooser& chooser, const ForwardParams& params) {
-  constexpr ScheduledTile kEnd{-1, 0, 0, 0, 0, -1};
-  if constexpr (Cfg::kCausal) {  // never split
-    if (chooser.tile >= total_tiles(params)) return kEnd;
+  constexpr ScheduledTile kEnd{-1, 0, 0, 0, 0, -1, 0, 0, 0, 0};
+  if constexpr (Cfg::kVarlen) {  // never split: the plan's tile, two 16-byte loads
+    if (chooser.tile >= chooser.whole) return kEnd;
+    const int4* entry = reinterpret_cast<const int4*>(params.varlen_tiles + chooser.tile);
+    const int4 a = entry[0], b = entry[1];
+    return {a.x, a.y, a.z, a.w, a.w, -1, b.x, b.y, b.z, b.w};
+  } else if constexpr (Cfg::kCausal) {  // never split
+    if (chooser.tile >= chooser.whole) return kEnd;
   } else if (chooser.tile >= params.split.first_tile) {
     SplitTail::Piece pc;
     if (params.split.tiles == 0 || !params.split.piece(static_cast<int>(blockIdx.x), chooser.piece, pc)) return kEnd;
     const WorkTile w = tile_coords(params.split.first_tile + pc.tile, params);
-    return {w.m_block, w.head, w.batch, pc.kv_end - pc.kv_begin, pc.kv_end, chooser.piece};
+    return {w.m_block, w.head, w.batch, pc.kv_end - pc.kv_begin, pc.kv_end, chooser.piece, 0, 0, 0, 0};
   }
   const WorkTile w = tile_coords(chooser.tile, params);
   const int n = kv_tile_count(w.m_block, Cfg::kBlockM, Cfg::kBlockN, params.seqlen_q, params.seqlen_k, Cfg::kCausal);
-  return {w.m_block, w.head, w.batch, n, n, -1};
+  return {w.m_block, w.head, w.batch, n, n, -1, 0, 0, 0, 0};
 }
 
 // Walks the same tiles as the consumers. The K/V ring ordinal and the Q phase run on across
@@ -64,31 +80,34 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
   using namespace ptx;
   int kv = 0;      // K/V tiles loaded so far
   int q_iter = 0;  // Q tiles loaded so far
-  TileChooser chooser;
+  TileChooser chooser(whole_tiles<Cfg>(params));
   ScheduledTile w = schedule_tile<Cfg>(chooser, params);
+  // Only a packed batch's grid can start past its tiles (it is sized before they are counted).
+  if (Cfg::kVarlen && w.is_end()) chooser.retire(params);
   ss.tiles.publish(0, w);
   for (int i = 0; !w.is_end(); ++i) {
     const int n_tiles = w.n_tiles, n_end = w.n_end;  // key tiles n_end - 1 down to n_end - n_tiles
     const int head_kv = w.head / params.kv_group;
+    const int batch = Cfg::kVarlen ? 0 : w.batch;  // a packed batch's tensor maps have one batch entry
     if (n_tiles > 0) {
       // The first K tile can go into a ring slot freed during the previous tile; Q must wait
       // until both consumers' last S GEMM of the tile that used its buffer has read it.
-      load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv, n_end - 1, head_kv, w.batch);
+      load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv, n_end - 1, head_kv, batch, w.k_offset);
       const RingSlot qs = ring_slot<Cfg::kQStages>(q_iter);
       mbarrier_wait(smem_addr(&ss.q_empty[qs.stage]), qs.phase ^ 1);
       const uint32_t q_bar = smem_addr(&ss.q_full[qs.stage]);
       mbarrier_arrive_expect_tx(q_bar, Cfg::kQTileBytes);
-      tma_load_5d(smem_addr(ss.q[qs.stage]), tm_q, q_bar, 0, w.m_block * Cfg::kBlockM, 0, w.head, w.batch);
+      tma_load_5d(smem_addr(ss.q[qs.stage]), tm_q, q_bar, 0, w.q_offset + w.m_block * Cfg::kBlockM, 0, w.head, batch);
     }
     chooser.advance<!Cfg::kCausal>(params);
     const ScheduledTile next = schedule_tile<Cfg>(chooser, params);
     ss.tiles.publish(i + 1, next);
     if (n_tiles > 0) {
       for (int it = 1; it < n_tiles; ++it) {
-        load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, n_end - 1 - it, head_kv, w.batch);
-        load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1, n_end - it, head_kv, w.batch);
+        load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, n_end - 1 - it, head_kv, batch, w.k_offset);
+        load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1, n_end - it, head_kv, batch, w.k_offset);
       }
-      load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + n_tiles - 1, n_end - n_tiles, head_kv, w.batch);
+      load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + n_tiles - 1, n_end - n_tiles, head_kv, batch, w.k_offset);
       kv += n_tiles;
       ++q_iter;
     }

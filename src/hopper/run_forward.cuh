@@ -17,6 +17,7 @@
 #include "hopper/scheduler_workspace.hpp"
 #include "hopper/split_tail_combine.cuh"
 #include "hopper/split_tail.hpp"
+#include "hopper/varlen/plan_varlen.hpp"
 
 namespace warpattn::detail {
 
@@ -29,28 +30,23 @@ namespace warpattn::detail {
 #endif
 inline constexpr int kSplitTailMinSaved = WARPATTN_TUNE_SPLIT_TAIL;
 
-// For FP8 (Cfg::kFp8) v is the operands' Vᵀ and `fp8` gives the descales.
+// The tensor maps of one launch: q, k and v (FP8: Vᵀ).
+struct ForwardMaps {
+  CUtensorMap q, k, v;
+};
+
 template <class Cfg>
-void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView& k,
-                 const TensorView& v, const TensorView& out, const std::optional<TensorView>& lse,
-                 cudaStream_t stream, const Fp8Operands* fp8 = nullptr) {
-  static_assert(Cfg::kDescaleRows == kFp8BlockRows, "the kernel's descale blocks are the API's");
-  const CUtensorMap tm_q = make_panel_tensor_map(q, "q", Cfg::kBlockM, Cfg::kPanels, Cfg::kSwizzleBytes);
-  const CUtensorMap tm_k = make_panel_tensor_map(k, "k", Cfg::kBlockN, Cfg::kPanels, Cfg::kSwizzleBytes);
-  const CUtensorMap tm_v = Cfg::kFp8 ? make_vt_tensor_map(v, "vt", Cfg::kBlockN)
-                                     : make_panel_tensor_map(v, "v", Cfg::kBlockN, Cfg::kPanels, Cfg::kSwizzleBytes);
+ForwardMaps make_forward_maps(const TensorView& q, const TensorView& k, const TensorView& v) {
+  return {make_panel_tensor_map(q, "q", Cfg::kBlockM, Cfg::kPanels, Cfg::kSwizzleBytes),
+          make_panel_tensor_map(k, "k", Cfg::kBlockN, Cfg::kPanels, Cfg::kSwizzleBytes),
+          Cfg::kFp8 ? make_vt_tensor_map(v, "vt", Cfg::kBlockN)
+                    : make_panel_tensor_map(v, "v", Cfg::kBlockN, Cfg::kPanels, Cfg::kSwizzleBytes)};
+}
+
+// The parameters every launch has: out, lse, heads, scale.
+template <class Cfg>
+ForwardParams base_forward_params(const ForwardProblem& p, const TensorView& out, const std::optional<TensorView>& lse) {
   ForwardParams params;
-  if constexpr (Cfg::kFp8) {
-    const auto descales = [](const TensorView& t) {
-      DescaleArray a;
-      a.data = static_cast<const float*>(t.data);
-      for (int i = 0; i < 3; ++i) a.stride[i] = t.stride[i];
-      return a;
-    };
-    params.q_descale = descales(fp8->q_descale);
-    params.k_descale = descales(fp8->k_descale);
-    params.v_descale = descales(fp8->v_descale);
-  }
   params.out = out.data;
   params.out_stride_batch = out.stride[0];
   params.out_stride_row = out.stride[1];
@@ -66,17 +62,44 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
   params.seqlen_q = static_cast<int>(p.seqlen_q);
   params.seqlen_k = static_cast<int>(p.seqlen_k);
   params.kv_group = static_cast<int>(p.heads_q / p.heads_kv);
-  params.m_blocks = ceil_div(params.seqlen_q, Cfg::kBlockM);
-  // Half of L2 for the K and V of the (batch, head) pairs in flight; query heads of one GQA
-  // group share theirs.
-  const int64_t kv_bytes_per_query_head =
-      std::max<int64_t>(1, 2 * p.seqlen_k * p.head_dim * Cfg::kElementBytes / params.kv_group);
-  int64_t chunk = l2_cache_bytes() / 2 / kv_bytes_per_query_head;
-  // And no more pairs than one wave of CTAs covers, so each pair's K/V is read by all of its
-  // query blocks at about the same time (run 18: +4-10% at N <= 1024 non-causal).
-  chunk = std::min<int64_t>(chunk, ceil_div(multiprocessor_count(), params.m_blocks));
-  params.chunk_heads = static_cast<int>(std::clamp<int64_t>(chunk, 1, p.heads_q * p.batch));
   params.scale_log2 = static_cast<float>(p.softmax_scale * 1.4426950408889634);
+  return params;
+}
+
+template <class Cfg>
+void launch_forward_kernel(int64_t blocks, const ForwardMaps& maps, const ForwardParams& params, cudaStream_t stream) {
+  auto kernel = attention_forward_kernel<Cfg>;
+  constexpr int kSmem = sizeof(SharedStorage<Cfg>);
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+             "attention_forward_kernel: setting its shared-memory size");
+  kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, params);
+  check_cuda(cudaGetLastError(), "attention_forward_kernel: launch failed");
+}
+
+// For FP8 (Cfg::kFp8) v is the operands' Vᵀ and `fp8` gives the descales.
+template <class Cfg>
+void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView& k,
+                 const TensorView& v, const TensorView& out, const std::optional<TensorView>& lse,
+                 cudaStream_t stream, const Fp8Operands* fp8 = nullptr) {
+  static_assert(Cfg::kDescaleRows == kFp8BlockRows, "the kernel's descale blocks are the API's");
+  const ForwardMaps maps = make_forward_maps<Cfg>(q, k, v);
+  ForwardParams params = base_forward_params<Cfg>(p, out, lse);
+  if constexpr (Cfg::kFp8) {
+    const auto descales = [](const TensorView& t) {
+      DescaleArray a;
+      a.data = static_cast<const float*>(t.data);
+      for (int i = 0; i < 3; ++i) a.stride[i] = t.stride[i];
+      return a;
+    };
+    params.q_descale = descales(fp8->q_descale);
+    params.k_descale = descales(fp8->k_descale);
+    params.v_descale = descales(fp8->v_descale);
+  }
+  params.m_blocks = ceil_div(params.seqlen_q, Cfg::kBlockM);
+  params.chunk_heads =
+      chunk_heads_for(2 * p.seqlen_k * p.head_dim * Cfg::kElementBytes / params.kv_group, params.m_blocks,
+                      static_cast<int>(std::min<int64_t>(p.heads_q * p.batch, std::numeric_limits<int>::max())),
+                      l2_cache_bytes(), multiprocessor_count());
 
   const int64_t tiles = static_cast<int64_t>(params.m_blocks) * p.heads_q * p.batch;
   if (tiles > std::numeric_limits<int>::max())
@@ -104,18 +127,46 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
     }
   }
 
-  auto kernel = attention_forward_kernel<Cfg>;
-  constexpr int kSmem = sizeof(SharedStorage<Cfg>);
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-               "attention_forward_kernel: setting its shared-memory size");
-  kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, kSmem, stream>>>(tm_q, tm_k, tm_v, params);
-  check_cuda(cudaGetLastError(), "attention_forward_kernel: launch failed");
+  launch_forward_kernel<Cfg>(blocks, maps, params, stream);
   if constexpr (!Cfg::kCausal) {
     if (params.split.tiles > 0) {
       combine_split_tail_kernel<Cfg><<<dim3(params.split.tiles, Cfg::kConsumerWarpgroups), 128, 0, stream>>>(params);
       check_cuda(cudaGetLastError(), "combine_split_tail_kernel: launch failed");
     }
   }
+}
+
+// A packed variable-length batch (Cfg: a VarlenConfig): q, k, v and out as (1, total, heads,
+// head_dim) views, lse as (1, heads, total_q); p's batch is the number of sequences and its
+// seqlen_q/k the packed lengths. The plan (varlen/plan_varlen.hpp) is made on the device in
+// the same scheduler memory, before the kernel, on the same stream.
+template <class Cfg>
+void run_forward_varlen(const ForwardProblem& p, const VarlenSequences& seqs, const TensorView& q,
+                        const TensorView& k, const TensorView& v, const TensorView& out,
+                        const std::optional<TensorView>& lse, cudaStream_t stream) {
+  static_assert(Cfg::kVarlen, "a VarlenConfig");
+  const ForwardMaps maps = make_forward_maps<Cfg>(q, k, v);
+  ForwardParams params = base_forward_params<Cfg>(p, out, lse);
+  params.out_stride_batch = 0;  // rows are indexed from each sequence's offset
+  params.lse_stride_batch = 0;
+  VarlenGeometry g;
+  g.block_m = Cfg::kBlockM;
+  g.block_n = Cfg::kBlockN;
+  g.heads_q = params.heads_q;
+  g.kv_group = params.kv_group;
+  g.causal = Cfg::kCausal;
+  g.kv_bytes_per_key = 2LL * p.head_dim * Cfg::kElementBytes;
+  g.l2_bytes = l2_cache_bytes();
+  g.multiprocessors = multiprocessor_count();
+  // Validation bounds the table below 2^31 entries (validate_forward_varlen).
+  const long long max_tiles = max_varlen_tiles(p.seqlen_q, p.batch, Cfg::kBlockM, params.heads_q);
+  SchedulerWorkspace ws(stream, varlen_plan_bytes(params.batch, max_tiles));
+  const VarlenPlan plan = plan_varlen_tiles(seqs, g, max_tiles, ws.partials(), stream);
+  params.varlen_tiles = plan.tiles;
+  params.varlen_tile_count = plan.tile_count;
+  params.tile_counter = ws.tile_counter();
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(max_tiles, multiprocessor_count()));
+  launch_forward_kernel<Cfg>(blocks, maps, params, stream);
 }
 
 // Declared here, defined (explicitly instantiated) in forward_<dtype>_d<dim>.cu, one file per
@@ -127,6 +178,12 @@ void run_forward_head_dim(const ForwardProblem& p, const TensorView& q, const Te
 
 // FP8, in forward_fp8_d<dim>.cu (QKElement e4m3) and forward_fp8_int8qk_d<dim>.cu (int8_t):
 // p.dtype is the output's dtype.
+// Packed variable-length batches, in the same files (run_forward_varlen).
+template <class Element, int kHeadDim>
+void run_forward_varlen_head_dim(const ForwardProblem& p, const VarlenSequences& seqs, const TensorView& q,
+                                 const TensorView& k, const TensorView& v, const TensorView& out,
+                                 const std::optional<TensorView>& lse, cudaStream_t stream);
+
 template <int kHeadDim, class QKElement>
 void run_forward_fp8_head_dim(const ForwardProblem& p, const Fp8Operands& fp8, const TensorView& out,
                               const std::optional<TensorView>& lse, cudaStream_t stream);

@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(128) combine_split_tail_kernel(const __grid_co
   float lse[2];
   s.finalize(o, lse);
   const WorkTile w = tile_coords(st.first_tile + tail, params);
-  store_output<Cfg>(o, lse, params, FragmentCoords(thread), warpgroup, w.m_block, w.head, w.batch);
+  store_output<Cfg>(o, lse, params, FragmentCoords(thread), warpgroup, w.m_block, w.head, w.batch, 0, params.seqlen_q);
 }
 
 }  // namespace warpattn::detail

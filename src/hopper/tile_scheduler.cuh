@@ -21,36 +21,43 @@
 
 namespace warpattn::detail {
 
-// The producer's side: which tile comes next. Tiles before params.split.first_tile go out
-// whole; once a CTA draws one at or past it, it takes the (at most two) pieces of its range
-// of the split tail, then ends.
+// The producer's side: which tile comes next. Tiles before `whole` go out whole (dense
+// non-causal: params.split.first_tile; causal: all of them; packed batches: the plan's count);
+// once a CTA draws one at or past it, it takes the (at most two) pieces of its range of the
+// split tail, then ends.
 struct TileChooser {
   int round = 0;
   int tile = static_cast<int>(blockIdx.x);
   int piece = 0;  // in the tail: which piece of this CTA's range
+  int whole;
 
-  // kSplits: false where the launch never splits (causal): the tail's code is left out.
+  __device__ __forceinline__ explicit TileChooser(int whole_) : whole(whole_) {}
+
+  // kSplits: false where the launch never splits (causal, packed batches): the tail's code is
+  // left out.
   template <bool kSplits>
   __device__ __forceinline__ void advance(const ForwardParams& p) {
     const int g = static_cast<int>(gridDim.x);
-    const int whole = kSplits ? p.split.first_tile : total_tiles(p);
     if (kSplits && tile >= whole) {
       ++piece;
     } else if (p.tile_counter != nullptr) {
       tile = g + atomicAdd(p.tile_counter, 1);
-      if (tile >= whole) {
-        // Every CTA stops fetching once it draws past the whole tiles; the last one to stop
-        // leaves the counter zero for the next launch that uses it (scheduler_workspace.hpp).
-        __threadfence();
-        if (atomicAdd(p.tile_counter + 1, 1) == g - 1) {
-          p.tile_counter[0] = 0;
-          p.tile_counter[1] = 0;
-        }
-      }
+      if (tile >= whole) retire(p);
     } else {
       ++round;
       const int c = static_cast<int>(blockIdx.x);
       tile = round * g + ((round & 1) ? g - 1 - c : c);
+    }
+  }
+
+  // Every CTA stops fetching once it draws past the whole tiles (or starts past them: a packed
+  // batch's grid is sized before its tiles are counted); the last one to stop leaves the counter
+  // zero for the next launch that uses it (scheduler_workspace.hpp).
+  __device__ __forceinline__ void retire(const ForwardParams& p) const {
+    __threadfence();
+    if (atomicAdd(p.tile_counter + 1, 1) == static_cast<int>(gridDim.x) - 1) {
+      p.tile_counter[0] = 0;
+      p.tile_counter[1] = 0;
     }
   }
 };
@@ -63,6 +70,9 @@ struct ScheduledTile {
   // empty).
   int n_tiles, n_end;
   int piece;  // -1: a whole tile; 0 or 1: that piece of this CTA's range of the split tail
+  // Packed batches only (dense: 0 and the launch's lengths, never read): the sequence's first
+  // rows in the packed tensors and its lengths.
+  int q_offset, seqlen_q, k_offset, seqlen_k;
   __device__ __forceinline__ bool is_end() const { return m_block < 0; }
 };
 
@@ -87,8 +97,9 @@ struct TileSlots {
     tile[s] = t;
     ptx::mbarrier_arrive(ptx::smem_addr(&full[s]));  // release: orders the stores above
   }
-  // kSplits: false where the launch never splits (causal), so neither piece field is read.
-  template <bool kSplits>
+  // kSplits: false where the launch never splits (causal), so neither piece field is read;
+  // kVarlen: the sequence's offset and lengths are read (the consumers' need: not k_offset).
+  template <bool kSplits, bool kVarlen>
   __device__ __forceinline__ ScheduledTile receive(int i) {
     const int s = i & 1;
     ptx::mbarrier_wait(ptx::smem_addr(&full[s]), (i >> 1) & 1);
@@ -100,6 +111,12 @@ struct TileSlots {
     } else {
       t.n_end = t.n_tiles, t.piece = -1;
     }
+    if constexpr (kVarlen) {
+      t.q_offset = v.q_offset, t.seqlen_q = v.seqlen_q, t.seqlen_k = v.seqlen_k;
+    } else {
+      t.q_offset = 0, t.seqlen_q = 0, t.seqlen_k = 0;  // the consumers use the launch's
+    }
+    t.k_offset = 0;
     ptx::mbarrier_arrive(ptx::smem_addr(&empty[s]));
     return t;
   }

@@ -598,7 +598,7 @@ TEST(c_backward_returns_invalid_with_the_message) {
   warpattn_tensor bad_dtype = to_c(make_call().dq);
   bad_dtype.dtype = 9;
   CHECK(c_backward(make_call(), &bad_dtype, err, sizeof err) == WARPATTN_INVALID);
-  CHECK(starts_with(err, "dq.dtype: expected 0 (f16), 1 (bf16) or 2 (f32), got 9")) << err;
+  CHECK(starts_with(err, "dq.dtype: expected 0 (f16), 1 (bf16), 2 (f32) or 5 (s32), got 9")) << err;
   // The message is cut to the buffer and terminated; no buffer at all is fine.
   char small[8];
   CHECK(c_backward(c, &dq, small, sizeof small) == WARPATTN_INVALID);

@@ -1,0 +1,150 @@
+// warpattn::forward_varlen's argument validation: the packed tensors' rules (forward()'s, in
+// the caller's numbering of dimensions) and the offsets' rules, each rejected before anything
+// touches memory or the GPU (fake device addresses, as test_validation.cpp).
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+
+#include "harness.hpp"
+#include "warpattn/warpattn.hpp"
+
+namespace {
+
+using warpattn::DType;
+using warpattn::TensorView;
+
+void* fake(uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+struct Call {
+  TensorView q, k, v, out;
+  std::optional<TensorView> lse;
+  warpattn::VarlenBatch batch;
+  warpattn::ForwardOptions options;
+};
+
+// A valid call: 3 sequences packed into total_q = 300 query rows and total_k = 500 keys.
+Call make_call(int64_t total_q = 300, int64_t total_k = 500, int64_t sequences = 3) {
+  const int64_t q_shape[3] = {total_q, 8, 128}, kv_shape[3] = {total_k, 2, 128}, lse_shape[2] = {8, total_q};
+  const int64_t offsets_shape[1] = {sequences + 1}, used_shape[1] = {sequences};
+  Call c;
+  c.q = warpattn::make_contiguous_view(fake(0x10000000), DType::bf16, 3, q_shape);
+  c.k = warpattn::make_contiguous_view(fake(0x20000000), DType::bf16, 3, kv_shape);
+  c.v = warpattn::make_contiguous_view(fake(0x30000000), DType::bf16, 3, kv_shape);
+  c.out = warpattn::make_contiguous_view(fake(0x40000000), DType::bf16, 3, q_shape);
+  c.lse = warpattn::make_contiguous_view(fake(0x50000000), DType::f32, 2, lse_shape);
+  c.batch.cu_seqlens_q = warpattn::make_contiguous_view(fake(0x60000000), DType::s32, 1, offsets_shape);
+  c.batch.cu_seqlens_k = warpattn::make_contiguous_view(fake(0x70000000), DType::s32, 1, offsets_shape);
+  c.batch.seqused_k = warpattn::make_contiguous_view(fake(0x80000000), DType::s32, 1, used_shape);
+  c.batch.max_seqlen_q = 200, c.batch.max_seqlen_k = 300;
+  return c;
+}
+
+std::optional<std::string> error_of(const Call& c) {
+  try {
+    warpattn::validate_forward_varlen(c.q, c.k, c.v, c.out, c.lse, c.batch, c.options);
+  } catch (const warpattn::Error& e) {
+    return std::string(e.what());
+  }
+  return std::nullopt;
+}
+
+void expect_rejected(const Call& c, const std::string& argument, std::initializer_list<const char*> expected, int line) {
+  const std::optional<std::string> message = error_of(c);
+  if (!message) {
+    CHECK(false) << "line " << line << ": accepted, expected an error about " << argument;
+    return;
+  }
+  CHECK(message->rfind(argument + ": ", 0) == 0) << "line " << line << ": should name " << argument << ": " << *message;
+  for (const char* text : expected)
+    CHECK(message->find(text) != std::string::npos) << "line " << line << ": missing \"" << text << "\" in: " << *message;
+}
+#define EXPECT_REJECTED(call, argument, ...) expect_rejected(call, argument, {__VA_ARGS__}, __LINE__)
+
+}  // namespace
+
+TEST(varlen_valid_calls) {
+  Call c = make_call();
+  CHECK(!error_of(c)) << *error_of(c);
+  c.lse.reset();
+  c.batch.seqused_k.reset();
+  CHECK(!error_of(c)) << *error_of(c);
+  Call empty = make_call(0, 0, 0);  // no sequence at all
+  CHECK(!error_of(empty)) << *error_of(empty);
+  // forward_varlen itself returns at once on it (nothing to compute, no GPU needed)
+  try {
+    warpattn::forward_varlen(empty.q, empty.k, empty.v, empty.out, empty.lse, empty.batch, empty.options);
+  } catch (const warpattn::Error& e) {
+    CHECK(false) << e.what();
+  }
+}
+
+TEST(varlen_tensor_rules_in_the_callers_numbering) {
+  Call c = make_call();
+  c.q.rank = 4;
+  EXPECT_REJECTED(c, "q", "expected rank 3 (total, heads, head_dim)", "got rank 4");
+  c = make_call();
+  c.lse->rank = 3;
+  EXPECT_REJECTED(c, "lse", "expected rank 2 (heads, total_q)");
+  c = make_call();
+  c.q.shape[2] = 96, c.q.stride[1] = 96, c.q.stride[0] = 8 * 96;
+  EXPECT_REJECTED(c, "q", "head_dim (shape[2]) must be one of 64, 128, 256", "got 96");
+  c = make_call();
+  c.v.shape[0] = 499;
+  EXPECT_REJECTED(c, "v", "expected shape (500, 2, 128)", "got (499, 2, 128)");
+  c = make_call();
+  c.lse->shape[1] = 301;
+  EXPECT_REJECTED(c, "lse", "expected shape (heads_q, total_q) = (8, 300)", "got (8, 301)");
+  c = make_call();
+  c.k.stride[2] = 2;
+  EXPECT_REJECTED(c, "k", "last dimension (head_dim) must be contiguous (stride[2] == 1)");
+  c = make_call();
+  c.out.stride[0] = 8 * 128 + 4;
+  EXPECT_REJECTED(c, "out", "stride[0] (total)", "multiple of 16 bytes");
+  c = make_call();
+  c.k.dtype = DType::f16, c.v.dtype = DType::f16;
+  EXPECT_REJECTED(c, "k", "expected dtype bfloat16 (same as q)", "got float16");
+}
+
+TEST(varlen_offset_rules) {
+  Call c = make_call();
+  c.batch.cu_seqlens_q.dtype = DType::f32;
+  EXPECT_REJECTED(c, "cu_seqlens_q", "expected dtype int32", "got float32");
+  c = make_call();
+  c.batch.cu_seqlens_k.rank = 2;
+  EXPECT_REJECTED(c, "cu_seqlens_k", "expected rank 1 (batch + 1)");
+  c = make_call();
+  c.batch.cu_seqlens_k.shape[0] = 3;
+  EXPECT_REJECTED(c, "cu_seqlens_k", "expected 4 entries (batch + 1, as cu_seqlens_q), got 3");
+  c = make_call();
+  c.batch.cu_seqlens_q.shape[0] = 0;
+  EXPECT_REJECTED(c, "cu_seqlens_q", "batch + 1 >= 1 entries");
+  c = make_call();
+  c.batch.seqused_k->shape[0] = 4;
+  EXPECT_REJECTED(c, "seqused_k", "expected 3 entries (batch, one per sequence of cu_seqlens_q), got 4");
+  c = make_call();
+  c.batch.cu_seqlens_q.stride[0] = 2;
+  EXPECT_REJECTED(c, "cu_seqlens_q", "must be contiguous (stride[0] == 1)");
+  c = make_call();
+  c.batch.cu_seqlens_q.data = nullptr;
+  EXPECT_REJECTED(c, "cu_seqlens_q", "data is null");
+  c = make_call();
+  c.batch.cu_seqlens_k.data = fake(0x70000002);
+  EXPECT_REJECTED(c, "cu_seqlens_k", "4-byte aligned");
+  c = make_call();
+  c.batch.max_seqlen_k = -1;
+  EXPECT_REJECTED(c, "max_seqlen_k", "expected >= 0, got -1");
+  c = make_call();
+  c.batch.cu_seqlens_k.data = fake(0x40000000 + 64);  // inside out
+  EXPECT_REJECTED(c, "out", "must not overlap cu_seqlens_k");
+  c = make_call();
+  c.batch.seqused_k->data = fake(0x50000000);  // lse's first bytes
+  EXPECT_REJECTED(c, "lse", "must not overlap seqused_k");
+  // The plan's table: heads x (total_q / 128 + batch) tiles within 2^31.
+  c = make_call(int64_t(1) << 30, 500, 3);
+  c.lse.reset();
+  const int64_t q_shape[3] = {int64_t(1) << 30, 512, 128};
+  c.q = warpattn::make_contiguous_view(fake(0x10000000), DType::bf16, 3, q_shape);
+  c.out = warpattn::make_contiguous_view(fake(0x40000000), DType::bf16, 3, q_shape);
+  EXPECT_REJECTED(c, "cu_seqlens_q", "work tiles must be less than 2^31");
+}

@@ -1,0 +1,333 @@
+// GPU tests of warpattn::forward_varlen (packed variable-length batches): every sequence
+// against the fp64 reference on that sequence alone, and against warpattn::forward run on that
+// sequence (bitwise where the two launches' tiles are the same: causal, or few tiles, at head
+// dims whose dense kernel takes the same tile shape); outputs poisoned (NaN) before each run,
+// nothing written outside the views. Skips with the reason where no sm_90 GPU exists.
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+#include <random>
+
+#include "gpu_test_support.cuh"
+#include "reference/reference.hpp"
+
+using gpu_test::DeviceTensor;
+using gpu_test::parallel_for;
+using warpattn::DType;
+
+namespace {
+
+// A device int32 array.
+struct DeviceInts {
+  int* mem = nullptr;
+  warpattn::TensorView view;
+  explicit DeviceInts(const std::vector<int>& h) {
+    if (cudaMalloc(&mem, std::max<size_t>(h.size(), 1) * 4) != cudaSuccess) throw std::runtime_error("cudaMalloc");
+    cudaMemcpy(mem, h.data(), h.size() * 4, cudaMemcpyHostToDevice);
+    view.data = mem;
+    view.dtype = DType::s32;
+    view.rank = 1;
+    view.shape[0] = static_cast<int64_t>(h.size());
+    view.stride[0] = 1;
+  }
+  ~DeviceInts() { cudaFree(mem); }
+  DeviceInts(const DeviceInts&) = delete;
+  DeviceInts& operator=(const DeviceInts&) = delete;
+};
+
+// The (total, heads, head_dim) view of a (1, total, heads, head_dim) tensor.
+warpattn::TensorView packed(const warpattn::TensorView& t) {
+  warpattn::TensorView v = t;
+  v.rank = 3;
+  for (int i = 0; i < 3; ++i) v.shape[i] = t.shape[i + 1], v.stride[i] = t.stride[i + 1];
+  return v;
+}
+
+// Rows [offset, offset + length) of a (1, total, heads, head_dim) tensor as a (1, length, ...)
+// tensor.
+warpattn::TensorView rows_of(const warpattn::TensorView& t, int64_t offset, int64_t length) {
+  warpattn::TensorView v = t;
+  v.data = static_cast<uint16_t*>(t.data) + offset * t.stride[1];
+  v.shape[1] = length;
+  return v;
+}
+
+struct Batch {
+  DType dtype = DType::bf16;
+  int head_dim = 128;
+  bool causal = false;
+  int64_t heads_q = 8, heads_kv = 2;
+  std::vector<int> seqlen_q, seqlen_k;  // per sequence
+  std::vector<int> seqused_k;           // empty: none
+  bool padded = false;                  // strided packed views
+  int64_t spare_q_rows = 0;             // rows of q past the last sequence (never written)
+};
+
+std::string describe(const Batch& c) {
+  char buf[200];
+  int64_t tq = 0, tk = 0;
+  for (size_t b = 0; b < c.seqlen_q.size(); ++b) tq += c.seqlen_q[b], tk += c.seqlen_k[b];
+  snprintf(buf, sizeof buf, "%s d=%d %s B=%zu total %lld/%lld Hq=%lld Hkv=%lld%s%s", c.dtype == DType::bf16 ? "bf16" : "fp16",
+           c.head_dim, c.causal ? "causal" : "full", c.seqlen_q.size(), (long long)tq, (long long)tk,
+           (long long)c.heads_q, (long long)c.heads_kv, c.padded ? " strided" : "", c.seqused_k.empty() ? "" : " seqused_k");
+  return buf;
+}
+
+std::vector<int> offsets(const std::vector<int>& lengths) {
+  std::vector<int> cu(lengths.size() + 1, 0);
+  for (size_t b = 0; b < lengths.size(); ++b) cu[b + 1] = cu[b] + lengths[b];
+  return cu;
+}
+
+// Runs forward_varlen on the batch and checks every sequence as described at the top.
+void check_batch(const Batch& c) {
+  const uint64_t seed = gpu_test::fresh_seed();
+  const std::vector<int> cu_q = offsets(c.seqlen_q), cu_k = offsets(c.seqlen_k);
+  const int B = static_cast<int>(c.seqlen_q.size());
+  const int64_t total_q = cu_q[B] + c.spare_q_rows, total_k = cu_k[B], H = c.heads_q, D = c.head_dim;
+  DeviceTensor q(c.dtype, 1, total_q, c.heads_q, D, c.padded), k(c.dtype, 1, total_k, c.heads_kv, D, c.padded),
+      v(c.dtype, 1, total_k, c.heads_kv, D, c.padded), out(c.dtype, 1, total_q, c.heads_q, D, c.padded),
+      dense_out(c.dtype, 1, total_q, c.heads_q, D, c.padded);
+  q.fill_normal(seed);
+  k.fill_normal(seed + 1);
+  v.fill_normal(seed + 2);
+  out.poison();
+  dense_out.poison();
+  // lse (Hq, total_q), and the dense runs' lse per sequence in the same layout.
+  float *lse = nullptr, *dense_lse = nullptr;
+  const size_t lse_elems = static_cast<size_t>(H * total_q) + 8;
+  CUDA_OK(cudaMalloc(&lse, lse_elems * 4));
+  CUDA_OK(cudaMalloc(&dense_lse, lse_elems * 4));
+  cudaMemset(lse, 0xFF, lse_elems * 4);
+  cudaMemset(dense_lse, 0xFF, lse_elems * 4);
+  warpattn::TensorView lse_view;
+  lse_view.data = lse, lse_view.dtype = DType::f32, lse_view.rank = 2;
+  lse_view.shape[0] = H, lse_view.shape[1] = total_q, lse_view.stride[0] = total_q, lse_view.stride[1] = 1;
+
+  DeviceInts dcu_q(cu_q), dcu_k(cu_k), dused(c.seqused_k.empty() ? std::vector<int>{0} : c.seqused_k);
+  warpattn::VarlenBatch batch;
+  batch.cu_seqlens_q = dcu_q.view;
+  batch.cu_seqlens_k = dcu_k.view;
+  if (!c.seqused_k.empty()) batch.seqused_k = dused.view;
+  batch.max_seqlen_q = *std::max_element(c.seqlen_q.begin(), c.seqlen_q.end());
+  batch.max_seqlen_k = *std::max_element(c.seqlen_k.begin(), c.seqlen_k.end());
+  warpattn::ForwardOptions options;
+  options.causal = c.causal;
+  CUDA_OK(cudaDeviceSynchronize());
+  warpattn::forward_varlen(packed(q.view), packed(k.view), packed(v.view), packed(out.view), lse_view, batch, options);
+  CUDA_OK(cudaDeviceSynchronize());
+
+  // The dense kernel on each sequence alone (the keys it uses: seqused_k's when given).
+  for (int b = 0; b < B; ++b) {
+    const int used_k = c.seqused_k.empty() ? c.seqlen_k[b] : c.seqused_k[b];
+    if (c.seqlen_q[b] == 0) continue;
+    warpattn::TensorView l = lse_view;
+    l.data = dense_lse + cu_q[b];
+    l.rank = 3;
+    l.shape[0] = 1, l.shape[1] = H, l.shape[2] = c.seqlen_q[b];
+    l.stride[0] = H * total_q, l.stride[1] = total_q, l.stride[2] = 1;
+    warpattn::forward(rows_of(q.view, cu_q[b], c.seqlen_q[b]), rows_of(k.view, cu_k[b], used_k),
+                      rows_of(v.view, cu_k[b], used_k), rows_of(dense_out.view, cu_q[b], c.seqlen_q[b]), l, options);
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+
+  const auto out_raw = out.raw(), dense_raw = dense_out.raw();
+  const auto got = out.logical(out_raw), dense = dense_out.logical(dense_raw);
+  std::vector<float> lse_host(lse_elems), dense_lse_host(lse_elems);
+  cudaMemcpy(lse_host.data(), lse, lse_elems * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(dense_lse_host.data(), dense_lse, lse_elems * 4, cudaMemcpyDeviceToHost);
+  cudaFree(lse);
+  cudaFree(dense_lse);
+  const auto qf = q.logical(q.raw()), kf = k.logical(k.raw()), vf = v.logical(v.raw());
+
+  // Rows checked against the reference: every row of short sequences, else the first and last
+  // few and random ones; all against the dense run.
+  std::mt19937_64 rng(seed);
+  struct Row {
+    int b;
+    int64_t row, h;
+  };
+  std::vector<Row> rows;
+  for (int b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int n = c.seqlen_q[b];
+      if (int64_t(n) * c.seqlen_k[b] <= 200000) {
+        for (int r = 0; r < n; ++r) rows.push_back({b, r, h});
+      } else {
+        for (int r : {0, 1, 2, n - 2, n - 1}) rows.push_back({b, r, h});
+        for (int i = 0; i < 12; ++i) rows.push_back({b, static_cast<int64_t>(rng() % n), h});
+      }
+    }
+  std::vector<double> want(rows.size() * D), want_lse(rows.size());
+  parallel_for(static_cast<int64_t>(rows.size()), [&](int64_t i) {
+    const Row& r = rows[i];
+    const int used_k = c.seqused_k.empty() ? c.seqlen_k[r.b] : c.seqused_k[r.b];
+    const warpattn::reference::AttentionShape shape{1, c.seqlen_q[r.b], used_k, c.heads_q, c.heads_kv, D,
+                                                    1.0 / std::sqrt(double(D)), c.causal};
+    warpattn::reference::attention_row(shape, qf.data() + int64_t(cu_q[r.b]) * H * D,
+                                       kf.data() + int64_t(cu_k[r.b]) * c.heads_kv * D,
+                                       vf.data() + int64_t(cu_k[r.b]) * c.heads_kv * D, 0, r.h, r.row, &want[i * D],
+                                       &want_lse[i]);
+  });
+  std::vector<float> got_rows(rows.size() * D);
+  double lse_err = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int64_t row = cu_q[rows[i].b] + rows[i].row;
+    std::copy_n(&got[(row * H + rows[i].h) * D], D, &got_rows[i * D]);
+    const double g = lse_host[rows[i].h * total_q + row], w = want_lse[i];
+    lse_err = gpu_test::worse(lse_err, std::isinf(w) ? (g == w ? 0.0 : INFINITY) : std::fabs(g - w));
+  }
+  const auto stats = warpattn::reference::compare(got_rows.data(), want.data(), static_cast<int64_t>(want.size()));
+  // Against the dense run, every covered row: bitwise where the tiles coincide, else close.
+  int64_t differ = 0, lse_differ = 0;
+  double dense_max = 0;
+  for (int b = 0; b < B; ++b)
+    for (int64_t r = cu_q[b]; r < cu_q[b + 1]; ++r)
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t d = 0; d < D; ++d) {
+          const int64_t e = (r * H + h) * D + d;
+          differ += memcmp(&got[e], &dense[e], 4) != 0;
+          dense_max = gpu_test::worse(dense_max, std::fabs(double(got[e]) - dense[e]));
+        }
+        lse_differ += memcmp(&lse_host[h * total_q + r], &dense_lse_host[h * total_q + r], 4) != 0;
+      }
+  // Rows no sequence covers (spare_q_rows) and every element outside the views keep the poison.
+  int64_t uncovered_written = 0;
+  for (int64_t r = cu_q[B]; r < total_q; ++r)
+    for (int64_t h = 0; h < H; ++h) {
+      uint32_t bits;
+      memcpy(&bits, &lse_host[h * total_q + r], 4);
+      uncovered_written += bits != 0xFFFFFFFFu;
+      for (int64_t d = 0; d < D; ++d) uncovered_written += !std::isnan(got[(r * H + h) * D + d]);
+    }
+  const int64_t outside = out.written_outside_view(out_raw);
+  // Bitwise only where the dense launch takes the same tiles: not the tall ones (d = 64 from 2048
+  // rows) and no split tail (a non-causal dense launch with more tiles than the H200's 132 SMs
+  // may split its last wave's key ranges).
+  bool same_tiles = true;
+  for (int b = 0; b < B; ++b) {
+    same_tiles = same_tiles && !(D == 64 && c.seqlen_q[b] >= 2048);
+    same_tiles = same_tiles && (c.causal || int64_t(c.seqlen_q[b] + 127) / 128 * H <= 132);
+  }
+  const double tol = c.dtype == DType::bf16 ? 5e-3 : 1e-3;
+  const bool ok = stats.nan_count == 0 && stats.rel_l2 <= tol && lse_err <= 1e-4 && outside == 0 &&
+                  uncovered_written == 0 && (!same_tiles || (differ == 0 && lse_differ == 0)) && dense_max <= 0.05;
+  printf("    %-66s rows %6zu  relL2 %.2e  lse %.1e  vs dense: %lld differ (max %.1e)%s  %s\n", describe(c).c_str(),
+         rows.size(), stats.rel_l2, lse_err, (long long)differ, dense_max, same_tiles ? " [bitwise]" : "",
+         ok ? "ok" : "FAIL");
+  CHECK(stats.nan_count == 0) << describe(c) << " NaN in output: " << stats.nan_count << " seed " << seed;
+  CHECK(stats.rel_l2 <= tol) << describe(c) << " rel L2 " << stats.rel_l2 << " seed " << seed;
+  CHECK(lse_err <= 1e-4) << describe(c) << " LSE error " << lse_err << " seed " << seed;
+  CHECK(outside == 0) << describe(c) << " wrote " << outside << " elements outside out";
+  CHECK(uncovered_written == 0) << describe(c) << " wrote " << uncovered_written << " values in rows of no sequence";
+  CHECK(dense_max <= 0.05) << describe(c) << " differs from the dense kernel by " << dense_max << " seed " << seed;
+  if (same_tiles) {
+    CHECK(differ == 0) << describe(c) << " " << differ << " elements differ from the dense kernel's bits, seed " << seed;
+    CHECK(lse_differ == 0) << describe(c) << " " << lse_differ << " lse values differ from the dense kernel's";
+  }
+}
+
+// A ragged batch of the edge lengths (0, 1, odd, a block and one more, long), query and key
+// lengths drawn independently (Sq != Sk per sequence).
+Batch ragged(DType dtype, int head_dim, bool causal, uint64_t seed) {
+  Batch c;
+  c.dtype = dtype, c.head_dim = head_dim, c.causal = causal;
+  std::mt19937_64 rng(seed);
+  const int lengths[] = {0, 1, 17, 128, 129, 383, 1000, 2500};
+  for (int i = 0; i < 9; ++i) {
+    c.seqlen_q.push_back(lengths[rng() % 8]);
+    c.seqlen_k.push_back(i == 3 ? 0 : lengths[rng() % 8]);  // one sequence without keys at least
+  }
+  c.seqlen_q[0] = 1000, c.seqlen_k[0] = 1000;  // one equal-length sequence
+  return c;
+}
+
+void run_matrix(DType dtype, int head_dim) {
+  REQUIRE_HOPPER();
+  for (bool causal : {false, true}) {
+    Batch c = ragged(dtype, head_dim, causal, gpu_test::fresh_seed());
+    c.padded = head_dim == 128;  // strided packed views at one head dim
+    check_batch(c);
+  }
+}
+
+}  // namespace
+
+TEST(varlen_bf16_d64) { run_matrix(DType::bf16, 64); }
+TEST(varlen_bf16_d128) { run_matrix(DType::bf16, 128); }
+TEST(varlen_bf16_d256) { run_matrix(DType::bf16, 256); }
+TEST(varlen_f16_d64) { run_matrix(DType::f16, 64); }
+TEST(varlen_f16_d128) { run_matrix(DType::f16, 128); }
+TEST(varlen_f16_d256) { run_matrix(DType::f16, 256); }
+
+// GQA 8:1 and MQA, one sequence (the dense case), all-equal lengths, many short sequences.
+TEST(varlen_shapes) {
+  REQUIRE_HOPPER();
+  for (bool causal : {false, true}) {
+    Batch one;
+    one.causal = causal, one.heads_q = 8, one.heads_kv = 1;
+    one.seqlen_q = {3000}, one.seqlen_k = {3000};
+    check_batch(one);
+    Batch equal;
+    equal.causal = causal, equal.head_dim = 64, equal.heads_q = 4, equal.heads_kv = 4;
+    equal.seqlen_q.assign(16, 512), equal.seqlen_k.assign(16, 512);
+    check_batch(equal);
+    Batch many;  // 300 sequences of 1 to 40 tokens: more than a table entry per tile matters
+    many.causal = causal, many.heads_q = 4, many.heads_kv = 2;
+    std::mt19937_64 rng(gpu_test::fresh_seed());
+    for (int i = 0; i < 300; ++i) many.seqlen_q.push_back(1 + rng() % 40), many.seqlen_k.push_back(1 + rng() % 40);
+    check_batch(many);
+  }
+}
+
+// seqused_k (a KV cache filled to different depths) and rows of q past the last sequence.
+TEST(varlen_seqused_k_and_spare_rows) {
+  REQUIRE_HOPPER();
+  for (bool causal : {false, true}) {
+    Batch c;
+    c.causal = causal;
+    c.seqlen_q = {1, 7, 300, 1};
+    c.seqlen_k = {2048, 1024, 1024, 512};
+    c.seqused_k = {1500, 3, 1024, 0};
+    c.spare_q_rows = 5;
+    check_batch(c);
+  }
+}
+
+// One 64K-token sequence among short ones (the long tail's extreme), sampled rows.
+TEST(varlen_64k_sequence) {
+  REQUIRE_HOPPER();
+  Batch c;
+  c.causal = true;
+  c.heads_q = 4, c.heads_kv = 1;
+  c.seqlen_q = {5, 65536, 300};
+  c.seqlen_k = {5, 65536, 1};
+  check_batch(c);
+}
+
+// Offsets that break the rules (decreasing, past the end, a seqused_k past the keys) give
+// undefined numbers but never a fault or a write outside out and lse.
+TEST(varlen_bad_offsets_stay_inside) {
+  REQUIRE_HOPPER();
+  const int64_t total = 600, H = 4, D = 128;
+  DeviceTensor q(DType::bf16, 1, total, H, D, false), k(DType::bf16, 1, total, H, D, false),
+      v(DType::bf16, 1, total, H, D, false), out(DType::bf16, 1, total, H, D, true);
+  q.fill_normal(1), k.fill_normal(2), v.fill_normal(3);
+  out.poison();
+  DeviceInts cu_q({0, 500, 100, 900, -5, 600}), cu_k({0, 700, 50, 40, 2000000000, 600}),
+      used({1 << 30, 600, -3, 100, 600});
+  warpattn::VarlenBatch batch;
+  batch.cu_seqlens_q = cu_q.view, batch.cu_seqlens_k = cu_k.view, batch.seqused_k = used.view;
+  for (bool causal : {false, true}) {
+    warpattn::ForwardOptions options;
+    options.causal = causal;
+    warpattn::forward_varlen(packed(q.view), packed(k.view), packed(v.view), packed(out.view), std::nullopt, batch,
+                             options);
+    CUDA_OK(cudaDeviceSynchronize());
+  }
+  const int64_t outside = out.written_outside_view(out.raw());
+  printf("    bad offsets: no fault, %lld elements written outside out\n", (long long)outside);
+  CHECK(outside == 0) << "wrote " << outside << " elements outside out";
+}
+
+HARNESS_MAIN()
