@@ -181,4 +181,26 @@ void validate_forward_varlen(const TensorView& q, const TensorView& k, const Ten
                              const std::optional<TensorView>& lse, const VarlenBatch& batch,
                              const ForwardOptions& options);
 
+// Bytes of workspace backward_varlen() needs for q of shape (total_q, Hq, D), `batch` sequences
+// and these options (O((total_q + 128 x batch) x Hq x D) x 4 bytes: each sequence's rows are
+// padded to whole 128-row blocks). Checks q's rank and sizes and batch >= 0, nothing else.
+size_t backward_varlen_workspace_bytes(const TensorView& q, int64_t batch, const BackwardOptions& options);
+
+// backward() on a packed batch: dout, out, dq like q (total_q, Hq, D); k, v, dk, dv
+// (total_k, Hkv, D); lse (Hq, total_q), the forward_varlen's. The rules of backward() and of
+// VarlenBatch apply; the workspace is backward_varlen_workspace_bytes() (the plan of the work,
+// a few bytes per key block, comes from warpattn's stream-ordered pool, also under capture, where
+// it is kept). Rows of dq, dk and dv that no sequence covers, and rows of dk, dv past a
+// sequence's seqused_k, are undefined after the call.
+void backward_varlen(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+                     const TensorView& out, const TensorView& lse, const TensorView& dq, const TensorView& dk,
+                     const TensorView& dv, const VarlenBatch& batch, const BackwardOptions& options,
+                     const std::optional<Workspace>& workspace = std::nullopt, cudaStream_t stream = nullptr);
+
+// Every argument rule of backward_varlen() on the host, touching neither memory nor the GPU.
+void validate_backward_varlen(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& out, const TensorView& lse, const TensorView& dq,
+                              const TensorView& dk, const TensorView& dv, const VarlenBatch& batch,
+                              const BackwardOptions& options, const std::optional<Workspace>& workspace = std::nullopt);
+
 }  // namespace warpattn

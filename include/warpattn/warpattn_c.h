@@ -115,6 +115,23 @@ WARPATTN_C_API int warpattn_forward_varlen(const warpattn_tensor* q, const warpa
                                            float softmax_scale, int causal, void* stream, char* err,
                                            size_t err_len);
 
+/* warpattn_backward on a packed variable-length batch (warpattn::backward_varlen): tensors as
+ * warpattn_forward_varlen takes them (dout, dq like q; dk, dv like k; lse (Hq, total_q)), the
+ * offsets as there, the other arguments as warpattn_backward (the workspace from
+ * warpattn_backward_varlen_workspace_bytes). */
+WARPATTN_C_API int warpattn_backward_varlen(
+    const warpattn_tensor* dout, const warpattn_tensor* q, const warpattn_tensor* k, const warpattn_tensor* v,
+    const warpattn_tensor* out, const warpattn_tensor* lse, const warpattn_tensor* dq, const warpattn_tensor* dk,
+    const warpattn_tensor* dv, const warpattn_tensor* cu_seqlens_q, const warpattn_tensor* cu_seqlens_k,
+    const warpattn_tensor* seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, int has_scale, float softmax_scale,
+    int causal, int deterministic, void* workspace, size_t workspace_bytes, void* stream, char* err, size_t err_len);
+
+/* The workspace warpattn_backward_varlen needs for q (total_q, Hq, D) and `batch` sequences. As
+ * warpattn_backward_workspace_bytes otherwise. */
+WARPATTN_C_API int warpattn_backward_varlen_workspace_bytes(const warpattn_tensor* q, int64_t batch, int causal,
+                                                            int deterministic, size_t* bytes, char* err,
+                                                            size_t err_len);
+
 /* sizeof(warpattn_tensor) as this library was compiled: an FFI mirror must match it. */
 WARPATTN_C_API size_t warpattn_tensor_struct_size(void);
 

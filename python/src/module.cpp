@@ -191,6 +191,18 @@ void forward(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyA
                  [&] { warpattn::forward(vq, vk, vv, vo, vl, options, reinterpret_cast<cudaStream_t>(stream)); });
 }
 
+warpattn::VarlenBatch varlen_batch(const AnyArray& cu_seqlens_q, const AnyArray& cu_seqlens_k,
+                                   const std::optional<AnyArray>& seqused_k, int64_t max_seqlen_q,
+                                   int64_t max_seqlen_k) {
+  warpattn::VarlenBatch batch;
+  batch.cu_seqlens_q = int32_view_of(cu_seqlens_q, "cu_seqlens_q");
+  batch.cu_seqlens_k = int32_view_of(cu_seqlens_k, "cu_seqlens_k");
+  if (seqused_k) batch.seqused_k = int32_view_of(*seqused_k, "seqused_k");
+  batch.max_seqlen_q = max_seqlen_q;
+  batch.max_seqlen_k = max_seqlen_k;
+  return batch;
+}
+
 void forward_varlen(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& out,
                     const std::optional<AnyArray>& lse, const AnyArray& cu_seqlens_q, const AnyArray& cu_seqlens_k,
                     const std::optional<AnyArray>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
@@ -198,12 +210,7 @@ void forward_varlen(const AnyArray& q, const AnyArray& k, const AnyArray& v, con
   const warpattn::TensorView vq = view_of(q, "q"), vk = view_of(k, "k"), vv = view_of(v, "v"),
                              vo = view_of(out, "out");
   const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
-  warpattn::VarlenBatch batch;
-  batch.cu_seqlens_q = int32_view_of(cu_seqlens_q, "cu_seqlens_q");
-  batch.cu_seqlens_k = int32_view_of(cu_seqlens_k, "cu_seqlens_k");
-  if (seqused_k) batch.seqused_k = int32_view_of(*seqused_k, "seqused_k");
-  batch.max_seqlen_q = max_seqlen_q;
-  batch.max_seqlen_k = max_seqlen_k;
+  const warpattn::VarlenBatch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
   const warpattn::ForwardOptions options = forward_options(softmax_scale, causal);
   checked_launch([&] { warpattn::validate_forward_varlen(vq, vk, vv, vo, vl, batch, options); },
                  {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {lse ? &*lse : nullptr, "lse"},
@@ -228,6 +235,39 @@ void backward(const AnyArray& dout, const AnyArray& q, const AnyArray& k, const 
                    warpattn::backward(vdout, vq, vk, vv, vo, vl, vdq, vdk, vdv, options, w,
                                       reinterpret_cast<cudaStream_t>(stream));
                  });
+}
+
+void backward_varlen(const AnyArray& dout, const AnyArray& q, const AnyArray& k, const AnyArray& v,
+                     const AnyArray& out, const AnyArray& lse, const AnyArray& dq, const AnyArray& dk,
+                     const AnyArray& dv, const AnyArray& cu_seqlens_q, const AnyArray& cu_seqlens_k,
+                     const std::optional<AnyArray>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                     std::optional<float> softmax_scale, bool causal, bool deterministic,
+                     const std::optional<AnyArray>& workspace, uintptr_t stream) {
+  const warpattn::TensorView vdout = view_of(dout, "dout"), vq = view_of(q, "q"), vk = view_of(k, "k"),
+                             vv = view_of(v, "v"), vo = view_of(out, "out"), vl = view_of(lse, "lse"),
+                             vdq = view_of(dq, "dq"), vdk = view_of(dk, "dk"), vdv = view_of(dv, "dv");
+  const warpattn::VarlenBatch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
+  const std::optional<warpattn::Workspace> w = workspace_of(workspace);
+  const warpattn::BackwardOptions options = backward_options(softmax_scale, causal, deterministic);
+  checked_launch(
+      [&] { warpattn::validate_backward_varlen(vdout, vq, vk, vv, vo, vl, vdq, vdk, vdv, batch, options, w); },
+      {{&dout, "dout"}, {&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&lse, "lse"}, {&dq, "dq"}, {&dk, "dk"},
+       {&dv, "dv"}, {&cu_seqlens_q, "cu_seqlens_q"}, {&cu_seqlens_k, "cu_seqlens_k"},
+       {seqused_k ? &*seqused_k : nullptr, "seqused_k"}, {workspace ? &*workspace : nullptr, "workspace"}},
+      [&] {
+        warpattn::backward_varlen(vdout, vq, vk, vv, vo, vl, vdq, vdk, vdv, batch, options, w,
+                                  reinterpret_cast<cudaStream_t>(stream));
+      });
+}
+
+size_t backward_varlen_workspace_bytes(const AnyArray& q, int64_t batch, std::optional<float> softmax_scale,
+                                       bool causal, bool deterministic) {
+  const warpattn::TensorView vq = view_of(q, "q");
+  try {
+    return warpattn::backward_varlen_workspace_bytes(vq, batch, backward_options(softmax_scale, causal, deterministic));
+  } catch (const warpattn::Error& e) {
+    throw nb::value_error(e.what());
+  }
 }
 
 size_t backward_workspace_bytes(const AnyArray& q, std::optional<float> softmax_scale, bool causal,
@@ -267,6 +307,16 @@ NB_MODULE(_warpattn, m) {
   m.def("backward_workspace_bytes", &backward_workspace_bytes, nb::arg("q"), nb::arg("softmax_scale").none() = nb::none(),
         nb::arg("causal") = false, nb::arg("deterministic") = false,
         "Bytes of workspace backward needs for q's shape and these options (only q's rank and sizes are checked).");
+  m.def("backward_varlen", &backward_varlen, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("out"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("cu_seqlens_q"),
+        nb::arg("cu_seqlens_k"), nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
+        nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("deterministic"), nb::arg("workspace").none(),
+        nb::arg("stream"),
+        "backward on a packed batch (tensors as forward_varlen takes them; lse (heads, total_q)); workspace: at "
+        "least backward_varlen_workspace_bytes bytes, or None.");
+  m.def("backward_varlen_workspace_bytes", &backward_varlen_workspace_bytes, nb::arg("q"), nb::arg("batch"),
+        nb::arg("softmax_scale").none() = nb::none(), nb::arg("causal") = false, nb::arg("deterministic") = false,
+        "Bytes of workspace backward_varlen needs for q (total_q, heads, head_dim) and `batch` sequences.");
   m.def("quantize_fp8", &quantize_fp8, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("fp8_q"), nb::arg("fp8_k"),
         nb::arg("vt"), nb::arg("q_descale"), nb::arg("k_descale"), nb::arg("v_descale"), nb::arg("rotate"),
         nb::arg("seed"), nb::arg("per_tensor"), nb::arg("stream"),

@@ -35,6 +35,30 @@ bool is_capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
+// The launches with the caller's workspace, or with one from warpattn's pool in stream order.
+// Not under capture: a captured launch's memory would have to be kept for the process's life (the
+// graph may replay at any time), and dQ's accumulator is too large for that (hundreds of MB at
+// long sequences); the caller's graph can own it instead.
+void launch_with_workspace(const detail::BackwardProblem& p, const detail::BackwardTensors& t,
+                           const detail::VarlenSequences* seqs, const std::optional<Workspace>& workspace,
+                           cudaStream_t stream) {
+  if (workspace) {
+    detail::launch_backward_sm90(p, t, seqs, workspace->data, stream);
+    return;
+  }
+  const size_t needed = detail::backward_workspace_bytes_sm90(p);
+  std::optional<detail::StreamMemory> memory;
+  if (needed > 0) {
+    if (is_capturing(stream))
+      throw Error(std::string("workspace: a backward call captured into a CUDA graph must be given its workspace (") +
+                  (p.varlen ? "backward_varlen_workspace_bytes" : "backward_workspace_bytes") + "); it needs " +
+                  std::to_string(needed) +
+                  " bytes, which warpattn's memory pool cannot lend to a graph that may replay at any time");
+    memory.emplace(needed, stream, "backward workspace");
+  }
+  detail::launch_backward_sm90(p, t, seqs, memory ? memory->get() : nullptr, stream);
+}
+
 }  // namespace
 
 void backward(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
@@ -59,25 +83,44 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k, 
                                        {"dv", &dv},
                                        {"workspace", workspace ? &workspace_view : nullptr}},
                                       stream);
-  if (workspace) {
-    detail::launch_backward_sm90(p, t, workspace->data, stream);
-    return;
-  }
-  // Without a workspace the call takes one from warpattn's pool in stream order. Not under
-  // capture: a captured launch's memory would have to be kept for the process's life (the graph
-  // may replay at any time), and dQ's accumulator is too large for that (hundreds of MB at long
-  // sequences); the caller's graph can own it instead.
-  const size_t needed = detail::backward_workspace_bytes_sm90(p);
-  std::optional<detail::StreamMemory> memory;
-  if (needed > 0) {
-    if (is_capturing(stream))
-      throw Error("workspace: a backward call captured into a CUDA graph must be given its workspace "
-                  "(backward_workspace_bytes); it needs " +
-                  std::to_string(needed) +
-                  " bytes, which warpattn's memory pool cannot lend to a graph that may replay at any time");
-    memory.emplace(needed, stream, "backward workspace");
-  }
-  detail::launch_backward_sm90(p, t, memory ? memory->get() : nullptr, stream);
+  launch_with_workspace(p, t, nullptr, workspace, stream);
+}
+
+void backward_varlen(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+                     const TensorView& out, const TensorView& lse, const TensorView& dq, const TensorView& dk,
+                     const TensorView& dv, const VarlenBatch& batch, const BackwardOptions& options,
+                     const std::optional<Workspace>& workspace, cudaStream_t stream) {
+  const detail::VarlenBackwardCall c =
+      detail::validate_backward_varlen({dout, q, k, v, out, lse, dq, dk, dv}, batch, options, workspace);
+  // Nothing to compute without a sequence, a head, or any row at all.
+  if (c.problem.batch == 0 || (detail::is_empty(dq) && detail::is_empty(dk))) return;
+  const TensorView workspace_view = workspace ? bytes_view(*workspace) : TensorView{};
+  const detail::DeviceScope on_device({{"dout", &dout},
+                                       {"q", &q},
+                                       {"k", &k},
+                                       {"v", &v},
+                                       {"out", &out},
+                                       {"lse", &lse},
+                                       {"dq", &dq},
+                                       {"dk", &dk},
+                                       {"dv", &dv},
+                                       {"cu_seqlens_q", &batch.cu_seqlens_q},
+                                       {"cu_seqlens_k", &batch.cu_seqlens_k},
+                                       {"seqused_k", batch.seqused_k ? &*batch.seqused_k : nullptr},
+                                       {"workspace", workspace ? &workspace_view : nullptr}},
+                                      stream);
+  launch_with_workspace(c.problem, c.t, &c.seqs, workspace, stream);
+}
+
+void validate_backward_varlen(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& out, const TensorView& lse, const TensorView& dq,
+                              const TensorView& dk, const TensorView& dv, const VarlenBatch& batch,
+                              const BackwardOptions& options, const std::optional<Workspace>& workspace) {
+  detail::validate_backward_varlen({dout, q, k, v, out, lse, dq, dk, dv}, batch, options, workspace);
+}
+
+size_t backward_varlen_workspace_bytes(const TensorView& q, int64_t batch, const BackwardOptions& options) {
+  return detail::backward_varlen_workspace_bytes(q, batch, options);
 }
 
 void validate_backward(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,

@@ -158,4 +158,37 @@ extern "C" int warpattn_backward_workspace_bytes(const warpattn_tensor* q, int c
   });
 }
 
+extern "C" int warpattn_backward_varlen(
+    const warpattn_tensor* dout, const warpattn_tensor* q, const warpattn_tensor* k, const warpattn_tensor* v,
+    const warpattn_tensor* out, const warpattn_tensor* lse, const warpattn_tensor* dq, const warpattn_tensor* dk,
+    const warpattn_tensor* dv, const warpattn_tensor* cu_seqlens_q, const warpattn_tensor* cu_seqlens_k,
+    const warpattn_tensor* seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, int has_scale, float softmax_scale,
+    int causal, int deterministic, void* workspace, size_t workspace_bytes, void* stream, char* err, size_t err_len) {
+  return run_entry("warpattn_backward_varlen", err, err_len, [&] {
+    warpattn::BackwardOptions options = backward_options(causal, deterministic);
+    options.softmax_scale = scale_option(has_scale, softmax_scale);
+    std::optional<warpattn::Workspace> given;
+    if (workspace != nullptr) given = warpattn::Workspace{workspace, workspace_bytes};
+    const warpattn::detail::BackwardTensors t{to_view(dout, "dout"), to_view(q, "q"),   to_view(k, "k"),
+                                              to_view(v, "v"),       to_view(out, "out"), to_view(lse, "lse"),
+                                              to_view(dq, "dq"),     to_view(dk, "dk"),   to_view(dv, "dv")};
+    warpattn::VarlenBatch batch;
+    batch.cu_seqlens_q = to_view(cu_seqlens_q, "cu_seqlens_q");
+    batch.cu_seqlens_k = to_view(cu_seqlens_k, "cu_seqlens_k");
+    batch.seqused_k = optional_view(seqused_k, "seqused_k");
+    batch.max_seqlen_q = max_seqlen_q;
+    batch.max_seqlen_k = max_seqlen_k;
+    warpattn::backward_varlen(t.dout, t.q, t.k, t.v, t.out, t.lse, t.dq, t.dk, t.dv, batch, options, given,
+                              static_cast<cudaStream_t>(stream));
+  });
+}
+
+extern "C" int warpattn_backward_varlen_workspace_bytes(const warpattn_tensor* q, int64_t batch, int causal,
+                                                        int deterministic, size_t* bytes, char* err, size_t err_len) {
+  return run_entry("warpattn_backward_varlen_workspace_bytes", err, err_len, [&] {
+    if (bytes == nullptr) throw warpattn::Error("bytes: expected a pointer to receive the size, got NULL");
+    *bytes = warpattn::backward_varlen_workspace_bytes(to_view(q, "q"), batch, backward_options(causal, deterministic));
+  });
+}
+
 extern "C" size_t warpattn_tensor_struct_size(void) { return sizeof(warpattn_tensor); }

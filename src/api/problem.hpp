@@ -63,6 +63,7 @@ struct BackwardProblem : ProblemSizes {
   float softmax_scale = 1.f;  // resolved
   bool causal = false;
   bool deterministic = false;
+  bool varlen = false;  // a packed batch: batch sequences, seqlen_q/k the packed lengths
 };
 
 // The tensors of one backward call, validated.
@@ -75,6 +76,20 @@ struct BackwardTensors {
 // given workspace's pointer, size and overlap). Throws Error as validate_forward.
 BackwardProblem validate_backward(const BackwardTensors& t, const BackwardOptions& options,
                                   const std::optional<Workspace>& workspace);
+
+// A validated backward call on a packed batch: the tensors as (1, total, heads, head_dim) views
+// (lse (1, heads, total_q)), the problem (varlen: batch sequences, seqlen_q/k the packed lengths)
+// and the device offsets.
+struct VarlenBackwardCall {
+  BackwardTensors t;
+  BackwardProblem problem;
+  VarlenSequences seqs;
+};
+VarlenBackwardCall validate_backward_varlen(const BackwardTensors& t, const VarlenBatch& batch,
+                                            const BackwardOptions& options, const std::optional<Workspace>& workspace);
+
+// warpattn::backward_varlen_workspace_bytes: q's rank (3) and sizes checked, batch >= 0.
+size_t backward_varlen_workspace_bytes(const TensorView& q, int64_t batch, const BackwardOptions& options);
 
 // warpattn::backward_workspace_bytes: q's rank and sizes checked (rules a and b), then the
 // Hopper layout's size (hopper/backward/workspace.hpp) for that q.

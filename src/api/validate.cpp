@@ -439,12 +439,15 @@ ForwardProblem forward_problem(const ProblemSizes& sizes, DType dtype, const For
 size_t backward_workspace_bytes_of(const Arg& q, const BackwardProblem& p) {
   constexpr uint64_t kLimit = uint64_t(1) << 62;
   const auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
-  const uint64_t rows = saturating_add(u(p.seqlen_q), 128);
-  const uint64_t row_count = saturating_mul(saturating_mul(u(p.batch), u(p.heads_q)), rows);
+  // Rows per (batch, head): seqlen_q rounded up to 128; a packed batch's: one batch of
+  // total_q + 128 per sequence (workspace.hpp's padding).
+  const uint64_t rows = p.varlen ? saturating_add(u(p.seqlen_q), saturating_mul(saturating_add(u(p.batch), 1), 128))
+                                 : saturating_add(u(p.seqlen_q), 128);
+  const uint64_t row_count = saturating_mul(saturating_mul(p.varlen ? 1 : u(p.batch), u(p.heads_q)), rows);
   const uint64_t bound = saturating_add(saturating_mul(row_count, saturating_mul(saturating_add(u(p.head_dim), 3), 4)), 1024);
   if (bound >= kLimit) {
     Message m;
-    m << q.name << ": shape " << shape_string(q.view) << " needs a backward workspace of more than 2^62 bytes";
+    m << q.name << ": shape " << shape_string(q) << " needs a backward workspace of more than 2^62 bytes";
     fail(m);
   }
   return backward_workspace_bytes_sm90(p);
@@ -509,22 +512,137 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
   return forward_problem(sizes, q.dtype, options, lse.has_value());
 }
 
-BackwardProblem validate_backward(const BackwardTensors& t, const BackwardOptions& options,
-                                  const std::optional<Workspace>& workspace) {
-  const Arg adout{"dout", t.dout, kAttentionDimNames, 4};
-  const Arg aq{"q", t.q, kAttentionDimNames, 4};
-  const Arg ak{"k", t.k, kAttentionDimNames, 4};
-  const Arg av{"v", t.v, kAttentionDimNames, 4};
-  const Arg aout{"out", t.out, kAttentionDimNames, 4};
-  const Arg alse{"lse", t.lse, kLseDimNames, 3};
-  const Arg adq{"dq", t.dq, kAttentionDimNames, 4};
-  const Arg adk{"dk", t.dk, kAttentionDimNames, 4};
-  const Arg adv{"dv", t.dv, kAttentionDimNames, 4};
+// ---- Packed variable-length batches (warpattn.hpp, VarlenBatch). The tensors are checked by
+// the rules a to m as (1, total, heads, head_dim) views (Arg::hidden_dims keeps the messages in
+// the caller's numbering), after their ranks; then the offsets (rules o1 to o6).
+namespace {
+
+const char* const kPackedDimNames[4] = {"", "total", "heads", "head_dim"};
+const char* const kPackedLseDimNames[3] = {"", "heads", "total_q"};
+const char* const kOffsetDimNames[1] = {"batch + 1"};
+const char* const kSequsedDimNames[1] = {"batch"};
+
+// t with a leading dimension of size 1 (stride 0: never stepped over).
+TensorView with_unit_batch(const TensorView& t) {
+  TensorView v = t;
+  v.rank = t.rank + 1;
+  v.shape[0] = 1;
+  v.stride[0] = 0;
+  for (int i = 0; i < t.rank && i < 3; ++i) {
+    v.shape[i + 1] = t.shape[i];
+    v.stride[i + 1] = t.stride[i];
+  }
+  return v;
+}
+
+// o1 to o4 for one int32 array of the batch: rank 1, `length` entries (when known: >= 0),
+// int32, device data, contiguous, 4-byte aligned.
+void check_offsets_array(const Arg& a, int64_t length, const char* length_why) {
+  check_rank(a);
+  check_sizes_not_negative(a);
+  check_dtype(a, DType::s32);
+  if (length >= 0 && a.view.shape[0] != length) {
+    Message m;
+    m << a.name << ": expected " << length << " entries " << length_why << ", got " << a.view.shape[0];
+    fail(m);
+  }
+  check_not_null(a);
+  if (a.view.shape[0] > 1 && a.view.stride[0] != 1) {
+    Message m;
+    m << a.name << ": must be contiguous (stride[0] == 1), got stride[0] = " << a.view.stride[0];
+    fail(m);
+  }
+  check_fp32_layout(a, 0);  // 4-byte alignment (int32 like fp32)
+}
+
+// The offsets of a packed batch under check (rules o1 to o6), and their Args for the overlap rules.
+struct VarlenArgs {
+  const VarlenBatch& batch;
+  const TensorView no_seqused;
+  const Arg acq, ack, aused;
+  explicit VarlenArgs(const VarlenBatch& b)
+      : batch(b),
+        no_seqused(),
+        acq{"cu_seqlens_q", b.cu_seqlens_q, kOffsetDimNames, 1},
+        ack{"cu_seqlens_k", b.cu_seqlens_k, kOffsetDimNames, 1},
+        aused{"seqused_k", b.seqused_k ? *b.seqused_k : no_seqused, kSequsedDimNames, 1} {}
+
+  // o1 to o6; returns the number of sequences. The plan's table holds a tile per `block` rows
+  // of each sequence (of `total` rows, at most total / block + batch per head) for `heads` heads:
+  // within 32-bit indices. `tiled`: the tensor whose rows are tiled, for the message.
+  int64_t check(int64_t total, int block, int64_t heads, const char* tiled) const {
+    check_offsets_array(acq, -1, "");
+    if (batch.cu_seqlens_q.shape[0] < 1) fail(Message() << "cu_seqlens_q: expected batch + 1 >= 1 entries, got 0");
+    const int64_t sequences = batch.cu_seqlens_q.shape[0] - 1;
+    check_offsets_array(ack, sequences + 1, "(batch + 1, as cu_seqlens_q)");
+    if (batch.seqused_k) check_offsets_array(aused, sequences, "(batch, one per sequence of cu_seqlens_q)");
+    // o5. the longest sequences: not needed, but a negative length is a mistake
+    if (batch.max_seqlen_q < 0 || batch.max_seqlen_k < 0)
+      fail(Message() << (batch.max_seqlen_q < 0 ? "max_seqlen_q" : "max_seqlen_k") << ": expected >= 0, got "
+                     << (batch.max_seqlen_q < 0 ? batch.max_seqlen_q : batch.max_seqlen_k));
+    // o6. the plan's table
+    const uint64_t table = saturating_mul(
+        saturating_add(static_cast<uint64_t>(total) / block, static_cast<uint64_t>(sequences)), static_cast<uint64_t>(heads));
+    if (table >= static_cast<uint64_t>(kCoordinateLimit)) {
+      Message m;
+      m << "cu_seqlens_q: heads x (" << tiled << " rows / " << block << " + batch) = " << table
+        << " work tiles must be less than 2^31 (the kernel uses 32-bit tile indices)";
+      fail(m);
+    }
+    return sequences;
+  }
+  void add_to(std::vector<const Arg*>& tensors) const {
+    tensors.push_back(&acq);
+    tensors.push_back(&ack);
+    if (batch.seqused_k) tensors.push_back(&aused);
+  }
+};
+
+VarlenSequences device_sequences(const VarlenBatch& batch, const ProblemSizes& packed) {
+  VarlenSequences s;
+  s.cu_seqlens_q = static_cast<const int*>(batch.cu_seqlens_q.data);
+  s.cu_seqlens_k = static_cast<const int*>(batch.cu_seqlens_k.data);
+  s.seqused_k = batch.seqused_k ? static_cast<const int*>(batch.seqused_k->data) : nullptr;
+  s.batch = static_cast<int>(batch.cu_seqlens_q.shape[0] - 1);
+  s.total_q = static_cast<int>(packed.seqlen_q);
+  s.total_k = static_cast<int>(packed.seqlen_k);
+  return s;
+}
+
+// Rule a for a packed call's tensors, as the caller has them: rank 3 (total, heads, head_dim),
+// lse rank 2 (heads, total_q).
+void check_packed_ranks(std::initializer_list<std::pair<const char*, const TensorView*>> tensors, const char* lse_name,
+                        const TensorView* lse) {
+  for (const auto& [name, t] : tensors) check_rank(Arg{name, *t, kPackedDimNames + 1, 3});
+  if (lse) check_rank(Arg{lse_name, *lse, kPackedLseDimNames + 1, 2});
+}
+
+}  // namespace
+
+namespace {
+
+// The rules of backward() over t's views; a packed batch (`varlen`: its offsets) has them as
+// (1, total, heads, head_dim) views (lse (1, heads, total_q)), checked in the caller's
+// numbering, and the offset rules o1 to o6 after rule k.
+BackwardProblem validate_backward_views(const BackwardTensors& t, const BackwardOptions& options,
+                                        const std::optional<Workspace>& workspace, const VarlenBatch* varlen) {
+  const int hidden = varlen ? 1 : 0;
+  const char* const* names = varlen ? kPackedDimNames : kAttentionDimNames;
+  const char* const* lse_names = varlen ? kPackedLseDimNames : kLseDimNames;
+  const Arg adout{"dout", t.dout, names, 4, hidden};
+  const Arg aq{"q", t.q, names, 4, hidden};
+  const Arg ak{"k", t.k, names, 4, hidden};
+  const Arg av{"v", t.v, names, 4, hidden};
+  const Arg aout{"out", t.out, names, 4, hidden};
+  const Arg alse{"lse", t.lse, lse_names, 3, hidden};
+  const Arg adq{"dq", t.dq, names, 4, hidden};
+  const Arg adk{"dk", t.dk, names, 4, hidden};
+  const Arg adv{"dv", t.dv, names, 4, hidden};
   const Operand operands[8] = {{adout, aq}, {aq, aq},   {ak, ak},   {av, ak},
                                {aout, aq},  {adq, aq}, {adk, ak}, {adv, ak}};
 
   // a to j
-  const ProblemSizes sizes = check_attention_tensors(operands, aq, ak, &alse);
+  ProblemSizes sizes = check_attention_tensors(operands, aq, ak, &alse);
   // g, for the backward: dk and dv are written, and only through the query heads of their
   // group, so key/value heads without any query head would be left unwritten (the forward
   // only reads k and v, and may take them).
@@ -541,8 +659,17 @@ BackwardProblem validate_backward(const BackwardTensors& t, const BackwardOption
   // k. softmax scale
   check_softmax_scale(options.softmax_scale);
 
+  // o1 to o6 for a packed batch: the backward's tiles are key blocks (of 64 keys at the
+  // smallest) of each KV head
+  std::vector<const Arg*> tensors = {&adout, &aq, &ak, &av, &aout, &alse, &adq, &adk, &adv};
+  std::optional<VarlenArgs> va;
+  if (varlen) {
+    va.emplace(*varlen);
+    sizes.batch = va->check(sizes.seqlen_k, 64, sizes.heads_kv, "k");
+    va->add_to(tensors);
+  }
+
   // l, m. the gradients apart from every other argument and from one another
-  const Arg* const tensors[9] = {&adout, &aq, &ak, &av, &aout, &alse, &adq, &adk, &adv};
   const Arg* const written[3] = {&adq, &adk, &adv};
   check_written_apart(tensors, written);
 
@@ -552,11 +679,32 @@ BackwardProblem validate_backward(const BackwardTensors& t, const BackwardOption
   p.softmax_scale = resolved_softmax_scale(options.softmax_scale, sizes.head_dim);
   p.causal = options.causal;
   p.deterministic = options.deterministic;
+  p.varlen = varlen != nullptr;
 
   // n. workspace
   const size_t needed = backward_workspace_bytes_of(aq, p);
   if (workspace) check_workspace(*workspace, needed, tensors);
   return p;
+}
+
+}  // namespace
+
+BackwardProblem validate_backward(const BackwardTensors& t, const BackwardOptions& options,
+                                  const std::optional<Workspace>& workspace) {
+  return validate_backward_views(t, options, workspace, nullptr);
+}
+
+VarlenBackwardCall validate_backward_varlen(const BackwardTensors& t, const VarlenBatch& batch,
+                                            const BackwardOptions& options, const std::optional<Workspace>& workspace) {
+  check_packed_ranks({{"dout", &t.dout}, {"q", &t.q}, {"k", &t.k}, {"v", &t.v}, {"out", &t.out}}, "lse", &t.lse);
+  check_packed_ranks({{"dq", &t.dq}, {"dk", &t.dk}, {"dv", &t.dv}}, "", nullptr);
+  VarlenBackwardCall call;
+  call.t = {with_unit_batch(t.dout), with_unit_batch(t.q),   with_unit_batch(t.k),
+            with_unit_batch(t.v),    with_unit_batch(t.out), with_unit_batch(t.lse),
+            with_unit_batch(t.dq),   with_unit_batch(t.dk),  with_unit_batch(t.dv)};
+  call.problem = validate_backward_views(call.t, options, workspace, &batch);
+  call.seqs = device_sequences(batch, call.problem);
+  return call;
 }
 
 size_t backward_workspace_bytes(const TensorView& q, const BackwardOptions& options) {
@@ -571,6 +719,23 @@ size_t backward_workspace_bytes(const TensorView& q, const BackwardOptions& opti
   p.dtype = q.dtype;
   p.causal = options.causal;
   p.deterministic = options.deterministic;
+  return backward_workspace_bytes_of(aq, p);
+}
+
+size_t backward_varlen_workspace_bytes(const TensorView& q, int64_t batch, const BackwardOptions& options) {
+  const Arg aq{"q", q, kPackedDimNames + 1, 3};
+  check_rank(aq);
+  check_sizes_not_negative(aq);
+  if (batch < 0) fail(Message() << "batch: expected the number of sequences (>= 0), got " << batch);
+  BackwardProblem p;
+  p.batch = batch;
+  p.seqlen_q = q.shape[0];
+  p.heads_q = q.shape[1];
+  p.head_dim = q.shape[2];
+  p.dtype = q.dtype;
+  p.causal = options.causal;
+  p.deterministic = options.deterministic;
+  p.varlen = true;
   return backward_workspace_bytes_of(aq, p);
 }
 
@@ -706,61 +871,11 @@ ForwardProblem validate_forward_fp8(const Fp8Operands& f, const TensorView& out,
   return forward_problem(p, out.dtype, options, lse.has_value());
 }
 
-// ---- Packed variable-length batches (warpattn.hpp, VarlenBatch). The tensors are checked by
-// the rules a to m as (1, total, heads, head_dim) views (Arg::hidden_dims keeps the messages in
-// the caller's numbering), after their ranks; then the offsets (rules o1 to o6).
-namespace {
-
-const char* const kPackedDimNames[4] = {"", "total", "heads", "head_dim"};
-const char* const kPackedLseDimNames[3] = {"", "heads", "total_q"};
-const char* const kOffsetDimNames[1] = {"batch + 1"};
-const char* const kSequsedDimNames[1] = {"batch"};
-
-// t with a leading dimension of size 1 (stride 0: never stepped over).
-TensorView with_unit_batch(const TensorView& t) {
-  TensorView v = t;
-  v.rank = t.rank + 1;
-  v.shape[0] = 1;
-  v.stride[0] = 0;
-  for (int i = 0; i < t.rank && i < 3; ++i) {
-    v.shape[i + 1] = t.shape[i];
-    v.stride[i + 1] = t.stride[i];
-  }
-  return v;
-}
-
-// o1 to o4 for one int32 array of the batch: rank 1, `length` entries (when known: >= 0),
-// int32, device data, contiguous, 4-byte aligned.
-void check_offsets_array(const Arg& a, int64_t length, const char* length_why) {
-  check_rank(a);
-  check_sizes_not_negative(a);
-  check_dtype(a, DType::s32);
-  if (length >= 0 && a.view.shape[0] != length) {
-    Message m;
-    m << a.name << ": expected " << length << " entries " << length_why << ", got " << a.view.shape[0];
-    fail(m);
-  }
-  check_not_null(a);
-  if (a.view.shape[0] > 1 && a.view.stride[0] != 1) {
-    Message m;
-    m << a.name << ": must be contiguous (stride[0] == 1), got stride[0] = " << a.view.stride[0];
-    fail(m);
-  }
-  check_fp32_layout(a, 0);  // 4-byte alignment (int32 like fp32)
-}
-
-}  // namespace
-
 VarlenCall validate_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                                    const TensorView& out, const std::optional<TensorView>& lse,
                                    const VarlenBatch& batch, const ForwardOptions& options) {
   // a. ranks, as the caller's tensors have them
-  {
-    const Arg aq{"q", q, kPackedDimNames + 1, 3}, ak{"k", k, kPackedDimNames + 1, 3}, av{"v", v, kPackedDimNames + 1, 3},
-        aout{"out", out, kPackedDimNames + 1, 3};
-    for (const Arg* a : {&aq, &ak, &av, &aout}) check_rank(*a);
-    if (lse) check_rank(Arg{"lse", *lse, kPackedLseDimNames + 1, 2});
-  }
+  check_packed_ranks({{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}}, "lse", lse ? &*lse : nullptr);
   VarlenCall call;
   call.q = with_unit_batch(q);
   call.k = with_unit_batch(k);
@@ -779,37 +894,13 @@ VarlenCall validate_forward_varlen(const TensorView& q, const TensorView& k, con
   // k. softmax scale
   check_softmax_scale(options.softmax_scale);
 
-  // o1 to o4: the offsets (and seqused_k)
-  const Arg acq{"cu_seqlens_q", batch.cu_seqlens_q, kOffsetDimNames, 1};
-  const Arg ack{"cu_seqlens_k", batch.cu_seqlens_k, kOffsetDimNames, 1};
-  check_offsets_array(acq, -1, "");
-  if (batch.cu_seqlens_q.shape[0] < 1) fail(Message() << "cu_seqlens_q: expected batch + 1 >= 1 entries, got 0");
-  const int64_t sequences = batch.cu_seqlens_q.shape[0] - 1;
-  check_offsets_array(ack, sequences + 1, "(batch + 1, as cu_seqlens_q)");
-  const TensorView no_seqused;
-  const Arg aused{"seqused_k", batch.seqused_k ? *batch.seqused_k : no_seqused, kSequsedDimNames, 1};
-  if (batch.seqused_k) check_offsets_array(aused, sequences, "(batch, one per sequence of cu_seqlens_q)");
-
-  // o5. the longest sequences: not needed, but a negative length is a mistake
-  if (batch.max_seqlen_q < 0 || batch.max_seqlen_k < 0)
-    fail(Message() << (batch.max_seqlen_q < 0 ? "max_seqlen_q" : "max_seqlen_k") << ": expected >= 0, got "
-                   << (batch.max_seqlen_q < 0 ? batch.max_seqlen_q : batch.max_seqlen_k));
-
-  // o6. the plan's table of tiles (one per 128 query rows of each sequence and head, at most
-  // total_q / 128 + batch per head) within 32-bit indices
-  const uint64_t table = saturating_mul(saturating_add(static_cast<uint64_t>(sizes.seqlen_q) / 128,
-                                                       static_cast<uint64_t>(sequences)),
-                                        static_cast<uint64_t>(sizes.heads_q));
-  if (table >= static_cast<uint64_t>(kCoordinateLimit)) {
-    Message m;
-    m << "cu_seqlens_q: heads x (total_q / 128 + batch) = " << table
-      << " work tiles must be less than 2^31 (the kernel uses 32-bit tile indices)";
-    fail(m);
-  }
+  // o1 to o6: the offsets (and seqused_k); the forward's tiles are query blocks of 128 rows
+  const VarlenArgs va(batch);
+  const int64_t sequences = va.check(sizes.seqlen_q, 128, sizes.heads_q, "q");
 
   // l, m. written tensors apart from everything the call reads or writes
-  std::vector<const Arg*> tensors = {&aq, &ak, &av, &aout, &acq, &ack}, written = {&aout};
-  if (batch.seqused_k) tensors.push_back(&aused);
+  std::vector<const Arg*> tensors = {&aq, &ak, &av, &aout}, written = {&aout};
+  va.add_to(tensors);
   if (lse) {
     tensors.push_back(&alse);
     written.push_back(&alse);
@@ -818,12 +909,7 @@ VarlenCall validate_forward_varlen(const TensorView& q, const TensorView& k, con
 
   sizes.batch = sequences;
   call.problem = forward_problem(sizes, q.dtype, options, lse.has_value());
-  call.seqs.cu_seqlens_q = static_cast<const int*>(batch.cu_seqlens_q.data);
-  call.seqs.cu_seqlens_k = static_cast<const int*>(batch.cu_seqlens_k.data);
-  call.seqs.seqused_k = batch.seqused_k ? static_cast<const int*>(batch.seqused_k->data) : nullptr;
-  call.seqs.batch = static_cast<int>(sequences);
-  call.seqs.total_q = static_cast<int>(sizes.seqlen_q);
-  call.seqs.total_k = static_cast<int>(sizes.seqlen_k);
+  call.seqs = device_sequences(batch, sizes);
   return call;
 }
 

@@ -48,9 +48,9 @@ TEST(varlen_tiles_cover_each_block_and_head_once) {
       for (int t = 0; t < n; ++t) {
         const VarlenTile w = varlen_tile(span, b, t, g);
         bad += w.batch != b || w.q_offset != span.q_offset || w.k_offset != span.k_offset;
-        bad += w.m_block < 0 || w.m_block * g.block_m >= span.seqlen_q || w.head < 0 || w.head >= heads;
-        bad += !seen.insert({w.m_block, w.head}).second;
-        bad += w.n_tiles != kv_tile_count(w.m_block, g.block_m, g.block_n, span.seqlen_q, span.seqlen_k, causal);
+        bad += w.block < 0 || w.block * g.block_m >= span.seqlen_q || w.head < 0 || w.head >= heads;
+        bad += !seen.insert({w.block, w.head}).second;
+        bad += w.n_tiles != kv_tile_count(w.block, g.block_m, g.block_n, span.seqlen_q, span.seqlen_k, causal);
         longest = std::max(longest, w.n_tiles);
       }
       bad += static_cast<long long>(seen.size()) != n;

@@ -148,3 +148,76 @@ TEST(varlen_offset_rules) {
   c.out = warpattn::make_contiguous_view(fake(0x40000000), DType::bf16, 3, q_shape);
   EXPECT_REJECTED(c, "cu_seqlens_q", "work tiles must be less than 2^31");
 }
+
+// ---- backward_varlen
+namespace {
+
+struct BackwardCall {
+  Call f;  // q, k, v, out, lse, batch as the forward's
+  TensorView dout, dq, dk, dv;
+  warpattn::BackwardOptions options;
+};
+
+BackwardCall make_backward_call() {
+  BackwardCall c;
+  c.f = make_call();
+  const int64_t q_shape[3] = {300, 8, 128}, kv_shape[3] = {500, 2, 128};
+  c.dout = warpattn::make_contiguous_view(fake(0x90000000), DType::bf16, 3, q_shape);
+  c.dq = warpattn::make_contiguous_view(fake(0xa0000000), DType::bf16, 3, q_shape);
+  c.dk = warpattn::make_contiguous_view(fake(0xb0000000), DType::bf16, 3, kv_shape);
+  c.dv = warpattn::make_contiguous_view(fake(0xc0000000), DType::bf16, 3, kv_shape);
+  return c;
+}
+
+std::optional<std::string> backward_error_of(const BackwardCall& c, const std::optional<warpattn::Workspace>& w = {}) {
+  try {
+    warpattn::validate_backward_varlen(c.dout, c.f.q, c.f.k, c.f.v, c.f.out, *c.f.lse, c.dq, c.dk, c.dv, c.f.batch,
+                                       c.options, w);
+  } catch (const warpattn::Error& e) {
+    return std::string(e.what());
+  }
+  return std::nullopt;
+}
+
+void expect_backward_rejected(const BackwardCall& c, const std::string& argument, const char* text, int line,
+                              const std::optional<warpattn::Workspace>& w = {}) {
+  const auto m = backward_error_of(c, w);
+  if (!m) {
+    CHECK(false) << "line " << line << ": accepted, expected an error about " << argument;
+    return;
+  }
+  CHECK(m->rfind(argument + ": ", 0) == 0) << "line " << line << ": should name " << argument << ": " << *m;
+  CHECK(m->find(text) != std::string::npos) << "line " << line << ": missing \"" << text << "\" in: " << *m;
+}
+
+}  // namespace
+
+TEST(varlen_backward_rules) {
+  BackwardCall c = make_backward_call();
+  CHECK(!backward_error_of(c)) << *backward_error_of(c);
+  c.dq.rank = 4;
+  expect_backward_rejected(c, "dq", "expected rank 3 (total, heads, head_dim)", __LINE__);
+  c = make_backward_call();
+  c.dk.shape[0] = 499;
+  expect_backward_rejected(c, "dk", "expected shape (500, 2, 128)", __LINE__);
+  c = make_backward_call();
+  c.f.batch.cu_seqlens_k.dtype = DType::s8;
+  expect_backward_rejected(c, "cu_seqlens_k", "expected dtype int32", __LINE__);
+  c = make_backward_call();
+  c.f.batch.cu_seqlens_q.data = fake(0xa0000000 + 128);  // inside dq
+  expect_backward_rejected(c, "dq", "must not overlap cu_seqlens_q", __LINE__);
+  // The workspace: the padded layout's size (each sequence's rows padded to 128-row blocks).
+  c = make_backward_call();
+  const size_t needed = warpattn::backward_varlen_workspace_bytes(c.f.q, 3, c.options);
+  // (300 + 3 x 128) rows rounded up to 128 = 768 rows x 8 heads x (128 + 2) floats
+  CHECK(needed >= size_t(768) * 8 * 130 * 4 && needed < size_t(768) * 8 * 130 * 4 + 4096) << needed;
+  expect_backward_rejected(c, "workspace", "expected at least", __LINE__,
+                           warpattn::Workspace{fake(0xd0000000), needed - 1});
+  CHECK(!backward_error_of(c, warpattn::Workspace{fake(0xd0000000), needed}));
+  try {
+    warpattn::backward_varlen_workspace_bytes(c.f.q, -1, c.options);
+    CHECK(false) << "a negative batch was accepted";
+  } catch (const warpattn::Error& e) {
+    CHECK(std::string(e.what()).rfind("batch: ", 0) == 0) << e.what();
+  }
+}

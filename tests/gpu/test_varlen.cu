@@ -251,8 +251,126 @@ void run_matrix(DType dtype, int head_dim) {
   }
 }
 
+
+// ---- backward_varlen: against warpattn::backward run on each sequence alone with the same
+// out and lse (bitwise in the deterministic mode: the same tiles add in the same order; within
+// a few ULP otherwise, where dQ's pieces land in any order), gradients poisoned before, nothing
+// written outside the views.
+void check_backward(const Batch& c, bool deterministic) {
+  const uint64_t seed = gpu_test::fresh_seed();
+  const std::vector<int> cu_q = offsets(c.seqlen_q), cu_k = offsets(c.seqlen_k);
+  const int B = static_cast<int>(c.seqlen_q.size());
+  const int64_t total_q = cu_q[B], total_k = cu_k[B], H = c.heads_q, D = c.head_dim;
+  DeviceTensor q(c.dtype, 1, total_q, H, D, c.padded), k(c.dtype, 1, total_k, c.heads_kv, D, c.padded),
+      v(c.dtype, 1, total_k, c.heads_kv, D, c.padded), dout(c.dtype, 1, total_q, H, D, c.padded),
+      out(c.dtype, 1, total_q, H, D, false), dq(c.dtype, 1, total_q, H, D, c.padded),
+      dk(c.dtype, 1, total_k, c.heads_kv, D, c.padded), dv(c.dtype, 1, total_k, c.heads_kv, D, c.padded),
+      dq2(c.dtype, 1, total_q, H, D, c.padded), dk2(c.dtype, 1, total_k, c.heads_kv, D, c.padded),
+      dv2(c.dtype, 1, total_k, c.heads_kv, D, c.padded);
+  q.fill_normal(seed), k.fill_normal(seed + 1), v.fill_normal(seed + 2), dout.fill_normal(seed + 3);
+  for (DeviceTensor* t : {&dq, &dk, &dv, &dq2, &dk2, &dv2}) t->poison();
+  float* lse = nullptr;
+  CUDA_OK(cudaMalloc(&lse, std::max<int64_t>(H * total_q, 1) * 4));
+  warpattn::TensorView lse_view;
+  lse_view.data = lse, lse_view.dtype = DType::f32, lse_view.rank = 2;
+  lse_view.shape[0] = H, lse_view.shape[1] = total_q, lse_view.stride[0] = total_q, lse_view.stride[1] = 1;
+  DeviceInts dcu_q(cu_q), dcu_k(cu_k);
+  warpattn::VarlenBatch batch;
+  batch.cu_seqlens_q = dcu_q.view, batch.cu_seqlens_k = dcu_k.view;
+  warpattn::ForwardOptions fo;
+  fo.causal = c.causal;
+  warpattn::forward_varlen(packed(q.view), packed(k.view), packed(v.view), packed(out.view), lse_view, batch, fo);
+  warpattn::BackwardOptions bo;
+  bo.causal = c.causal, bo.deterministic = deterministic;
+  warpattn::backward_varlen(packed(dout.view), packed(q.view), packed(k.view), packed(v.view), packed(out.view),
+                            lse_view, packed(dq.view), packed(dk.view), packed(dv.view), batch, bo);
+  for (int b = 0; b < B; ++b) {
+    warpattn::TensorView l = lse_view;
+    l.data = lse + cu_q[b], l.rank = 3;
+    l.shape[0] = 1, l.shape[1] = H, l.shape[2] = c.seqlen_q[b];
+    l.stride[0] = H * total_q, l.stride[1] = total_q, l.stride[2] = 1;
+    const int lq = c.seqlen_q[b], lk = c.seqlen_k[b];
+    warpattn::backward(rows_of(dout.view, cu_q[b], lq), rows_of(q.view, cu_q[b], lq), rows_of(k.view, cu_k[b], lk),
+                       rows_of(v.view, cu_k[b], lk), rows_of(out.view, cu_q[b], lq), l, rows_of(dq2.view, cu_q[b], lq),
+                       rows_of(dk2.view, cu_k[b], lk), rows_of(dv2.view, cu_k[b], lk), bo);
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  cudaFree(lse);
+  struct Diff {
+    int64_t nan = 0, differ = 0, outside = 0;
+    double rel = 0;
+  };
+  const auto diff = [](const DeviceTensor& got, const DeviceTensor& want) {
+    Diff d;
+    const auto raw = got.raw();
+    d.outside = got.written_outside_view(raw);
+    const auto g = got.logical(raw), w = want.logical(want.raw());
+    double num = 0, den = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      d.nan += std::isnan(g[i]);
+      d.differ += memcmp(&g[i], &w[i], 4) != 0;
+      num += (double(g[i]) - w[i]) * (double(g[i]) - w[i]);
+      den += double(w[i]) * w[i];
+    }
+    d.rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    if (std::isnan(d.rel)) d.rel = INFINITY;
+    return d;
+  };
+  const Diff ddq = diff(dq, dq2), ddk = diff(dk, dk2), ddv = diff(dv, dv2);
+  // Not deterministic: dQ's fp32 sums in another order, rounded to 16 bits (a few ULP).
+  const double tol = deterministic ? 0.0 : 2e-3;
+  const bool ok = ddq.nan + ddk.nan + ddv.nan == 0 && ddq.outside + ddk.outside + ddv.outside == 0 &&
+                  ddq.rel <= tol && ddk.rel <= tol && ddv.rel <= tol &&
+                  (!deterministic || ddq.differ + ddk.differ + ddv.differ == 0);
+  printf("    backward %-52s %s: vs dense dq %.1e (%lld differ) dk %.1e (%lld) dv %.1e (%lld)  %s\n", describe(c).c_str(),
+         deterministic ? "det" : "   ", ddq.rel, (long long)ddq.differ, ddk.rel, (long long)ddk.differ, ddv.rel,
+         (long long)ddv.differ, ok ? "ok" : "FAIL");
+  CHECK(ddq.nan + ddk.nan + ddv.nan == 0) << describe(c) << " NaN in a gradient, seed " << seed;
+  CHECK(ddq.outside + ddk.outside + ddv.outside == 0) << describe(c) << " wrote outside a gradient's view";
+  CHECK(ddq.rel <= tol && ddk.rel <= tol && ddv.rel <= tol)
+      << describe(c) << " differs from the dense backward: dq " << ddq.rel << " dk " << ddk.rel << " dv " << ddv.rel
+      << " seed " << seed;
+  if (deterministic)
+    CHECK(ddq.differ + ddk.differ + ddv.differ == 0)
+        << describe(c) << " deterministic mode not bitwise equal to the dense one: " << ddq.differ << " / "
+        << ddk.differ << " / " << ddv.differ << " seed " << seed;
+}
+
+void run_backward_matrix(DType dtype, int head_dim) {
+  REQUIRE_HOPPER();
+  for (bool causal : {false, true})
+    for (bool deterministic : {true, false}) {
+      Batch c = ragged(dtype, head_dim, causal, gpu_test::fresh_seed());
+      c.padded = head_dim == 128;
+      check_backward(c, deterministic);
+    }
+}
+
 }  // namespace
 
+TEST(varlen_backward_bf16_d64) { run_backward_matrix(DType::bf16, 64); }
+TEST(varlen_backward_bf16_d128) { run_backward_matrix(DType::bf16, 128); }
+TEST(varlen_backward_bf16_d256) { run_backward_matrix(DType::bf16, 256); }
+TEST(varlen_backward_f16_d128) { run_backward_matrix(DType::f16, 128); }
+
+// Many short sequences, GQA 8:1, and a sequence of queries without keys beside keys without
+// queries.
+TEST(varlen_backward_shapes) {
+  REQUIRE_HOPPER();
+  for (bool causal : {false, true}) {
+    Batch many;
+    many.causal = causal, many.heads_q = 8, many.heads_kv = 1;
+    std::mt19937_64 rng(gpu_test::fresh_seed());
+    for (int i = 0; i < 200; ++i) many.seqlen_q.push_back(1 + rng() % 70), many.seqlen_k.push_back(1 + rng() % 70);
+    check_backward(many, true);
+    Batch edges;
+    edges.causal = causal;
+    edges.seqlen_q = {300, 0, 129, 64};
+    edges.seqlen_k = {0, 300, 1, 4097};
+    check_backward(edges, true);
+    check_backward(edges, false);
+  }
+}
 TEST(varlen_bf16_d64) { run_matrix(DType::bf16, 64); }
 TEST(varlen_bf16_d128) { run_matrix(DType::bf16, 128); }
 TEST(varlen_bf16_d256) { run_matrix(DType::bf16, 256); }

@@ -19,6 +19,7 @@ struct BackwardConfig {
   static constexpr bool kDeterministic = kDeterministic_;
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
+  static constexpr int kSlotReleases = 128 * kConsumerWarpgroups;  // every consumer thread arrives
   // d = 256: a consumer's dK and dV for 64 keys would take 256 registers a thread. There both
   // consumers take the same 64 keys and split the head dim: each keeps dK and dV for half of its
   // columns, and each computes S and dP whole (the same values, bit for bit; consumer 0 stores

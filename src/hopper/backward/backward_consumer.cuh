@@ -100,7 +100,7 @@ struct BackwardConsumer {
         s[4 * j + 2 * r + 1] = ptx::exp2_approx(fmaf(s[4 * j + 2 * r + 1], p.scale_log2, -l.y));
       }
     }
-    if (!kv_tile_needs_mask(work.n_block, kN, q0, p.seqlen_q, p.seqlen_k, Cfg::kCausal)) return;
+    if (!kv_tile_needs_mask(work.n_block, kN, q0, work.seqlen_q, work.seqlen_k, Cfg::kCausal)) return;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int key = key0 + f.row(r);
@@ -109,7 +109,8 @@ struct BackwardConsumer {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int query = q0 + f.col(j, c);
-          const bool hidden = key >= p.seqlen_k || (Cfg::kCausal && key > query + p.seqlen_k - p.seqlen_q);
+          const bool hidden =
+              key >= work.seqlen_k || (Cfg::kCausal && key > query + work.seqlen_k - work.seqlen_q);
           if (hidden) s[4 * j + 2 * r + c] = 0.f;
         }
     }
@@ -174,11 +175,12 @@ struct BackwardConsumer {
     named_barrier_arrive(BackwardBarrier::kDqFull0 + warpgroup, BackwardBarrier::kDqThreads);
   }
 
-  // One elected thread per warpgroup frees a ring slot (empty barriers count one arrival per
-  // consumer warpgroup).
-  __device__ __forceinline__ static void release(uint64_t* empty) {
-    if (threadIdx.x % 128 == 0) ptx::mbarrier_arrive(ptx::smem_addr(empty));
-  }
+  // Frees a ring slot: every consumer thread arrives (the empty barriers count
+  // kSlotReleases), so each thread's reads of the slot's per-row terms (ordinary loads, beside
+  // the GEMMs' reads that the wgmma waits cover) are ordered before the producer's next load
+  // into it. One arrival per warpgroup (run 102) or per warp after a __syncwarp (run 104) left
+  // the other threads' reads unordered for racecheck.
+  __device__ __forceinline__ static void release(uint64_t* empty) { ptx::mbarrier_arrive(ptx::smem_addr(empty)); }
 
   __device__ __forceinline__ void run() const {
     using namespace ptx;
@@ -263,11 +265,12 @@ struct BackwardConsumer {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int key = key0 + f.row(r);
-      const bool inside = key < p.seqlen_k;
+      const bool inside = key < work.seqlen_k;
+      const int row = work.k_offset + key;
       store_accumulator_row<Element, kKV>(
-          dk, r, f.quad, inside ? p.dk.row<Element>(work.batch, key, work.head_kv) + column0 : nullptr);
+          dk, r, f.quad, inside ? p.dk.row<Element>(work.batch, row, work.head_kv) + column0 : nullptr);
       store_accumulator_row<Element, kKV>(
-          dv, r, f.quad, inside ? p.dv.row<Element>(work.batch, key, work.head_kv) + column0 : nullptr);
+          dv, r, f.quad, inside ? p.dv.row<Element>(work.batch, row, work.head_kv) + column0 : nullptr);
     }
   }
 };

@@ -39,11 +39,11 @@ __device__ __forceinline__ void run_dq_writer(BackwardSharedStorage<Cfg>& ss, co
     const int piece_index = kM == 64 ? kPieces * consumer + piece : 0;
     named_barrier_sync(BackwardBarrier::kDqFull0 + consumer, BackwardBarrier::kDqThreads);
     if (leader) {
-      float* dst = p.dq_accum + DqAccumLayout::piece_offset(p, work.batch, head, row_block, piece_index, kD);
+      float* dst = p.dq_accum + DqAccumLayout::piece_offset(p, work.ws_row0, head, row_block, piece_index, kD);
       int* turn = nullptr;
       if constexpr (Cfg::kDeterministic) {
-        turn = p.turns + (static_cast<int64_t>(work.batch) * p.heads_q + head) * p.rows / 64 + row_block;
-        const int mine = dq_turn(work.n_block, work.m_block(step), kM, Cfg::kBlockN, p.seqlen_q, p.seqlen_k,
+        turn = p.turns + (work.ws_row0 + static_cast<int64_t>(head) * p.rows) / 64 + row_block;
+        const int mine = dq_turn(work.n_block, work.m_block(step), kM, Cfg::kBlockN, work.seqlen_q, work.seqlen_k,
                                  Cfg::kCausal) *
                          (kD / 64);  // each key block adds kD / 64 pieces to a 64-row block
         while (load_acquire_gpu(turn) < mine) {

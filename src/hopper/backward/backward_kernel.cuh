@@ -13,8 +13,39 @@
 #include "hopper/ptx/mbarrier.cuh"
 #include "hopper/ptx/tma.cuh"
 #include "hopper/ptx/warpgroup.cuh"
+#include "hopper/backward/workspace.hpp"
+#include "hopper/varlen/varlen_tiles.hpp"
 
 namespace warpattn::detail {
+
+// This CTA's key block. Dense: the grid (key blocks, KV heads, batch), key blocks first-first
+// (the longest under the causal mask start first), except for the deterministic causal order,
+// which needs them last-first (dq_turn). A packed batch: entry blockIdx.x of the plan (in the
+// same orders within a sequence, varlen_tiles.hpp), or n_block -1 past its end.
+template <class Cfg>
+__device__ __forceinline__ KeyBlockWork key_block_work(const BackwardParams& params) {
+  KeyBlockWork work;
+  work.group = params.kv_group;
+  if (params.varlen_tiles != nullptr) {
+    const int t = static_cast<int>(blockIdx.x);
+    if (t >= *params.varlen_tile_count) {
+      work.n_block = -1;
+      return work;
+    }
+    const VarlenTile& e = params.varlen_tiles[t];
+    work.n_block = e.block, work.head_kv = e.head, work.batch = 0;
+    work.seqlen_q = e.seqlen_q, work.seqlen_k = e.seqlen_k, work.q_offset = e.q_offset, work.k_offset = e.k_offset;
+    work.ws_row0 = varlen_row0(e.q_offset, e.batch);
+  } else {
+    work.n_block = Cfg::kCausal && Cfg::kDeterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    work.head_kv = blockIdx.y;
+    work.batch = blockIdx.z;
+    work.seqlen_q = params.seqlen_q, work.seqlen_k = params.seqlen_k, work.q_offset = 0, work.k_offset = 0;
+    work.ws_row0 = static_cast<int64_t>(work.batch) * params.heads_q * params.rows;
+  }
+  work.m = query_block_range(work.n_block, Cfg::kBlockN, Cfg::kBlockM, work.seqlen_q, work.seqlen_k, Cfg::kCausal);
+  return work;
+}
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
@@ -29,25 +60,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int s = 0; s < Cfg::kQStages; ++s) {
       mbarrier_init(smem_addr(&ss.q_full[s]), 1);
-      mbarrier_init(smem_addr(&ss.q_empty[s]), Cfg::kConsumerWarpgroups);
+      mbarrier_init(smem_addr(&ss.q_empty[s]), Cfg::kSlotReleases);
     }
 #pragma unroll
     for (int s = 0; s < Cfg::kDoStages; ++s) {
       mbarrier_init(smem_addr(&ss.do_full[s]), 1);
-      mbarrier_init(smem_addr(&ss.do_empty[s]), Cfg::kConsumerWarpgroups);
+      mbarrier_init(smem_addr(&ss.do_empty[s]), Cfg::kSlotReleases);
     }
     fence_barrier_init();
   }
   __syncthreads();  // the last CTA-wide barrier: roles split below
 
-  KeyBlockWork work;
-  // Key blocks first-first (the longest under the causal mask start first), except for the
-  // deterministic causal order, which needs them last-first (dq_turn).
-  work.n_block = Cfg::kCausal && Cfg::kDeterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  work.head_kv = blockIdx.y;
-  work.batch = blockIdx.z;
-  work.group = params.kv_group;
-  work.m = query_block_range(work.n_block, Cfg::kBlockN, Cfg::kBlockM, params.seqlen_q, params.seqlen_k, Cfg::kCausal);
+  const KeyBlockWork work = key_block_work<Cfg>(params);
+  if (work.n_block < 0) return;  // a packed batch's grid is sized before its tiles are counted
 
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   if (warpgroup == 0) {

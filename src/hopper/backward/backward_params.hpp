@@ -4,6 +4,8 @@
 
 namespace warpattn::detail {
 
+struct VarlenTile;  // varlen/varlen_tiles.hpp
+
 // A (batch, seqlen, heads, head_dim) tensor's rows: strides in elements, head_dim contiguous.
 struct RowsView {
   void* data = nullptr;
@@ -26,7 +28,15 @@ struct BackwardParams {
   float* lse_log2 = nullptr;
   int* turns = nullptr;  // deterministic mode only
   int batch = 0, heads_q = 0, heads_kv = 0, seqlen_q = 0, seqlen_k = 0;
-  int rows = 0;      // seqlen_q rounded up to BackwardWorkspaceLayout::kRowAlign
+  // The workspace's rows per (batch, head): seqlen_q rounded up to
+  // BackwardWorkspaceLayout::kRowAlign; a packed batch's: its padded rows (one (batch) of them).
+  int rows = 0;
+  // Packed variable-length batches: the plan's key-block tiles[0 .. *tile_count) (null: dense),
+  // and the query offsets for the row kernels (backward/workspace.hpp's padded layout). batch is
+  // then the number of sequences, seqlen_q and seqlen_k the packed lengths.
+  const VarlenTile* varlen_tiles = nullptr;
+  const int* varlen_tile_count = nullptr;
+  const int* cu_seqlens_q = nullptr;
   int kv_group = 1;  // query heads per KV head
   float scale_log2 = 0;     // softmax_scale · log2(e)
   float softmax_scale = 0;  // dK's and dQ's factor

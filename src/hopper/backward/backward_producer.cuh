@@ -13,15 +13,16 @@
 
 namespace warpattn::detail {
 
+// row0: the block's first row in the tensor (the sequence's offset + m_block x kBlockM).
 template <class Cfg>
 __device__ __forceinline__ void load_query_tile(const CUtensorMap* map, uint8_t* tile, const float* row_terms,
                                                 float* row_terms_smem, uint64_t* full, uint64_t* empty, RingSlot slot,
-                                                int m_block, int head, int batch) {
+                                                int row0, int head, int batch) {
   using namespace ptx;
   mbarrier_wait(smem_addr(empty), slot.phase ^ 1);  // a fresh barrier's preceding phase counts as complete
   const uint32_t bar = smem_addr(full);
   mbarrier_arrive_expect_tx(bar, Cfg::kQTileBytes + Cfg::kBlockM * 4);
-  tma_load_5d(smem_addr(tile), map, bar, 0, m_block * Cfg::kBlockM, 0, head, batch);
+  tma_load_5d(smem_addr(tile), map, bar, 0, row0, 0, head, batch);
   bulk_load(smem_addr(row_terms_smem), row_terms, Cfg::kBlockM * 4, bar);
 }
 
@@ -34,16 +35,18 @@ __device__ __forceinline__ void run_backward_producer(BackwardSharedStorage<Cfg>
   if (work.steps() == 0) return;
   const uint32_t kv_bar = smem_addr(&ss.kv_full);
   mbarrier_arrive_expect_tx(kv_bar, 2 * Cfg::kKTileBytes);
-  tma_load_5d(smem_addr(ss.k), tm_k, kv_bar, 0, work.n_block * Cfg::kBlockN, 0, work.head_kv, work.batch);
-  tma_load_5d(smem_addr(ss.v), tm_v, kv_bar, 0, work.n_block * Cfg::kBlockN, 0, work.head_kv, work.batch);
+  const int key0 = work.k_offset + work.n_block * Cfg::kBlockN;
+  tma_load_5d(smem_addr(ss.k), tm_k, kv_bar, 0, key0, 0, work.head_kv, work.batch);
+  tma_load_5d(smem_addr(ss.v), tm_v, kv_bar, 0, key0, 0, work.head_kv, work.batch);
   for (int step = 0; step < work.steps(); ++step) {
     const RingSlot qs = ring_slot<Cfg::kQStages>(step), ds = ring_slot<Cfg::kDoStages>(step);
     const int head = work.head(step), m_block = work.m_block(step);
-    const int64_t first_row = (static_cast<int64_t>(work.batch) * p.heads_q + head) * p.rows + m_block * Cfg::kBlockM;
+    const int64_t first_row = work.ws_row0 + static_cast<int64_t>(head) * p.rows + m_block * Cfg::kBlockM;
+    const int row0 = work.q_offset + m_block * Cfg::kBlockM;
     load_query_tile<Cfg>(tm_q, ss.q[qs.stage], p.lse_log2 + first_row, ss.lse_log2[qs.stage], &ss.q_full[qs.stage],
-                         &ss.q_empty[qs.stage], qs, m_block, head, work.batch);
+                         &ss.q_empty[qs.stage], qs, row0, head, work.batch);
     load_query_tile<Cfg>(tm_do, ss.dout[ds.stage], p.row_d + first_row, ss.row_d[ds.stage], &ss.do_full[ds.stage],
-                         &ss.do_empty[ds.stage], ds, m_block, head, work.batch);
+                         &ss.do_empty[ds.stage], ds, row0, head, work.batch);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "hopper/backward/backward_params.hpp"
+#include "hopper/backward/row_terms.cuh"
 #include "hopper/fragment.cuh"
 #include "hopper/ptx/math.cuh"
 
@@ -17,24 +18,24 @@ namespace warpattn::detail {
 
 struct DqAccumLayout {
   static constexpr int kPieceFloats = 64 * 64;
-  // First float of piece `piece` of the 64-row block `row_block` of (batch, head).
-  __device__ __forceinline__ static int64_t piece_offset(const BackwardParams& p, int batch, int head,
+  // First float of piece `piece` of the 64-row block `row_block` of a sequence whose
+  // workspace rows start at ws_row0, for query head `head`.
+  __device__ __forceinline__ static int64_t piece_offset(const BackwardParams& p, int64_t ws_row0, int head,
                                                          int row_block, int piece, int head_dim) {
-    return ((static_cast<int64_t>(batch) * p.heads_q + head) * p.rows + row_block * 64) * head_dim +
-           piece * kPieceFloats;
+    return (ws_row0 + static_cast<int64_t>(head) * p.rows + row_block * 64) * head_dim + piece * kPieceFloats;
   }
   // Where thread t's registers d[4j .. 4j + 3] go within a piece.
   __device__ __forceinline__ static int fragment_offset(int j, int thread) { return 4 * (128 * j + thread); }
 };
 
-// dQ = softmax_scale x the accumulator, in dQ's dtype, for one 64-row block of one (batch, head):
-// grid (rows / 64, heads_q, batch), 256 threads; each thread converts 16-byte groups (a
-// thread's d[4j .. 4j + 3]: rows g and g + 8, two columns each).
+// dQ = softmax_scale x the accumulator, in dQ's dtype, for one 64-row block of one (sequence,
+// head): the row kernels' grid (row_terms.cuh), 256 threads; each thread converts 16-byte groups
+// (a thread's d[4j .. 4j + 3]: rows g and g + 8, two columns each).
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(256) convert_dq_kernel(const __grid_constant__ BackwardParams p) {
-  const int row_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
-  const float4* block = reinterpret_cast<const float4*>(
-      p.dq_accum + DqAccumLayout::piece_offset(p, batch, head, row_block, 0, kHeadDim));
+  const RowBlock rb = row_block_of(p);
+  const int row_block = rb.row_block, head = blockIdx.y, batch = rb.batch;
+  const float4* block = reinterpret_cast<const float4*>(p.dq_accum + rb.first * kHeadDim);
   constexpr int kGroups = 64 * kHeadDim / 4;
   for (int e = threadIdx.x; e < kGroups; e += blockDim.x) {
     const int piece = e / (DqAccumLayout::kPieceFloats / 4);
@@ -47,8 +48,8 @@ __global__ void __launch_bounds__(256) convert_dq_kernel(const __grid_constant__
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = 64 * row_block + f.row(r);
-      if (row >= p.seqlen_q) continue;
-      *reinterpret_cast<uint32_t*>(p.dq.row<Element>(batch, row, head) + col) =
+      if (row >= rb.seqlen_q) continue;
+      *reinterpret_cast<uint32_t*>(p.dq.row<Element>(batch, rb.q_offset + row, head) + col) =
           ptx::pack_pair<Element>(pair[r][0] * p.softmax_scale, pair[r][1] * p.softmax_scale);
     }
   }

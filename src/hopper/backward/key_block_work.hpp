@@ -48,9 +48,15 @@ WARPATTN_HOST_DEVICE int dq_turn(int n, int m, int block_m, int block_n, int seq
 }
 
 struct KeyBlockWork {
-  int n_block, head_kv, batch;
+  int n_block, head_kv;
+  int batch;  // of the tensors' batch dimension (and the TMA maps'); a packed batch's: 0
   QueryBlockRange m;
   int group;  // query heads per KV head
+  // The sequence: its lengths, its first query row and key in the tensors (a packed batch's
+  // offsets; 0 otherwise), and its first row in the workspace's per-head rows
+  // (backward/workspace.hpp: head h's rows start h x BackwardParams::rows later).
+  int seqlen_q, seqlen_k, q_offset, k_offset;
+  int64_t ws_row0;
   // Steps: (query head, query block) pairs, heads outer.
   WARPATTN_HOST_DEVICE int steps() const { return group * (m.end - m.begin); }
   WARPATTN_HOST_DEVICE int head(int step) const { return head_kv * group + step / (m.end - m.begin); }

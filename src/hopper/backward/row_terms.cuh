@@ -9,15 +9,52 @@
 #include <cstdint>
 
 #include "hopper/backward/backward_params.hpp"
+#include "hopper/backward/workspace.hpp"
 #include "hopper/ptx/math.cuh"
+#include "hopper/varlen/varlen_tiles.hpp"
 
 namespace warpattn::detail {
 
-// Grid (rows / 64, heads_q, batch), 256 threads: one 64-row block of one (batch, head).
+// The 64 workspace rows of a row kernel's CTA (grid (rows / 64, heads_q, batch); a packed batch:
+// (padded rows / 64, heads_q, 1)): where they are and which rows of the tensors they stand for.
+struct RowBlock {
+  int batch;         // the tensors' batch index (a packed batch's: 0)
+  int64_t first;     // the block's first workspace row, this head's
+  int row_block;     // the block within its sequence: rows row_block x 64 ..
+  int q_offset;      // the sequence's first row in the tensors
+  int seqlen_q;      // rows past it are padding
+};
+
+__device__ __forceinline__ RowBlock row_block_of(const BackwardParams& p) {
+  const int head = blockIdx.y;
+  if (p.cu_seqlens_q != nullptr) {
+    // The last sequence whose padded rows start at or before this block (varlen_row0 does not
+    // decrease for offsets that keep the rules; for others, any answer stays inside).
+    const int64_t padded = static_cast<int64_t>(blockIdx.x) * 64;
+    const auto offset = [&](int b) { return clamp_int(p.cu_seqlens_q[b], 0, p.seqlen_q); };
+    int lo = 0, hi = p.batch - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (varlen_row0(offset(mid), mid) <= padded)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    const int off = offset(lo), end = clamp_int(p.cu_seqlens_q[lo + 1], off, p.seqlen_q);
+    return {0, padded + static_cast<int64_t>(head) * p.rows, static_cast<int>((padded - varlen_row0(off, lo)) / 64),
+            off, end - off};
+  }
+  const int batch = blockIdx.z;
+  return {batch, (static_cast<int64_t>(batch) * p.heads_q + head) * p.rows + blockIdx.x * 64,
+          static_cast<int>(blockIdx.x), 0, p.seqlen_q};
+}
+
+// One 64-row block of one (sequence, head), 256 threads.
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(256) backward_row_terms_kernel(const __grid_constant__ BackwardParams p) {
-  const int row_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
-  const int64_t first = (static_cast<int64_t>(batch) * p.heads_q + head) * p.rows + row_block * 64;
+  const RowBlock rb = row_block_of(p);
+  const int head = blockIdx.y, batch = rb.batch, row_block = rb.row_block;
+  const int64_t first = rb.first;
   // D: kLanes threads per row, 8 elements (16 bytes) each, summed with shuffles.
   constexpr int kLanes = kHeadDim / 8;
   static_assert(kLanes <= 32 && 256 % kLanes == 0, "a row's lanes sit in one warp");
@@ -27,9 +64,9 @@ __global__ void __launch_bounds__(256) backward_row_terms_kernel(const __grid_co
     const int r = r0 + threadIdx.x / kLanes;
     const int row = row_block * 64 + r;
     float sum = 0.f;
-    if (row < p.seqlen_q) {
-      const uint4 a = reinterpret_cast<const uint4*>(p.dout.row<const Element>(batch, row, head))[lane];
-      const uint4 b = reinterpret_cast<const uint4*>(p.out.row<const Element>(batch, row, head))[lane];
+    if (row < rb.seqlen_q) {
+      const uint4 a = reinterpret_cast<const uint4*>(p.dout.row<const Element>(batch, rb.q_offset + row, head))[lane];
+      const uint4 b = reinterpret_cast<const uint4*>(p.out.row<const Element>(batch, rb.q_offset + row, head))[lane];
       const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -44,8 +81,9 @@ __global__ void __launch_bounds__(256) backward_row_terms_kernel(const __grid_co
   if (threadIdx.x < 64) {
     const int row = row_block * 64 + threadIdx.x;
     float l = INFINITY;
-    if (row < p.seqlen_q) {
-      const float lse = p.lse[batch * p.lse_stride_batch + head * p.lse_stride_head + row * p.lse_stride_row];
+    if (row < rb.seqlen_q) {
+      const float lse = p.lse[batch * p.lse_stride_batch + head * p.lse_stride_head +
+                              static_cast<int64_t>(rb.q_offset + row) * p.lse_stride_row];
       l = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
     }
     p.lse_log2[first + threadIdx.x] = l;

@@ -14,6 +14,8 @@
 #include "hopper/kv_tiles.hpp"
 #include "hopper/launch.hpp"
 #include "hopper/tensor_map.hpp"
+#include "hopper/varlen/plan_varlen.hpp"
+#include "common/stream_memory.hpp"
 
 namespace warpattn::detail {
 
@@ -21,10 +23,10 @@ inline RowsView rows_view(const TensorView& t) {
   return {t.data, t.stride[0], t.stride[1], t.stride[2]};
 }
 
+// The parameters of a validated problem over `layout`'s workspace at `workspace`.
 template <class Cfg>
-void run_backward(const BackwardProblem& pr, const BackwardTensors& t, void* workspace, cudaStream_t stream) {
-  using Element = typename Cfg::Element;
-  const BackwardWorkspaceLayout layout(pr.batch, pr.heads_q, pr.seqlen_q, pr.head_dim, pr.deterministic);
+BackwardParams backward_params(const BackwardProblem& pr, const BackwardTensors& t,
+                               const BackwardWorkspaceLayout& layout, void* workspace) {
   uint8_t* ws = static_cast<uint8_t*>(workspace);
   BackwardParams p;
   p.dout = rows_view(t.dout);
@@ -49,19 +51,18 @@ void run_backward(const BackwardProblem& pr, const BackwardTensors& t, void* wor
   p.kv_group = static_cast<int>(pr.heads_q / pr.heads_kv);
   p.softmax_scale = pr.softmax_scale;
   p.scale_log2 = static_cast<float>(pr.softmax_scale * 1.4426950408889634);
+  return p;
+}
 
-  if (pr.seqlen_q == 0) {  // no query row: no gradient reaches K or V (and Q has no map)
-    zero_rows(t.dk, stream);
-    zero_rows(t.dv, stream);
-    return;
-  }
-  const dim3 row_grid(static_cast<unsigned>(layout.rows / 64), p.heads_q, p.batch);
-  if (layout.rows > 0) {
-    backward_row_terms_kernel<Element, Cfg::kHeadDim><<<row_grid, 256, 0, stream>>>(p);
-    check_cuda(cudaGetLastError(), "backward_row_terms_kernel: launch failed");
-  }
-  const int n_blocks = ceil_div(p.seqlen_k, Cfg::kBlockN);
-  if (n_blocks > 0) {
+// The three launches: the row terms over row_grid, the main kernel over main_grid (none when it
+// has no key block), the dQ conversion over row_grid.
+template <class Cfg>
+void launch_backward_kernels(const BackwardParams& p, const BackwardTensors& t, dim3 row_grid, dim3 main_grid,
+                             cudaStream_t stream) {
+  using Element = typename Cfg::Element;
+  backward_row_terms_kernel<Element, Cfg::kHeadDim><<<row_grid, 256, 0, stream>>>(p);
+  check_cuda(cudaGetLastError(), "backward_row_terms_kernel: launch failed");
+  if (main_grid.x > 0) {
     const CUtensorMap tm_q = make_panel_tensor_map(t.q, "q", Cfg::kBlockM, Cfg::kPanels, 128);
     const CUtensorMap tm_do = make_panel_tensor_map(t.dout, "dout", Cfg::kBlockM, Cfg::kPanels, 128);
     const CUtensorMap tm_k = make_panel_tensor_map(t.k, "k", Cfg::kBlockN, Cfg::kPanels, 128);
@@ -71,36 +72,96 @@ void run_backward(const BackwardProblem& pr, const BackwardTensors& t, void* wor
     static_assert(kSmem <= 227 * 1024, "more shared memory than a CTA may have on sm_90");
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                "attention_backward_kernel: setting its shared-memory size");
-    kernel<<<dim3(n_blocks, p.heads_kv, p.batch), Cfg::kThreads, kSmem, stream>>>(tm_q, tm_k, tm_v, tm_do, p);
+    kernel<<<main_grid, Cfg::kThreads, kSmem, stream>>>(tm_q, tm_k, tm_v, tm_do, p);
     check_cuda(cudaGetLastError(), "attention_backward_kernel: launch failed");
   }
-  if (layout.rows > 0) {
-    convert_dq_kernel<Element, Cfg::kHeadDim><<<row_grid, 256, 0, stream>>>(p);
-    check_cuda(cudaGetLastError(), "convert_dq_kernel: launch failed");
-  }
+  convert_dq_kernel<Element, Cfg::kHeadDim><<<row_grid, 256, 0, stream>>>(p);
+  check_cuda(cudaGetLastError(), "convert_dq_kernel: launch failed");
 }
 
-// Declared here, defined in backward_<dtype>_d<dim>.cu (causal and deterministic chosen inside).
+template <class Cfg>
+void run_backward(const BackwardProblem& pr, const BackwardTensors& t, void* workspace, cudaStream_t stream) {
+  const BackwardWorkspaceLayout layout(pr.batch, pr.heads_q, pr.seqlen_q, pr.head_dim, pr.deterministic);
+  const BackwardParams p = backward_params<Cfg>(pr, t, layout, workspace);
+  if (pr.seqlen_q == 0) {  // no query row: no gradient reaches K or V (and Q has no map)
+    zero_rows(t.dk, stream);
+    zero_rows(t.dv, stream);
+    return;
+  }
+  const dim3 row_grid(static_cast<unsigned>(layout.rows / 64), p.heads_q, p.batch);
+  const dim3 main_grid(ceil_div(p.seqlen_k, Cfg::kBlockN), p.heads_kv, p.batch);
+  launch_backward_kernels<Cfg>(p, t, row_grid, main_grid, stream);
+}
+
+// A packed batch: t's tensors as (1, total, heads, head_dim) views (lse (1, heads, total_q)),
+// pr.batch sequences, pr.seqlen_q/k the packed lengths (both >= 1). The workspace holds
+// varlen_padded_rows rows per head (backward_workspace_bytes_sm90 with pr.varlen); the plan of
+// key-block tiles is taken from warpattn's stream-ordered pool (a few bytes per tile).
+template <class Cfg>
+void run_backward_varlen(const BackwardProblem& pr, const BackwardTensors& t, const VarlenSequences& seqs,
+                         void* workspace, cudaStream_t stream) {
+  const BackwardWorkspaceLayout layout(1, pr.heads_q, varlen_padded_rows(pr.seqlen_q, pr.batch), pr.head_dim,
+                                       pr.deterministic);
+  BackwardParams p = backward_params<Cfg>(pr, t, layout, workspace);
+  if (pr.seqlen_q == 0) {  // no query row: no gradient reaches K or V (and Q has no map)
+    zero_rows(t.dk, stream);
+    zero_rows(t.dv, stream);
+    return;
+  }
+  p.cu_seqlens_q = seqs.cu_seqlens_q;
+  VarlenGeometry g;
+  g.block_m = Cfg::kBlockM;
+  g.block_n = Cfg::kBlockN;
+  g.heads_q = p.heads_q;
+  g.kv_group = p.kv_group;
+  g.causal = Cfg::kCausal;
+  g.key_blocks = true;
+  g.reverse_key_blocks = Cfg::kCausal && Cfg::kDeterministic;
+  // Validation bounds the table below 2^31 entries (validate_backward_varlen).
+  const long long max_tiles = max_varlen_tiles(pr.seqlen_k, pr.batch, Cfg::kBlockN, pr.heads_kv);
+  StreamMemory plan_memory(varlen_plan_bytes(p.batch, max_tiles), stream, "varlen plan");
+  const VarlenPlan plan = plan_varlen_tiles(seqs, g, max_tiles, plan_memory.get(), stream);
+  p.varlen_tiles = plan.tiles;
+  p.varlen_tile_count = plan.tile_count;
+  const dim3 row_grid(static_cast<unsigned>(layout.rows / 64), p.heads_q, 1);
+  // No key at all: no key block to run (and K has no map); dQ comes out zero.
+  const unsigned main_blocks = pr.seqlen_k > 0 ? static_cast<unsigned>(max_tiles) : 0;
+  launch_backward_kernels<Cfg>(p, t, row_grid, dim3(main_blocks), stream);
+}
+
+// Declared here, defined in backward_<dtype>_d<dim>.cu (causal and deterministic chosen inside);
+// seqs: a packed batch's offsets, or null.
 template <class Element, int kHeadDim>
-void run_backward_head_dim(const BackwardProblem& p, const BackwardTensors& t, void* workspace, cudaStream_t stream);
+void run_backward_head_dim(const BackwardProblem& p, const BackwardTensors& t, const VarlenSequences* seqs,
+                           void* workspace, cudaStream_t stream);
+
+// The dense or the packed run of one configuration.
+template <class Cfg>
+void run_backward_any(const BackwardProblem& p, const BackwardTensors& t, const VarlenSequences* seqs, void* workspace,
+                      cudaStream_t stream) {
+  if (seqs != nullptr)
+    run_backward_varlen<Cfg>(p, t, *seqs, workspace, stream);
+  else
+    run_backward<Cfg>(p, t, workspace, stream);
+}
 
 }  // namespace warpattn::detail
 
-#define WARPATTN_BACKWARD_INSTANCE(Element, kHeadDim)                                                               \
-  namespace warpattn::detail {                                                                                      \
-  template <>                                                                                                       \
-  void run_backward_head_dim<Element, kHeadDim>(const BackwardProblem& p, const BackwardTensors& t, void* workspace, \
-                                                cudaStream_t stream) {                                              \
-    if (p.causal) {                                                                                                 \
-      if (p.deterministic)                                                                                          \
-        run_backward<BackwardConfig<Element, kHeadDim, true, true>>(p, t, workspace, stream);                       \
-      else                                                                                                          \
-        run_backward<BackwardConfig<Element, kHeadDim, true, false>>(p, t, workspace, stream);                      \
-    } else {                                                                                                        \
-      if (p.deterministic)                                                                                          \
-        run_backward<BackwardConfig<Element, kHeadDim, false, true>>(p, t, workspace, stream);                      \
-      else                                                                                                          \
-        run_backward<BackwardConfig<Element, kHeadDim, false, false>>(p, t, workspace, stream);                     \
-    }                                                                                                               \
-  }                                                                                                                 \
+#define WARPATTN_BACKWARD_INSTANCE(Element, kHeadDim)                                                             \
+  namespace warpattn::detail {                                                                                    \
+  template <>                                                                                                     \
+  void run_backward_head_dim<Element, kHeadDim>(const BackwardProblem& p, const BackwardTensors& t,                \
+                                                const VarlenSequences* seqs, void* workspace, cudaStream_t stream) { \
+    if (p.causal) {                                                                                               \
+      if (p.deterministic)                                                                                        \
+        run_backward_any<BackwardConfig<Element, kHeadDim, true, true>>(p, t, seqs, workspace, stream);           \
+      else                                                                                                        \
+        run_backward_any<BackwardConfig<Element, kHeadDim, true, false>>(p, t, seqs, workspace, stream);          \
+    } else {                                                                                                      \
+      if (p.deterministic)                                                                                        \
+        run_backward_any<BackwardConfig<Element, kHeadDim, false, true>>(p, t, seqs, workspace, stream);          \
+      else                                                                                                        \
+        run_backward_any<BackwardConfig<Element, kHeadDim, false, false>>(p, t, seqs, workspace, stream);         \
+    }                                                                                                             \
+  }                                                                                                               \
   }

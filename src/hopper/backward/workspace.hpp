@@ -5,10 +5,23 @@
 //   turns     int32 [B][Hq][rows/64]  deterministic mode: whose turn it is to add into a dQ block
 // rows = seqlen_q rounded up to 128, so every query block of the kernels is whole and the bulk
 // copies and reductions need no row predicates. Each region starts 256-byte aligned.
+//
+// A packed batch (varlen) has one "batch" of varlen_padded_rows rows per head, in which sequence
+// b's rows start at varlen_row0 (FlashAttention-3's padding: every sequence starts a 128-row
+// block, so no block of the kernels spans two sequences, and the sequences' padded ranges never
+// overlap: row0(b + 1) >= row0(b) + seqlen_q(b) rounded up to 128).
 #pragma once
 #include <cstdint>
 
+#include "hopper/host_device.hpp"
+
 namespace warpattn::detail {
+
+// q_offset: the sequence's first row in the packed tensors (clamped to [0, total_q]).
+WARPATTN_HOST_DEVICE int64_t varlen_row0(int q_offset, int b) { return (int64_t(q_offset) + int64_t(b) * 128) / 128 * 128; }
+WARPATTN_HOST_DEVICE int64_t varlen_padded_rows(int64_t total_q, int64_t batch) {
+  return (total_q + batch * 128 + 127) / 128 * 128;
+}
 
 struct BackwardWorkspaceLayout {
   static constexpr int64_t kRowAlign = 128;

@@ -9,15 +9,19 @@
 // of a table the producer reads with two 16-byte loads: no division or search on its path.
 #pragma once
 
+#include "hopper/backward/key_block_work.hpp"
 #include "hopper/host_device.hpp"
 #include "hopper/kv_tiles.hpp"
 #include "hopper/tile_order.hpp"
 
 namespace warpattn::detail {
 
-// One work tile of a packed batch as the producer reads it (32 bytes, two int4 loads).
+// One work tile of a packed batch as the producer reads it (32 bytes, two int4 loads). The
+// forward's tiles are query blocks (block: m_block, head: the query head, n_tiles: key tiles to
+// visit); the backward's are key blocks (block: n_block, head: the KV head, n_tiles: query
+// blocks to visit).
 struct alignas(16) VarlenTile {
-  int m_block, head, batch, n_tiles;  // batch: the sequence; n_tiles: key tiles to visit
+  int block, head, batch, n_tiles;  // batch: the sequence
   int q_offset, seqlen_q, k_offset, seqlen_k;
 };
 static_assert(sizeof(VarlenTile) == 32, "two int4 loads");
@@ -53,18 +57,31 @@ WARPATTN_HOST_DEVICE SequenceSpan sequence_span(const VarlenSequences& s, int b)
 struct VarlenGeometry {
   int block_m = 128, block_n = 128, heads_q = 1, kv_group = 1;
   bool causal = false;
+  // The backward's plan: tiles are key blocks of block_n keys of each KV head, in ascending
+  // order within a (sequence, KV head), or descending with reverse_key_blocks (the deterministic
+  // causal order, key_block_work.hpp's dq_turn: a key block's dQ turns wait only for blocks
+  // earlier in the table, hence launched before it).
+  bool key_blocks = false, reverse_key_blocks = false;
   long long kv_bytes_per_key = 0;  // K and V of one key of one KV head: 2 x head_dim x element bytes
   long long l2_bytes = 0;
   int multiprocessors = 1;
 };
 
-// Tiles of one sequence: its query blocks times the query heads.
+// Tiles of one sequence: its query blocks times the query heads (the backward's: its key blocks
+// times the KV heads).
 WARPATTN_HOST_DEVICE long long sequence_tiles(const SequenceSpan& s, const VarlenGeometry& g) {
+  if (g.key_blocks) return static_cast<long long>(ceil_div(s.seqlen_k, g.block_n)) * (g.heads_q / g.kv_group);
   return static_cast<long long>(ceil_div(s.seqlen_q, g.block_m)) * g.heads_q;
 }
 
-// The key tiles of a sequence's longest tile (its last query block's): the plan's sort key.
+// The work of a sequence's longest tile, the plan's sort key: the key tiles of its last query
+// block (the backward's: the query blocks of its first key block).
 WARPATTN_HOST_DEVICE int sequence_work(const SequenceSpan& s, const VarlenGeometry& g) {
+  if (g.key_blocks) {
+    if (s.seqlen_k == 0) return 0;
+    const QueryBlockRange r = query_block_range(0, g.block_n, g.block_m, s.seqlen_q, s.seqlen_k, g.causal);
+    return r.end - r.begin;
+  }
   if (s.seqlen_q == 0) return 0;
   return kv_tile_count(ceil_div(s.seqlen_q, g.block_m) - 1, g.block_m, g.block_n, s.seqlen_q, s.seqlen_k, g.causal);
 }
@@ -78,6 +95,12 @@ WARPATTN_HOST_DEVICE TileGrid sequence_grid(const SequenceSpan& s, const VarlenG
 
 // Tile t (0 <= t < sequence_tiles) of sequence b.
 WARPATTN_HOST_DEVICE VarlenTile varlen_tile(const SequenceSpan& s, int b, int t, const VarlenGeometry& g) {
+  if (g.key_blocks) {  // key blocks fastest, as the dense backward's grid
+    const int n_blocks = ceil_div(s.seqlen_k, g.block_n);
+    const int n = g.reverse_key_blocks ? n_blocks - 1 - t % n_blocks : t % n_blocks;
+    const QueryBlockRange r = query_block_range(n, g.block_n, g.block_m, s.seqlen_q, s.seqlen_k, g.causal);
+    return {n, t / n_blocks, b, r.end - r.begin, s.q_offset, s.seqlen_q, s.k_offset, s.seqlen_k};
+  }
   const WorkTile w = tile_coords(t, sequence_grid(s, g));
   const int n = kv_tile_count(w.m_block, g.block_m, g.block_n, s.seqlen_q, s.seqlen_k, g.causal);
   return {w.m_block, w.head, b, n, s.q_offset, s.seqlen_q, s.k_offset, s.seqlen_k};
@@ -89,10 +112,11 @@ WARPATTN_HOST_DEVICE unsigned long long plan_key(int work, int b) {
 }
 
 // Upper bound on the tiles of a packed batch whose offsets keep the rules: sum over sequences
-// of ceil(seqlen_q / block_m) <= total_q / block_m + batch. The table has this many entries; a
-// batch with broken offsets that would need more keeps only its first (wrong, never outside).
-WARPATTN_HOST_DEVICE long long max_varlen_tiles(long long total_q, long long batch, int block_m, int heads_q) {
-  return (total_q / block_m + batch) * heads_q;
+// of ceil(seqlen / block) <= total / block + batch (the forward: query rows, blocks of block_m,
+// query heads; the backward: keys, blocks of block_n, KV heads). The table has this many entries;
+// a batch with broken offsets that would need more keeps only its first (wrong, never outside).
+WARPATTN_HOST_DEVICE long long max_varlen_tiles(long long total, long long batch, int block, int heads) {
+  return (total / block + batch) * heads;
 }
 
 }  // namespace warpattn::detail
