@@ -7,6 +7,7 @@ set -u -o pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 STAGES=${STAGES:-"ctest cli bench"}  # also: primitives, forward, fp8, devices, sanitize, python, bench_backward, ncu, ncu_fp8
+# python: PY_PARTS (default gpu cpu training varlen transformers), VARLEN_BENCH=1 for the varlen mixes
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 # The first half of the README's test command: scripts/build.sh (every core).
 if ! bash scripts/build.sh > "$OUT/build.log" 2>&1; then
@@ -94,7 +95,7 @@ if stage python; then
   # The package as a user installs it (no network there: no build isolation), its tests, and
   # the benchmark through the package (quick unless PY_BENCH_ARGS says otherwise).
   if timeout -k 5 300 python3 -m pip install -q --no-build-isolation --no-deps . > "$OUT/pip.log" 2>&1; then
-    for part in gpu cpu training; do  # separately: a crash in one part still leaves the others' results
+    for part in ${PY_PARTS:-gpu cpu training varlen transformers}; do  # separately: a crash in one part still leaves the others' results
       (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${PYTEST_TIMEOUT:-400} python3 -X faulthandler -m pytest -q -rs \
         "$OLDPWD/tests/python/test_$part.py" > "$OUT/pytest-$part.log" 2>&1)
       rc=$?; echo "pytest $part rc=$rc: $(tail -1 "$OUT/pytest-$part.log")"
@@ -109,6 +110,11 @@ if stage python; then
       (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 -m warpattn.bench --out "$OUT" \
         ${PY_BENCH_ARGS:---quick} > "$OUT/pybench.log" 2> "$OUT/pybench.err")
       echo "python bench rc=$?"; tail -4 "$OUT/pybench.err"
+    fi
+    if [ -n "${VARLEN_BENCH:-}" ]; then  # issue 15's mixes beside FA2 (nested jagged) and cuDNN (padded)
+      (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 -m warpattn.bench --varlen --out "$OUT" \
+        ${VARLEN_BENCH_ARGS:-} > "$OUT/varlen-bench.log" 2> "$OUT/varlen-bench.err")
+      echo "varlen bench rc=$?"; tail -4 "$OUT/varlen-bench.err"; tail -40 "$OUT/varlen-bench.log"
     fi
     if [ -n "${HOST_COST:-}" ]; then
       (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 120 python3 "$OLDPWD/scripts/host_cost.py" 2>&1 | tee "$OUT/host_cost.log")

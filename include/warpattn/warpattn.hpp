@@ -190,8 +190,9 @@ size_t backward_varlen_workspace_bytes(const TensorView& q, int64_t batch, const
 // (total_k, Hkv, D); lse (Hq, total_q), the forward_varlen's. The rules of backward() and of
 // VarlenBatch apply; the workspace is backward_varlen_workspace_bytes() (the plan of the work,
 // a few bytes per key block, comes from warpattn's stream-ordered pool, also under capture, where
-// it is kept). Rows of dq, dk and dv that no sequence covers, and rows of dk, dv past a
-// sequence's seqused_k, are undefined after the call.
+// it is kept). Rows of dq, dk and dv that no sequence covers, and rows of dk and dv past a
+// sequence's seqused_k, are either left as they were or set to zero (so gradients that start
+// zeroed stay zero there).
 void backward_varlen(const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView& out, const TensorView& lse, const TensorView& dq, const TensorView& dk,
                      const TensorView& dv, const VarlenBatch& batch, const BackwardOptions& options,

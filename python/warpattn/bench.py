@@ -4,6 +4,7 @@
     python -m warpattn.bench [--out docs/perf]                  # the installed package
     python -m warpattn.bench --lib build/libwarpattn.so          # a CMake build, via its C ABI
     python -m warpattn.bench --plot-only docs/perf/bench-<date>.json   # redraw the plots
+    python -m warpattn.bench --varlen [...]                      # ragged batches: bench_varlen.py
 
 Why one process and the same tensors: the H200 is power-limited, so absolute TFLOP/s drift
 from day to day and even within a run; only figures measured back to back on the same data
@@ -128,6 +129,9 @@ def parse_args(argv):
                    "'partial' when --points or --dtypes restrict the sweep, none otherwise)")
     p.add_argument("--warmup-ms", type=float, default=25.0, help="do_bench warm-up (default 25)")
     p.add_argument("--rep-ms", type=float, default=200.0, help="do_bench timed span (default 200)")
+    p.add_argument("--varlen", action="store_true",
+                   help="run the ragged-batch benchmark instead (bench_varlen.py; the other options are its own: "
+                   "--varlen --help lists them)")
     args = p.parse_args(argv)
 
     args.dtype_list = []
@@ -617,7 +621,14 @@ def plot(result, stem):
 
 
 def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--varlen" in argv:  # hand over to the ragged-batch benchmark, with the rest of the arguments
+        try:
+            from warpattn.bench_varlen import main as varlen_main
+        except ImportError:  # run as a script beside bench_varlen.py
+            from bench_varlen import main as varlen_main
+        return varlen_main([a for a in argv if a != "--varlen"])
+    args = parse_args(argv)
     if args.plot_only:
         with open(args.plot_only) as f:
             result = json.load(f)

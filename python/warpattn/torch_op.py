@@ -1,6 +1,7 @@
-"""warpattn for PyTorch: torch.library custom ops for the forward and the backward, joined by
-register_autograd, so that flash_attn_func is differentiable and works under torch.compile and
-CUDA graph capture, on PyTorch's current stream."""
+"""warpattn for PyTorch: torch.library custom ops for the forward and the backward (dense, and packed
+varlen batches), each pair joined by register_autograd, so that flash_attn_func and
+flash_attn_varlen_func are differentiable and work under torch.compile and CUDA graph capture, on
+PyTorch's current stream."""
 from typing import Optional, Tuple
 
 import torch
@@ -105,4 +106,86 @@ def flash_attn_torch(q, k, v, softmax_scale, causal, return_lse, out, determinis
                            "requires grad; call it without out=, or under torch.no_grad()")
     lse = _lse_like(q) if return_lse else None
     _warpattn.forward(q, k, v, out, lse, softmax_scale, causal, _current_stream("torch", q))
+    return (out, lse) if return_lse else out
+
+
+# ------------------------------------------------------------------ packed (varlen) batches
+# The same pattern as above for flash_attn_varlen_func (warpattn.varlen): the output shapes follow
+# from q alone, so the fake implementations need no read of cu_seqlens (torch.compile, CUDA graphs).
+
+def _varlen_lse_like(q):
+    return q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)  # FlashAttention's (heads, total_q)
+
+
+def _varlen_outputs(q):
+    return q.new_empty(q.shape), _varlen_lse_like(q)
+
+
+@torch.library.custom_op("warpattn::flash_attn_varlen_forward", mutates_args=())
+def flash_attn_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                              cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
+                              max_seqlen_k: int, softmax_scale: Optional[float], causal: bool,
+                              deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    out, lse = _varlen_outputs(q)
+    _warpattn.forward_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                             softmax_scale, causal, _current_stream("torch", q))
+    return out, lse
+
+
+@flash_attn_varlen_forward.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+      deterministic):
+    return _varlen_outputs(q)
+
+
+@torch.library.custom_op("warpattn::flash_attn_varlen_backward", mutates_args=())
+def flash_attn_varlen_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               out: torch.Tensor, lse: torch.Tensor, dlse: Optional[torch.Tensor],
+                               cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                               seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                               softmax_scale: Optional[float], causal: bool,
+                               deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _refuse_lse_gradient(dlse)
+    from .varlen import flash_attn_varlen_backward as backward
+    dq, dk, dv = backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                          softmax_scale, causal, deterministic, seqused_k=seqused_k)
+    return dq, dk, dv
+
+
+@flash_attn_varlen_backward.register_fake
+def _(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+      softmax_scale, causal, deterministic):
+    return _gradients_like(q, k, v)
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, det = inputs
+    ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    ctx.options = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, det)
+    ctx.set_materialize_grads(False)
+
+
+def _varlen_backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k = ctx.saved_tensors
+    dout = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
+    dq, dk, dv = flash_attn_varlen_backward(dout, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                            *ctx.options)
+    return (dq, dk, dv) + (None,) * 8
+
+
+flash_attn_varlen_forward.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+
+
+def flash_attn_varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                            softmax_scale, causal, return_lse, out, deterministic):
+    if out is None:
+        o, lse = flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                                           max_seqlen_k, softmax_scale, causal, deterministic)
+        return (o, lse) if return_lse else o
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise RuntimeError("out: flash_attn_varlen_func(..., out=...) is not differentiable, but q, k or v "
+                           "requires grad; call it without out=, or under torch.no_grad()")
+    lse = _varlen_lse_like(q) if return_lse else None
+    _warpattn.forward_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                             softmax_scale, causal, _current_stream("torch", q))
     return (out, lse) if return_lse else out

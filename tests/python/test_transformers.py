@@ -388,7 +388,8 @@ def _qkv(d=64, dtype=torch.bfloat16, s=8):
     (dict(s_aux=torch.zeros(4)), "s_aux"),
     (dict(position_bias=torch.zeros(1)), "position_bias"),
     (dict(output_attentions=True), "output_attentions"),
-    (dict(attention_mask=torch.zeros(2, 1, 8, 8)), r"shape \(2, 1, 8, 8\): warpattn takes a 2-D padding mask"),
+    (dict(attention_mask=torch.zeros(2, 1, 8, 8)), r"shape \(2, 1, 8, 8\) and dtype torch.float32: warpattn takes"),
+    (dict(attention_mask=torch.zeros(2, 8)), r"shape \(2, 8\) and dtype torch.float32: .* not 4-D, additive float"),
     (dict(attention_mask=torch.tensor([[1, 1, 0, 1, 1, 1, 1, 1]] * 2)), "zeros between ones"),
 ])
 def test_refusals(change, message):
@@ -419,6 +420,9 @@ def test_mask_function():
     padded[1, :3] = False
     assert torch.equal(wt.warpattn_mask(2, 8, 8, attention_mask=padded), padded)
     assert torch.equal(wt.warpattn_mask(2, 1, 16, attention_mask=ones), ones)  # a StaticCache: shorter than keys
+    # a StaticCache without a mask (transformers >= 5.2x drops an all-ones one): the keys in use
+    in_use = wt.warpattn_mask(2, 1, 16, q_offset=torch.tensor(5), attention_mask=None)
+    assert in_use.shape == (2, 16) and in_use[:, :6].all() and not in_use[:, 6:].any()
 
 
 def test_window_longer_than_the_keys_changes_nothing(env):

@@ -162,7 +162,7 @@ def test_backward_arguments_without_a_gpu():
 def meta():
     if torch is None:
         pytest.skip("PyTorch is not installed")
-    import warpattn.torch_op  # noqa: F401 (registers the custom ops)
+    import warpattn.torch_op  # noqa: F401 (registers the custom ops, as the first call would)
 
     def make(total_q=100, total_k=80, hq=8, hkv=2, d=64, batch=4):
         def t(*shape):
@@ -272,7 +272,9 @@ def dense(q, k, v, causal, scale=None):
 
 def check_sequences(q, k, v, cu_q, cu_k, out, lse, causal, scale=None, seqused=None, against_reference=True):
     """Every sequence of a varlen result against the dense kernel on that sequence alone (a tight
-    bound: the same kernel body) and, unless told not to (long sequences), against the fp32
+    bound: the same kernel body, equal bits where both take the same tiles; where the dense launch
+    splits its last wave the summation order differs and ~15% of the outputs move by one ulp,
+    ~1e-3 rel L2 in bf16, run 103) and, unless told not to (long sequences), against the fp32
     reference; rows that see no key must be 0 with LSE -inf."""
     cq, ck = cu_q.tolist(), cu_k.tolist()
     used = None if seqused is None else seqused.tolist()
@@ -294,7 +296,7 @@ def check_sequences(q, k, v, cu_q, cu_k, out, lse, causal, scale=None, seqused=N
         assert torch.all(o[~seen.any(0)] == 0), what + ": rows without keys must be 0"
         if seen.any():
             err = rel_l2(o, do)
-            assert err <= tol(q.dtype) / 4, what + ": rel L2 %.2e against the dense kernel" % err
+            assert err <= tol(q.dtype) / 2, what + ": rel L2 %.2e against the dense kernel" % err
             assert (l[seen] - dl[seen]).abs().max().item() <= 1e-4, what + ": LSE against the dense kernel"
         if against_reference:
             want, want_lse = reference(q[rows], k[keys], v[keys], causal, scale)
@@ -361,7 +363,7 @@ def test_equal_lengths_equal_the_dense_batch(causal):
     out, lse = warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, s, s, causal=causal, return_lse=True)
     want, want_lse = warpattn.flash_attn_func(q.view(b, s, h, d), k.view(b, s, 2, d), v.view(b, s, 2, d),
                                               causal=causal, return_lse=True)
-    assert rel_l2(out, want.view(-1, h, d).float()) <= tol(q.dtype) / 4
+    assert rel_l2(out, want.view(-1, h, d).float()) <= tol(q.dtype) / 2
     # (B, H, S) dense against (H, B*S) packed: the varlen LSE layout
     assert (lse - want_lse.permute(1, 0, 2).reshape(h, b * s)).abs().max().item() <= 1e-4
 
@@ -506,7 +508,9 @@ def test_jax_inputs():
 
 # --------------------------------------------------------------------------- GPU: backward
 
-BWD_TOL = {"bfloat16": 1e-2, "float16": 2e-3}  # rel L2, varlen against dense gradients
+# rel L2, varlen against dense gradients (run 104: bitwise in the deterministic mode, within 2e-3
+# in the default one, whose dQ sums run in any order); a wrong sequence or mask moves them by O(1).
+BWD_TOL = {"bfloat16": 1e-2, "float16": 5e-3}
 
 
 def dense_gradients(q, k, v, cu_q, cu_k, dout, causal, seqused=None):
