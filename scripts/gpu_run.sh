@@ -112,7 +112,7 @@ if stage python; then
       echo "python bench rc=$?"; tail -4 "$OUT/pybench.err"
     fi
     if [ -n "${VARLEN_BENCH:-}" ]; then  # issue 15's mixes beside FA2 (nested jagged) and cuDNN (padded)
-      (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 -m warpattn.bench --varlen --out "$OUT" \
+      (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 -m warpattn.bench --varlen --out "$OUT/bench-varlen.json" \
         ${VARLEN_BENCH_ARGS:-} > "$OUT/varlen-bench.log" 2> "$OUT/varlen-bench.err")
       echo "varlen bench rc=$?"; tail -4 "$OUT/varlen-bench.err"; tail -40 "$OUT/varlen-bench.log"
     fi

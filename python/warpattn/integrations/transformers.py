@@ -246,8 +246,11 @@ def _packed_keys(k, v):
     if row is not None and row != _row_stride(v):
         row = None
     total = None if row is None else (batch - 1) * row + sk
-    if batch == 1 or row == sk or row is None or k.requires_grad or v.requires_grad or total >= 2 ** 31:
-        # (the offsets are int32: a strided view past 2^31 rows is reshaped too)
+    if (batch == 1 or row == sk or row is None or k.requires_grad or v.requires_grad or total >= 2 ** 31
+            or torch.compiler.is_compiling()):
+        # (the offsets are int32: a strided view past 2^31 rows is reshaped too; under torch.compile
+        # inductor may lay intermediates out otherwise than eager, and as_strided over them read
+        # wrong rows: run 106, logits 1.35 rel off with inductor, right in eager)
         return k.reshape(batch * sk, heads, d), v.reshape(batch * sk, heads, d), sk
     k_packed, v_packed = (torch.as_strided(t, (total, heads, d), (t.stride(1), t.stride(2), 1)) for t in (k, v))
     return k_packed, v_packed, row

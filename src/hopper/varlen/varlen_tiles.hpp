@@ -37,6 +37,9 @@ struct VarlenSequences {
   const int* cu_seqlens_k = nullptr;  // batch + 1
   const int* seqused_k = nullptr;     // batch, or null
   int batch = 0, total_q = 0, total_k = 0;
+  // The caller's max_seqlen_q (FlashAttention's argument), a hint for the host's choice of tile
+  // shape only: nothing depends on it being right but speed.
+  long long max_seqlen_q = 0;
 };
 
 WARPATTN_HOST_DEVICE int clamp_int(int x, int lo, int hi) { return x < lo ? lo : (x > hi ? hi : x); }
