@@ -2,6 +2,7 @@
 // has passed, and before the call has workspace memory it may use.
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "api/device_scope.hpp"
 #include "api/problem.hpp"
@@ -33,6 +34,13 @@ bool is_capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   detail::check_cuda(cudaStreamIsCapturing(stream, &status), "stream: cudaStreamIsCapturing");
   return status != cudaStreamCaptureStatusNone;
+}
+
+// The call's memory for the device check: the nine tensors (the caller's views: their memory is
+// what counts) and the workspace (or null).
+std::vector<detail::NamedView> named_views(const detail::BackwardTensors& t, const TensorView* workspace) {
+  return {{"dout", &t.dout}, {"q", &t.q},   {"k", &t.k},   {"v", &t.v},   {"out", &t.out},
+          {"lse", &t.lse},   {"dq", &t.dq}, {"dk", &t.dk}, {"dv", &t.dv}, {"workspace", workspace}};
 }
 
 // The launches with the caller's workspace, or with one from warpattn's pool in stream order.
@@ -72,17 +80,8 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k, 
   // query rows) or dq (no keys).
   if (detail::is_empty(dq) && detail::is_empty(dk)) return;
   const TensorView workspace_view = workspace ? bytes_view(*workspace) : TensorView{};
-  const detail::DeviceScope on_device({{"dout", &dout},
-                                       {"q", &q},
-                                       {"k", &k},
-                                       {"v", &v},
-                                       {"out", &out},
-                                       {"lse", &lse},
-                                       {"dq", &dq},
-                                       {"dk", &dk},
-                                       {"dv", &dv},
-                                       {"workspace", workspace ? &workspace_view : nullptr}},
-                                      stream);
+  const std::vector<detail::NamedView> views = named_views(t, workspace ? &workspace_view : nullptr);
+  const detail::DeviceScope on_device(views, stream);
   launch_with_workspace(p, t, nullptr, workspace, stream);
 }
 
@@ -95,20 +94,12 @@ void backward_varlen(const TensorView& dout, const TensorView& q, const TensorVi
   // Nothing to compute without a sequence, a head, or any row at all.
   if (c.problem.batch == 0 || (detail::is_empty(dq) && detail::is_empty(dk))) return;
   const TensorView workspace_view = workspace ? bytes_view(*workspace) : TensorView{};
-  const detail::DeviceScope on_device({{"dout", &dout},
-                                       {"q", &q},
-                                       {"k", &k},
-                                       {"v", &v},
-                                       {"out", &out},
-                                       {"lse", &lse},
-                                       {"dq", &dq},
-                                       {"dk", &dk},
-                                       {"dv", &dv},
-                                       {"cu_seqlens_q", &batch.cu_seqlens_q},
-                                       {"cu_seqlens_k", &batch.cu_seqlens_k},
-                                       {"seqused_k", batch.seqused_k ? &*batch.seqused_k : nullptr},
-                                       {"workspace", workspace ? &workspace_view : nullptr}},
-                                      stream);
+  const detail::BackwardTensors caller{dout, q, k, v, out, lse, dq, dk, dv};  // outlives the views
+  std::vector<detail::NamedView> views = named_views(caller, workspace ? &workspace_view : nullptr);
+  views.insert(views.end(), {{"cu_seqlens_q", &batch.cu_seqlens_q},
+                             {"cu_seqlens_k", &batch.cu_seqlens_k},
+                             {"seqused_k", batch.seqused_k ? &*batch.seqused_k : nullptr}});
+  const detail::DeviceScope on_device(views, stream);
   launch_with_workspace(c.problem, c.t, &c.seqs, workspace, stream);
 }
 

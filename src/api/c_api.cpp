@@ -84,11 +84,40 @@ std::optional<warpattn::TensorView> optional_view(const warpattn_tensor* t, cons
   return to_view(t, name);
 }
 
-warpattn::BackwardOptions backward_options(int causal, int deterministic) {
+warpattn::BackwardOptions backward_options(int causal, int deterministic, int has_scale = 0,
+                                           float softmax_scale = 0.f) {
   warpattn::BackwardOptions options;
   options.causal = causal != 0;
   options.deterministic = deterministic != 0;
+  options.softmax_scale = scale_option(has_scale, softmax_scale);
   return options;
+}
+
+warpattn::VarlenBatch varlen_batch(const warpattn_tensor* cu_seqlens_q, const warpattn_tensor* cu_seqlens_k,
+                                   const warpattn_tensor* seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  warpattn::VarlenBatch batch;
+  batch.cu_seqlens_q = to_view(cu_seqlens_q, "cu_seqlens_q");
+  batch.cu_seqlens_k = to_view(cu_seqlens_k, "cu_seqlens_k");
+  batch.seqused_k = optional_view(seqused_k, "seqused_k");
+  batch.max_seqlen_q = max_seqlen_q;
+  batch.max_seqlen_k = max_seqlen_k;
+  return batch;
+}
+
+std::optional<warpattn::Workspace> workspace_of(void* workspace, size_t bytes) {
+  if (workspace == nullptr) return std::nullopt;
+  return warpattn::Workspace{workspace, bytes};
+}
+
+// The nine tensors of a backward call. Braces convert in argument order, so the first bad struct
+// is the one reported.
+warpattn::detail::BackwardTensors backward_tensors(const warpattn_tensor* dout, const warpattn_tensor* q,
+                                                   const warpattn_tensor* k, const warpattn_tensor* v,
+                                                   const warpattn_tensor* out, const warpattn_tensor* lse,
+                                                   const warpattn_tensor* dq, const warpattn_tensor* dk,
+                                                   const warpattn_tensor* dv) {
+  return {to_view(dout, "dout"), to_view(q, "q"),   to_view(k, "k"),   to_view(v, "v"),   to_view(out, "out"),
+          to_view(lse, "lse"),   to_view(dq, "dq"), to_view(dk, "dk"), to_view(dv, "dv")};
 }
 
 }  // namespace
@@ -119,12 +148,7 @@ extern "C" int warpattn_forward_varlen(const warpattn_tensor* q, const warpattn_
     const warpattn::TensorView vq = to_view(q, "q"), vk = to_view(k, "k"), vv = to_view(v, "v"),
                                vo = to_view(out, "out");
     const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
-    warpattn::VarlenBatch batch;
-    batch.cu_seqlens_q = to_view(cu_seqlens_q, "cu_seqlens_q");
-    batch.cu_seqlens_k = to_view(cu_seqlens_k, "cu_seqlens_k");
-    batch.seqused_k = optional_view(seqused_k, "seqused_k");
-    batch.max_seqlen_q = max_seqlen_q;
-    batch.max_seqlen_k = max_seqlen_k;
+    const warpattn::VarlenBatch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
     warpattn::forward_varlen(vq, vk, vv, vo, vl, batch, options, static_cast<cudaStream_t>(stream));
   });
 }
@@ -137,14 +161,9 @@ extern "C" int warpattn_backward(const warpattn_tensor* dout, const warpattn_ten
                                  int causal, int deterministic, void* workspace,
                                  size_t workspace_bytes, void* stream, char* err, size_t err_len) {
   return run_entry("warpattn_backward", err, err_len, [&] {
-    warpattn::BackwardOptions options = backward_options(causal, deterministic);
-    options.softmax_scale = scale_option(has_scale, softmax_scale);
-    std::optional<warpattn::Workspace> given;
-    if (workspace != nullptr) given = warpattn::Workspace{workspace, workspace_bytes};
-    // Braces convert in argument order, so the first bad struct is the one reported.
-    const warpattn::detail::BackwardTensors t{to_view(dout, "dout"), to_view(q, "q"),   to_view(k, "k"),
-                                              to_view(v, "v"),       to_view(out, "out"), to_view(lse, "lse"),
-                                              to_view(dq, "dq"),     to_view(dk, "dk"),   to_view(dv, "dv")};
+    const warpattn::BackwardOptions options = backward_options(causal, deterministic, has_scale, softmax_scale);
+    const std::optional<warpattn::Workspace> given = workspace_of(workspace, workspace_bytes);
+    const warpattn::detail::BackwardTensors t = backward_tensors(dout, q, k, v, out, lse, dq, dk, dv);
     warpattn::backward(t.dout, t.q, t.k, t.v, t.out, t.lse, t.dq, t.dk, t.dv, options, given,
                        static_cast<cudaStream_t>(stream));
   });
@@ -165,19 +184,10 @@ extern "C" int warpattn_backward_varlen(
     const warpattn_tensor* seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, int has_scale, float softmax_scale,
     int causal, int deterministic, void* workspace, size_t workspace_bytes, void* stream, char* err, size_t err_len) {
   return run_entry("warpattn_backward_varlen", err, err_len, [&] {
-    warpattn::BackwardOptions options = backward_options(causal, deterministic);
-    options.softmax_scale = scale_option(has_scale, softmax_scale);
-    std::optional<warpattn::Workspace> given;
-    if (workspace != nullptr) given = warpattn::Workspace{workspace, workspace_bytes};
-    const warpattn::detail::BackwardTensors t{to_view(dout, "dout"), to_view(q, "q"),   to_view(k, "k"),
-                                              to_view(v, "v"),       to_view(out, "out"), to_view(lse, "lse"),
-                                              to_view(dq, "dq"),     to_view(dk, "dk"),   to_view(dv, "dv")};
-    warpattn::VarlenBatch batch;
-    batch.cu_seqlens_q = to_view(cu_seqlens_q, "cu_seqlens_q");
-    batch.cu_seqlens_k = to_view(cu_seqlens_k, "cu_seqlens_k");
-    batch.seqused_k = optional_view(seqused_k, "seqused_k");
-    batch.max_seqlen_q = max_seqlen_q;
-    batch.max_seqlen_k = max_seqlen_k;
+    const warpattn::BackwardOptions options = backward_options(causal, deterministic, has_scale, softmax_scale);
+    const std::optional<warpattn::Workspace> given = workspace_of(workspace, workspace_bytes);
+    const warpattn::detail::BackwardTensors t = backward_tensors(dout, q, k, v, out, lse, dq, dk, dv);
+    const warpattn::VarlenBatch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
     warpattn::backward_varlen(t.dout, t.q, t.k, t.v, t.out, t.lse, t.dq, t.dk, t.dv, batch, options, given,
                               static_cast<cudaStream_t>(stream));
   });

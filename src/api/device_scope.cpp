@@ -74,7 +74,7 @@ void check_stream(cudaStream_t stream, int device) {
 
 }  // namespace
 
-DeviceScope::DeviceScope(std::initializer_list<NamedView> tensors, cudaStream_t stream) {
+DeviceScope::DeviceScope(std::span<const NamedView> tensors, cudaStream_t stream) {
   int count = 0;
   if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) no_hopper_after(e, "cudaGetDeviceCount");
   if (count == 0) no_hopper("cudaGetDeviceCount reported 0 devices");

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <initializer_list>
+#include <span>
 
 #include "warpattn/warpattn.hpp"
 
@@ -30,7 +31,9 @@ struct NamedView {
 // Empty tensors are never accessed and take no part.
 class DeviceScope {
  public:
-  DeviceScope(std::initializer_list<NamedView> tensors, cudaStream_t stream);
+  DeviceScope(std::initializer_list<NamedView> tensors, cudaStream_t stream)
+      : DeviceScope(std::span<const NamedView>(tensors.begin(), tensors.size()), stream) {}
+  DeviceScope(std::span<const NamedView> tensors, cudaStream_t stream);
   ~DeviceScope();
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;

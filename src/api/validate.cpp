@@ -708,19 +708,30 @@ VarlenBackwardCall validate_backward_varlen(const BackwardTensors& t, const Varl
   return call;
 }
 
+namespace {
+
+// What the workspace size depends on, from q: (B, Sq, Hq, D), or a packed (total_q, Hq, D).
+BackwardProblem workspace_problem(const TensorView& q, int64_t batch, const BackwardOptions& options, bool varlen) {
+  const int r = varlen ? -1 : 0;  // q's dimensions past the batch one
+  BackwardProblem p;
+  p.batch = batch;
+  p.seqlen_q = q.shape[1 + r];
+  p.heads_q = q.shape[2 + r];
+  p.head_dim = q.shape[3 + r];
+  p.dtype = q.dtype;
+  p.causal = options.causal;
+  p.deterministic = options.deterministic;
+  p.varlen = varlen;
+  return p;
+}
+
+}  // namespace
+
 size_t backward_workspace_bytes(const TensorView& q, const BackwardOptions& options) {
   const Arg aq{"q", q, kAttentionDimNames, 4};
   check_rank(aq);
   check_sizes_not_negative(aq);
-  BackwardProblem p;
-  p.batch = q.shape[0];
-  p.seqlen_q = q.shape[1];
-  p.heads_q = q.shape[2];
-  p.head_dim = q.shape[3];
-  p.dtype = q.dtype;
-  p.causal = options.causal;
-  p.deterministic = options.deterministic;
-  return backward_workspace_bytes_of(aq, p);
+  return backward_workspace_bytes_of(aq, workspace_problem(q, q.shape[0], options, false));
 }
 
 size_t backward_varlen_workspace_bytes(const TensorView& q, int64_t batch, const BackwardOptions& options) {
@@ -728,16 +739,7 @@ size_t backward_varlen_workspace_bytes(const TensorView& q, int64_t batch, const
   check_rank(aq);
   check_sizes_not_negative(aq);
   if (batch < 0) fail(Message() << "batch: expected the number of sequences (>= 0), got " << batch);
-  BackwardProblem p;
-  p.batch = batch;
-  p.seqlen_q = q.shape[0];
-  p.heads_q = q.shape[1];
-  p.head_dim = q.shape[2];
-  p.dtype = q.dtype;
-  p.causal = options.causal;
-  p.deterministic = options.deterministic;
-  p.varlen = true;
-  return backward_workspace_bytes_of(aq, p);
+  return backward_workspace_bytes_of(aq, workspace_problem(q, batch, options, true));
 }
 
 // ---- FP8 (warpattn/fp8.hpp). The same rule letters, in the same order.

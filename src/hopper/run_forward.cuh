@@ -149,12 +149,7 @@ void run_forward_varlen(const ForwardProblem& p, const VarlenSequences& seqs, co
   ForwardParams params = base_forward_params<Cfg>(p, out, lse);
   params.out_stride_batch = 0;  // rows are indexed from each sequence's offset
   params.lse_stride_batch = 0;
-  VarlenGeometry g;
-  g.block_m = Cfg::kBlockM;
-  g.block_n = Cfg::kBlockN;
-  g.heads_q = params.heads_q;
-  g.kv_group = params.kv_group;
-  g.causal = Cfg::kCausal;
+  VarlenGeometry g = varlen_geometry(Cfg::kBlockM, Cfg::kBlockN, params.heads_q, params.kv_group, Cfg::kCausal);
   g.kv_bytes_per_key = 2LL * p.head_dim * Cfg::kElementBytes;
   g.l2_bytes = l2_cache_bytes();
   g.multiprocessors = multiprocessor_count();

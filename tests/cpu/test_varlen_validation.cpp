@@ -221,3 +221,40 @@ TEST(varlen_backward_rules) {
     CHECK(std::string(e.what()).rfind("batch: ", 0) == 0) << e.what();
   }
 }
+
+// ---- the C ABI entries: the same rules, as status codes and messages
+#include "warpattn/warpattn_c.h"
+
+namespace {
+warpattn_tensor c_tensor(const TensorView& t) {
+  warpattn_tensor c{};
+  c.data = t.data, c.dtype = static_cast<int>(t.dtype), c.rank = t.rank;
+  for (int i = 0; i < t.rank; ++i) c.shape[i] = t.shape[i], c.stride[i] = t.stride[i];
+  return c;
+}
+}  // namespace
+
+TEST(c_varlen_entries_report_invalid_arguments) {
+  Call c = make_call();
+  c.batch.cu_seqlens_k.shape[0] = 3;
+  const warpattn_tensor q = c_tensor(c.q), k = c_tensor(c.k), v = c_tensor(c.v), out = c_tensor(c.out),
+                        lse = c_tensor(*c.lse), cq = c_tensor(c.batch.cu_seqlens_q), ck = c_tensor(c.batch.cu_seqlens_k);
+  char err[256];
+  int rc = warpattn_forward_varlen(&q, &k, &v, &out, &lse, &cq, &ck, nullptr, 200, 300, 0, 0.f, 1, nullptr, err,
+                                   sizeof err);
+  CHECK(rc == WARPATTN_INVALID) << rc;
+  CHECK(std::string(err).rfind("cu_seqlens_k: expected 4 entries", 0) == 0) << err;
+  BackwardCall b = make_backward_call();
+  b.f.batch.cu_seqlens_q.dtype = DType::f32;
+  const warpattn_tensor dout = c_tensor(b.dout), dq = c_tensor(b.dq), dk = c_tensor(b.dk), dv = c_tensor(b.dv),
+                        bq = c_tensor(b.f.q), bk = c_tensor(b.f.k), bv = c_tensor(b.f.v), bo = c_tensor(b.f.out),
+                        bl = c_tensor(*b.f.lse), bcq = c_tensor(b.f.batch.cu_seqlens_q),
+                        bck = c_tensor(b.f.batch.cu_seqlens_k);
+  rc = warpattn_backward_varlen(&dout, &bq, &bk, &bv, &bo, &bl, &dq, &dk, &dv, &bcq, &bck, nullptr, 0, 0, 0, 0.f, 0, 0,
+                                nullptr, 0, nullptr, err, sizeof err);
+  CHECK(rc == WARPATTN_INVALID) << rc;
+  CHECK(std::string(err).rfind("cu_seqlens_q: expected dtype int32, got float32", 0) == 0) << err;
+  size_t bytes = 0;
+  rc = warpattn_backward_varlen_workspace_bytes(&bq, 3, 0, 0, &bytes, err, sizeof err);
+  CHECK(rc == WARPATTN_OK && bytes == warpattn::backward_varlen_workspace_bytes(b.f.q, 3, {})) << err;
+}

@@ -263,17 +263,9 @@ def test_torch_autograd_shapes(torch):
     assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
 
 
-def test_torch_compile_traces_forward_and_backward(torch):
+def test_torch_compile_traces_forward_and_backward(torch, op_recording_backend):
     q, k, v = meta_qkv(torch)
-    ops = []
-
-    def backend(graph, example_inputs):
-        from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
-
-        def compiler(g, _):
-            ops.extend(str(n.target) for n in g.graph.nodes if n.op == "call_function")
-            return make_boxed_func(g.forward)
-        return aot_module_simplified(graph, example_inputs, fw_compiler=compiler, bw_compiler=compiler)
+    backend, ops = op_recording_backend
 
     def loss(q, k, v):
         return warpattn.flash_attn_func(q, k, v, causal=True).float().square().sum()

@@ -192,17 +192,9 @@ def test_torch_opcheck(meta):
                           (out, q, k, v, out, lse, None, cu_q, cu_k, cu_k[:4], 30, 30, None, False, False))
 
 
-def test_torch_autograd_and_compile_trace(meta):
+def test_torch_autograd_and_compile_trace(meta, op_recording_backend):
     q, k, v, cu_q, cu_k = meta()
-    ops = []
-
-    def backend(graph, example_inputs):
-        from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
-
-        def compiler(g, _):
-            ops.extend(str(n.target) for n in g.graph.nodes if n.op == "call_function")
-            return make_boxed_func(g.forward)
-        return aot_module_simplified(graph, example_inputs, fw_compiler=compiler, bw_compiler=compiler)
+    backend, ops = op_recording_backend
 
     def loss(q, k, v, cu_q, cu_k):
         return warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 30, 30, causal=True).float().square().sum()

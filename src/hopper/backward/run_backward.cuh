@@ -109,12 +109,7 @@ void run_backward_varlen(const BackwardProblem& pr, const BackwardTensors& t, co
     return;
   }
   p.cu_seqlens_q = seqs.cu_seqlens_q;
-  VarlenGeometry g;
-  g.block_m = Cfg::kBlockM;
-  g.block_n = Cfg::kBlockN;
-  g.heads_q = p.heads_q;
-  g.kv_group = p.kv_group;
-  g.causal = Cfg::kCausal;
+  VarlenGeometry g = varlen_geometry(Cfg::kBlockM, Cfg::kBlockN, p.heads_q, p.kv_group, Cfg::kCausal);
   g.key_blocks = true;
   g.reverse_key_blocks = Cfg::kCausal && Cfg::kDeterministic;
   // Validation bounds the table below 2^31 entries (validate_backward_varlen).

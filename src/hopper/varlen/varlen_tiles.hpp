@@ -70,6 +70,13 @@ struct VarlenGeometry {
   int multiprocessors = 1;
 };
 
+// The tile shape and heads of a launch (the rest as their defaults, to be set where needed).
+WARPATTN_HOST_DEVICE VarlenGeometry varlen_geometry(int block_m, int block_n, int heads_q, int kv_group, bool causal) {
+  VarlenGeometry g;
+  g.block_m = block_m, g.block_n = block_n, g.heads_q = heads_q, g.kv_group = kv_group, g.causal = causal;
+  return g;
+}
+
 // Tiles of one sequence: its query blocks times the query heads (the backward's: its key blocks
 // times the KV heads).
 WARPATTN_HOST_DEVICE long long sequence_tiles(const SequenceSpan& s, const VarlenGeometry& g) {
