@@ -26,19 +26,51 @@ __device__ __forceinline__ uint64_t kmajor_desc(uint32_t addr) {
 // stay below 2^18, so the 14-bit field never carries.
 __device__ __forceinline__ uint64_t advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
 
+// acc (64 x kRows) = A·Bᵀ over the head dim: A = 64 rows at `a` of a tile with kARows rows per
+// panel, B = the kRows rows of the tile at `b`; both K-major in kW-byte swizzled panels (the TMA
+// layout of Q, K, V and dO). The forward's S = Q·Kᵀ; the backward's Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ.
+template <class Element, int kPanels, int kARows, int kRows, int kW>
+__device__ __forceinline__ void issue_rows_gemm(float (&acc)[kRows / 2], uint32_t a, uint32_t b) {
+  using Mma = ptx::WgmmaSS<Element, kRows>;
+  const uint64_t ad = kmajor_desc<kW>(a), bd = kmajor_desc<kW>(b);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int p = 0; p < kPanels; ++p)
+#pragma unroll
+    for (int kk = 0; kk < kW / 32; ++kk)  // k steps (k16, or k32 for FP8) of 32 B in a panel row
+      Mma::mma(acc, advance(ad, p * kARows * kW + kk * 32), advance(bd, p * kRows * kW + kk * 32), p > 0 || kk > 0);
+}
+
+// acc (64 x kCols) += A·B, A in registers (kSteps k16 steps), B = kSteps·16 rows of a 16-bit tile
+// read MN-major (kCols columns in 128-byte panels kPanelStride bytes apart). The forward's
+// O += P·V; the backward's dV += Pᵀ·dO and dK += dSᵀ·Q.
+template <class Element, int kCols, int kSteps, int kPanelStride>
+__device__ __forceinline__ void issue_register_gemm(float (&acc)[kCols / 2], const uint32_t (&a)[kSteps][4],
+                                                    uint32_t b) {
+  using Mma = ptx::WgmmaRS<Element, kCols>;
+  const uint64_t bd = ptx::make_smem_desc(b, kPanelStride, 1024, 128);
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) Mma::mma(acc, a[kk], advance(bd, kk * 16 * 128), 1);
+}
+
+// An m64nN f32 accumulator packed to 16 bits as the A operand of a k16 GEMM over its columns:
+// for columns 16kk .. 16kk + 15 the registers acc[8kk .. 8kk + 7] already sit where the A
+// fragment wants them. kRow (0 or 1) packs only that row's registers (register i of each step
+// holds row i % 2); -1 packs both.
+template <class Element, int kCols, int kRow = -1>
+__device__ __forceinline__ void accumulator_to_operand(const float (&acc)[kCols / 2], uint32_t (&op)[kCols / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kCols / 16; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      if (kRow < 0 || i % 2 == kRow) op[kk][i] = ptx::pack_pair<Element>(acc[8 * kk + 2 * i], acc[8 * kk + 2 * i + 1]);
+}
+
 template <class Cfg>
 __device__ __forceinline__ void issue_qk_gemm(float (&s)[Cfg::kBlockN / 2], uint32_t q_rows,
                                               uint32_t k_tile) {
-  using Mma = ptx::WgmmaSS<typename Cfg::QKElement, Cfg::kBlockN>;
-  constexpr int kW = Cfg::kSwizzleBytes;
-  const uint64_t qd = kmajor_desc<kW>(q_rows), kd = kmajor_desc<kW>(k_tile);
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int p = 0; p < Cfg::kPanels; ++p)
-#pragma unroll
-    for (int kk = 0; kk < kW / 32; ++kk)  // k steps (k16, or k32 for FP8) of 32 B in a panel row
-      Mma::mma(s, advance(qd, p * Cfg::kBlockM * kW + kk * 32), advance(kd, p * Cfg::kBlockN * kW + kk * 32),
-               p > 0 || kk > 0);
+  issue_rows_gemm<typename Cfg::QKElement, Cfg::kPanels, Cfg::kBlockM, Cfg::kBlockN, Cfg::kSwizzleBytes>(s, q_rows,
+                                                                                                        k_tile);
 }
 
 template <class Cfg>
@@ -53,12 +85,9 @@ __device__ __forceinline__ void issue_pv_gemm(float (&o)[Cfg::kHeadDim / 2],
 #pragma unroll
     for (int kk = 0; kk < Cfg::kPvSteps; ++kk) Mma::mma(o, p[kk], advance(vd, kk * 32), 1);
   } else {
-    // MN-major V: LBO = distance between 64-column panels, SBO = between 8-key groups.
-    const uint64_t vd = ptx::make_smem_desc(v_tile, Cfg::kBlockN * 128, 1024, 128);
+    // MN-major V: 64-column panels kBlockN x 128 B apart, 16 keys = 16 rows of 128 B per step.
     ptx::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Cfg::kPvSteps; ++kk)  // 16 keys = 16 rows of 128 B per step
-      Mma::mma(o, p[kk], advance(vd, kk * 16 * 128), 1);
+    issue_register_gemm<typename Cfg::Element, Cfg::kHeadDim, Cfg::kPvSteps, Cfg::kBlockN * 128>(o, p, v_tile);
   }
 }
 
@@ -89,12 +118,7 @@ __device__ __forceinline__ void convert_to_operand(const float (&s)[Cfg::kBlockN
         p[kk][r] = ptx::pack_e4m3x4(x0, x1, x2, x3);
       }
   } else {
-#pragma unroll
-    for (int kk = 0; kk < Cfg::kPvSteps; ++kk)
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        if (kRow < 0 || i % 2 == kRow)
-          p[kk][i] = ptx::pack_pair<typename Cfg::Element>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+    accumulator_to_operand<typename Cfg::Element, Cfg::kBlockN, kRow>(s, p);
   }
 }
 

@@ -13,6 +13,7 @@
 #include "hopper/device_info.hpp"
 #include "hopper/forward_kernel.cuh"
 #include "hopper/kv_tiles.hpp"
+#include "hopper/log2e.hpp"
 #include "hopper/tensor_map.hpp"
 #include "hopper/scheduler_workspace.hpp"
 #include "hopper/split_tail_combine.cuh"
@@ -62,7 +63,7 @@ ForwardParams base_forward_params(const ForwardProblem& p, const TensorView& out
   params.seqlen_q = static_cast<int>(p.seqlen_q);
   params.seqlen_k = static_cast<int>(p.seqlen_k);
   params.kv_group = static_cast<int>(p.heads_q / p.heads_kv);
-  params.scale_log2 = static_cast<float>(p.softmax_scale * 1.4426950408889634);
+  params.scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
   return params;
 }
 

@@ -29,42 +29,6 @@
 
 namespace warpattn::detail {
 
-// acc (64 x kRows) = A·Bᵀ over the head dim, A = 64 rows at `a` of a tile with kARows rows
-// per panel, B = the kRows rows of the tile at `b`; both K-major (the TMA layout of Q, K, V, dO).
-template <class Element, int kPanels, int kARows, int kRows>
-__device__ __forceinline__ void issue_rows_gemm(float (&acc)[kRows / 2], uint32_t a, uint32_t b) {
-  using Mma = ptx::WgmmaSS<Element, kRows>;
-  const uint64_t ad = kmajor_desc<128>(a), bd = kmajor_desc<128>(b);
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int p = 0; p < kPanels; ++p)
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)  // k16 steps of 32 bytes in a 128-byte panel row
-      Mma::mma(acc, advance(ad, p * kARows * 128 + kk * 32), advance(bd, p * kRows * 128 + kk * 32), p > 0 || kk > 0);
-}
-
-// acc (64 x kCols) += A·B, A in registers (kSteps k16 steps), B = kSteps·16 rows of a tile
-// read MN-major (kCols columns in 128-byte panels kPanelStride bytes apart).
-template <class Element, int kCols, int kSteps, int kPanelStride>
-__device__ __forceinline__ void issue_register_gemm(float (&acc)[kCols / 2], const uint32_t (&a)[kSteps][4],
-                                                    uint32_t b) {
-  using Mma = ptx::WgmmaRS<Element, kCols>;
-  const uint64_t bd = ptx::make_smem_desc(b, kPanelStride, 1024, 128);
-#pragma unroll
-  for (int kk = 0; kk < kSteps; ++kk) Mma::mma(acc, a[kk], advance(bd, kk * 16 * 128), 1);
-}
-
-// An m64nN f32 accumulator packed to 16 bits as the A operand of a k16 GEMM over its columns:
-// for columns 16kk .. 16kk + 15 the registers acc[8kk .. 8kk + 7] already sit where the A
-// fragment wants them.
-template <class Element, int kCols>
-__device__ __forceinline__ void accumulator_to_operand(const float (&acc)[kCols / 2], uint32_t (&op)[kCols / 16][4]) {
-#pragma unroll
-  for (int kk = 0; kk < kCols / 16; ++kk)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) op[kk][i] = ptx::pack_pair<Element>(acc[8 * kk + 2 * i], acc[8 * kk + 2 * i + 1]);
-}
-
 template <class Cfg>
 struct BackwardConsumer {
   using Element = typename Cfg::Element;
@@ -196,10 +160,10 @@ struct BackwardConsumer {
       const int buf = step % 2;
       float s[kM / 2], dp[kM / 2];
       mbarrier_wait(smem_addr(&ss.q_full[qs.stage]), qs.phase);
-      issue_rows_gemm<Element, Cfg::kPanels, kN, kM>(s, k_rows, smem_addr(ss.q[qs.stage]));
+      issue_rows_gemm<Element, Cfg::kPanels, kN, kM, 128>(s, k_rows, smem_addr(ss.q[qs.stage]));
       wgmma_commit();
       mbarrier_wait(smem_addr(&ss.do_full[ds.stage]), ds.phase);
-      issue_rows_gemm<Element, Cfg::kPanels, kN, kM>(dp, v_rows, smem_addr(ss.dout[ds.stage]));
+      issue_rows_gemm<Element, Cfg::kPanels, kN, kM, 128>(dp, v_rows, smem_addr(ss.dout[ds.stage]));
       wgmma_commit();
       wgmma_wait<1>();
       pin(s);

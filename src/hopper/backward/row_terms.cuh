@@ -10,6 +10,7 @@
 
 #include "hopper/backward/backward_params.hpp"
 #include "hopper/backward/workspace.hpp"
+#include "hopper/log2e.hpp"
 #include "hopper/ptx/math.cuh"
 #include "hopper/varlen/varlen_tiles.hpp"
 
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(256) backward_row_terms_kernel(const __grid_co
     if (row < rb.seqlen_q) {
       const float lse = p.lse[batch * p.lse_stride_batch + head * p.lse_stride_head +
                               static_cast<int64_t>(rb.q_offset + row) * p.lse_stride_row];
-      l = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+      l = lse == -INFINITY ? INFINITY : lse * static_cast<float>(kLog2e);
     }
     p.lse_log2[first + threadIdx.x] = l;
   }

@@ -12,6 +12,7 @@
 #include "hopper/backward/workspace.hpp"
 #include "hopper/cuda_check.hpp"
 #include "hopper/kv_tiles.hpp"
+#include "hopper/log2e.hpp"
 #include "hopper/launch.hpp"
 #include "hopper/tensor_map.hpp"
 #include "hopper/varlen/plan_varlen.hpp"
@@ -50,7 +51,7 @@ BackwardParams backward_params(const BackwardProblem& pr, const BackwardTensors&
   p.rows = static_cast<int>(layout.rows);
   p.kv_group = static_cast<int>(pr.heads_q / pr.heads_kv);
   p.softmax_scale = pr.softmax_scale;
-  p.scale_log2 = static_cast<float>(pr.softmax_scale * 1.4426950408889634);
+  p.scale_log2 = static_cast<float>(pr.softmax_scale * kLog2e);
   return p;
 }
 
