@@ -2,70 +2,40 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "hopper/head_dim_dispatch.hpp"
 #include "hopper/launch.hpp"
 #include "hopper/run_forward.cuh"
 
 namespace warpattn::detail {
 
-template <class Element>
-static void dispatch_head_dim(const ForwardProblem& p, const TensorView& q, const TensorView& k,
-                              const TensorView& v, const TensorView& out,
-                              const std::optional<TensorView>& lse, cudaStream_t stream) {
-  switch (p.head_dim) {
-    case 64: return run_forward_head_dim<Element, 64>(p, q, k, v, out, lse, stream);
-    case 128: return run_forward_head_dim<Element, 128>(p, q, k, v, out, lse, stream);
-    case 256: return run_forward_head_dim<Element, 256>(p, q, k, v, out, lse, stream);
-  }
-  throw Error("q: head dim " + std::to_string(p.head_dim) + " has no kernel");  // validated before
-}
-
 void launch_forward_sm90(const ForwardProblem& p, const TensorView& q, const TensorView& k,
                          const TensorView& v, const TensorView& out,
                          const std::optional<TensorView>& lse, cudaStream_t stream) {
-  if (p.dtype == DType::bf16)
-    dispatch_head_dim<__nv_bfloat16>(p, q, k, v, out, lse, stream);
-  else
-    dispatch_head_dim<__half>(p, q, k, v, out, lse, stream);
-}
-
-template <class Element>
-static void dispatch_varlen_head_dim(const ForwardProblem& p, const VarlenSequences& seqs, const TensorView& q,
-                                     const TensorView& k, const TensorView& v, const TensorView& out,
-                                     const std::optional<TensorView>& lse, cudaStream_t stream) {
-  switch (p.head_dim) {
-    case 64: return run_forward_varlen_head_dim<Element, 64>(p, seqs, q, k, v, out, lse, stream);
-    case 128: return run_forward_varlen_head_dim<Element, 128>(p, seqs, q, k, v, out, lse, stream);
-    case 256: return run_forward_varlen_head_dim<Element, 256>(p, seqs, q, k, v, out, lse, stream);
-  }
-  throw Error("q: head dim " + std::to_string(p.head_dim) + " has no kernel");  // validated before
+  with_16bit_element(p.dtype, [&](auto element) {
+    with_head_dim(p.head_dim, "kernel", [&](auto d) {
+      run_forward_head_dim<decltype(element), decltype(d)::value>(p, q, k, v, out, lse, stream);
+    });
+  });
 }
 
 void launch_forward_varlen_sm90(const ForwardProblem& p, const VarlenSequences& seqs, const TensorView& q,
                                 const TensorView& k, const TensorView& v, const TensorView& out,
                                 const std::optional<TensorView>& lse, cudaStream_t stream) {
-  if (p.dtype == DType::bf16)
-    dispatch_varlen_head_dim<__nv_bfloat16>(p, seqs, q, k, v, out, lse, stream);
-  else
-    dispatch_varlen_head_dim<__half>(p, seqs, q, k, v, out, lse, stream);
-}
-
-template <class QKElement>
-static void dispatch_fp8_head_dim(const ForwardProblem& p, const Fp8Operands& fp8, const TensorView& out,
-                                  const std::optional<TensorView>& lse, cudaStream_t stream) {
-  switch (p.head_dim) {
-    case 64: return run_forward_fp8_head_dim<64, QKElement>(p, fp8, out, lse, stream);
-    case 128: return run_forward_fp8_head_dim<128, QKElement>(p, fp8, out, lse, stream);
-    case 256: return run_forward_fp8_head_dim<256, QKElement>(p, fp8, out, lse, stream);
-  }
-  throw Error("q: head dim " + std::to_string(p.head_dim) + " has no FP8 kernel");  // validated before
+  with_16bit_element(p.dtype, [&](auto element) {
+    with_head_dim(p.head_dim, "kernel", [&](auto d) {
+      run_forward_varlen_head_dim<decltype(element), decltype(d)::value>(p, seqs, q, k, v, out, lse, stream);
+    });
+  });
 }
 
 void launch_forward_fp8_sm90(const ForwardProblem& p, const Fp8Operands& fp8, const TensorView& out,
                              const std::optional<TensorView>& lse, cudaStream_t stream) {
-  if (fp8.q.dtype == DType::s8)
-    dispatch_fp8_head_dim<int8_t>(p, fp8, out, lse, stream);
-  else
-    dispatch_fp8_head_dim<__nv_fp8_e4m3>(p, fp8, out, lse, stream);
+  with_head_dim(p.head_dim, "FP8 kernel", [&](auto d) {
+    if (fp8.q.dtype == DType::s8)
+      run_forward_fp8_head_dim<decltype(d)::value, int8_t>(p, fp8, out, lse, stream);
+    else
+      run_forward_fp8_head_dim<decltype(d)::value, __nv_fp8_e4m3>(p, fp8, out, lse, stream);
+  });
 }
 
 }  // namespace warpattn::detail

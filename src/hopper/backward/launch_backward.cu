@@ -6,6 +6,7 @@
 
 #include "api/problem.hpp"
 #include "hopper/backward/launch_backward.hpp"
+#include "hopper/head_dim_dispatch.hpp"
 #include "hopper/backward/run_backward.cuh"
 #include "hopper/backward/workspace.hpp"
 
@@ -20,23 +21,13 @@ size_t backward_workspace_bytes_sm90(const BackwardProblem& p) {
   return static_cast<size_t>(layout.bytes);
 }
 
-template <class Element>
-static void dispatch_head_dim(const BackwardProblem& p, const BackwardTensors& t, const VarlenSequences* seqs,
-                              void* workspace, cudaStream_t stream) {
-  switch (p.head_dim) {
-    case 64: return run_backward_head_dim<Element, 64>(p, t, seqs, workspace, stream);
-    case 128: return run_backward_head_dim<Element, 128>(p, t, seqs, workspace, stream);
-    case 256: return run_backward_head_dim<Element, 256>(p, t, seqs, workspace, stream);
-  }
-  throw Error("q: head dim " + std::to_string(p.head_dim) + " has no backward kernel");  // validated before
-}
-
 void launch_backward_sm90(const BackwardProblem& p, const BackwardTensors& t, const VarlenSequences* seqs,
                           void* workspace, cudaStream_t stream) {
-  if (p.dtype == DType::bf16)
-    dispatch_head_dim<__nv_bfloat16>(p, t, seqs, workspace, stream);
-  else
-    dispatch_head_dim<__half>(p, t, seqs, workspace, stream);
+  with_16bit_element(p.dtype, [&](auto element) {
+    with_head_dim(p.head_dim, "backward kernel", [&](auto d) {
+      run_backward_head_dim<decltype(element), decltype(d)::value>(p, t, seqs, workspace, stream);
+    });
+  });
 }
 
 }  // namespace warpattn::detail

@@ -1,0 +1,35 @@
+// From the run-time head dim and element type of a validated problem to the instantiation that
+// serves it: the one list of head dims with kernels, shared by every launch.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <string>
+#include <type_traits>
+
+#include "warpattn/warpattn.hpp"
+
+namespace warpattn::detail {
+
+// f(std::integral_constant<int, D>{}) for D = head_dim; `kernels` names them in the error
+// ("kernel", "backward kernel", ...), which validation makes unreachable.
+template <class F>
+void with_head_dim(int64_t head_dim, const char* kernels, F&& f) {
+  switch (head_dim) {
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    case 256: return f(std::integral_constant<int, 256>{});
+  }
+  throw Error("q: head dim " + std::to_string(head_dim) + " has no " + kernels);
+}
+
+// f(T{}) with T the 16-bit element type of `dtype` (bf16, else fp16).
+template <class F>
+void with_16bit_element(DType dtype, F&& f) {
+  if (dtype == DType::bf16)
+    f(__nv_bfloat16{});
+  else
+    f(__half{});
+}
+
+}  // namespace warpattn::detail
