@@ -57,6 +57,22 @@ VarlenCall validate_forward_varlen(const TensorView& q, const TensorView& k, con
                                    const TensorView& out, const std::optional<TensorView>& lse,
                                    const VarlenBatch& batch, const ForwardOptions& options);
 
+// A validated FP8 call on a packed batch: the operands (and q, k, v of quantize_fp8_varlen, out
+// and lse of forward_fp8_varlen) as (1, ...) views, the problem (batch: the sequences) and the
+// device offsets.
+struct VarlenFp8Call {
+  Fp8Operands f;
+  TensorView q, k, v, out;
+  std::optional<TensorView> lse;
+  ForwardProblem problem;
+  VarlenSequences seqs;
+};
+VarlenFp8Call validate_quantize_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                                       const Fp8Operands& f, const VarlenBatch& batch);
+VarlenFp8Call validate_forward_fp8_varlen(const Fp8Operands& f, const TensorView& out,
+                                          const std::optional<TensorView>& lse, const VarlenBatch& batch,
+                                          const ForwardOptions& options);
+
 // What validation hands to the backward's dispatch.
 struct BackwardProblem : ProblemSizes {
   DType dtype = DType::bf16;
