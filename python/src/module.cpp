@@ -219,6 +219,44 @@ void forward_varlen(const AnyArray& q, const AnyArray& k, const AnyArray& v, con
                  [&] { warpattn::forward_varlen(vq, vk, vv, vo, vl, batch, options, reinterpret_cast<cudaStream_t>(stream)); });
 }
 
+void quantize_fp8_varlen(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& fq,
+                         const AnyArray& fk, const AnyArray& fvt, const AnyArray& qs, const AnyArray& ks,
+                         const AnyArray& vs, const AnyArray& cu_seqlens_q, const AnyArray& cu_seqlens_k, bool rotate,
+                         uint64_t seed, bool per_tensor, uintptr_t stream) {
+  const warpattn::Fp8Operands f = fp8_operands(fq, fk, fvt, qs, ks, vs);
+  const warpattn::TensorView vq = view_of(q, "q"), vk = view_of(k, "k"), vv = view_of(v, "v");
+  const warpattn::VarlenBatch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, std::nullopt, 0, 0);
+  warpattn::QuantizeOptions o;
+  o.rotate = rotate;
+  o.seed = seed;
+  o.scaling = per_tensor ? warpattn::Fp8Scaling::per_tensor : warpattn::Fp8Scaling::per_block;
+  checked_launch([&] { warpattn::validate_quantize_fp8_varlen(vq, vk, vv, f, batch, o); },
+                 {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&fq, "fp8 q"}, {&fk, "fp8 k"}, {&fvt, "vt"}, {&qs, "q_descale"},
+                  {&ks, "k_descale"}, {&vs, "v_descale"}, {&cu_seqlens_q, "cu_seqlens_q"},
+                  {&cu_seqlens_k, "cu_seqlens_k"}},
+                 [&] { warpattn::quantize_fp8_varlen(vq, vk, vv, f, batch, o, reinterpret_cast<cudaStream_t>(stream)); });
+}
+
+void forward_fp8_varlen(const AnyArray& fq, const AnyArray& fk, const AnyArray& fvt, const AnyArray& qs,
+                        const AnyArray& ks, const AnyArray& vs, const AnyArray& out, const std::optional<AnyArray>& lse,
+                        const AnyArray& cu_seqlens_q, const AnyArray& cu_seqlens_k,
+                        const std::optional<AnyArray>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                        std::optional<float> softmax_scale, bool causal, uintptr_t stream, bool check_descales) {
+  const warpattn::Fp8Operands f = fp8_operands(fq, fk, fvt, qs, ks, vs);
+  const warpattn::TensorView vo = view_of(out, "out");
+  const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
+  const warpattn::VarlenBatch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
+  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal);
+  checked_launch([&] { warpattn::validate_forward_fp8_varlen(f, vo, vl, batch, options); },
+                 {{&fq, "q"}, {&fk, "k"}, {&fvt, "vt"}, {&qs, "q_descale"}, {&ks, "k_descale"}, {&vs, "v_descale"},
+                  {&out, "out"}, {lse ? &*lse : nullptr, "lse"}, {&cu_seqlens_q, "cu_seqlens_q"},
+                  {&cu_seqlens_k, "cu_seqlens_k"}, {seqused_k ? &*seqused_k : nullptr, "seqused_k"}},
+                 [&] {
+                   warpattn::forward_fp8_varlen(f, vo, vl, batch, options, reinterpret_cast<cudaStream_t>(stream),
+                                                check_descales);
+                 });
+}
+
 void backward(const AnyArray& dout, const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& out,
               const AnyArray& lse, const AnyArray& dq, const AnyArray& dk, const AnyArray& dv,
               std::optional<float> softmax_scale, bool causal, bool deterministic,
@@ -327,4 +365,13 @@ NB_MODULE(_warpattn, m) {
         nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("stream"), nb::arg("check_descales") = true,
         "FP8 attention on quantize_fp8's operands; out fp16 or bf16.");
   m.attr("fp8_head_dims") = nb::make_tuple(64, 128, 256);
+  m.def("quantize_fp8_varlen", &quantize_fp8_varlen, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("fp8_q"),
+        nb::arg("fp8_k"), nb::arg("vt"), nb::arg("q_descale"), nb::arg("k_descale"), nb::arg("v_descale"),
+        nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("rotate"), nb::arg("seed"), nb::arg("per_tensor"),
+        nb::arg("stream"), "quantize_fp8 on a packed batch (warpattn/fp8.hpp: sequence-aligned blocks).");
+  m.def("forward_fp8_varlen", &forward_fp8_varlen, nb::arg("q"), nb::arg("k"), nb::arg("vt"), nb::arg("q_descale"),
+        nb::arg("k_descale"), nb::arg("v_descale"), nb::arg("out"), nb::arg("lse").none(), nb::arg("cu_seqlens_q"),
+        nb::arg("cu_seqlens_k"), nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
+        nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("stream"), nb::arg("check_descales") = true,
+        "forward_fp8 on a packed batch; out (total_q, heads, head_dim), lse (heads, total_q).");
 }
