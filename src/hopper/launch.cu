@@ -28,24 +28,14 @@ void launch_forward_varlen_sm90(const ForwardProblem& p, const VarlenSequences& 
   });
 }
 
-template <class QKElement>
-static void dispatch_fp8_varlen_head_dim(const ForwardProblem& p, const VarlenSequences& seqs, const Fp8Operands& fp8,
-                                         const TensorView& out, const std::optional<TensorView>& lse,
-                                         cudaStream_t stream) {
-  switch (p.head_dim) {
-    case 64: return run_forward_fp8_varlen_head_dim<64, QKElement>(p, seqs, fp8, out, lse, stream);
-    case 128: return run_forward_fp8_varlen_head_dim<128, QKElement>(p, seqs, fp8, out, lse, stream);
-    case 256: return run_forward_fp8_varlen_head_dim<256, QKElement>(p, seqs, fp8, out, lse, stream);
-  }
-  throw Error("q: head dim " + std::to_string(p.head_dim) + " has no FP8 kernel");  // validated before
-}
-
 void launch_forward_fp8_varlen_sm90(const ForwardProblem& p, const VarlenSequences& seqs, const Fp8Operands& fp8,
                                     const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream) {
-  if (fp8.q.dtype == DType::s8)
-    dispatch_fp8_varlen_head_dim<int8_t>(p, seqs, fp8, out, lse, stream);
-  else
-    dispatch_fp8_varlen_head_dim<__nv_fp8_e4m3>(p, seqs, fp8, out, lse, stream);
+  with_head_dim(p.head_dim, "FP8 kernel", [&](auto d) {
+    if (fp8.q.dtype == DType::s8)
+      run_forward_fp8_varlen_head_dim<decltype(d)::value, int8_t>(p, seqs, fp8, out, lse, stream);
+    else
+      run_forward_fp8_varlen_head_dim<decltype(d)::value, __nv_fp8_e4m3>(p, seqs, fp8, out, lse, stream);
+  });
 }
 
 void launch_forward_fp8_sm90(const ForwardProblem& p, const Fp8Operands& fp8, const TensorView& out,
