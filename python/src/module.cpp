@@ -78,10 +78,11 @@ warpattn::TensorView fp8_view_of(const AnyArray& a, const char* name) {
                            .c_str());
 }
 
-warpattn::ForwardOptions forward_options(std::optional<float> softmax_scale, bool causal) {
+warpattn::ForwardOptions forward_options(std::optional<float> softmax_scale, bool causal, bool batch_invariant = false) {
   warpattn::ForwardOptions options;
   options.softmax_scale = softmax_scale;
   options.causal = causal;
+  options.batch_invariant = batch_invariant;
   return options;
 }
 
@@ -181,11 +182,11 @@ void forward_fp8(const AnyArray& fq, const AnyArray& fk, const AnyArray& fvt, co
 
 void forward(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& out,
              const std::optional<AnyArray>& lse, std::optional<float> softmax_scale, bool causal,
-             uintptr_t stream) {
+             uintptr_t stream, bool batch_invariant) {
   const warpattn::TensorView vq = view_of(q, "q"), vk = view_of(k, "k"), vv = view_of(v, "v"),
                              vo = view_of(out, "out");
   const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
-  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal);
+  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal, batch_invariant);
   checked_launch([&] { warpattn::validate_forward(vq, vk, vv, vo, vl, options); },
                  {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {lse ? &*lse : nullptr, "lse"}},
                  [&] { warpattn::forward(vq, vk, vv, vo, vl, options, reinterpret_cast<cudaStream_t>(stream)); });
@@ -206,12 +207,12 @@ warpattn::VarlenBatch varlen_batch(const AnyArray& cu_seqlens_q, const AnyArray&
 void forward_varlen(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& out,
                     const std::optional<AnyArray>& lse, const AnyArray& cu_seqlens_q, const AnyArray& cu_seqlens_k,
                     const std::optional<AnyArray>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                    std::optional<float> softmax_scale, bool causal, uintptr_t stream) {
+                    std::optional<float> softmax_scale, bool causal, uintptr_t stream, bool batch_invariant) {
   const warpattn::TensorView vq = view_of(q, "q"), vk = view_of(k, "k"), vv = view_of(v, "v"),
                              vo = view_of(out, "out");
   const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
   const warpattn::VarlenBatch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
-  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal);
+  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal, batch_invariant);
   checked_launch([&] { warpattn::validate_forward_varlen(vq, vk, vv, vo, vl, batch, options); },
                  {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {lse ? &*lse : nullptr, "lse"},
                   {&cu_seqlens_q, "cu_seqlens_q"}, {&cu_seqlens_k, "cu_seqlens_k"},
@@ -324,12 +325,13 @@ NB_MODULE(_warpattn, m) {
   m.doc() = "warpattn: exact attention for NVIDIA Hopper (sm_90a). Use warpattn.flash_attn_func.";
   m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("stream"),
+        nb::arg("batch_invariant") = false,
         "Writes softmax(scale q k^T) v into `out` (and the log-sum-exp into `lse`), on `stream` (a "
         "cudaStream_t as an integer). All tensors in (batch, seqlen, heads, head_dim) layout.");
   m.def("forward_varlen", &forward_varlen, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("seqused_k").none(),
         nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("softmax_scale").none(), nb::arg("causal"),
-        nb::arg("stream"),
+        nb::arg("stream"), nb::arg("batch_invariant") = false,
         "forward on a packed batch: q, out (total_q, heads, head_dim); k, v (total_k, heads_kv, head_dim); lse "
         "(heads, total_q); cu_seqlens_q/k (batch + 1) int32, seqused_k (batch) int32 or None, on the device.");
   m.attr("supported_head_dims") = nb::make_tuple(64, 128, 256);

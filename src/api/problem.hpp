@@ -20,6 +20,7 @@ struct ForwardProblem : ProblemSizes {
   float softmax_scale = 1.f;  // resolved: the option, or 1/sqrt(head_dim)
   bool causal = false;
   bool has_lse = false;
+  bool batch_invariant = false;  // no split tail; packed batches: no tile height from the longest sequence
 };
 
 // Checks every rule of the API (see warpattn.hpp) on the host, without touching the GPU.

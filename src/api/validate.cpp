@@ -427,6 +427,7 @@ ForwardProblem forward_problem(const ProblemSizes& sizes, DType dtype, const For
   p.softmax_scale = resolved_softmax_scale(options.softmax_scale, sizes.head_dim);
   p.causal = options.causal;
   p.has_lse = has_lse;
+  p.batch_invariant = options.batch_invariant;
   return p;
 }
 
@@ -679,7 +680,7 @@ BackwardProblem validate_backward_views(const BackwardTensors& t, const Backward
   p.dtype = t.q.dtype;
   p.softmax_scale = resolved_softmax_scale(options.softmax_scale, sizes.head_dim);
   p.causal = options.causal;
-  p.deterministic = options.deterministic;
+  p.deterministic = options.deterministic || options.batch_invariant;
   p.varlen = varlen != nullptr;
 
   // n. workspace
@@ -720,7 +721,7 @@ BackwardProblem workspace_problem(const TensorView& q, int64_t batch, const Back
   p.head_dim = q.shape[3 + r];
   p.dtype = q.dtype;
   p.causal = options.causal;
-  p.deterministic = options.deterministic;
+  p.deterministic = options.deterministic || options.batch_invariant;
   p.varlen = varlen;
   return p;
 }

@@ -40,8 +40,9 @@ template <class Element, int kHeadDim, bool kCausal>
 void run_forward_varlen_causal(const ForwardProblem& p, const VarlenSequences& seqs, const TensorView& q,
                                const TensorView& k, const TensorView& v, const TensorView& out,
                                const std::optional<TensorView>& lse, cudaStream_t stream) {
+  // (not in the batch-invariant mode: the longest sequence would set every sequence's tiles)
   if constexpr (kHasTallTiles<kHeadDim>)
-    if (seqs.max_seqlen_q >= kTallTileMinRows)
+    if (seqs.max_seqlen_q >= kTallTileMinRows && !p.batch_invariant)
       return run_forward_varlen<VarlenConfig<TallForwardConfigFor<Element, kHeadDim, kCausal>>>(p, seqs, q, k, v, out,
                                                                                                lse, stream);
   run_forward_varlen<VarlenConfig<ForwardConfigFor<Element, kHeadDim, kCausal>>>(p, seqs, q, k, v, out, lse, stream);
@@ -51,7 +52,7 @@ template <int kHeadDim, bool kCausal, class Out, class QKElement>
 void run_fp8_varlen_causal(const ForwardProblem& p, const VarlenSequences& seqs, const Fp8Operands& f,
                            const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream) {
   if constexpr (kHasTallTiles<kHeadDim>)
-    if (seqs.max_seqlen_q >= kTallTileMinRows)
+    if (seqs.max_seqlen_q >= kTallTileMinRows && !p.batch_invariant)
       return run_forward_varlen<VarlenConfig<Fp8ForwardConfigFor<kHeadDim, kCausal, Out, QKElement, 3>>>(
           p, seqs, f.q, f.k, f.vt, out, lse, stream, &f);
   run_forward_varlen<VarlenConfig<Fp8ForwardConfigFor<kHeadDim, kCausal, Out, QKElement>>>(p, seqs, f.q, f.k, f.vt, out,

@@ -118,8 +118,9 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
   // time, and the partial states are this launch's own (scheduler_workspace.hpp).
   std::optional<SchedulerWorkspace> ws;
   if (blocks < tiles) {
+    // (not in the batch-invariant mode: which tiles split depends on the whole batch's count)
     const SplitTail split =
-        !Cfg::kCausal && kSplitTailMinSaved > 0
+        !Cfg::kCausal && kSplitTailMinSaved > 0 && !p.batch_invariant
             ? plan_split_tail(static_cast<int>(tiles), ceil_div(params.seqlen_k, Cfg::kBlockN),
                               static_cast<int>(blocks), kSplitTailMinSaved)
             : SplitTail{};

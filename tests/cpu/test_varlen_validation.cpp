@@ -304,3 +304,19 @@ TEST(varlen_fp8_rules) {
   bad.k_descale.data = fake(0x60000000);  // cu_seqlens_q's address: written by quantize
   CHECK(quantize_error(bad).rfind("fp8.k_descale: must not overlap cu_seqlens_q", 0) == 0) << quantize_error(bad);
 }
+
+// The batch-invariant backward is the deterministic one: it needs the deterministic mode's
+// workspace (its turn counters).
+TEST(batch_invariant_backward_is_deterministic) {
+  Call c = make_call();
+  warpattn::BackwardOptions plain, det, inv;
+  det.deterministic = true;
+  inv.batch_invariant = true;
+  const size_t a = warpattn::backward_varlen_workspace_bytes(c.q, 3, plain),
+               b = warpattn::backward_varlen_workspace_bytes(c.q, 3, det),
+               d = warpattn::backward_varlen_workspace_bytes(c.q, 3, inv);
+  CHECK(b > a && d == b) << a << " " << b << " " << d;
+  const int64_t q4[4] = {2, 300, 8, 128};
+  const TensorView dense_q = warpattn::make_contiguous_view(fake(0x10000000), DType::bf16, 4, q4);
+  CHECK(warpattn::backward_workspace_bytes(dense_q, inv) == warpattn::backward_workspace_bytes(dense_q, det));
+}

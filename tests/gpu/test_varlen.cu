@@ -553,4 +553,89 @@ TEST(varlen_fp8) {
     }
 }
 
+// ---- batch invariance (ForwardOptions::batch_invariant, issue 18): a sequence's bits alone
+// equal its bits inside batches of other random sequences, at any position, dense and packed.
+namespace {
+
+// out and lse of sequence `pos` of a packed batch (lengths sq, sk; the other sequences' data
+// random from `seed`, the chosen one's from `own_seed`), as raw bits.
+struct SequenceBits {
+  std::vector<uint16_t> out;
+  std::vector<float> lse;
+};
+
+SequenceBits packed_sequence_bits(const std::vector<int>& sq, const std::vector<int>& sk, int pos, int d, bool causal,
+                                  bool batch_invariant, uint64_t seed, uint64_t own_seed) {
+  const std::vector<int> cu_q = offsets(sq), cu_k = offsets(sk);
+  const int B = static_cast<int>(sq.size());
+  const int64_t H = 8, Hkv = 2, tq = cu_q[B], tk = cu_k[B];
+  DeviceTensor q(DType::bf16, 1, tq, H, d, false), k(DType::bf16, 1, tk, Hkv, d, false),
+      v(DType::bf16, 1, tk, Hkv, d, false), out(DType::bf16, 1, tq, H, d, false);
+  q.fill_normal(seed), k.fill_normal(seed + 1), v.fill_normal(seed + 2);
+  // The chosen sequence's rows from own_seed, whatever its position.
+  DeviceTensor oq(DType::bf16, 1, sq[pos], H, d, false), ok(DType::bf16, 1, sk[pos], Hkv, d, false),
+      ov(DType::bf16, 1, sk[pos], Hkv, d, false);
+  oq.fill_normal(own_seed), ok.fill_normal(own_seed + 1), ov.fill_normal(own_seed + 2);
+  cudaMemcpy(static_cast<uint16_t*>(q.view.data) + int64_t(cu_q[pos]) * H * d, oq.view.data, int64_t(sq[pos]) * H * d * 2,
+             cudaMemcpyDeviceToDevice);
+  cudaMemcpy(static_cast<uint16_t*>(k.view.data) + int64_t(cu_k[pos]) * Hkv * d, ok.view.data,
+             int64_t(sk[pos]) * Hkv * d * 2, cudaMemcpyDeviceToDevice);
+  cudaMemcpy(static_cast<uint16_t*>(v.view.data) + int64_t(cu_k[pos]) * Hkv * d, ov.view.data,
+             int64_t(sk[pos]) * Hkv * d * 2, cudaMemcpyDeviceToDevice);
+  out.poison();
+  gpu_test::DeviceBuffer lse(H * tq * 4);
+  warpattn::TensorView l = gpu_test::contiguous(lse.mem, DType::f32, {H, tq});
+  DeviceInts dq(cu_q), dk(cu_k);
+  warpattn::VarlenBatch batch;
+  batch.cu_seqlens_q = dq.view, batch.cu_seqlens_k = dk.view;
+  batch.max_seqlen_q = *std::max_element(sq.begin(), sq.end());
+  warpattn::ForwardOptions o;
+  o.causal = causal, o.batch_invariant = batch_invariant;
+  warpattn::forward_varlen(packed(q.view), packed(k.view), packed(v.view), packed(out.view), l, batch, o);
+  cudaDeviceSynchronize();
+  const auto raw = out.raw();
+  const auto all_lse = lse.get<float>();
+  SequenceBits r;
+  r.out.assign(raw.begin() + int64_t(cu_q[pos]) * H * d, raw.begin() + int64_t(cu_q[pos + 1]) * H * d);
+  for (int64_t h = 0; h < H; ++h)
+    r.lse.insert(r.lse.end(), all_lse.begin() + h * tq + cu_q[pos], all_lse.begin() + h * tq + cu_q[pos + 1]);
+  return r;
+}
+
+bool same_bits(const SequenceBits& a, const SequenceBits& b) {
+  return a.out == b.out && a.lse.size() == b.lse.size() &&
+         memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4) == 0;
+}
+
+}  // namespace
+
+TEST(batch_invariant_packed) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = gpu_test::fresh_seed();
+  std::mt19937_64 rng(seed);
+  for (int d : {64, 128})
+    for (bool causal : {false, true}) {
+      const SequenceBits alone = packed_sequence_bits({1500}, {1700}, 0, d, causal, true, seed, seed + 7);
+      int checked = 0, differ = 0, default_differ = 0;
+      for (int others : {1, 6, 40}) {
+        std::vector<int> sq, sk;
+        for (int i = 0; i < others; ++i) sq.push_back(1 + rng() % 3000), sk.push_back(1 + rng() % 3000);
+        sq[0] = 4096, sk[0] = 4096;  // a long one: the default mode's tile height follows it at d = 64
+        for (int pos : {0, others / 2, others}) {
+          std::vector<int> q_len = sq, k_len = sk;
+          q_len.insert(q_len.begin() + pos, 1500), k_len.insert(k_len.begin() + pos, 1700);
+          const SequenceBits in_batch = packed_sequence_bits(q_len, k_len, pos, d, causal, true, seed + 100 * pos, seed + 7);
+          differ += !same_bits(alone, in_batch);
+          const SequenceBits by_default = packed_sequence_bits(q_len, k_len, pos, d, causal, false, seed + 100 * pos, seed + 7);
+          default_differ += !same_bits(alone, by_default);
+          ++checked;
+        }
+      }
+      printf("    d=%d %s: %d of %d batches differ from the sequence alone (default mode: %d)\n", d,
+             causal ? "causal" : "full", differ, checked, default_differ);
+      CHECK(differ == 0) << "d=" << d << (causal ? " causal" : " full") << ": batch-invariant mode differs in " << differ
+                         << " of " << checked << " batches, seed " << seed;
+    }
+}
+
 HARNESS_MAIN()
