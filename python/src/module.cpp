@@ -13,6 +13,9 @@
 
 #include "warpattn/fp8.hpp"
 #include "warpattn/warpattn.hpp"
+#ifdef WARPATTN_JAX_FFI
+#include "jax_ffi.hpp"
+#endif
 
 namespace nb = nanobind;
 
@@ -327,4 +330,12 @@ NB_MODULE(_warpattn, m) {
         nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("stream"), nb::arg("check_descales") = true,
         "FP8 attention on quantize_fp8's operands; out fp16 or bf16.");
   m.attr("fp8_head_dims") = nb::make_tuple(64, 128, 256);
+  // XLA FFI handlers for JAX under jax.jit (warpattn.jax_ffi): only where jaxlib's FFI headers
+  // were found at build time.
+#ifdef WARPATTN_JAX_FFI
+  m.attr("has_jax_ffi") = true;
+  warpattn_python::add_jax_ffi(m);
+#else
+  m.attr("has_jax_ffi") = false;
+#endif
 }
