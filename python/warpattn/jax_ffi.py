@@ -41,7 +41,8 @@ TARGETS = (FORWARD, BACKWARD, FORWARD_VARLEN, BACKWARD_VARLEN)
 
 _UNAVAILABLE = (
     "warpattn.jax_ffi: this build of warpattn has no XLA FFI handlers (jax was not importable when the "
-    "package was built, so jaxlib's FFI headers were not found). Install jax, then rebuild: "
+    "package was built, so jaxlib's FFI headers were not found; or CMake had WARPATTN_JAX_FFI=OFF). "
+    "Install jax, then rebuild: "
     "pip install --no-build-isolation . (with scikit-build-core and nanobind installed), or "
     "pip install . -Ccmake.define.WARPATTN_JAX_INCLUDE_DIR=$(python -c 'import jax.ffi; print(jax.ffi.include_dir())')")
 
