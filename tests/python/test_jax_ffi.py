@@ -341,10 +341,14 @@ def vjp(fn, q, k, v, dout):
 
 
 def xla_vjp(q, k, v, dout, causal, scale=None):
-    """xla_attention's out and gradients, all in fp32 with full-precision products (no TF32)."""
-    f32 = [t.astype(jnp.float32) for t in (q, k, v, dout)]
-    with jax.default_matmul_precision("highest"):
-        return vjp(lambda q, k, v: xla_attention(q, k, v, causal, scale), *f32)
+    """xla_attention's out and gradients, all in fp32 with full-precision products, jitted on
+    XLA's CPU backend: eager on the GPU, every op of every new shape is compiled and autotuned
+    there, and the per-sequence shapes of the packed tests stalled in that for minutes (jax
+    0.11.2 on the H200 host, run 110)."""
+    cpu = jax.devices("cpu")[0]
+    f32 = [jax.device_put(np.asarray(t.astype(jnp.float32)), cpu) for t in (q, k, v, dout)]
+    with jax.default_device(cpu), jax.default_matmul_precision("highest"):
+        return jax.jit(lambda q, k, v, d: vjp(lambda q, k, v: xla_attention(q, k, v, causal, scale), q, k, v, d))(*f32)
 
 
 @gpu
