@@ -96,7 +96,7 @@ if stage python; then
   # the benchmark through the package (quick unless PY_BENCH_ARGS says otherwise).
   if timeout -k 5 300 python3 -m pip install -q --no-build-isolation --no-deps . > "$OUT/pip.log" 2>&1; then
     # The XLA FFI handlers are built only where the build found jax (warpattn.jax_ffi).
-    (cd /tmp && python3 -c "from warpattn import _warpattn; import jax; print('JAX FFI handlers built:', _warpattn.has_jax_ffi, 'jax', jax.__version__)")
+    (cd /tmp && python3 -c "import warpattn, jax; from warpattn import jax_ffi; print('JAX FFI handlers built:', jax_ffi.available(), 'jax', jax.__version__)")
     for part in ${PY_PARTS:-gpu cpu training varlen transformers jax_ffi}; do  # separately: a crash in one part still leaves the others' results
       (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${PYTEST_TIMEOUT:-400} python3 -X faulthandler -m pytest -q -rs \
         "$OLDPWD/tests/python/test_$part.py" > "$OUT/pytest-$part.log" 2>&1)

@@ -13,9 +13,6 @@
 
 #include "warpattn/fp8.hpp"
 #include "warpattn/warpattn.hpp"
-#ifdef WARPATTN_JAX_FFI
-#include "jax_ffi.hpp"
-#endif
 
 namespace nb = nanobind;
 
@@ -379,12 +376,4 @@ NB_MODULE(_warpattn, m) {
         nb::arg("cu_seqlens_k"), nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
         nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("stream"), nb::arg("check_descales") = true,
         "forward_fp8 on a packed batch; out (total_q, heads, head_dim), lse (heads, total_q).");
-  // XLA FFI handlers for JAX under jax.jit (warpattn.jax_ffi): only where jaxlib's FFI headers
-  // were found at build time.
-#ifdef WARPATTN_JAX_FFI
-  m.attr("has_jax_ffi") = true;
-  warpattn_python::add_jax_ffi(m);
-#else
-  m.attr("has_jax_ffi") = false;
-#endif
 }

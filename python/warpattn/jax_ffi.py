@@ -20,7 +20,8 @@ into the batch axis, no copy; an operand that is not mapped is broadcast first, 
 it). Over the packed (varlen) calls vmap runs the calls one after the other (lax.map).
 
 Needs a build of warpattn that found jaxlib's FFI headers (jax importable when the package was
-built); available() says whether this one did. Importing this module imports JAX.
+built); available() says whether this one did. Importing this module imports JAX, then the
+handlers' module warpattn._warpattn_jax (in that order: see python/src/jax_module.cpp).
 """
 import functools
 
@@ -28,7 +29,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _warpattn
 from .api import _check_rank, _scale
 from .varlen import _batch_size
 from .varlen import _check_rank as _check_packed_rank
@@ -47,9 +47,15 @@ _UNAVAILABLE = (
     "pip install . -Ccmake.define.WARPATTN_JAX_INCLUDE_DIR=$(python -c 'import jax.ffi; print(jax.ffi.include_dir())')")
 
 
+try:  # after JAX: python/src/jax_module.cpp says why the handlers are a module of their own
+    from . import _warpattn_jax as _handlers
+except ImportError:
+    _handlers = None
+
+
 def available():
     """True if this build of warpattn has the XLA FFI handlers."""
-    return bool(getattr(_warpattn, "has_jax_ffi", False))
+    return _handlers is not None
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,7 +64,7 @@ def register():
     does it first). RuntimeError if this build has no FFI handlers."""
     if not available():
         raise RuntimeError(_UNAVAILABLE)
-    for name, capsule in _warpattn.jax_ffi_targets().items():
+    for name, capsule in _handlers.jax_ffi_targets().items():
         jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
     return True
 
@@ -85,7 +91,7 @@ def _call(target, operands, results, attrs, vmap_method):
     """ffi_call of `target`, after checking every argument rule of the handler's library call on
     the shapes and dtypes (ValueError with the library's message)."""
     register()
-    _warpattn.jax_ffi_validate(target, [_spec(x) for x in operands], [_spec(r) for r in results],
+    _handlers.jax_ffi_validate(target, [_spec(x) for x in operands], [_spec(r) for r in results],
                                {name: value.item() for name, value in attrs.items()})
     return jax.ffi.ffi_call(target, results, vmap_method=vmap_method)(*operands, **attrs)
 
@@ -105,7 +111,7 @@ def _forward(q, k, v, scale, causal, with_lse):
 def _backward(dout, q, k, v, out, lse, scale, causal, deterministic):
     attrs = _attrs(scale, causal, deterministic)
     register()
-    workspace = _warpattn.jax_ffi_workspace_bytes(BACKWARD, _spec(q), 0, {n: a.item() for n, a in attrs.items()})
+    workspace = _handlers.jax_ffi_workspace_bytes(BACKWARD, _spec(q), 0, {n: a.item() for n, a in attrs.items()})
     results = [_like(q), _like(k), _like(v), jax.ShapeDtypeStruct((workspace,), jnp.uint8)]
     dq, dk, dv, _ = _call(BACKWARD, (dout, q, k, v, out, lse), results, attrs, "broadcast_all")
     return dq, dk, dv
@@ -123,7 +129,7 @@ def _forward_varlen(q, k, v, offsets, max_seqlens, scale, causal, with_lse):
 def _backward_varlen(dout, q, k, v, out, lse, offsets, max_seqlens, scale, causal, deterministic):
     attrs = _attrs(scale, causal, deterministic, max_seqlens)
     register()
-    workspace = _warpattn.jax_ffi_workspace_bytes(BACKWARD_VARLEN, _spec(q), _batch_size(offsets[0]),
+    workspace = _handlers.jax_ffi_workspace_bytes(BACKWARD_VARLEN, _spec(q), _batch_size(offsets[0]),
                                                   {n: a.item() for n, a in attrs.items()})
     results = [_like(q), _like(k), _like(v), jax.ShapeDtypeStruct((workspace,), jnp.uint8)]
     operands = (dout, q, k, v, out, lse) + tuple(o for o in offsets if o is not None)

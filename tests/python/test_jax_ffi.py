@@ -8,6 +8,8 @@ eager bitwise, values and gradients against jax.nn.dot_product_attention in fp32
 batches against each sequence alone, vmap, and no host synchronisation in a jitted call.
 """
 import re
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -17,13 +19,13 @@ jax = pytest.importorskip("jax", reason="JAX is not installed")
 import jax.numpy as jnp  # noqa: E402
 
 import warpattn  # noqa: E402
-from warpattn import _warpattn  # noqa: E402
+from warpattn import jax_ffi  # noqa: E402
 
-if not getattr(_warpattn, "has_jax_ffi", False):
+if not jax_ffi.available():
     pytest.skip("this build of warpattn has no XLA FFI handlers (jax was not importable when it was built)",
                 allow_module_level=True)
 
-from warpattn import jax_ffi  # noqa: E402
+from warpattn import _warpattn_jax  # noqa: E402
 
 SDS = jax.ShapeDtypeStruct
 BF16 = jnp.bfloat16
@@ -58,10 +60,21 @@ def qkv_specs(b=2, sq=256, sk=256, hq=8, hkv=8, d=64, dtype=BF16):
 
 def test_module_and_targets():
     assert jax_ffi.available()
-    targets = _warpattn.jax_ffi_targets()
+    targets = _warpattn_jax.jax_ffi_targets()
     assert sorted(targets) == sorted(jax_ffi.TARGETS)
     assert all(type(c).__name__ == "PyCapsule" for c in targets.values())
     assert jax_ffi.register() is True and jax_ffi.register() is True  # once; a second call is free
+
+
+@pytest.mark.parametrize("order", ["import warpattn, jax", "import jax, warpattn",
+                                   "import warpattn; from warpattn import jax_ffi"])
+def test_import_orders(order):
+    # warpattn imported before JAX, or jax_ffi alone: JAX (and its ml_dtypes) must still load. With
+    # the FFI handlers inside _warpattn this crashed in ml_dtypes' float4 finfo (jax 0.11.2, run
+    # 114), hence their own module (python/src/jax_module.cpp). A fresh interpreter per order.
+    code = order + "; import jax.numpy as jnp, ml_dtypes; print(ml_dtypes.finfo(ml_dtypes.float4_e2m1fn).eps)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (order, done.returncode, done.stderr[-2000:])
 
 
 def test_forward_lowering():
@@ -145,7 +158,7 @@ def host_check():
     workspace's placement) and check every argument rule of the library call on XLA's CPU
     buffers, then stop at the library's device check. run(fn, *args) runs jax.jit(fn) on the CPU
     and returns the message it failed with."""
-    for name, capsule in _warpattn.jax_ffi_host_check_targets().items():
+    for name, capsule in _warpattn_jax.jax_ffi_host_check_targets().items():
         jax.ffi.register_ffi_target(name, capsule, platform="cpu")
     cpu = jax.devices("cpu")[0]
 
@@ -214,7 +227,7 @@ def test_handlers_on_the_host_controls(host_check):
     assert "Failed to decode" in wrong_type and "expected PRED" in wrong_type, wrong_type
     # A workspace one byte short of the library's need once aligned.
     lse = jnp.zeros((1, 2, 128), jnp.float32)
-    need = _warpattn.jax_ffi_workspace_bytes("warpattn_backward", ((1, 128, 2, 64), "bfloat16"), 0, {})
+    need = _warpattn_jax.jax_ffi_workspace_bytes("warpattn_backward", ((1, 128, 2, 64), "bfloat16"), 0, {})
     results = [jax.ShapeDtypeStruct(q.shape, q.dtype)] * 3 + [jax.ShapeDtypeStruct((need - 256 - 1,), jnp.uint8)]
     short = host_check(lambda q, l: jax.ffi.ffi_call("warpattn_backward", results)(
         q, q, q, q, q, l, deterministic=False, **attrs), q, lse)
