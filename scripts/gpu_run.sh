@@ -7,7 +7,7 @@ set -u -o pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 STAGES=${STAGES:-"ctest cli bench"}  # also: primitives, forward, fp8, devices, sanitize, python, bench_backward, ncu, ncu_fp8
-# python: PY_PARTS (default gpu cpu training varlen transformers), VARLEN_BENCH=1 for the varlen mixes
+# python: PY_PARTS (default gpu cpu training varlen transformers jax_ffi), VARLEN_BENCH=1 for the varlen mixes
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 # The first half of the README's test command: scripts/build.sh (every core).
 if ! bash scripts/build.sh > "$OUT/build.log" 2>&1; then
@@ -95,7 +95,9 @@ if stage python; then
   # The package as a user installs it (no network there: no build isolation), its tests, and
   # the benchmark through the package (quick unless PY_BENCH_ARGS says otherwise).
   if timeout -k 5 300 python3 -m pip install -q --no-build-isolation --no-deps . > "$OUT/pip.log" 2>&1; then
-    for part in ${PY_PARTS:-gpu cpu training varlen transformers}; do  # separately: a crash in one part still leaves the others' results
+    # The XLA FFI handlers are built only where the build found jax (warpattn.jax_ffi).
+    (cd /tmp && python3 -c "import warpattn, jax; from warpattn import jax_ffi; print('JAX FFI handlers built:', jax_ffi.available(), 'jax', jax.__version__)")
+    for part in ${PY_PARTS:-gpu cpu training varlen transformers jax_ffi}; do  # separately: a crash in one part still leaves the others' results
       (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${PYTEST_TIMEOUT:-400} python3 -X faulthandler -m pytest -q -rs \
         "$OLDPWD/tests/python/test_$part.py" > "$OUT/pytest-$part.log" 2>&1)
       rc=$?; echo "pytest $part rc=$rc: $(tail -1 "$OUT/pytest-$part.log")"

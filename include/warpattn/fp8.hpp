@@ -80,6 +80,34 @@ void quantize_fp8(const TensorView& q, const TensorView& k, const TensorView& v,
 void forward_fp8(const Fp8Operands& fp8, const TensorView& out, const std::optional<TensorView>& lse,
                  const ForwardOptions& options, cudaStream_t stream = nullptr, bool check_descales = true);
 
+// ---- FP8 on a packed batch (VarlenBatch, warpattn.hpp). A descale block never spans two
+// sequences: each sequence's rows start a 128-row block of a padded row space of
+// fp8_varlen_rows(total, B) rows, sequence b's first padded row being
+// (cu_seqlens[b] + 128 b) rounded down to a multiple of 128 (FlashAttention-3's padding). Operands:
+//   q (total_q, Hq, D), k (total_k, Hkv, D): e4m3, or both s8, at the caller's packed rows
+//   vt (Hkv, D, fp8_varlen_rows(total_k, B)): V transposed, sequence b's keys from its first
+//      padded row, in kFp8KeyOrder per 16, zero elsewhere
+//   q_descale (Hq, fp8_varlen_rows(total_q, B) / 128), k_descale, v_descale
+//      (Hkv, fp8_varlen_rows(total_k, B) / 128): block j of sequence b at its first padded
+//      row / 128 + j (the blocks between sequences are not read)
+constexpr int64_t fp8_varlen_rows(int64_t total, int64_t batch) { return (total + batch * 128 + 127) / 128 * 128; }
+
+// quantize_fp8 on a packed batch: q, k, v as forward_varlen() takes them, `fp8` as above, the
+// same options; k's blocks follow cu_seqlens_k (seqused_k plays no part in quantisation).
+void quantize_fp8_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const Fp8Operands& fp8,
+                         const VarlenBatch& batch, const QuantizeOptions& options, cudaStream_t stream = nullptr);
+
+// forward_fp8 on a packed batch: out (total_q, Hq, D) fp16 or bf16, lse (Hq, total_q), the
+// offsets as forward_varlen() takes them.
+void forward_fp8_varlen(const Fp8Operands& fp8, const TensorView& out, const std::optional<TensorView>& lse,
+                        const VarlenBatch& batch, const ForwardOptions& options, cudaStream_t stream = nullptr,
+                        bool check_descales = true);
+
+void validate_quantize_fp8_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const Fp8Operands& fp8, const VarlenBatch& batch, const QuantizeOptions& options);
+void validate_forward_fp8_varlen(const Fp8Operands& fp8, const TensorView& out, const std::optional<TensorView>& lse,
+                                 const VarlenBatch& batch, const ForwardOptions& options);
+
 // Check every argument rule of quantize_fp8 and forward_fp8 on the host, touching neither memory
 // nor the GPU; throw the Error the call would throw. For bindings that report argument errors
 // before they look at where the memory lives (the device checks come after these rules).

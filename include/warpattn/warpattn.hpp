@@ -55,6 +55,12 @@ struct ForwardOptions {
   // Causal mask, aligned bottom-right when seqlen_q != seqlen_k (as FlashAttention 2 and 3):
   // query i sees key j iff j <= i + seqlen_k - seqlen_q.
   bool causal = false;
+  // Batch-invariant: every row's result depends only on its own sequence (its lengths, heads,
+  // head dim and dtype), never on the batch around it: the same bits alone or in any batch, at
+  // any position. The default may split the last wave's key ranges over the SMs (a split that
+  // depends on how many tiles the whole batch has) and, for packed batches, choose the tile
+  // height from the longest sequence; this mode does neither. See the README's table of modes.
+  bool batch_invariant = false;
 };
 
 // Thrown for every invalid argument (before any launch) and for CUDA failures.
@@ -108,6 +114,9 @@ struct BackwardOptions {
   // The same bits on every run: dQ's partial sums are added in a fixed order (dK and dV are
   // always deterministic). Slower; see docs/perf/ for by how much.
   bool deterministic = false;
+  // Batch-invariant (as ForwardOptions'): implies deterministic, whose order of dQ's sums
+  // depends only on each sequence's own lengths.
+  bool batch_invariant = false;
 };
 
 // Device memory the backward uses between its launches (dQ's fp32 accumulator, the row terms):

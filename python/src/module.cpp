@@ -78,10 +78,11 @@ warpattn::TensorView fp8_view_of(const AnyArray& a, const char* name) {
                            .c_str());
 }
 
-warpattn::ForwardOptions forward_options(std::optional<float> softmax_scale, bool causal) {
+warpattn::ForwardOptions forward_options(std::optional<float> softmax_scale, bool causal, bool batch_invariant = false) {
   warpattn::ForwardOptions options;
   options.softmax_scale = softmax_scale;
   options.causal = causal;
+  options.batch_invariant = batch_invariant;
   return options;
 }
 
@@ -181,11 +182,11 @@ void forward_fp8(const AnyArray& fq, const AnyArray& fk, const AnyArray& fvt, co
 
 void forward(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& out,
              const std::optional<AnyArray>& lse, std::optional<float> softmax_scale, bool causal,
-             uintptr_t stream) {
+             uintptr_t stream, bool batch_invariant) {
   const warpattn::TensorView vq = view_of(q, "q"), vk = view_of(k, "k"), vv = view_of(v, "v"),
                              vo = view_of(out, "out");
   const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
-  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal);
+  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal, batch_invariant);
   checked_launch([&] { warpattn::validate_forward(vq, vk, vv, vo, vl, options); },
                  {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {lse ? &*lse : nullptr, "lse"}},
                  [&] { warpattn::forward(vq, vk, vv, vo, vl, options, reinterpret_cast<cudaStream_t>(stream)); });
@@ -206,17 +207,55 @@ warpattn::VarlenBatch varlen_batch(const AnyArray& cu_seqlens_q, const AnyArray&
 void forward_varlen(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& out,
                     const std::optional<AnyArray>& lse, const AnyArray& cu_seqlens_q, const AnyArray& cu_seqlens_k,
                     const std::optional<AnyArray>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                    std::optional<float> softmax_scale, bool causal, uintptr_t stream) {
+                    std::optional<float> softmax_scale, bool causal, uintptr_t stream, bool batch_invariant) {
   const warpattn::TensorView vq = view_of(q, "q"), vk = view_of(k, "k"), vv = view_of(v, "v"),
                              vo = view_of(out, "out");
   const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
   const warpattn::VarlenBatch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
-  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal);
+  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal, batch_invariant);
   checked_launch([&] { warpattn::validate_forward_varlen(vq, vk, vv, vo, vl, batch, options); },
                  {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {lse ? &*lse : nullptr, "lse"},
                   {&cu_seqlens_q, "cu_seqlens_q"}, {&cu_seqlens_k, "cu_seqlens_k"},
                   {seqused_k ? &*seqused_k : nullptr, "seqused_k"}},
                  [&] { warpattn::forward_varlen(vq, vk, vv, vo, vl, batch, options, reinterpret_cast<cudaStream_t>(stream)); });
+}
+
+void quantize_fp8_varlen(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& fq,
+                         const AnyArray& fk, const AnyArray& fvt, const AnyArray& qs, const AnyArray& ks,
+                         const AnyArray& vs, const AnyArray& cu_seqlens_q, const AnyArray& cu_seqlens_k, bool rotate,
+                         uint64_t seed, bool per_tensor, uintptr_t stream) {
+  const warpattn::Fp8Operands f = fp8_operands(fq, fk, fvt, qs, ks, vs);
+  const warpattn::TensorView vq = view_of(q, "q"), vk = view_of(k, "k"), vv = view_of(v, "v");
+  const warpattn::VarlenBatch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, std::nullopt, 0, 0);
+  warpattn::QuantizeOptions o;
+  o.rotate = rotate;
+  o.seed = seed;
+  o.scaling = per_tensor ? warpattn::Fp8Scaling::per_tensor : warpattn::Fp8Scaling::per_block;
+  checked_launch([&] { warpattn::validate_quantize_fp8_varlen(vq, vk, vv, f, batch, o); },
+                 {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&fq, "fp8 q"}, {&fk, "fp8 k"}, {&fvt, "vt"}, {&qs, "q_descale"},
+                  {&ks, "k_descale"}, {&vs, "v_descale"}, {&cu_seqlens_q, "cu_seqlens_q"},
+                  {&cu_seqlens_k, "cu_seqlens_k"}},
+                 [&] { warpattn::quantize_fp8_varlen(vq, vk, vv, f, batch, o, reinterpret_cast<cudaStream_t>(stream)); });
+}
+
+void forward_fp8_varlen(const AnyArray& fq, const AnyArray& fk, const AnyArray& fvt, const AnyArray& qs,
+                        const AnyArray& ks, const AnyArray& vs, const AnyArray& out, const std::optional<AnyArray>& lse,
+                        const AnyArray& cu_seqlens_q, const AnyArray& cu_seqlens_k,
+                        const std::optional<AnyArray>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                        std::optional<float> softmax_scale, bool causal, uintptr_t stream, bool check_descales) {
+  const warpattn::Fp8Operands f = fp8_operands(fq, fk, fvt, qs, ks, vs);
+  const warpattn::TensorView vo = view_of(out, "out");
+  const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
+  const warpattn::VarlenBatch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
+  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal);
+  checked_launch([&] { warpattn::validate_forward_fp8_varlen(f, vo, vl, batch, options); },
+                 {{&fq, "q"}, {&fk, "k"}, {&fvt, "vt"}, {&qs, "q_descale"}, {&ks, "k_descale"}, {&vs, "v_descale"},
+                  {&out, "out"}, {lse ? &*lse : nullptr, "lse"}, {&cu_seqlens_q, "cu_seqlens_q"},
+                  {&cu_seqlens_k, "cu_seqlens_k"}, {seqused_k ? &*seqused_k : nullptr, "seqused_k"}},
+                 [&] {
+                   warpattn::forward_fp8_varlen(f, vo, vl, batch, options, reinterpret_cast<cudaStream_t>(stream),
+                                                check_descales);
+                 });
 }
 
 void backward(const AnyArray& dout, const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& out,
@@ -286,12 +325,13 @@ NB_MODULE(_warpattn, m) {
   m.doc() = "warpattn: exact attention for NVIDIA Hopper (sm_90a). Use warpattn.flash_attn_func.";
   m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("stream"),
+        nb::arg("batch_invariant") = false,
         "Writes softmax(scale q k^T) v into `out` (and the log-sum-exp into `lse`), on `stream` (a "
         "cudaStream_t as an integer). All tensors in (batch, seqlen, heads, head_dim) layout.");
   m.def("forward_varlen", &forward_varlen, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("seqused_k").none(),
         nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("softmax_scale").none(), nb::arg("causal"),
-        nb::arg("stream"),
+        nb::arg("stream"), nb::arg("batch_invariant") = false,
         "forward on a packed batch: q, out (total_q, heads, head_dim); k, v (total_k, heads_kv, head_dim); lse "
         "(heads, total_q); cu_seqlens_q/k (batch + 1) int32, seqused_k (batch) int32 or None, on the device.");
   m.attr("supported_head_dims") = nb::make_tuple(64, 128, 256);
@@ -327,4 +367,13 @@ NB_MODULE(_warpattn, m) {
         nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("stream"), nb::arg("check_descales") = true,
         "FP8 attention on quantize_fp8's operands; out fp16 or bf16.");
   m.attr("fp8_head_dims") = nb::make_tuple(64, 128, 256);
+  m.def("quantize_fp8_varlen", &quantize_fp8_varlen, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("fp8_q"),
+        nb::arg("fp8_k"), nb::arg("vt"), nb::arg("q_descale"), nb::arg("k_descale"), nb::arg("v_descale"),
+        nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("rotate"), nb::arg("seed"), nb::arg("per_tensor"),
+        nb::arg("stream"), "quantize_fp8 on a packed batch (warpattn/fp8.hpp: sequence-aligned blocks).");
+  m.def("forward_fp8_varlen", &forward_fp8_varlen, nb::arg("q"), nb::arg("k"), nb::arg("vt"), nb::arg("q_descale"),
+        nb::arg("k_descale"), nb::arg("v_descale"), nb::arg("out"), nb::arg("lse").none(), nb::arg("cu_seqlens_q"),
+        nb::arg("cu_seqlens_k"), nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
+        nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("stream"), nb::arg("check_descales") = true,
+        "forward_fp8 on a packed batch; out (total_q, heads, head_dim), lse (heads, total_q).");
 }

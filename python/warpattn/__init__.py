@@ -8,17 +8,20 @@ tensor), float16 or bfloat16; nothing is copied and the result is the caller's f
 tensor. Gradients: PyTorch's autograd through flash_attn_func; warpattn.flash_attn_backward
 (CuPy, any framework); warpattn.jax_flash_attn (JAX, jax.grad). FP8 (PyTorch, CuPy, JAX):
 ops = warpattn.quantize_fp8(q, k, v); warpattn.flash_attn_fp8_func(ops). Packed batches of
-sequences of different lengths: warpattn.flash_attn_varlen_func (FlashAttention's signature).
+sequences of different lengths: warpattn.flash_attn_varlen_func (FlashAttention's signature);
+FP8 on them: warpattn.quantize_fp8_varlen and warpattn.flash_attn_fp8_varlen_func.
 Hugging Face transformers: import warpattn.integrations.transformers, then
 attn_implementation="warpattn".
 """
 from ._warpattn import backward_head_dims, supported_head_dims
 from .api import flash_attn_backward, flash_attn_func
-from .fp8 import FP8_BLOCK_ROWS, FP8_KEY_ORDER, Fp8Operands, flash_attn_fp8_func, quantize_fp8
+from .fp8 import (FP8_BLOCK_ROWS, FP8_KEY_ORDER, Fp8Operands, flash_attn_fp8_func, flash_attn_fp8_varlen_func,
+                  fp8_varlen_rows, quantize_fp8, quantize_fp8_varlen)
 from .jax_op import jax_flash_attn
 from .varlen import flash_attn_varlen_backward, flash_attn_varlen_func
 
 __all__ = ["flash_attn_func", "flash_attn_backward", "jax_flash_attn", "supported_head_dims", "backward_head_dims",
            "quantize_fp8", "flash_attn_fp8_func", "Fp8Operands", "FP8_KEY_ORDER", "FP8_BLOCK_ROWS",
-           "flash_attn_varlen_func", "flash_attn_varlen_backward"]
+           "flash_attn_varlen_func", "flash_attn_varlen_backward", "quantize_fp8_varlen", "flash_attn_fp8_varlen_func",
+           "fp8_varlen_rows"]
 __version__ = "0.1.0"

@@ -39,7 +39,8 @@ def _lse_shape(q):
     return (q.shape[0], q.shape[2], q.shape[1])
 
 
-def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False, out=None, deterministic=False):
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False, out=None, deterministic=False,
+                    batch_invariant=False):
     """Exact attention: softmax(softmax_scale * q k^T [+ causal mask]) v.
 
     q: (batch, seqlen_q, heads, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim) with
@@ -52,23 +53,25 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False,
     argument errors raise ValueError, a tensor that is not on a CUDA device TypeError.
     PyTorch: differentiable in q, k and v (head_dim in warpattn.backward_head_dims; a gradient
     of lse is refused with NotImplementedError unless it is zero); deterministic=True makes the
-    backward give the same bits on every run (slower). CuPy: see flash_attn_backward; JAX:
-    warpattn.jax_flash_attn.
+    backward give the same bits on every run (slower). batch_invariant=True: a row's result
+    depends only on its own sequence, never on the batch around it (no split of the last wave;
+    the backward deterministic). CuPy: see flash_attn_backward; JAX: warpattn.jax_flash_attn.
     """
     fw = _common_framework(q, k=k, v=v, out=out)
     _check_rank(q)
     scale = _scale(softmax_scale)
     if fw == "torch":
         from .torch_op import flash_attn_torch
-        return flash_attn_torch(q, k, v, scale, bool(causal), return_lse, out, bool(deterministic))
+        return flash_attn_torch(q, k, v, scale, bool(causal), return_lse, out, bool(deterministic),
+                                bool(batch_invariant))
     if fw == "jax":
-        return _flash_attn_jax(q, k, v, scale, bool(causal), return_lse, out)
+        return _flash_attn_jax(q, k, v, scale, bool(causal), return_lse, out, bool(batch_invariant))
     xp = _array_module(fw)
     with device_of(q, fw):  # allocate on q's device and take that device's current stream
         if out is None:
             out = xp.empty(q.shape, dtype=q.dtype)
         lse = xp.empty(_lse_shape(q), dtype=xp.float32) if return_lse else None
-        _warpattn.forward(q, k, v, out, lse, scale, bool(causal), _current_stream(fw, q))
+        _warpattn.forward(q, k, v, out, lse, scale, bool(causal), _current_stream(fw, q), bool(batch_invariant))
     return (out, lse) if return_lse else out
 
 
@@ -197,7 +200,7 @@ def _jax_run(device_index, run):
         return [None if r is None else jax.dlpack.from_dlpack(r) for r in results]
 
 
-def _flash_attn_jax(q, k, v, scale, causal, return_lse, out):
+def _flash_attn_jax(q, k, v, scale, causal, return_lse, out, batch_invariant=False):
     """flash_attn_func on JAX arrays."""
     if out is not None:
         raise ValueError("out: JAX arrays are immutable; call without out")
@@ -207,7 +210,7 @@ def _flash_attn_jax(q, k, v, scale, causal, return_lse, out):
         o = empty(q.shape, str(q.dtype))
         lse = empty(_lse_shape(q), "float32") if return_lse else None
         # Stream 0: the legacy default stream of the tensors' device (the library runs there).
-        _warpattn.forward(q, k, v, o, lse, scale, causal, 0)
+        _warpattn.forward(q, k, v, o, lse, scale, causal, 0, batch_invariant)
         return o, lse
 
     o, lse = _jax_run(q.devices().pop().id, run)

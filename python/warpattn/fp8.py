@@ -163,3 +163,93 @@ def flash_attn_fp8_func(ops: Fp8Operands, softmax_scale: Optional[float] = None,
     else:
         raise TypeError("q: FP8 needs a CUDA tensor (PyTorch, CuPy or JAX), got a %s array" % fw)
     return (o, lse) if return_lse else o
+
+
+# ----------------------------------------------------------------- packed (varlen) batches
+
+def fp8_varlen_rows(total, batch):
+    """Rows of the padded row space of a packed batch (include/warpattn/fp8.hpp): each sequence
+    starts a 128-row block, sequence b at (cu_seqlens[b] + 128 b) rounded down to 128."""
+    return (total + batch * 128 + 127) // 128 * 128
+
+
+def _sequences(cu_seqlens_q):
+    return max(int(cu_seqlens_q.shape[0]) - 1, 0) if len(cu_seqlens_q.shape) == 1 else 0
+
+
+def quantize_fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, rotate=True, seed=0, per_tensor=False,
+                        qk_dtype="e4m3"):
+    """quantize_fp8 on a packed batch: q (total_q, heads, head_dim), k, v (total_k, heads_kv,
+    head_dim) and the int32 offsets as flash_attn_varlen_func takes them (read on the device
+    only). The operands (fp8.hpp): q and k packed like the inputs; vt (heads_kv, head_dim,
+    fp8_varlen_rows(total_k, B)) and the descales over the padded row space, so that no block
+    spans two sequences. PyTorch, CuPy and JAX (eager)."""
+    fw = framework_of(q, "q")
+    for name, t in (("k", k), ("v", v)):
+        if framework_of(t, name) != fw:
+            raise TypeError("%s: expected a %s tensor like q, got %s" % (name, fw, type(t).__module__))
+    int8 = _qk_int8(qk_dtype)
+    if len(q.shape) != 3 or len(k.shape) != 3:
+        raise ValueError("q, k: expected rank 3 (total, heads, head_dim)")
+    tq, hq, d = q.shape
+    tk, hkv = k.shape[0], k.shape[1]
+    n = _sequences(cu_seqlens_q)
+    rows_q, rows_k = fp8_varlen_rows(tq, n), fp8_varlen_rows(tk, n)
+    qk = "int8" if int8 else "e4m3"
+
+    def run(empty, stream, inputs, call_args=_call_args):
+        ops = Fp8Operands(
+            q=empty((tq, hq, d), qk), k=empty((tk, hkv, d), qk), vt=empty((hkv, d, rows_k), "e4m3"),
+            q_descale=empty((hq, rows_q // FP8_BLOCK_ROWS), "float32"),
+            k_descale=empty((hkv, rows_k // FP8_BLOCK_ROWS), "float32"),
+            v_descale=empty((hkv, rows_k // FP8_BLOCK_ROWS), "float32"))
+        _warpattn.quantize_fp8_varlen(*inputs, *call_args(ops), cu_seqlens_q, cu_seqlens_k, bool(rotate), int(seed),
+                                      bool(per_tensor), stream)
+        return ops
+
+    if fw == "torch":
+        return run(_torch_empty(q.device.index), _current_stream(fw, q), (q, k, v))
+    if fw == "cupy":
+        return run(_cupy_empty(q.device.id), _current_stream(fw, q), (q, k, v))
+    if fw == "jax":
+        _wait_for_jax_arrays(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+        ops = Fp8Operands(*_jax_run(q.devices().pop().id, lambda empty: run(empty, 0, (q, k, v), tuple)))
+        if int8:
+            return ops._replace(vt=_jax_e4m3(ops.vt))
+        return ops._replace(q=_jax_e4m3(ops.q), k=_jax_e4m3(ops.k), vt=_jax_e4m3(ops.vt))
+    raise TypeError("q: FP8 needs a CUDA tensor (PyTorch, CuPy or JAX), got a %s array" % fw)
+
+
+def flash_attn_fp8_varlen_func(ops: Fp8Operands, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               softmax_scale: Optional[float] = None, causal=False, out_dtype="bfloat16",
+                               return_lse=False, out=None, seqused_k=None, check_descales=True):
+    """flash_attn_fp8_func on a packed batch (quantize_fp8_varlen's operands): out (total_q,
+    heads, head_dim) in out_dtype, lse (heads, total_q); the offsets and max_seqlen_* as
+    flash_attn_varlen_func takes them."""
+    fw = framework_of(ops.q, "q")
+    kind = _dtype_name(out_dtype, "out_dtype", {"bfloat16", "float16"})
+    tq, hq, d = ops.q.shape
+    scale = None if softmax_scale is None else float(softmax_scale)
+
+    def run(empty, stream, args):
+        o = out if out is not None else empty((tq, hq, d), kind)
+        lse = empty((hq, tq), "float32") if return_lse else None
+        _warpattn.forward_fp8_varlen(*args, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
+                                     int(max_seqlen_k), scale, bool(causal), stream, bool(check_descales))
+        return o, lse
+
+    if fw == "torch":
+        o, lse = run(_torch_empty(ops.q.device.index), _current_stream(fw, ops.q), _call_args(ops))
+    elif fw == "cupy":
+        o, lse = run(_cupy_empty(ops.q.device.id), _current_stream(fw, ops.q), _call_args(ops))
+    elif fw == "jax":
+        if out is not None:
+            raise ValueError("out: JAX arrays are immutable; call without out")
+        args = (_jax_bytes(ops.q), _jax_bytes(ops.k), _jax_bytes(ops.vt), ops.q_descale, ops.k_descale,
+                ops.v_descale)
+        _wait_for_jax_arrays(q_descale=ops.q_descale, k_descale=ops.k_descale, v_descale=ops.v_descale,
+                             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+        o, lse = _jax_run(ops.q.devices().pop().id, lambda empty: run(empty, 0, args))
+    else:
+        raise TypeError("q: FP8 needs a CUDA tensor (PyTorch, CuPy or JAX), got a %s array" % fw)
+    return (o, lse) if return_lse else o

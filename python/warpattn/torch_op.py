@@ -25,16 +25,17 @@ def _gradients_like(q, k, v):
 
 @torch.library.custom_op("warpattn::flash_attn_forward", mutates_args=())
 def flash_attn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float],
-                       causal: bool, deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+                       causal: bool, deterministic: bool,
+                       batch_invariant: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     # deterministic is the backward's: an input here because setup_context sees only the op's
     # inputs and outputs.
     out, lse = _forward_outputs(q)
-    _warpattn.forward(q, k, v, out, lse, softmax_scale, causal, _current_stream("torch", q))
+    _warpattn.forward(q, k, v, out, lse, softmax_scale, causal, _current_stream("torch", q), batch_invariant)
     return out, lse
 
 
 @flash_attn_forward.register_fake
-def _(q, k, v, softmax_scale, causal, deterministic):
+def _(q, k, v, softmax_scale, causal, deterministic, batch_invariant=False):
     return _forward_outputs(q)
 
 
@@ -74,10 +75,11 @@ def _refuse_lse_gradient(dlse):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, causal, deterministic = inputs
+    q, k, v, softmax_scale, causal, deterministic, *batch_invariant = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
+    # A batch-invariant backward is a deterministic one (its dQ order depends on the sequence alone).
+    ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic or any(batch_invariant)
     # Outputs without a gradient (lse, mostly) arrive as None rather than as zeros, which would
     # cost an allocation and the synchronisation that checks them.
     ctx.set_materialize_grads(False)
@@ -89,15 +91,15 @@ def _backward(ctx, grad_out, grad_lse):
     dout = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
     dq, dk, dv = flash_attn_backward(dout, q, k, v, out, lse, grad_lse, ctx.softmax_scale, ctx.causal,
                                      ctx.deterministic)
-    return dq, dk, dv, None, None, None
+    return dq, dk, dv, None, None, None, None
 
 
 flash_attn_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
-def flash_attn_torch(q, k, v, softmax_scale, causal, return_lse, out, deterministic):
+def flash_attn_torch(q, k, v, softmax_scale, causal, return_lse, out, deterministic, batch_invariant=False):
     if out is None:
-        o, lse = flash_attn_forward(q, k, v, softmax_scale, causal, deterministic)
+        o, lse = flash_attn_forward(q, k, v, softmax_scale, causal, deterministic, batch_invariant)
         return (o, lse) if return_lse else o
     # Writing into a caller's tensor is outside the custom op (a graph break under compile), and
     # outside autograd: refused where a gradient could be asked for, as PyTorch's own out= are.
@@ -105,7 +107,7 @@ def flash_attn_torch(q, k, v, softmax_scale, causal, return_lse, out, determinis
         raise RuntimeError("out: flash_attn_func(..., out=...) is not differentiable, but q, k or v "
                            "requires grad; call it without out=, or under torch.no_grad()")
     lse = _lse_like(q) if return_lse else None
-    _warpattn.forward(q, k, v, out, lse, softmax_scale, causal, _current_stream("torch", q))
+    _warpattn.forward(q, k, v, out, lse, softmax_scale, causal, _current_stream("torch", q), batch_invariant)
     return (out, lse) if return_lse else out
 
 
@@ -125,16 +127,16 @@ def _varlen_outputs(q):
 def flash_attn_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                               cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
                               max_seqlen_k: int, softmax_scale: Optional[float], causal: bool,
-                              deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+                              deterministic: bool, batch_invariant: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     out, lse = _varlen_outputs(q)
     _warpattn.forward_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                             softmax_scale, causal, _current_stream("torch", q))
+                             softmax_scale, causal, _current_stream("torch", q), batch_invariant)
     return out, lse
 
 
 @flash_attn_varlen_forward.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-      deterministic):
+      deterministic, batch_invariant=False):
     return _varlen_outputs(q)
 
 
@@ -159,9 +161,10 @@ def _(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_
 
 
 def _varlen_setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, det = inputs
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, det,
+     *batch_invariant) = inputs
     ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k, seqused_k)
-    ctx.options = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, det)
+    ctx.options = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, det or any(batch_invariant))
     ctx.set_materialize_grads(False)
 
 
@@ -170,22 +173,22 @@ def _varlen_backward(ctx, grad_out, grad_lse):
     dout = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
     dq, dk, dv = flash_attn_varlen_backward(dout, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                             *ctx.options)
-    return (dq, dk, dv) + (None,) * 8
+    return (dq, dk, dv) + (None,) * 9
 
 
 flash_attn_varlen_forward.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
 
 
 def flash_attn_varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                            softmax_scale, causal, return_lse, out, deterministic):
+                            softmax_scale, causal, return_lse, out, deterministic, batch_invariant=False):
     if out is None:
         o, lse = flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-                                           max_seqlen_k, softmax_scale, causal, deterministic)
+                                           max_seqlen_k, softmax_scale, causal, deterministic, batch_invariant)
         return (o, lse) if return_lse else o
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise RuntimeError("out: flash_attn_varlen_func(..., out=...) is not differentiable, but q, k or v "
                            "requires grad; call it without out=, or under torch.no_grad()")
     lse = _varlen_lse_like(q) if return_lse else None
     _warpattn.forward_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                             softmax_scale, causal, _current_stream("torch", q))
+                             softmax_scale, causal, _current_stream("torch", q), batch_invariant)
     return (out, lse) if return_lse else out

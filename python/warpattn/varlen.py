@@ -42,7 +42,8 @@ def _batch_size(cu_seqlens_q):
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
-                           causal=False, return_lse=False, out=None, seqused_k=None, deterministic=False):
+                           causal=False, return_lse=False, out=None, seqused_k=None, deterministic=False,
+                           batch_invariant=False):
     """Exact attention on a packed batch of B sequences of different lengths (FlashAttention's
     flash_attn_varlen_func).
 
@@ -64,7 +65,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     unwritten. Runs on the caller's current stream; argument errors raise ValueError (a message
     naming the argument), a tensor that is not on a CUDA device or not a tensor TypeError.
     PyTorch: differentiable in q, k and v (deterministic=True: the same bits on every backward);
-    CuPy, JAX: see flash_attn_varlen_backward.
+    CuPy, JAX: see flash_attn_varlen_backward. batch_invariant=True: each sequence's bits do not
+    depend on the other sequences (no tile height chosen from the longest; the backward
+    deterministic).
     """
     fw = _common_framework(q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
                            out=out)
@@ -74,7 +77,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if fw == "torch":
         from .torch_op import flash_attn_varlen_torch
         return flash_attn_varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, *lengths, scale, causal,
-                                       return_lse, out, bool(deterministic))
+                                       return_lse, out, bool(deterministic), bool(batch_invariant))
     if fw == "jax":
         if out is not None:
             raise ValueError("out: JAX arrays are immutable; call without out")
@@ -85,7 +88,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             o = empty(q.shape, str(q.dtype))
             lse = empty(_lse_shape(q), "float32") if return_lse else None
             # Stream 0: the legacy default stream of the tensors' device (see api._jax_run).
-            _warpattn.forward_varlen(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, *lengths, scale, causal, 0)
+            _warpattn.forward_varlen(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, *lengths, scale, causal, 0,
+                                     bool(batch_invariant))
             return o, lse
 
         o, lse = _jax_run(q.devices().pop().id, run)
@@ -96,7 +100,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             out = xp.empty(q.shape, dtype=q.dtype)
         lse = xp.empty(_lse_shape(q), dtype=xp.float32) if return_lse else None
         _warpattn.forward_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, *lengths, scale, causal,
-                                 _current_stream(fw, q))
+                                 _current_stream(fw, q), bool(batch_invariant))
     return (out, lse) if return_lse else out
 
 

@@ -38,8 +38,11 @@ void run_pass(Params p, const TensorView& descale, const QuantizeOptions& option
   launch(p);
 }
 
+// cu_seqlens: a packed batch's offsets of `sequences` sequences (the tensors then (1, ...)
+// views over padded blocks, fp8.hpp), or null.
 void quantize_rows(const TensorView& in, const TensorView& out, const TensorView& descale,
-                   const QuantizeOptions& options, int head_dim, float* global_amax, cudaStream_t stream) {
+                   const QuantizeOptions& options, int head_dim, float* global_amax, cudaStream_t stream,
+                   const int* cu_seqlens = nullptr, int sequences = 0) {
   if (detail::is_empty(in)) return;
   detail::QuantizeRowsParams p{};
   p.in = in.data;
@@ -49,6 +52,8 @@ void quantize_rows(const TensorView& in, const TensorView& out, const TensorView
   p.descale = static_cast<float*>(descale.data);
   copy3(p.descale_stride, descale.stride);
   p.seqlen = static_cast<int>(in.shape[1]);
+  p.cu_seqlens = cu_seqlens;
+  p.sequences = sequences;
   p.int8_codes = out.dtype == DType::s8;
   p.rotate = options.rotate;
   for (int i = 0; i < head_dim; ++i)
@@ -60,7 +65,7 @@ void quantize_rows(const TensorView& in, const TensorView& out, const TensorView
 }
 
 void quantize_v(const TensorView& v, const Fp8Operands& f, const QuantizeOptions& options, int head_dim,
-                float* global_amax, cudaStream_t stream) {
+                float* global_amax, cudaStream_t stream, const int* cu_seqlens = nullptr, int sequences = 0) {
   if (detail::is_empty(v)) return;
   detail::QuantizeVtParams p{};
   p.in = v.data;
@@ -70,6 +75,8 @@ void quantize_v(const TensorView& v, const Fp8Operands& f, const QuantizeOptions
   p.descale = static_cast<float*>(f.v_descale.data);
   copy3(p.descale_stride, f.v_descale.stride);
   p.seqlen = static_cast<int>(v.shape[1]);
+  p.cu_seqlens = cu_seqlens;
+  p.sequences = sequences;
   p.padded_keys = f.vt.shape[3];
   for (int i = 0; i < 16; ++i) p.order[i] = kFp8KeyOrder[i];
   run_pass(p, f.v_descale, options, global_amax, stream, [&](const detail::QuantizeVtParams& params) {
@@ -107,6 +114,39 @@ void check_scaling(const QuantizeOptions& options) {
   throw Error(m.str());
 }
 
+// The three tensors' passes (per tensor scaling: one float of scratch each for its amax).
+// cu_q, cu_k: a packed batch's offsets, or null.
+void quantize_all(const TensorView& q, const TensorView& k, const TensorView& v, const Fp8Operands& fp8,
+                  const QuantizeOptions& options, int d, cudaStream_t stream, const int* cu_q = nullptr,
+                  const int* cu_k = nullptr, int sequences = 0) {
+  std::optional<detail::StreamMemory> scratch;
+  float* amax = nullptr;
+  if (options.scaling == Fp8Scaling::per_tensor) {
+    scratch.emplace(3 * sizeof(float), stream, "quantize_fp8");
+    amax = static_cast<float*>(scratch->get());
+  }
+  quantize_rows(q, fp8.q, fp8.q_descale, options, d, amax, stream, cu_q, sequences);
+  quantize_rows(k, fp8.k, fp8.k_descale, options, d, amax ? amax + 1 : nullptr, stream, cu_k, sequences);
+  quantize_v(v, fp8, options, d, amax ? amax + 2 : nullptr, stream, cu_k, sequences);
+}
+
+// The checks and launches after validation, shared by forward_fp8 and forward_fp8_varlen.
+void run_forward_fp8(const detail::ForwardProblem& p, const Fp8Operands& fp8, const TensorView& out,
+                     const std::optional<TensorView>& lse, cudaStream_t stream, bool check,
+                     const detail::VarlenSequences* seqs) {
+  if (check) check_descales(fp8.q_descale, "q_descale", stream);
+  if (check && p.seqlen_k > 0) {
+    check_descales(fp8.k_descale, "k_descale", stream);
+    check_descales(fp8.v_descale, "v_descale", stream);
+  }
+  if (p.seqlen_k == 0)
+    detail::fill_no_key_rows(p, out, lse, stream);
+  else if (seqs != nullptr)
+    detail::launch_forward_fp8_varlen_sm90(p, *seqs, fp8, out, lse, stream);
+  else
+    detail::launch_forward_fp8_sm90(p, fp8, out, lse, stream);
+}
+
 }  // namespace
 
 void quantize_fp8(const TensorView& q, const TensorView& k, const TensorView& v, const Fp8Operands& fp8,
@@ -118,19 +158,21 @@ void quantize_fp8(const TensorView& q, const TensorView& k, const TensorView& v,
                                        {"fp8.vt", &fp8.vt}, {"fp8.q_descale", &fp8.q_descale},
                                        {"fp8.k_descale", &fp8.k_descale}, {"fp8.v_descale", &fp8.v_descale}},
                                       stream);
-  const int d = static_cast<int>(p.head_dim);
-  if (options.scaling == Fp8Scaling::per_tensor) {
-    // One float of scratch per tensor for its global amax.
-    const detail::StreamMemory scratch(3 * sizeof(float), stream, "quantize_fp8");
-    float* amax = static_cast<float*>(scratch.get());
-    quantize_rows(q, fp8.q, fp8.q_descale, options, d, amax, stream);
-    quantize_rows(k, fp8.k, fp8.k_descale, options, d, amax + 1, stream);
-    quantize_v(v, fp8, options, d, amax + 2, stream);
-  } else {
-    quantize_rows(q, fp8.q, fp8.q_descale, options, d, nullptr, stream);
-    quantize_rows(k, fp8.k, fp8.k_descale, options, d, nullptr, stream);
-    quantize_v(v, fp8, options, d, nullptr, stream);
-  }
+  quantize_all(q, k, v, fp8, options, static_cast<int>(p.head_dim), stream);
+}
+
+void quantize_fp8_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const Fp8Operands& fp8,
+                         const VarlenBatch& batch, const QuantizeOptions& options, cudaStream_t stream) {
+  const detail::VarlenFp8Call c = detail::validate_quantize_varlen(q, k, v, fp8, batch);
+  check_scaling(options);
+  if (c.problem.batch == 0) return;
+  const detail::DeviceScope on_device({{"q", &q}, {"k", &k}, {"v", &v}, {"fp8.q", &fp8.q}, {"fp8.k", &fp8.k},
+                                       {"fp8.vt", &fp8.vt}, {"fp8.q_descale", &fp8.q_descale},
+                                       {"fp8.k_descale", &fp8.k_descale}, {"fp8.v_descale", &fp8.v_descale},
+                                       {"cu_seqlens_q", &batch.cu_seqlens_q}, {"cu_seqlens_k", &batch.cu_seqlens_k}},
+                                      stream);
+  quantize_all(c.q, c.k, c.v, c.f, options, static_cast<int>(c.problem.head_dim), stream, c.seqs.cu_seqlens_q,
+               c.seqs.cu_seqlens_k, c.seqs.batch);
 }
 
 void forward_fp8(const Fp8Operands& fp8, const TensorView& out, const std::optional<TensorView>& lse,
@@ -141,15 +183,32 @@ void forward_fp8(const Fp8Operands& fp8, const TensorView& out, const std::optio
                                        {"k_descale", &fp8.k_descale}, {"v_descale", &fp8.v_descale}, {"out", &out},
                                        {"lse", lse ? &*lse : nullptr}},
                                       stream);
-  if (check) check_descales(fp8.q_descale, "q_descale", stream);
-  if (check && p.seqlen_k > 0) {
-    check_descales(fp8.k_descale, "k_descale", stream);
-    check_descales(fp8.v_descale, "v_descale", stream);
-  }
-  if (p.seqlen_k == 0)
-    detail::fill_no_key_rows(p, out, lse, stream);
-  else
-    detail::launch_forward_fp8_sm90(p, fp8, out, lse, stream);
+  run_forward_fp8(p, fp8, out, lse, stream, check, nullptr);
+}
+
+void forward_fp8_varlen(const Fp8Operands& fp8, const TensorView& out, const std::optional<TensorView>& lse,
+                        const VarlenBatch& batch, const ForwardOptions& options, cudaStream_t stream, bool check) {
+  const detail::VarlenFp8Call c = detail::validate_forward_fp8_varlen(fp8, out, lse, batch, options);
+  const detail::ForwardProblem& p = c.problem;
+  if (p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0) return;
+  const detail::DeviceScope on_device({{"q", &fp8.q}, {"k", &fp8.k}, {"vt", &fp8.vt}, {"q_descale", &fp8.q_descale},
+                                       {"k_descale", &fp8.k_descale}, {"v_descale", &fp8.v_descale}, {"out", &out},
+                                       {"lse", lse ? &*lse : nullptr}, {"cu_seqlens_q", &batch.cu_seqlens_q},
+                                       {"cu_seqlens_k", &batch.cu_seqlens_k},
+                                       {"seqused_k", batch.seqused_k ? &*batch.seqused_k : nullptr}},
+                                      stream);
+  run_forward_fp8(p, c.f, c.out, c.lse, stream, check, &c.seqs);
+}
+
+void validate_quantize_fp8_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const Fp8Operands& fp8, const VarlenBatch& batch, const QuantizeOptions& options) {
+  detail::validate_quantize_varlen(q, k, v, fp8, batch);
+  check_scaling(options);
+}
+
+void validate_forward_fp8_varlen(const Fp8Operands& fp8, const TensorView& out, const std::optional<TensorView>& lse,
+                                 const VarlenBatch& batch, const ForwardOptions& options) {
+  detail::validate_forward_fp8_varlen(fp8, out, lse, batch, options);
 }
 
 void validate_quantize_fp8(const TensorView& q, const TensorView& k, const TensorView& v, const Fp8Operands& fp8,

@@ -20,6 +20,7 @@ struct ForwardProblem : ProblemSizes {
   float softmax_scale = 1.f;  // resolved: the option, or 1/sqrt(head_dim)
   bool causal = false;
   bool has_lse = false;
+  bool batch_invariant = false;  // no split tail; packed batches: no tile height from the longest sequence
 };
 
 // Checks every rule of the API (see warpattn.hpp) on the host, without touching the GPU.
@@ -56,6 +57,22 @@ struct VarlenCall {
 VarlenCall validate_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                                    const TensorView& out, const std::optional<TensorView>& lse,
                                    const VarlenBatch& batch, const ForwardOptions& options);
+
+// A validated FP8 call on a packed batch: the operands (and q, k, v of quantize_fp8_varlen, out
+// and lse of forward_fp8_varlen) as (1, ...) views, the problem (batch: the sequences) and the
+// device offsets.
+struct VarlenFp8Call {
+  Fp8Operands f;
+  TensorView q, k, v, out;
+  std::optional<TensorView> lse;
+  ForwardProblem problem;
+  VarlenSequences seqs;
+};
+VarlenFp8Call validate_quantize_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                                       const Fp8Operands& f, const VarlenBatch& batch);
+VarlenFp8Call validate_forward_fp8_varlen(const Fp8Operands& f, const TensorView& out,
+                                          const std::optional<TensorView>& lse, const VarlenBatch& batch,
+                                          const ForwardOptions& options);
 
 // What validation hands to the backward's dispatch.
 struct BackwardProblem : ProblemSizes {

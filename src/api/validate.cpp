@@ -427,6 +427,7 @@ ForwardProblem forward_problem(const ProblemSizes& sizes, DType dtype, const For
   p.softmax_scale = resolved_softmax_scale(options.softmax_scale, sizes.head_dim);
   p.causal = options.causal;
   p.has_lse = has_lse;
+  p.batch_invariant = options.batch_invariant;
   return p;
 }
 
@@ -679,7 +680,7 @@ BackwardProblem validate_backward_views(const BackwardTensors& t, const Backward
   p.dtype = t.q.dtype;
   p.softmax_scale = resolved_softmax_scale(options.softmax_scale, sizes.head_dim);
   p.causal = options.causal;
-  p.deterministic = options.deterministic;
+  p.deterministic = options.deterministic || options.batch_invariant;
   p.varlen = varlen != nullptr;
 
   // n. workspace
@@ -720,7 +721,7 @@ BackwardProblem workspace_problem(const TensorView& q, int64_t batch, const Back
   p.head_dim = q.shape[3 + r];
   p.dtype = q.dtype;
   p.causal = options.causal;
-  p.deterministic = options.deterministic;
+  p.deterministic = options.deterministic || options.batch_invariant;
   p.varlen = varlen;
   return p;
 }
@@ -763,10 +764,23 @@ void check_descale_block_stride(const Arg& a, bool written) {
 
 }  // namespace
 
-ProblemSizes validate_fp8_operands(const Fp8Operands& f) {
-  const Arg aq{"q", f.q, kAttentionDimNames, 4}, ak{"k", f.k, kAttentionDimNames, 4},
-      avt{"vt", f.vt, kVtDimNames, 4}, aqs{"q_descale", f.q_descale, kDescaleDimNames, 3},
-      aks{"k_descale", f.k_descale, kDescaleDimNames, 3}, avs{"v_descale", f.v_descale, kDescaleDimNames, 3};
+namespace {
+
+const char* const kPackedVtDimNames[4] = {"", "heads", "head_dim", "keys"};
+const char* const kPackedDescaleDimNames[3] = {"", "heads", "blocks"};
+
+// The FP8 operands' rules over views of rank 4 (q, k, vt) and 3 (descales); a packed batch's
+// (`sequences` >= 0) as (1, ...) views of its rank-3 and rank-2 tensors, whose Vᵀ and descales
+// hold each sequence from its padded row (fp8_varlen_rows).
+ProblemSizes check_fp8_operands(const Fp8Operands& f, int64_t sequences) {
+  const bool packed = sequences >= 0;
+  const int hidden = packed ? 1 : 0;
+  const char* const* names = packed ? kPackedDimNames : kAttentionDimNames;
+  const char* const* vt_names = packed ? kPackedVtDimNames : kVtDimNames;
+  const char* const* descale_names = packed ? kPackedDescaleDimNames : kDescaleDimNames;
+  const Arg aq{"q", f.q, names, 4, hidden}, ak{"k", f.k, names, 4, hidden}, avt{"vt", f.vt, vt_names, 4, hidden},
+      aqs{"q_descale", f.q_descale, descale_names, 3, hidden}, aks{"k_descale", f.k_descale, descale_names, 3, hidden},
+      avs{"v_descale", f.v_descale, descale_names, 3, hidden};
   const Arg* const tensors[3] = {&aq, &ak, &avt};
   const Arg* const scales[3] = {&aqs, &aks, &avs};
   for (const Arg* a : tensors) check_rank(*a);
@@ -794,14 +808,25 @@ ProblemSizes validate_fp8_operands(const Fp8Operands& f) {
   p.seqlen_k = f.k.shape[1];
   p.heads_kv = f.k.shape[2];
   const int64_t k_want[4] = {p.batch, p.seqlen_k, p.heads_kv, head_dim};
-  check_shape(ak, k_want, "(batch and head_dim as q)");
-  const int64_t vt_want[4] = {p.batch, p.heads_kv, head_dim, fp8_padded_keys(p.seqlen_k)};
-  check_shape(avt, vt_want, "(batch, heads_kv, head_dim, seqlen_k rounded up to 16)");
-  const int64_t qs_want[3] = {p.batch, p.heads_q, blocks_of(p.seqlen_q)};
-  check_shape(aqs, qs_want, "(batch, heads_q, ceil(seqlen_q / 128))");
-  const int64_t kvs_want[3] = {p.batch, p.heads_kv, blocks_of(p.seqlen_k)};
-  check_shape(aks, kvs_want, "(batch, heads_kv, ceil(seqlen_k / 128))");
-  check_shape(avs, kvs_want, "(batch, heads_kv, ceil(seqlen_k / 128))");
+  check_shape(ak, k_want, packed ? "(head_dim as q)" : "(batch and head_dim as q)");
+  if (packed) {
+    const int64_t rows_q = fp8_varlen_rows(p.seqlen_q, sequences), rows_k = fp8_varlen_rows(p.seqlen_k, sequences);
+    const int64_t vt_want[4] = {1, p.heads_kv, head_dim, rows_k};
+    check_shape(avt, vt_want, "(heads_kv, head_dim, fp8_varlen_rows(total_k, batch))");
+    const int64_t qs_want[3] = {1, p.heads_q, rows_q / kFp8BlockRows};
+    check_shape(aqs, qs_want, "(heads_q, fp8_varlen_rows(total_q, batch) / 128)");
+    const int64_t kvs_want[3] = {1, p.heads_kv, rows_k / kFp8BlockRows};
+    check_shape(aks, kvs_want, "(heads_kv, fp8_varlen_rows(total_k, batch) / 128)");
+    check_shape(avs, kvs_want, "(heads_kv, fp8_varlen_rows(total_k, batch) / 128)");
+  } else {
+    const int64_t vt_want[4] = {p.batch, p.heads_kv, head_dim, fp8_padded_keys(p.seqlen_k)};
+    check_shape(avt, vt_want, "(batch, heads_kv, head_dim, seqlen_k rounded up to 16)");
+    const int64_t qs_want[3] = {p.batch, p.heads_q, blocks_of(p.seqlen_q)};
+    check_shape(aqs, qs_want, "(batch, heads_q, ceil(seqlen_q / 128))");
+    const int64_t kvs_want[3] = {p.batch, p.heads_kv, blocks_of(p.seqlen_k)};
+    check_shape(aks, kvs_want, "(batch, heads_kv, ceil(seqlen_k / 128))");
+    check_shape(avs, kvs_want, "(batch, heads_kv, ceil(seqlen_k / 128))");
+  }
   check_head_groups(p.heads_q, p.heads_kv);
   for (const Arg* a : tensors) check_last_dim_contiguous(*a);
   for (const Arg* a : tensors) check_tma_layout(*a);
@@ -813,25 +838,39 @@ ProblemSizes validate_fp8_operands(const Fp8Operands& f) {
   return p;
 }
 
-ProblemSizes validate_quantize(const TensorView& q, const TensorView& k, const TensorView& v, const Fp8Operands& f) {
+}  // namespace
+
+ProblemSizes validate_fp8_operands(const Fp8Operands& f) { return check_fp8_operands(f, -1); }
+
+namespace {
+
+// quantize_fp8's rules; a packed batch's (sequences >= 0) over (1, ...) views (check_fp8_operands).
+ProblemSizes check_quantize(const TensorView& q, const TensorView& k, const TensorView& v, const Fp8Operands& f,
+                            int64_t sequences) {
+  const bool packed = sequences >= 0;
+  const int hidden = packed ? 1 : 0;
+  const char* const* names = packed ? kPackedDimNames : kAttentionDimNames;
   // The inputs first, by forward()'s rules (with q standing in for out, which is not written):
   // rank, sizes, null, dtype, head dim, shapes, GQA, layout.
-  const Arg aq{"q", q, kAttentionDimNames, 4}, ak{"k", k, kAttentionDimNames, 4}, av{"v", v, kAttentionDimNames, 4};
+  const Arg aq{"q", q, names, 4, hidden}, ak{"k", k, names, 4, hidden}, av{"v", v, names, 4, hidden};
   const Arg* const inputs[3] = {&aq, &ak, &av};
   for (const Arg* a : inputs) check_rank(*a);
   for (const Arg* a : inputs) check_sizes_not_negative(*a);
   for (const Arg* a : inputs) check_not_null(*a);
   check_16bit_dtype(aq);
   for (const Arg* a : {&ak, &av}) check_dtype(*a, q.dtype);
-  const ProblemSizes p = validate_fp8_operands(f);
-  const Arg fq{"fp8.q", f.q, kAttentionDimNames, 4}, fk{"fp8.k", f.k, kAttentionDimNames, 4};
+  const ProblemSizes p = check_fp8_operands(f, sequences);
+  const Arg fq{"fp8.q", f.q, names, 4, hidden}, fk{"fp8.k", f.k, names, 4, hidden};
   check_shape(aq, f.q.shape, "(same as fp8.q)");
   check_shape(ak, f.k.shape, "(same as fp8.k)");
   check_shape(av, f.k.shape, "(same as fp8.k)");
   for (const Arg* a : inputs) check_last_dim_contiguous(*a);
   for (const Arg* a : inputs) check_tma_layout(*a);
-  const Arg avt{"fp8.vt", f.vt, kVtDimNames, 4}, aqs{"fp8.q_descale", f.q_descale, kDescaleDimNames, 3},
-      aks{"fp8.k_descale", f.k_descale, kDescaleDimNames, 3}, avs{"fp8.v_descale", f.v_descale, kDescaleDimNames, 3};
+  const char* const* vt_names = packed ? kPackedVtDimNames : kVtDimNames;
+  const char* const* descale_names = packed ? kPackedDescaleDimNames : kDescaleDimNames;
+  const Arg avt{"fp8.vt", f.vt, vt_names, 4, hidden}, aqs{"fp8.q_descale", f.q_descale, descale_names, 3, hidden},
+      aks{"fp8.k_descale", f.k_descale, descale_names, 3, hidden},
+      avs{"fp8.v_descale", f.v_descale, descale_names, 3, hidden};
   for (const Arg* a : {&aqs, &aks, &avs}) check_descale_block_stride(*a, true);
   const Arg* const tensors[9] = {&aq, &ak, &av, &fq, &fk, &avt, &aqs, &aks, &avs};
   const Arg* const outputs[6] = {&fq, &fk, &avt, &aqs, &aks, &avs};
@@ -839,12 +878,18 @@ ProblemSizes validate_quantize(const TensorView& q, const TensorView& k, const T
   return p;
 }
 
-ForwardProblem validate_forward_fp8(const Fp8Operands& f, const TensorView& out, const std::optional<TensorView>& lse,
-                                    const ForwardOptions& options) {
-  const ProblemSizes p = validate_fp8_operands(f);
-  const Arg aout{"out", out, kAttentionDimNames, 4};
+// forward_fp8's rules; a packed batch's as check_quantize. `extra`: further tensors the call
+// reads (a packed batch's offsets), for the overlap rule.
+ForwardProblem check_forward_fp8(const Fp8Operands& f, const TensorView& out, const std::optional<TensorView>& lse,
+                                 const ForwardOptions& options, int64_t sequences,
+                                 const std::vector<const Arg*>& extra = {}) {
+  const bool packed = sequences >= 0;
+  const int hidden = packed ? 1 : 0;
+  const char* const* names = packed ? kPackedDimNames : kAttentionDimNames;
+  const ProblemSizes p = check_fp8_operands(f, sequences);
+  const Arg aout{"out", out, names, 4, hidden};
   const TensorView no_lse;
-  const Arg alse{"lse", lse ? *lse : no_lse, kLseDimNames, 3};
+  const Arg alse{"lse", lse ? *lse : no_lse, packed ? kPackedLseDimNames : kLseDimNames, 3, hidden};
   check_rank(aout);
   if (lse) check_rank(alse);
   check_sizes_not_negative(aout);
@@ -854,24 +899,96 @@ ForwardProblem validate_forward_fp8(const Fp8Operands& f, const TensorView& out,
   check_16bit_dtype(aout);
   if (lse) check_dtype(alse, DType::f32);
   check_shape(aout, f.q.shape, "(same as q)");
-  if (lse) {
-    const int64_t want[3] = {p.batch, p.heads_q, p.seqlen_q};
-    check_shape(alse, want, "(batch, heads_q, seqlen_q)");
-  }
+  if (lse) check_lse_shape(alse, p);
   check_last_dim_contiguous(aout);
   check_tma_layout(aout);
   if (lse) check_fp32_layout(alse, 3);
   check_softmax_scale(options.softmax_scale);
-  const Arg aq{"q", f.q, kAttentionDimNames, 4}, ak{"k", f.k, kAttentionDimNames, 4},
-      avt{"vt", f.vt, kVtDimNames, 4}, aqs{"q_descale", f.q_descale, kDescaleDimNames, 3},
-      aks{"k_descale", f.k_descale, kDescaleDimNames, 3}, avs{"v_descale", f.v_descale, kDescaleDimNames, 3};
+  const char* const* vt_names = packed ? kPackedVtDimNames : kVtDimNames;
+  const char* const* descale_names = packed ? kPackedDescaleDimNames : kDescaleDimNames;
+  const Arg aq{"q", f.q, names, 4, hidden}, ak{"k", f.k, names, 4, hidden}, avt{"vt", f.vt, vt_names, 4, hidden},
+      aqs{"q_descale", f.q_descale, descale_names, 3, hidden}, aks{"k_descale", f.k_descale, descale_names, 3, hidden},
+      avs{"v_descale", f.v_descale, descale_names, 3, hidden};
   std::vector<const Arg*> tensors = {&aq, &ak, &avt, &aqs, &aks, &avs, &aout}, written = {&aout};
+  tensors.insert(tensors.end(), extra.begin(), extra.end());
   if (lse) {
     tensors.push_back(&alse);
     written.push_back(&alse);
   }
   check_written_apart(tensors, written);
   return forward_problem(p, out.dtype, options, lse.has_value());
+}
+
+// The operands of a packed call as (1, ...) views, after their ranks as the caller has them.
+Fp8Operands packed_fp8_operands(const Fp8Operands& f, const char* prefix) {
+  const std::string n = prefix;
+  const std::string q = n + "q", k = n + "k", vt = n + "vt", qs = n + "q_descale", ks = n + "k_descale",
+                    vs = n + "v_descale";
+  check_rank(Arg{q.c_str(), f.q, kPackedDimNames + 1, 3});
+  check_rank(Arg{k.c_str(), f.k, kPackedDimNames + 1, 3});
+  check_rank(Arg{vt.c_str(), f.vt, kPackedVtDimNames + 1, 3});
+  check_rank(Arg{qs.c_str(), f.q_descale, kPackedDescaleDimNames + 1, 2});
+  check_rank(Arg{ks.c_str(), f.k_descale, kPackedDescaleDimNames + 1, 2});
+  check_rank(Arg{vs.c_str(), f.v_descale, kPackedDescaleDimNames + 1, 2});
+  return {with_unit_batch(f.q),         with_unit_batch(f.k),         with_unit_batch(f.vt),
+          with_unit_batch(f.q_descale), with_unit_batch(f.k_descale), with_unit_batch(f.v_descale)};
+}
+
+}  // namespace
+
+ProblemSizes validate_quantize(const TensorView& q, const TensorView& k, const TensorView& v, const Fp8Operands& f) {
+  return check_quantize(q, k, v, f, -1);
+}
+
+ForwardProblem validate_forward_fp8(const Fp8Operands& f, const TensorView& out, const std::optional<TensorView>& lse,
+                                    const ForwardOptions& options) {
+  return check_forward_fp8(f, out, lse, options, -1);
+}
+
+VarlenFp8Call validate_quantize_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                                       const Fp8Operands& f, const VarlenBatch& batch) {
+  check_packed_ranks({{"q", &q}, {"k", &k}, {"v", &v}}, "", nullptr);
+  VarlenFp8Call call;
+  call.f = packed_fp8_operands(f, "fp8.");
+  call.q = with_unit_batch(q), call.k = with_unit_batch(k), call.v = with_unit_batch(v);
+  const VarlenArgs va(batch);
+  // The offsets' rules before the operands' shapes, which depend on the number of sequences.
+  check_sizes_not_negative(Arg{"q", q, kPackedDimNames + 1, 3});
+  const int64_t sequences = va.check(q.shape[0], 128, q.shape[1], "q");
+  const ProblemSizes p = check_quantize(call.q, call.k, call.v, call.f, sequences);
+  // The offsets apart from what is written.
+  const Arg fq{"fp8.q", call.f.q, kPackedDimNames, 4, 1}, fk{"fp8.k", call.f.k, kPackedDimNames, 4, 1},
+      fvt{"fp8.vt", call.f.vt, kPackedVtDimNames, 4, 1},
+      fqs{"fp8.q_descale", call.f.q_descale, kPackedDescaleDimNames, 3, 1},
+      fks{"fp8.k_descale", call.f.k_descale, kPackedDescaleDimNames, 3, 1},
+      fvs{"fp8.v_descale", call.f.v_descale, kPackedDescaleDimNames, 3, 1};
+  std::vector<const Arg*> tensors = {&fq, &fk, &fvt, &fqs, &fks, &fvs};
+  const std::vector<const Arg*> written = tensors;
+  va.add_to(tensors);
+  check_written_apart(tensors, written);
+  static_cast<ProblemSizes&>(call.problem) = p;
+  call.problem.batch = sequences;
+  call.seqs = device_sequences(batch, p);
+  return call;
+}
+
+VarlenFp8Call validate_forward_fp8_varlen(const Fp8Operands& f, const TensorView& out,
+                                          const std::optional<TensorView>& lse, const VarlenBatch& batch,
+                                          const ForwardOptions& options) {
+  VarlenFp8Call call;
+  call.f = packed_fp8_operands(f, "");
+  check_packed_ranks({{"out", &out}}, "lse", lse ? &*lse : nullptr);
+  call.out = with_unit_batch(out);
+  if (lse) call.lse = with_unit_batch(*lse);
+  const VarlenArgs va(batch);
+  check_sizes_not_negative(Arg{"q", f.q, kPackedDimNames + 1, 3});
+  const int64_t sequences = va.check(f.q.shape[0], 128, f.q.shape[1], "q");
+  std::vector<const Arg*> offsets;
+  va.add_to(offsets);
+  call.problem = check_forward_fp8(call.f, call.out, call.lse, options, sequences, offsets);
+  call.problem.batch = sequences;
+  call.seqs = device_sequences(batch, call.problem);
+  return call;
 }
 
 VarlenCall validate_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -17,6 +17,7 @@
 #include "common/magic_int_float.hpp"
 #include "fp8/quantize.hpp"
 #include "hopper/cuda_check.hpp"
+#include "hopper/backward/workspace.hpp"
 #include "hopper/ptx/math.cuh"
 
 namespace warpattn::detail {
@@ -117,6 +118,26 @@ __device__ __forceinline__ float block_max(float x, float* scratch) {
   return m;
 }
 
+// The rows of a CTA's block: grid (blocks, heads, batch), or a packed batch's (padded blocks,
+// heads, 1), whose block x stands for padded rows 128 x .. (one sequence's, or a gap's).
+struct QuantBlock {
+  int batch;     // the tensors' batch index (a packed batch's: 0)
+  int in_row0;   // the block's first row in the input (and Q/K codes) tensor
+  int rows;      // rows of the block that exist (0 .. 128)
+};
+
+__device__ __forceinline__ QuantBlock quant_block(const int* cu, int sequences, int seqlen) {
+  const int x = static_cast<int>(blockIdx.x);
+  if (cu != nullptr) {
+    const int64_t padded = static_cast<int64_t>(x) * kBlockRows;
+    const int b = sequence_of_padded_row(cu, sequences, seqlen, padded);
+    const int off = min(max(cu[b], 0), seqlen), end = min(max(cu[b + 1], off), seqlen);
+    const int before = static_cast<int>(padded - varlen_row0(off, b));  // the sequence's rows before the block
+    return {0, off + before, max(0, min(kBlockRows, end - off - before))};
+  }
+  return {static_cast<int>(blockIdx.z), x * kBlockRows, max(0, min(kBlockRows, seqlen - x * kBlockRows))};
+}
+
 // 1 / sqrt(D), correctly rounded; a power of two (exact) for D = 64 and 256.
 template <int D>
 constexpr float kInvSqrt = D == 64 ? 0.125f : D == 128 ? 0.08838834764831844055f : 0.0625f;
@@ -168,10 +189,12 @@ __global__ void __launch_bounds__(RowsLayout<D, kRotate>::kThreads, RowsLayout<D
   constexpr int G = L::kLanes, N = L::kElems, C = L::kChunks;
   __shared__ float scratch[L::kWarps];
   __shared__ uint4 sign_xor[kRotate ? D / 8 : 1];  // per 8 elements: bit 15 / 31 of each pair
-  const int block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  const int block = blockIdx.x, head = blockIdx.y;
+  const QuantBlock qb = quant_block(p.cu_seqlens, p.sequences, p.seqlen);
+  const int batch = qb.batch;
   const int r = threadIdx.x / G, c = threadIdx.x % G;
-  const int row = block * kBlockRows + r;
-  const bool live = row < p.seqlen;
+  const int row = qb.in_row0 + r;
+  const bool live = r < qb.rows;
 
   uint4 raw[C];
   {
@@ -350,11 +373,13 @@ __global__ void __launch_bounds__(VtLayout<D>::kThreads, VtLayout<D>::kMinBlocks
   constexpr int kTasks = L::kTasksPerWarp;
   __shared__ alignas(16) uint8_t tile[D * kBlockRows];  // [d][column], chunks swizzled
   __shared__ float scratch[L::kWarps];
-  const int block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  const int block = blockIdx.x, head = blockIdx.y;
+  const QuantBlock qb = quant_block(p.cu_seqlens, p.sequences, p.seqlen);
+  const int batch = qb.batch;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int a = lane / 8, chunk = lane % 8;
-  const int key0 = block * kBlockRows;
-  const int keys_here = min(kBlockRows, p.seqlen - key0);
+  const int key0 = block * kBlockRows;  // the block's first column of Vᵀ
+  const int keys_here = qb.rows;
 
   uint4 raw[kTasks][4];
   uint32_t acc = 0;
@@ -367,7 +392,8 @@ __global__ void __launch_bounds__(VtLayout<D>::kThreads, VtLayout<D>::kMinBlocks
       raw[u][t] = make_uint4(0, 0, 0, 0);  // zero past seqlen
       if (key < keys_here)
         raw[u][t] = load_streaming(static_cast<const T*>(p.in) + batch * p.in_stride[0] +
-                                   (key0 + key) * p.in_stride[1] + head * p.in_stride[2] + d0);
+                                   static_cast<int64_t>(qb.in_row0 + key) * p.in_stride[1] + head * p.in_stride[2] +
+                                   d0);
     }
   }
 #pragma unroll

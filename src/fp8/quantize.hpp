@@ -25,7 +25,12 @@ struct QuantizeRowsParams {
   int64_t out_stride[3];
   float* descale;
   int64_t descale_stride[3];  // batch, head, block
-  int seqlen;
+  int seqlen;  // a packed batch's: the packed length
+  // A packed batch (quantize_fp8_varlen): cu_seqlens (sequences + 1 offsets); the grid's
+  // blocks are then padded blocks (backward/workspace.hpp's varlen_row0), each within one
+  // sequence or in a gap. Null: dense.
+  const int* cu_seqlens;
+  int sequences;
   bool rotate;
   uint64_t signs[4];  // bit i set: element i is negated before the Walsh-Hadamard transform
   QuantizeMode mode;
@@ -41,6 +46,8 @@ struct QuantizeVtParams {
   float* descale;
   int64_t descale_stride[3];
   int seqlen;
+  const int* cu_seqlens;  // as QuantizeRowsParams'; Vᵀ's columns are then the padded rows
+  int sequences;
   int64_t padded_keys;
   int order[16];
   QuantizeMode mode;

@@ -54,6 +54,9 @@ struct TileContext {
   int kv_base;  // K/V ring ordinal of this tile's first key tile
   int q_stage;  // Q buffer
   int seqlen_q, seqlen_k;  // of the tile's sequence
+  // FP8: the descale blocks of the sequence's first query row and key (a packed batch's padded
+  // blocks, quantize_fp8_varlen; 0 otherwise).
+  int q_block0 = 0, k_block0 = 0;
 };
 
 // One elected thread per warpgroup releases a ring slot once the warpgroup's wgmma reading it
@@ -87,10 +90,10 @@ struct ConsumerTile {
         row0(t_.m_block * Cfg::kBlockM + t_.warpgroup * 64 + f.row(0)),
         q_rows(ptx::smem_addr(ss_.q[t_.q_stage]) + t_.warpgroup * 64 * Cfg::kSwizzleBytes),
         q_scale(Cfg::kFp8 ? p.scale_log2 * p.q_descale.at(t_.batch, t_.head,
-                                                           (m_start + t_.warpgroup * 64) / Cfg::kDescaleRows)
+                                                           t_.q_block0 + (m_start + t_.warpgroup * 64) / Cfg::kDescaleRows)
                           : p.scale_log2),
-        k_descale_last(Cfg::kFp8 ? &p.k_descale.at(t_.batch, t_.head / p.kv_group, t_.n_end - 1) : nullptr),
-        v_descale_last(Cfg::kFp8 ? &p.v_descale.at(t_.batch, t_.head / p.kv_group, t_.n_end - 1) : nullptr) {}
+        k_descale_last(Cfg::kFp8 ? &p.k_descale.at(t_.batch, t_.head / p.kv_group, t_.k_block0 + t_.n_end - 1) : nullptr),
+        v_descale_last(Cfg::kFp8 ? &p.v_descale.at(t_.batch, t_.head / p.kv_group, t_.k_block0 + t_.n_end - 1) : nullptr) {}
 
   // The key tile visited at ordinal it (the last first).
   __device__ __forceinline__ int key_tile(int it) const { return t.n_end - 1 - it; }

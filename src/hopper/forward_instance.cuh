@@ -40,11 +40,23 @@ template <class Element, int kHeadDim, bool kCausal>
 void run_forward_varlen_causal(const ForwardProblem& p, const VarlenSequences& seqs, const TensorView& q,
                                const TensorView& k, const TensorView& v, const TensorView& out,
                                const std::optional<TensorView>& lse, cudaStream_t stream) {
+  // (not in the batch-invariant mode: the longest sequence would set every sequence's tiles)
   if constexpr (kHasTallTiles<kHeadDim>)
-    if (seqs.max_seqlen_q >= kTallTileMinRows)
+    if (seqs.max_seqlen_q >= kTallTileMinRows && !p.batch_invariant)
       return run_forward_varlen<VarlenConfig<TallForwardConfigFor<Element, kHeadDim, kCausal>>>(p, seqs, q, k, v, out,
                                                                                                lse, stream);
   run_forward_varlen<VarlenConfig<ForwardConfigFor<Element, kHeadDim, kCausal>>>(p, seqs, q, k, v, out, lse, stream);
+}
+
+template <int kHeadDim, bool kCausal, class Out, class QKElement>
+void run_fp8_varlen_causal(const ForwardProblem& p, const VarlenSequences& seqs, const Fp8Operands& f,
+                           const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream) {
+  if constexpr (kHasTallTiles<kHeadDim>)
+    if (seqs.max_seqlen_q >= kTallTileMinRows && !p.batch_invariant)
+      return run_forward_varlen<VarlenConfig<Fp8ForwardConfigFor<kHeadDim, kCausal, Out, QKElement, 3>>>(
+          p, seqs, f.q, f.k, f.vt, out, lse, stream, &f);
+  run_forward_varlen<VarlenConfig<Fp8ForwardConfigFor<kHeadDim, kCausal, Out, QKElement>>>(p, seqs, f.q, f.k, f.vt, out,
+                                                                                          lse, stream, &f);
 }
 
 }  // namespace warpattn::detail
@@ -83,6 +95,15 @@ void run_forward_varlen_causal(const ForwardProblem& p, const VarlenSequences& s
     else                                                                                            \
       run_fp8_causal<kHeadDim, false, Out, QKElement>(p, f, out, lse, stream);                      \
   }                                                                                                 \
+  template <class Out>                                                                              \
+  static void run_fp8_varlen_out(const ForwardProblem& p, const VarlenSequences& seqs,              \
+                                 const Fp8Operands& f, const TensorView& out,                       \
+                                 const std::optional<TensorView>& lse, cudaStream_t stream) {       \
+    if (p.causal)                                                                                   \
+      run_fp8_varlen_causal<kHeadDim, true, Out, QKElement>(p, seqs, f, out, lse, stream);          \
+    else                                                                                            \
+      run_fp8_varlen_causal<kHeadDim, false, Out, QKElement>(p, seqs, f, out, lse, stream);         \
+  }                                                                                                 \
   template <>                                                                                       \
   void run_forward_fp8_head_dim<kHeadDim, QKElement>(const ForwardProblem& p, const Fp8Operands& f, \
                                                      const TensorView& out,                         \
@@ -92,5 +113,14 @@ void run_forward_varlen_causal(const ForwardProblem& p, const VarlenSequences& s
       run_fp8_out<__nv_bfloat16>(p, f, out, lse, stream);                                           \
     else                                                                                            \
       run_fp8_out<__half>(p, f, out, lse, stream);                                                  \
+  }                                                                                                 \
+  template <>                                                                                       \
+  void run_forward_fp8_varlen_head_dim<kHeadDim, QKElement>(                                        \
+      const ForwardProblem& p, const VarlenSequences& seqs, const Fp8Operands& f,                   \
+      const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream) {           \
+    if (p.dtype == DType::bf16)                                                                     \
+      run_fp8_varlen_out<__nv_bfloat16>(p, seqs, f, out, lse, stream);                              \
+    else                                                                                            \
+      run_fp8_varlen_out<__half>(p, seqs, f, out, lse, stream);                                     \
   }                                                                                                 \
   }

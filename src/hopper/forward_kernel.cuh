@@ -16,6 +16,7 @@
 #include "hopper/softmax.cuh"
 #include "hopper/split_tail_combine.cuh"
 #include "hopper/tile_scheduler.cuh"
+#include "hopper/backward/workspace.hpp"
 
 namespace warpattn::detail {
 
@@ -59,7 +60,11 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
     OnlineSoftmax softmax(Cfg::kPLog2Offset, Cfg::kStaleLog2);
     if (n_tiles > 0) {
       const RingSlot qs = ring_slot<Cfg::kQStages>(q_iter);
-      const TileContext t{warpgroup, w.m_block, w.head, w.batch, n_tiles, w.n_end, kv, qs.stage, seqlen_q, seqlen_k};
+      TileContext t{warpgroup, w.m_block, w.head, w.batch, n_tiles, w.n_end, kv, qs.stage, seqlen_q, seqlen_k};
+      if constexpr (Cfg::kFp8 && Cfg::kVarlen) {  // the descale arrays' batch stride is 0 (run_forward_varlen)
+        t.q_block0 = static_cast<int>(varlen_row0(w.q_offset, w.batch) / Cfg::kDescaleRows);
+        t.k_block0 = static_cast<int>(varlen_row0(w.k_offset, w.batch) / Cfg::kDescaleRows);
+      }
       ptx::mbarrier_wait(ptx::smem_addr(&ss.q_full[qs.stage]), qs.phase);
       const ConsumerTile<Cfg> tile(ss, params, t);
       if constexpr (Cfg::kFp8) {

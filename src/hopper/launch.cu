@@ -28,6 +28,16 @@ void launch_forward_varlen_sm90(const ForwardProblem& p, const VarlenSequences& 
   });
 }
 
+void launch_forward_fp8_varlen_sm90(const ForwardProblem& p, const VarlenSequences& seqs, const Fp8Operands& fp8,
+                                    const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream) {
+  with_head_dim(p.head_dim, "FP8 kernel", [&](auto d) {
+    if (fp8.q.dtype == DType::s8)
+      run_forward_fp8_varlen_head_dim<decltype(d)::value, int8_t>(p, seqs, fp8, out, lse, stream);
+    else
+      run_forward_fp8_varlen_head_dim<decltype(d)::value, __nv_fp8_e4m3>(p, seqs, fp8, out, lse, stream);
+  });
+}
+
 void launch_forward_fp8_sm90(const ForwardProblem& p, const Fp8Operands& fp8, const TensorView& out,
                              const std::optional<TensorView>& lse, cudaStream_t stream) {
   with_head_dim(p.head_dim, "FP8 kernel", [&](auto d) {

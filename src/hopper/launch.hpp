@@ -24,6 +24,11 @@ void launch_forward_varlen_sm90(const ForwardProblem& p, const VarlenSequences& 
 void launch_forward_fp8_sm90(const ForwardProblem& p, const Fp8Operands& fp8, const TensorView& out,
                              const std::optional<TensorView>& lse, cudaStream_t stream);
 
+// FP8 on a packed batch: fp8's tensors as (1, ...) views (validate_forward_fp8_varlen), out
+// (1, total_q, heads, head_dim), lse (1, heads, total_q); total_k >= 1.
+void launch_forward_fp8_varlen_sm90(const ForwardProblem& p, const VarlenSequences& seqs, const Fp8Operands& fp8,
+                                    const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream);
+
 // seqlen_k == 0 (and seqlen_q >= 1): every query row has no key, so out is zero and lse -inf.
 void fill_no_key_rows(const ForwardProblem& p, const TensorView& out,
                       const std::optional<TensorView>& lse, cudaStream_t stream);

@@ -11,6 +11,7 @@
 #include "hopper/tile_order.hpp"
 #include "hopper/shared_storage.cuh"
 #include "hopper/tile_scheduler.cuh"
+#include "hopper/backward/workspace.hpp"
 
 namespace warpattn::detail {
 
@@ -89,6 +90,9 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
     const int n_tiles = w.n_tiles, n_end = w.n_end;  // key tiles n_end - 1 down to n_end - n_tiles
     const int head_kv = w.head / params.kv_group;
     const int batch = Cfg::kVarlen ? 0 : w.batch;  // a packed batch's tensor maps have one batch entry
+    // FP8's Vᵀ keeps each sequence's keys from its padded row (quantize_fp8_varlen), K at the
+    // caller's offset.
+    const int v_first_key = Cfg::kFp8 && Cfg::kVarlen ? static_cast<int>(varlen_row0(w.k_offset, w.batch)) : w.k_offset;
     if (n_tiles > 0) {
       // The first K tile can go into a ring slot freed during the previous tile; Q must wait
       // until both consumers' last S GEMM of the tile that used its buffer has read it.
@@ -105,13 +109,18 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
     if (n_tiles > 0) {
       for (int it = 1; it < n_tiles; ++it) {
         load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, n_end - 1 - it, head_kv, batch, w.k_offset);
-        load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1, n_end - it, head_kv, batch, w.k_offset);
+        load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1, n_end - it, head_kv, batch, v_first_key);
       }
-      load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + n_tiles - 1, n_end - n_tiles, head_kv, batch, w.k_offset);
+      load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + n_tiles - 1, n_end - n_tiles, head_kv, batch, v_first_key);
       kv += n_tiles;
       ++q_iter;
     }
-    w = next;
+    // A packed batch's tile has eight live fields: the producer of the widest FP8 kernel (24
+    // registers) spilled holding them across this tile's loads; it reads them back instead.
+    if constexpr (Cfg::kVarlen)
+      w = ss.tiles.own(i + 1);
+    else
+      w = next;
   }
 }
 

@@ -67,6 +67,19 @@ ForwardParams base_forward_params(const ForwardProblem& p, const TensorView& out
   return params;
 }
 
+// FP8's descales, as the kernel reads them.
+inline void set_descales(ForwardParams& params, const Fp8Operands& fp8) {
+  const auto descales = [](const TensorView& t) {
+    DescaleArray a;
+    a.data = static_cast<const float*>(t.data);
+    for (int i = 0; i < 3; ++i) a.stride[i] = t.stride[i];
+    return a;
+  };
+  params.q_descale = descales(fp8.q_descale);
+  params.k_descale = descales(fp8.k_descale);
+  params.v_descale = descales(fp8.v_descale);
+}
+
 template <class Cfg>
 void launch_forward_kernel(int64_t blocks, const ForwardMaps& maps, const ForwardParams& params, cudaStream_t stream) {
   auto kernel = attention_forward_kernel<Cfg>;
@@ -85,17 +98,7 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
   static_assert(Cfg::kDescaleRows == kFp8BlockRows, "the kernel's descale blocks are the API's");
   const ForwardMaps maps = make_forward_maps<Cfg>(q, k, v);
   ForwardParams params = base_forward_params<Cfg>(p, out, lse);
-  if constexpr (Cfg::kFp8) {
-    const auto descales = [](const TensorView& t) {
-      DescaleArray a;
-      a.data = static_cast<const float*>(t.data);
-      for (int i = 0; i < 3; ++i) a.stride[i] = t.stride[i];
-      return a;
-    };
-    params.q_descale = descales(fp8->q_descale);
-    params.k_descale = descales(fp8->k_descale);
-    params.v_descale = descales(fp8->v_descale);
-  }
+  if constexpr (Cfg::kFp8) set_descales(params, *fp8);
   params.m_blocks = ceil_div(params.seqlen_q, Cfg::kBlockM);
   params.chunk_heads =
       chunk_heads_for(2 * p.seqlen_k * p.head_dim * Cfg::kElementBytes / params.kv_group, params.m_blocks,
@@ -115,8 +118,9 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
   // time, and the partial states are this launch's own (scheduler_workspace.hpp).
   std::optional<SchedulerWorkspace> ws;
   if (blocks < tiles) {
+    // (not in the batch-invariant mode: which tiles split depends on the whole batch's count)
     const SplitTail split =
-        !Cfg::kCausal && kSplitTailMinSaved > 0
+        !Cfg::kCausal && kSplitTailMinSaved > 0 && !p.batch_invariant
             ? plan_split_tail(static_cast<int>(tiles), ceil_div(params.seqlen_k, Cfg::kBlockN),
                               static_cast<int>(blocks), kSplitTailMinSaved)
             : SplitTail{};
@@ -140,16 +144,21 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
 // A packed variable-length batch (Cfg: a VarlenConfig): q, k, v and out as (1, total, heads,
 // head_dim) views, lse as (1, heads, total_q); p's batch is the number of sequences and its
 // seqlen_q/k the packed lengths. The plan (varlen/plan_varlen.hpp) is made on the device in
-// the same scheduler memory, before the kernel, on the same stream.
+// the same scheduler memory, before the kernel, on the same stream. FP8: v is Vᵀ as a (1, heads,
+// head_dim, padded keys) view and `fp8` gives the descales, as (1, heads, padded blocks) views.
 template <class Cfg>
 void run_forward_varlen(const ForwardProblem& p, const VarlenSequences& seqs, const TensorView& q,
                         const TensorView& k, const TensorView& v, const TensorView& out,
-                        const std::optional<TensorView>& lse, cudaStream_t stream) {
+                        const std::optional<TensorView>& lse, cudaStream_t stream, const Fp8Operands* fp8 = nullptr) {
   static_assert(Cfg::kVarlen, "a VarlenConfig");
   const ForwardMaps maps = make_forward_maps<Cfg>(q, k, v);
   ForwardParams params = base_forward_params<Cfg>(p, out, lse);
   params.out_stride_batch = 0;  // rows are indexed from each sequence's offset
   params.lse_stride_batch = 0;
+  if constexpr (Cfg::kFp8) {
+    set_descales(params, *fp8);
+    params.q_descale.stride[0] = params.k_descale.stride[0] = params.v_descale.stride[0] = 0;
+  }
   VarlenGeometry g = varlen_geometry(Cfg::kBlockM, Cfg::kBlockN, params.heads_q, params.kv_group, Cfg::kCausal);
   g.kv_bytes_per_key = 2LL * p.head_dim * Cfg::kElementBytes;
   g.l2_bytes = l2_cache_bytes();
@@ -183,5 +192,11 @@ void run_forward_varlen_head_dim(const ForwardProblem& p, const VarlenSequences&
 template <int kHeadDim, class QKElement>
 void run_forward_fp8_head_dim(const ForwardProblem& p, const Fp8Operands& fp8, const TensorView& out,
                               const std::optional<TensorView>& lse, cudaStream_t stream);
+
+// FP8 on a packed batch, in the same files: fp8's tensors as the (1, ...) views run_forward_varlen
+// takes.
+template <int kHeadDim, class QKElement>
+void run_forward_fp8_varlen_head_dim(const ForwardProblem& p, const VarlenSequences& seqs, const Fp8Operands& fp8,
+                                     const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream);
 
 }  // namespace warpattn::detail

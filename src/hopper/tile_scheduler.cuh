@@ -97,8 +97,18 @@ struct TileSlots {
     tile[s] = t;
     ptx::mbarrier_arrive(ptx::smem_addr(&full[s]));  // release: orders the stores above
   }
+  // The tile the producer published as its i-th, read back by the producer itself (slot i & 1
+  // is not published again before tile i + 2, which waits for the consumers to have read tile i).
+  __device__ __forceinline__ ScheduledTile own(int i) const {
+    const volatile ScheduledTile& v = tile[i & 1];
+    ScheduledTile t;
+    t.m_block = v.m_block, t.head = v.head, t.batch = v.batch, t.n_tiles = v.n_tiles, t.n_end = v.n_end;
+    t.piece = v.piece, t.q_offset = v.q_offset, t.seqlen_q = v.seqlen_q, t.k_offset = v.k_offset;
+    t.seqlen_k = v.seqlen_k;
+    return t;
+  }
   // kSplits: false where the launch never splits (causal), so neither piece field is read;
-  // kVarlen: the sequence's offset and lengths are read (the consumers' need: not k_offset).
+  // kVarlen: the sequence's offsets and lengths are read.
   template <bool kSplits, bool kVarlen>
   __device__ __forceinline__ ScheduledTile receive(int i) {
     const int s = i & 1;
@@ -112,11 +122,10 @@ struct TileSlots {
       t.n_end = t.n_tiles, t.piece = -1;
     }
     if constexpr (kVarlen) {
-      t.q_offset = v.q_offset, t.seqlen_q = v.seqlen_q, t.seqlen_k = v.seqlen_k;
+      t.q_offset = v.q_offset, t.seqlen_q = v.seqlen_q, t.seqlen_k = v.seqlen_k, t.k_offset = v.k_offset;
     } else {
-      t.q_offset = 0, t.seqlen_q = 0, t.seqlen_k = 0;  // the consumers use the launch's
+      t.q_offset = 0, t.seqlen_q = 0, t.seqlen_k = 0, t.k_offset = 0;  // the consumers use the launch's
     }
-    t.k_offset = 0;
     ptx::mbarrier_arrive(ptx::smem_addr(&empty[s]));
     return t;
   }

@@ -218,7 +218,7 @@ TEST(fp8_forward_out_shape) {
 TEST(fp8_forward_lse_shape) {
   Fp8Call c = make_call();
   c.lse = view(0xB0000000, DType::f32, {2, 300, 8});
-  expect_starts(forward_error(c), "lse: expected shape (2, 8, 300) (batch, heads_q, seqlen_q)");
+  expect_starts(forward_error(c), "lse: expected shape (batch, heads_q, seqlen_q) = (2, 8, 300)");
 }
 
 TEST(fp8_forward_out_overlaps_operand) {

@@ -258,3 +258,65 @@ TEST(c_varlen_entries_report_invalid_arguments) {
   rc = warpattn_backward_varlen_workspace_bytes(&bq, 3, 0, 0, &bytes, err, sizeof err);
   CHECK(rc == WARPATTN_OK && bytes == warpattn::backward_varlen_workspace_bytes(b.f.q, 3, {})) << err;
 }
+
+// ---- FP8 on packed batches
+#include "warpattn/fp8.hpp"
+
+TEST(varlen_fp8_rules) {
+  Call c = make_call();  // 3 sequences, total_q 300, total_k 500, Hq 8, Hkv 2, D 128
+  const int64_t rows_q = warpattn::fp8_varlen_rows(300, 3), rows_k = warpattn::fp8_varlen_rows(500, 3);
+  CHECK(rows_q == 768 && rows_k == 896) << rows_q << " " << rows_k;
+  const int64_t q_shape[3] = {300, 8, 128}, k_shape[3] = {500, 2, 128}, vt_shape[3] = {2, 128, rows_k},
+                qs_shape[2] = {8, rows_q / 128}, ks_shape[2] = {2, rows_k / 128};
+  warpattn::Fp8Operands f;
+  f.q = warpattn::make_contiguous_view(fake(0x90000000), DType::e4m3, 3, q_shape);
+  f.k = warpattn::make_contiguous_view(fake(0xa0000000), DType::e4m3, 3, k_shape);
+  f.vt = warpattn::make_contiguous_view(fake(0xb0000000), DType::e4m3, 3, vt_shape);
+  f.q_descale = warpattn::make_contiguous_view(fake(0xc0000000), DType::f32, 2, qs_shape);
+  f.k_descale = warpattn::make_contiguous_view(fake(0xc1000000), DType::f32, 2, ks_shape);
+  f.v_descale = warpattn::make_contiguous_view(fake(0xc2000000), DType::f32, 2, ks_shape);
+  const auto quantize_error = [&](const warpattn::Fp8Operands& ops) -> std::string {
+    try {
+      warpattn::validate_quantize_fp8_varlen(c.q, c.k, c.v, ops, c.batch, {});
+    } catch (const warpattn::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const auto forward_error = [&](const warpattn::Fp8Operands& ops) -> std::string {
+    try {
+      warpattn::validate_forward_fp8_varlen(ops, c.out, c.lse, c.batch, {});
+    } catch (const warpattn::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  CHECK(quantize_error(f).empty()) << quantize_error(f);
+  CHECK(forward_error(f).empty()) << forward_error(f);
+  warpattn::Fp8Operands bad = f;
+  bad.vt.shape[2] = rows_k - 128, bad.vt.stride[1] = rows_k - 128, bad.vt.stride[0] = 128 * (rows_k - 128);
+  CHECK(forward_error(bad).rfind("vt: expected shape (2, 128, 896) (heads_kv, head_dim, fp8_varlen_rows(total_k, batch))", 0) == 0)
+      << forward_error(bad);
+  bad = f;
+  bad.q_descale.rank = 3;
+  CHECK(quantize_error(bad).rfind("fp8.q_descale: expected rank 2 (heads, blocks)", 0) == 0) << quantize_error(bad);
+  bad = f;
+  bad.k_descale.data = fake(0x60000000);  // cu_seqlens_q's address: written by quantize
+  CHECK(quantize_error(bad).rfind("fp8.k_descale: must not overlap cu_seqlens_q", 0) == 0) << quantize_error(bad);
+}
+
+// The batch-invariant backward is the deterministic one: it needs the deterministic mode's
+// workspace (its turn counters).
+TEST(batch_invariant_backward_is_deterministic) {
+  Call c = make_call();
+  warpattn::BackwardOptions plain, det, inv;
+  det.deterministic = true;
+  inv.batch_invariant = true;
+  const size_t a = warpattn::backward_varlen_workspace_bytes(c.q, 3, plain),
+               b = warpattn::backward_varlen_workspace_bytes(c.q, 3, det),
+               d = warpattn::backward_varlen_workspace_bytes(c.q, 3, inv);
+  CHECK(b > a && d == b) << a << " " << b << " " << d;
+  const int64_t q4[4] = {2, 300, 8, 128};
+  const TensorView dense_q = warpattn::make_contiguous_view(fake(0x10000000), DType::bf16, 4, q4);
+  CHECK(warpattn::backward_workspace_bytes(dense_q, inv) == warpattn::backward_workspace_bytes(dense_q, det));
+}

@@ -449,4 +449,193 @@ TEST(varlen_bad_offsets_stay_inside) {
   CHECK(outside == 0) << "wrote " << outside << " elements outside out";
 }
 
+// ---- FP8 on packed batches: quantize_fp8_varlen's operands equal quantize_fp8's on each
+// sequence alone (codes, Vᵀ columns and descales, bitwise: the blocks start at the sequence's
+// first row in both), and forward_fp8_varlen equals forward_fp8 on each sequence (bitwise where
+// the two launches take the same tiles, as check_batch).
+namespace {
+
+void check_fp8_batch(const Batch& c, warpattn::DType qk) {
+  using gpu_test::contiguous;
+  using gpu_test::DeviceBuffer;
+  const uint64_t seed = gpu_test::fresh_seed();
+  const std::vector<int> cu_q = offsets(c.seqlen_q), cu_k = offsets(c.seqlen_k);
+  const int B = static_cast<int>(c.seqlen_q.size());
+  const int64_t total_q = cu_q[B], total_k = cu_k[B], H = c.heads_q, Hkv = c.heads_kv, D = c.head_dim;
+  const int64_t rows_q = warpattn::fp8_varlen_rows(total_q, B), rows_k = warpattn::fp8_varlen_rows(total_k, B);
+  DeviceTensor q(c.dtype, 1, total_q, H, D, false), k(c.dtype, 1, total_k, Hkv, D, false),
+      v(c.dtype, 1, total_k, Hkv, D, false), out(c.dtype, 1, total_q, H, D, false),
+      dense_out(c.dtype, 1, total_q, H, D, false);
+  q.fill_normal(seed), k.fill_normal(seed + 1), v.fill_normal(seed + 2);
+  out.poison(), dense_out.poison();
+  DeviceBuffer fq(total_q * H * D), fk(total_k * Hkv * D), fvt(Hkv * D * rows_k, 0), fqs(H * rows_q / 128 * 4),
+      fks(Hkv * rows_k / 128 * 4), fvs(Hkv * rows_k / 128 * 4);
+  warpattn::Fp8Operands ops;
+  ops.q = contiguous(fq.mem, qk, {total_q, H, D});
+  ops.k = contiguous(fk.mem, qk, {total_k, Hkv, D});
+  ops.vt = contiguous(fvt.mem, DType::e4m3, {Hkv, D, rows_k});
+  ops.q_descale = contiguous(fqs.mem, DType::f32, {H, rows_q / 128});
+  ops.k_descale = contiguous(fks.mem, DType::f32, {Hkv, rows_k / 128});
+  ops.v_descale = contiguous(fvs.mem, DType::f32, {Hkv, rows_k / 128});
+  DeviceInts dcu_q(cu_q), dcu_k(cu_k);
+  warpattn::VarlenBatch batch;
+  batch.cu_seqlens_q = dcu_q.view, batch.cu_seqlens_k = dcu_k.view;
+  batch.max_seqlen_q = *std::max_element(c.seqlen_q.begin(), c.seqlen_q.end());
+  warpattn::QuantizeOptions qo;
+  qo.seed = seed;
+  warpattn::quantize_fp8_varlen(packed(q.view), packed(k.view), packed(v.view), ops, batch, qo);
+  warpattn::ForwardOptions fo;
+  fo.causal = c.causal;
+  warpattn::forward_fp8_varlen(ops, packed(out.view), std::nullopt, batch, fo, nullptr, false);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto codes_q = fq.get<uint8_t>(), codes_k = fk.get<uint8_t>(), vt = fvt.get<uint8_t>();
+  const auto qs = fqs.get<float>(), ks = fks.get<float>(), vs = fvs.get<float>();
+  int64_t operand_differ = 0;
+  for (int b = 0; b < B; ++b) {
+    const int lq = c.seqlen_q[b], lk = c.seqlen_k[b];
+    if (lq == 0 || lk == 0) continue;
+    gpu_test::Fp8Buffers dense(1, lq, lk, H, Hkv, D, qk);
+    warpattn::quantize_fp8(rows_of(q.view, cu_q[b], lq), rows_of(k.view, cu_k[b], lk), rows_of(v.view, cu_k[b], lk),
+                           dense.ops, qo);
+    warpattn::forward_fp8(dense.ops, rows_of(dense_out.view, cu_q[b], lq), std::nullopt, fo, nullptr, false);
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto dq = dense.q.get<uint8_t>(), dk = dense.k.get<uint8_t>(), dvt = dense.vt.get<uint8_t>();
+    const auto dqs = dense.qs.get<float>(), dks = dense.ks.get<float>(), dvs = dense.vs.get<float>();
+    operand_differ += memcmp(dq.data(), codes_q.data() + int64_t(cu_q[b]) * H * D, size_t(lq) * H * D) != 0;
+    operand_differ += memcmp(dk.data(), codes_k.data() + int64_t(cu_k[b]) * Hkv * D, size_t(lk) * Hkv * D) != 0;
+    const int64_t q0 = (int64_t(cu_q[b]) + 128 * b) / 128, k0 = (int64_t(cu_k[b]) + 128 * b) / 128;
+    const int64_t keys = warpattn::fp8_padded_keys(lk);
+    for (int64_t h = 0; h < Hkv; ++h) {
+      for (int64_t d = 0; d < D; ++d)
+        operand_differ += memcmp(&dvt[(h * D + d) * keys], &vt[(h * D + d) * rows_k + 128 * k0], keys) != 0;
+      for (int64_t j = 0; j < (lk + 127) / 128; ++j)
+        operand_differ += ks[h * rows_k / 128 + k0 + j] != dks[h * ((lk + 127) / 128) + j] ||
+                          vs[h * rows_k / 128 + k0 + j] != dvs[h * ((lk + 127) / 128) + j];
+    }
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t j = 0; j < (lq + 127) / 128; ++j)
+        operand_differ += qs[h * rows_q / 128 + q0 + j] != dqs[h * ((lq + 127) / 128) + j];
+  }
+  const auto got = out.logical(out.raw()), want = dense_out.logical(dense_out.raw());
+  int64_t differ = 0, nan = 0;
+  double worst = 0;
+  for (int b = 0; b < B; ++b) {
+    if (c.seqlen_k[b] == 0) continue;  // (rows without keys: 0 in both, not compared here)
+    for (int64_t e = int64_t(cu_q[b]) * H * D; e < int64_t(cu_q[b + 1]) * H * D; ++e) {
+      nan += std::isnan(got[e]);
+      differ += memcmp(&got[e], &want[e], 4) != 0;
+      worst = gpu_test::worse(worst, std::fabs(double(got[e]) - want[e]));
+    }
+  }
+  bool same_tiles = true;
+  for (int b = 0; b < B; ++b) {
+    same_tiles = same_tiles && !(D == 64 && (c.seqlen_q[b] >= 2048) != (batch.max_seqlen_q >= 2048));
+    same_tiles = same_tiles && (c.causal || int64_t(c.seqlen_q[b] + 127) / 128 * H <= 132);
+  }
+  const bool ok = operand_differ == 0 && nan == 0 && worst <= 0.05 && (!same_tiles || differ == 0);
+  printf("    fp8 %-6s %-58s operands differ %lld, out vs dense %lld differ (max %.1e)%s  %s\n",
+         qk == DType::s8 ? "int8qk" : "e4m3", describe(c).c_str(), (long long)operand_differ, (long long)differ, worst,
+         same_tiles ? " [bitwise]" : "", ok ? "ok" : "FAIL");
+  CHECK(operand_differ == 0) << describe(c) << " quantize_fp8_varlen differs from quantize_fp8 per sequence, seed " << seed;
+  CHECK(nan == 0) << describe(c) << " NaN in the FP8 output, seed " << seed;
+  CHECK(worst <= 0.05) << describe(c) << " FP8 varlen differs from the dense FP8 kernel by " << worst << " seed " << seed;
+  if (same_tiles) CHECK(differ == 0) << describe(c) << " " << differ << " elements differ from forward_fp8's bits";
+}
+
+}  // namespace
+
+TEST(varlen_fp8) {
+  REQUIRE_HOPPER();
+  for (int d : {64, 128, 256})
+    for (bool causal : {false, true}) {
+      Batch c = ragged(DType::bf16, d, causal, gpu_test::fresh_seed());
+      check_fp8_batch(c, d == 128 ? DType::s8 : DType::e4m3);
+    }
+}
+
+// ---- batch invariance (ForwardOptions::batch_invariant, issue 18): a sequence's bits alone
+// equal its bits inside batches of other random sequences, at any position, dense and packed.
+namespace {
+
+// out and lse of sequence `pos` of a packed batch (lengths sq, sk; the other sequences' data
+// random from `seed`, the chosen one's from `own_seed`), as raw bits.
+struct SequenceBits {
+  std::vector<uint16_t> out;
+  std::vector<float> lse;
+};
+
+SequenceBits packed_sequence_bits(const std::vector<int>& sq, const std::vector<int>& sk, int pos, int d, bool causal,
+                                  bool batch_invariant, uint64_t seed, uint64_t own_seed) {
+  const std::vector<int> cu_q = offsets(sq), cu_k = offsets(sk);
+  const int B = static_cast<int>(sq.size());
+  const int64_t H = 8, Hkv = 2, tq = cu_q[B], tk = cu_k[B];
+  DeviceTensor q(DType::bf16, 1, tq, H, d, false), k(DType::bf16, 1, tk, Hkv, d, false),
+      v(DType::bf16, 1, tk, Hkv, d, false), out(DType::bf16, 1, tq, H, d, false);
+  q.fill_normal(seed), k.fill_normal(seed + 1), v.fill_normal(seed + 2);
+  // The chosen sequence's rows from own_seed, whatever its position.
+  DeviceTensor oq(DType::bf16, 1, sq[pos], H, d, false), ok(DType::bf16, 1, sk[pos], Hkv, d, false),
+      ov(DType::bf16, 1, sk[pos], Hkv, d, false);
+  oq.fill_normal(own_seed), ok.fill_normal(own_seed + 1), ov.fill_normal(own_seed + 2);
+  cudaMemcpy(static_cast<uint16_t*>(q.view.data) + int64_t(cu_q[pos]) * H * d, oq.view.data, int64_t(sq[pos]) * H * d * 2,
+             cudaMemcpyDeviceToDevice);
+  cudaMemcpy(static_cast<uint16_t*>(k.view.data) + int64_t(cu_k[pos]) * Hkv * d, ok.view.data,
+             int64_t(sk[pos]) * Hkv * d * 2, cudaMemcpyDeviceToDevice);
+  cudaMemcpy(static_cast<uint16_t*>(v.view.data) + int64_t(cu_k[pos]) * Hkv * d, ov.view.data,
+             int64_t(sk[pos]) * Hkv * d * 2, cudaMemcpyDeviceToDevice);
+  out.poison();
+  gpu_test::DeviceBuffer lse(H * tq * 4);
+  warpattn::TensorView l = gpu_test::contiguous(lse.mem, DType::f32, {H, tq});
+  DeviceInts dq(cu_q), dk(cu_k);
+  warpattn::VarlenBatch batch;
+  batch.cu_seqlens_q = dq.view, batch.cu_seqlens_k = dk.view;
+  batch.max_seqlen_q = *std::max_element(sq.begin(), sq.end());
+  warpattn::ForwardOptions o;
+  o.causal = causal, o.batch_invariant = batch_invariant;
+  warpattn::forward_varlen(packed(q.view), packed(k.view), packed(v.view), packed(out.view), l, batch, o);
+  cudaDeviceSynchronize();
+  const auto raw = out.raw();
+  const auto all_lse = lse.get<float>();
+  SequenceBits r;
+  r.out.assign(raw.begin() + int64_t(cu_q[pos]) * H * d, raw.begin() + int64_t(cu_q[pos + 1]) * H * d);
+  for (int64_t h = 0; h < H; ++h)
+    r.lse.insert(r.lse.end(), all_lse.begin() + h * tq + cu_q[pos], all_lse.begin() + h * tq + cu_q[pos + 1]);
+  return r;
+}
+
+bool same_bits(const SequenceBits& a, const SequenceBits& b) {
+  return a.out == b.out && a.lse.size() == b.lse.size() &&
+         memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4) == 0;
+}
+
+}  // namespace
+
+TEST(batch_invariant_packed) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = gpu_test::fresh_seed();
+  std::mt19937_64 rng(seed);
+  for (int d : {64, 128})
+    for (bool causal : {false, true}) {
+      const SequenceBits alone = packed_sequence_bits({1500}, {1700}, 0, d, causal, true, seed, seed + 7);
+      int checked = 0, differ = 0, default_differ = 0;
+      for (int others : {1, 6, 40}) {
+        std::vector<int> sq, sk;
+        for (int i = 0; i < others; ++i) sq.push_back(1 + rng() % 3000), sk.push_back(1 + rng() % 3000);
+        sq[0] = 4096, sk[0] = 4096;  // a long one: the default mode's tile height follows it at d = 64
+        for (int pos : {0, others / 2, others}) {
+          std::vector<int> q_len = sq, k_len = sk;
+          q_len.insert(q_len.begin() + pos, 1500), k_len.insert(k_len.begin() + pos, 1700);
+          const SequenceBits in_batch = packed_sequence_bits(q_len, k_len, pos, d, causal, true, seed + 100 * pos, seed + 7);
+          differ += !same_bits(alone, in_batch);
+          const SequenceBits by_default = packed_sequence_bits(q_len, k_len, pos, d, causal, false, seed + 100 * pos, seed + 7);
+          default_differ += !same_bits(alone, by_default);
+          ++checked;
+        }
+      }
+      printf("    d=%d %s: %d of %d batches differ from the sequence alone (default mode: %d)\n", d,
+             causal ? "causal" : "full", differ, checked, default_differ);
+      CHECK(differ == 0) << "d=" << d << (causal ? " causal" : " full") << ": batch-invariant mode differs in " << differ
+                         << " of " << checked << " batches, seed " << seed;
+    }
+}
+
 HARNESS_MAIN()

@@ -80,7 +80,7 @@ class FakeKernels:
     def _count(self, name):
         self.calls[name] = self.calls.get(name, 0) + 1
 
-    def forward(self, q, k, v, out, lse, scale, causal, stream):
+    def forward(self, q, k, v, out, lse, scale, causal, stream, batch_invariant=False):
         self._count("forward")
         for b in range(q.shape[0]):
             _, o, l, _ = _attend(q[b], k[b], v[b], scale, causal)
@@ -101,7 +101,8 @@ class FakeKernels:
             assert 0 <= n <= ck[b + 1] - ck[b]
             yield slice(cq[b], cq[b + 1]), slice(ck[b], ck[b] + n)
 
-    def forward_varlen(self, q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k, scale, causal, stream):
+    def forward_varlen(self, q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k, scale, causal, stream,
+                       batch_invariant=False):
         self._count("forward_varlen")
         assert max_q >= 0 and max_k >= 0
         for rows, keys in self._sequences(q, k, out, lse, cu_q, cu_k, seqused_k):

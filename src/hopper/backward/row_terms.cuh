@@ -29,19 +29,9 @@ struct RowBlock {
 __device__ __forceinline__ RowBlock row_block_of(const BackwardParams& p) {
   const int head = blockIdx.y;
   if (p.cu_seqlens_q != nullptr) {
-    // The last sequence whose padded rows start at or before this block (varlen_row0 does not
-    // decrease for offsets that keep the rules; for others, any answer stays inside).
     const int64_t padded = static_cast<int64_t>(blockIdx.x) * 64;
-    const auto offset = [&](int b) { return clamp_int(p.cu_seqlens_q[b], 0, p.seqlen_q); };
-    int lo = 0, hi = p.batch - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (varlen_row0(offset(mid), mid) <= padded)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    const int off = offset(lo), end = clamp_int(p.cu_seqlens_q[lo + 1], off, p.seqlen_q);
+    const int lo = sequence_of_padded_row(p.cu_seqlens_q, p.batch, p.seqlen_q, padded);
+    const int off = clamp_int(p.cu_seqlens_q[lo], 0, p.seqlen_q), end = clamp_int(p.cu_seqlens_q[lo + 1], off, p.seqlen_q);
     return {0, padded + static_cast<int64_t>(head) * p.rows, static_cast<int>((padded - varlen_row0(off, lo)) / 64),
             off, end - off};
   }

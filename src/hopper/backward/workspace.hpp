@@ -23,6 +23,24 @@ WARPATTN_HOST_DEVICE int64_t varlen_padded_rows(int64_t total_q, int64_t batch) 
   return (total_q + batch * 128 + 127) / 128 * 128;
 }
 
+// The sequence whose padded rows start at or before padded row `row`: the last b with
+// varlen_row0(cu[b] clamped to [0, total], b) <= row (which does not decrease for offsets that
+// keep the rules; for others, any answer keeps the callers' accesses inside). Sequence b's rows
+// then hold padded rows varlen_row0(b) .. + its length; past that, up to the next sequence's, a
+// gap that belongs to none.
+WARPATTN_HOST_DEVICE int sequence_of_padded_row(const int* cu, int sequences, int total, int64_t row) {
+  const auto offset = [&](int b) { return cu[b] < 0 ? 0 : (cu[b] > total ? total : cu[b]); };
+  int lo = 0, hi = sequences - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (varlen_row0(offset(mid), mid) <= row)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
 struct BackwardWorkspaceLayout {
   static constexpr int64_t kRowAlign = 128;
   static constexpr int64_t kTurnRows = 64;  // one turn counter per 64 query rows

@@ -1,0 +1,522 @@
+"""warpattn.jax_ffi: warpattn as XLA FFI custom calls, inside jax.jit.
+
+Without a GPU (any machine with JAX): the lowering for the CUDA platform (the custom calls, their
+target names, operands, results and attributes), the handlers' bindings (each call decodes on
+the CPU up to the CUDA stream it asks for), vmap's lowering, and the trace-time argument errors
+with the library's messages (the same as the NumPy path's). On an sm_90 GPU: jitted against
+eager bitwise, values and gradients against jax.nn.dot_product_attention in fp32 (XLA's), packed
+batches against each sequence alone, vmap, and no host synchronisation in a jitted call.
+"""
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax", reason="JAX is not installed")
+import jax.numpy as jnp  # noqa: E402
+
+import warpattn  # noqa: E402
+from warpattn import jax_ffi  # noqa: E402
+
+if not jax_ffi.available():
+    pytest.skip("this build of warpattn has no XLA FFI handlers (jax was not importable when it was built)",
+                allow_module_level=True)
+
+from warpattn import _warpattn_jax  # noqa: E402
+
+SDS = jax.ShapeDtypeStruct
+BF16 = jnp.bfloat16
+
+
+def _gpu_reason():
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    if not gpus:
+        return "JAX sees no GPU"
+    capability = getattr(gpus[0], "compute_capability", None)
+    if capability is not None and str(capability) not in ("9.0", "90"):
+        return "needs an sm_90 GPU, found compute capability %s" % capability
+    return None
+
+
+def lower_for_cuda(fn, *args):
+    """The StableHLO text of jax.jit(fn) lowered for the CUDA platform from abstract arguments
+    (no GPU needed)."""
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def custom_calls(text, target):
+    """The lines of `text` that call `target`."""
+    return [line for line in text.splitlines() if "custom_call @%s(" % target in line]
+
+
+def qkv_specs(b=2, sq=256, sk=256, hq=8, hkv=8, d=64, dtype=BF16):
+    return SDS((b, sq, hq, d), dtype), SDS((b, sk, hkv, d), dtype), SDS((b, sk, hkv, d), dtype)
+
+
+# ====================================================================== no GPU needed
+
+def test_module_and_targets():
+    assert jax_ffi.available()
+    targets = _warpattn_jax.jax_ffi_targets()
+    assert sorted(targets) == sorted(jax_ffi.TARGETS)
+    assert all(type(c).__name__ == "PyCapsule" for c in targets.values())
+    assert jax_ffi.register() is True and jax_ffi.register() is True  # once; a second call is free
+
+
+@pytest.mark.parametrize("order", ["import warpattn, jax", "import jax, warpattn",
+                                   "import warpattn; from warpattn import jax_ffi"])
+def test_import_orders(order):
+    # warpattn imported before JAX, or jax_ffi alone: JAX (and its ml_dtypes) must still load. With
+    # the FFI handlers inside _warpattn this crashed in ml_dtypes' float4 finfo (jax 0.11.2, run
+    # 114), hence their own module (python/src/jax_module.cpp). A fresh interpreter per order.
+    code = order + "; import jax.numpy as jnp, ml_dtypes; print(ml_dtypes.finfo(ml_dtypes.float4_e2m1fn).eps)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (order, done.returncode, done.stderr[-2000:])
+
+
+def test_forward_lowering():
+    text = lower_for_cuda(lambda q, k, v: jax_ffi.flash_attn(q, k, v, softmax_scale=0.5, causal=True),
+                          *qkv_specs(hkv=2))
+    (call,) = custom_calls(text, "warpattn_forward")
+    assert "mhlo.backend_config = {" in call  # the typed FFI (api_version 4): attributes as a dictionary
+    assert "causal = true" in call and "has_scale = true" in call and "softmax_scale = 5.000000e-01 : f32" in call
+    assert "(tensor<2x256x8x64xbf16>, tensor<2x256x2x64xbf16>, tensor<2x256x2x64xbf16>) -> tensor<2x256x8x64xbf16>" \
+        in call  # no lse asked for: none written
+    text = lower_for_cuda(lambda q, k, v: jax_ffi.flash_attn(q, k, v, return_lse=True), *qkv_specs())
+    (call,) = custom_calls(text, "warpattn_forward")
+    assert "has_scale = false" in call and "causal = false" in call
+    assert "-> (tensor<2x256x8x64xbf16>, tensor<2x8x256xf32>)" in call
+
+
+def test_backward_lowering_and_workspace():
+    q, k, v = qkv_specs(sq=300, sk=500, hkv=4, d=128)
+
+    def loss(q, k, v):
+        return jax_ffi.flash_attn(q, k, v, causal=True, deterministic=True).astype(jnp.float32).sum()
+    text = lower_for_cuda(jax.grad(loss, argnums=(0, 1, 2)), q, k, v)
+    (forward,) = custom_calls(text, "warpattn_forward")
+    (backward,) = custom_calls(text, "warpattn_backward")
+    assert "-> (tensor<2x300x8x128xbf16>, tensor<2x8x300xf32>)" in forward  # lse kept for the backward
+    assert "deterministic = true" in backward and "causal = true" in backward
+    # The workspace is a result of the call (XLA's memory, per call), 256 bytes beyond what the
+    # library asks for (the handler aligns its start).
+    need = _warpattn.backward_workspace_bytes(np.empty((2, 300, 8, 128), np.float16), None, True, True)
+    assert ("tensor<%dxui8>" % (need + 256)) in backward
+    assert "-> (tensor<2x300x8x128xbf16>, tensor<2x500x4x128xbf16>, tensor<2x500x4x128xbf16>, tensor<%dxui8>)" \
+        % (need + 256) in backward
+
+
+def test_varlen_lowering():
+    q, k = SDS((1000, 8, 64), BF16), SDS((1200, 2, 64), BF16)
+    cu = SDS((4,), jnp.int32)
+    used = SDS((3,), jnp.int32)
+
+    def loss(q, k, v, cu_q, cu_k, used):
+        out = jax_ffi.flash_attn_varlen(q, k, v, cu_q, cu_k, 600, 700, causal=True, seqused_k=used)
+        return out.astype(jnp.float32).sum()
+    text = lower_for_cuda(jax.grad(loss, argnums=(0, 1, 2)), q, k, k, cu, cu, used)
+    (forward,) = custom_calls(text, "warpattn_forward_varlen")
+    (backward,) = custom_calls(text, "warpattn_backward_varlen")
+    assert "max_seqlen_q = 600" in forward and "max_seqlen_k = 700" in forward
+    assert "tensor<4xi32>, tensor<4xi32>, tensor<3xi32>) -> (tensor<1000x8x64xbf16>, tensor<8x1000xf32>)" in forward
+    need = _warpattn.backward_varlen_workspace_bytes(np.empty((1000, 8, 64), np.float16), 3, None, True, False)
+    assert "tensor<%dxui8>" % (need + 256) in backward and "deterministic = false" in backward
+    text = lower_for_cuda(lambda q, k, v, cu_q, cu_k: jax_ffi.flash_attn_varlen(q, k, v, cu_q, cu_k, 1, 1),
+                          q, k, k, cu, cu)
+    (forward,) = custom_calls(text, "warpattn_forward_varlen")
+    assert "tensor<4xi32>, tensor<4xi32>) -> tensor<1000x8x64xbf16>" in forward  # no seqused_k, no lse
+
+
+def test_vmap_lowering_folds_into_batch():
+    q, k, v = (SDS((3,) + s.shape, s.dtype) for s in qkv_specs(hkv=2))
+    text = lower_for_cuda(jax.vmap(lambda q, k, v: jax_ffi.flash_attn(q, k, v)), q, k, v)
+    (call,) = custom_calls(text, "warpattn_forward")
+    assert "(tensor<3x2x256x8x64xbf16>, tensor<3x2x256x2x64xbf16>, tensor<3x2x256x2x64xbf16>)" in call
+    # k and v shared by every mapped q: broadcast to the mapped axis first.
+    text = lower_for_cuda(jax.vmap(lambda q, k, v: jax_ffi.flash_attn(q, k, v), in_axes=(0, None, None)),
+                          q, *qkv_specs(hkv=2)[1:])
+    assert len(custom_calls(text, "warpattn_forward")) == 1 and "broadcast_in_dim" in text
+    # The gradient under vmap: one backward call over the mapped axis too.
+    text = lower_for_cuda(jax.vmap(jax.grad(lambda q, k, v: jax_ffi.flash_attn(q, k, v).astype(jnp.float32).sum())),
+                          q, k, v)
+    (backward,) = custom_calls(text, "warpattn_backward")
+    assert "tensor<3x2x256x8x64xbf16>" in backward
+    # Packed batches under vmap: one call after the other (a loop), not folded.
+    pq, pk, cu = SDS((2, 100, 8, 64), BF16), SDS((2, 100, 8, 64), BF16), SDS((2, 3), jnp.int32)
+    text = lower_for_cuda(jax.vmap(lambda q, k, c: jax_ffi.flash_attn_varlen(q, k, k, c, c, 50, 50)), pq, pk, cu)
+    (call,) = custom_calls(text, "warpattn_forward_varlen")
+    assert "(tensor<100x8x64xbf16>, tensor<100x8x64xbf16>, tensor<100x8x64xbf16>, tensor<3xi32>" in call
+
+
+@pytest.fixture(scope="module")
+def host_check():
+    """Registers the host check under the targets' names for XLA's CPU platform: the same
+    handlers without a stream, which decode the call, build the views (vmap's folding, the
+    workspace's placement) and check every argument rule of the library call on XLA's CPU
+    buffers, then stop at the library's device check. run(fn, *args) runs jax.jit(fn) on the CPU
+    and returns the message it failed with."""
+    for name, capsule in _warpattn_jax.jax_ffi_host_check_targets().items():
+        jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+    cpu = jax.devices("cpu")[0]
+
+    def run(fn, *args):
+        with jax.default_device(cpu), pytest.raises(jax.errors.JaxRuntimeError) as info:
+            jax.block_until_ready(jax.jit(fn)(*(jax.device_put(a, cpu) for a in args)))
+        return str(info.value)
+    return run
+
+
+# Where a call that passed every argument rule stops on the CPU: without a CUDA device at all,
+# or on a GPU machine at the CPU buffers.
+PAST_THE_RULES = r"INVALID_ARGUMENT: (no CUDA device with compute capability 9\.0|.*expected device memory|.*cudaPointerGetAttributes)"
+
+
+def host_check_cases():
+    q = jnp.zeros((1, 128, 2, 64), BF16)
+    kv = jnp.zeros((1, 200, 1, 64), BF16)
+    lse = jnp.zeros((1, 2, 128), jnp.float32)
+    packed, packed_kv = jnp.zeros((128, 4, 128), BF16), jnp.zeros((150, 2, 128), BF16)
+    packed_lse = jnp.zeros((4, 128), jnp.float32)
+    cu_q, cu_k = jnp.array([0, 100, 128], jnp.int32), jnp.array([0, 50, 150], jnp.int32)
+    mapped = jnp.zeros((3, 1, 128, 2, 64), BF16)
+    return {
+        "forward": (lambda q, k: jax_ffi.flash_attn(q, k, k, causal=True), q, kv),
+        "forward_lse": (lambda q, k: jax_ffi.flash_attn(q, k, k, softmax_scale=0.1, return_lse=True), q, kv),
+        "backward": (lambda q, k, l: jax_ffi.flash_attn_backward(q, q, k, k, q, l, causal=True, deterministic=True),
+                     q, kv, lse),
+        "varlen": (lambda p, k, a, b: jax_ffi.flash_attn_varlen(p, k, k, a, b, 100, 100), packed, packed_kv, cu_q, cu_k),
+        "varlen_seqused_lse": (lambda p, k, a, b: jax_ffi.flash_attn_varlen(
+            p, k, k, a, b, 100, 100, seqused_k=b[1:], causal=True, return_lse=True), packed, packed_kv, cu_q, cu_k),
+        "varlen_backward": (lambda p, k, l, a, b: jax_ffi.flash_attn_varlen_backward(
+            p, p, k, k, p, l, a, b, 100, 100, seqused_k=b[1:]), packed, packed_kv, packed_lse, cu_q, cu_k),
+        "vmap_forward": (jax.vmap(lambda q: jax_ffi.flash_attn(q, q, q, return_lse=True)), mapped),
+        "vmap_shared_kv": (jax.vmap(lambda q, k: jax_ffi.flash_attn(q, k, k), in_axes=(0, None)), mapped, kv),
+        "vmap_backward": (jax.vmap(lambda q, l: jax_ffi.flash_attn_backward(q, q, q, q, q, l)), mapped,
+                          jnp.zeros((3,) + lse.shape, jnp.float32)),
+        "vmap_varlen": (jax.vmap(lambda p: jax_ffi.flash_attn_varlen(p, p, p, cu_q, cu_q, 100, 100)),
+                        jnp.zeros((2,) + packed.shape, BF16)),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(host_check_cases()))
+def test_handlers_on_the_host(host_check, case):
+    # Each call's operands, results and attributes decode as the handler binds them, and the views
+    # it builds pass every argument rule: the call stops only at the device check.
+    fn, *args = host_check_cases()[case]
+    message = host_check(fn, *args)
+    assert re.match(PAST_THE_RULES, message), message
+
+
+def test_handlers_on_the_host_controls(host_check):
+    # What the check above would see otherwise: a broken rule gives the library's message as an
+    # InvalidArgument error (the trace-time check is bypassed here by calling ffi_call directly),
+    # an attribute of the wrong type fails the decoding. (Not tested: one attribute too many. That
+    # is XLA's own check, and the jaxlib on the H200 host crashed in it, run 108.)
+    q = jnp.zeros((1, 128, 2, 96), BF16)
+    out = jax.ShapeDtypeStruct(q.shape, q.dtype)
+    attrs = {"causal": True, "has_scale": False, "softmax_scale": np.float32(0)}
+    message = host_check(lambda q: jax.ffi.ffi_call("warpattn_forward", out)(q, q, q, **attrs), q)
+    assert message == "INVALID_ARGUMENT: q: head_dim (shape[3]) must be one of 64, 128, 256, got 96", message
+    q = jnp.zeros((1, 128, 2, 64), BF16)
+    out = jax.ShapeDtypeStruct(q.shape, q.dtype)
+    wrong_type = host_check(lambda q: jax.ffi.ffi_call("warpattn_forward", out)(q, q, q, **dict(
+        attrs, causal=np.int32(1))), q)
+    assert "Failed to decode" in wrong_type and "expected PRED" in wrong_type, wrong_type
+    # A workspace one byte short of the library's need once aligned.
+    lse = jnp.zeros((1, 2, 128), jnp.float32)
+    need = _warpattn_jax.jax_ffi_workspace_bytes("warpattn_backward", ((1, 128, 2, 64), "bfloat16"), 0, {})
+    results = [jax.ShapeDtypeStruct(q.shape, q.dtype)] * 3 + [jax.ShapeDtypeStruct((need - 256 - 1,), jnp.uint8)]
+    short = host_check(lambda q, l: jax.ffi.ffi_call("warpattn_backward", results)(
+        q, q, q, q, q, l, deterministic=False, **attrs), q, lse)
+    assert "workspace: expected at least" in short, short
+
+
+def test_trace_time_errors():
+    q, k, v = qkv_specs()
+    attn = jax.jit(jax_ffi.flash_attn, static_argnames=("causal",))
+    cases = [
+        ((SDS((2, 256, 8, 96), BF16), SDS((2, 256, 8, 96), BF16), SDS((2, 256, 8, 96), BF16)),
+         ValueError, r"q: head_dim \(shape\[3\]\) must be one of 64, 128, 256, got 96"),
+        ((SDS(q.shape, jnp.float32), k, v), ValueError, "q: expected dtype float16 or bfloat16, got float32"),
+        ((q, SDS(k.shape, jnp.float16), v), ValueError, r"k: expected dtype bfloat16 \(same as q\), got float16"),
+        ((q, SDS((2, 256, 3, 64), BF16), SDS((2, 256, 3, 64), BF16)), ValueError, "multiple"),
+        ((q, SDS((1, 256, 8, 64), BF16), v), ValueError, "k: "),
+        ((SDS((256, 8, 64), BF16), k, v), ValueError, r"q: expected rank 4 \(batch, seqlen, heads, head_dim\), got rank 3"),
+        ((q, SDS(k.shape, jnp.int32), v), ValueError, "k: expected dtype"),
+    ]
+    for args, error, match in cases:
+        with pytest.raises(error, match=match):
+            attn(*args)
+
+
+def test_trace_time_errors_are_the_librarys_messages():
+    # The same rule broken through the FFI path (shapes at trace time) and the NumPy path (the
+    # library on host arrays) gives the same message.
+    cases = [
+        ((2, 256, 8, 96), (2, 256, 8, 96), np.float16),
+        ((2, 256, 8, 64), (2, 256, 3, 64), np.float16),
+        ((2, 256, 8, 64), (1, 256, 8, 64), np.float16),
+        ((2, 256, 8, 64), (2, 256, 8, 128), np.float16),
+        ((2, 256, 8, 64), (2, 256, 8, 64), np.float32),
+    ]
+    for q_shape, k_shape, dtype in cases:
+        arrays = (np.zeros(q_shape, dtype), np.zeros(k_shape, dtype), np.zeros(k_shape, dtype))
+        with pytest.raises(ValueError) as numpy_error:
+            warpattn.flash_attn_func(*arrays)
+        with pytest.raises(ValueError) as ffi_error:
+            jax.jit(jax_ffi.flash_attn).trace(*(SDS(a.shape, a.dtype) for a in arrays))
+        assert str(ffi_error.value) == str(numpy_error.value)
+
+
+def test_varlen_trace_time_errors():
+    q, k = SDS((1000, 8, 64), BF16), SDS((1200, 2, 64), BF16)
+    cu = SDS((4,), jnp.int32)
+
+    def trace(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs):
+        jax.jit(lambda q, k, v, a, b: jax_ffi.flash_attn_varlen(q, k, v, a, b, max_q, max_k, **kwargs)).trace(
+            q, k, v, cu_q, cu_k)
+    with pytest.raises(ValueError, match="cu_seqlens_q: expected dtype int32, got float32"):
+        trace(q, k, k, SDS((4,), jnp.float32), cu, 10, 10)
+    with pytest.raises(ValueError, match="cu_seqlens_k"):
+        trace(q, k, k, cu, SDS((5,), jnp.int32), 10, 10)
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        jax_ffi.flash_attn_varlen(q, k, k, cu, cu, -1, 10)
+    with pytest.raises(ValueError, match=r"q: expected rank 3 \(total_q, heads, head_dim\), got rank 4"):
+        trace(SDS((1, 1000, 8, 64), BF16), k, k, cu, cu, 10, 10)
+    with pytest.raises(TypeError, match="max_seqlen_k: expected a Python int"):
+        trace(q, k, k, cu, cu, 10, 1.5)
+    with pytest.raises(TypeError, match="max_seqlen_q: expected a Python int .*, got a traced value"):
+        jax.jit(lambda q, k, v, a, b, n: jax_ffi.flash_attn_varlen(q, k, v, a, b, n, 10)).trace(
+            q, k, k, cu, cu, 10)
+
+
+def test_arrays_off_the_gpu_are_refused():
+    cpu = jax.devices("cpu")[0]
+    q = jax.device_put(jnp.zeros((1, 128, 2, 64), BF16), cpu)
+    with pytest.raises(TypeError, match="q: CUDA tensor required .* got a JAX array on cpu"):
+        jax_ffi.flash_attn(q, q, q)
+    packed, cu = jax.device_put(jnp.zeros((128, 2, 64), BF16), cpu), jnp.array([0, 128], jnp.int32)
+    with pytest.raises(TypeError, match="q: CUDA tensor required"):
+        jax_ffi.flash_attn_varlen(packed, packed, packed, cu, cu, 128, 128)
+
+
+def test_gradient_of_lse_is_refused_when_traced():
+    q, k, v = qkv_specs()
+
+    def loss(q, k, v, use_lse):
+        out, lse = jax_ffi.flash_attn(q, k, v, return_lse=True)
+        total = out.astype(jnp.float32).sum()
+        return total + lse.sum() if use_lse else total + jax.lax.stop_gradient(lse).sum()
+    lower_for_cuda(jax.grad(lambda q, k, v: loss(q, k, v, False)), q, k, v)
+    with pytest.raises(NotImplementedError, match="gradient of lse"):
+        lower_for_cuda(jax.grad(lambda q, k, v: loss(q, k, v, True)), q, k, v)
+    # Only lse used: dout is a zero, the backward still runs (and gives zero gradients).
+    text = lower_for_cuda(jax.grad(lambda q, k, v: jax_ffi.flash_attn(q, k, v, return_lse=True)[0].sum()), q, k, v)
+    assert custom_calls(text, "warpattn_backward")
+
+
+# ====================================================================== on an sm_90 GPU
+
+gpu = pytest.mark.skipif(_gpu_reason() is not None, reason=str(_gpu_reason()))
+TOL = {BF16: 5e-3, jnp.float16: 1e-3}  # test_gpu.py's forward bounds
+GRAD_TOL = {BF16: 3e-2, jnp.float16: 5e-3}  # and its backward bounds
+
+
+def rel_l2(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def random_case(seed, dtype, b, sq, sk, hq, hkv, d):
+    keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+    q = jax.random.normal(keys[0], (b, sq, hq, d), jnp.float32).astype(dtype)
+    k = jax.random.normal(keys[1], (b, sk, hkv, d), jnp.float32).astype(dtype)
+    v = jax.random.normal(keys[2], (b, sk, hkv, d), jnp.float32).astype(dtype)
+    dout = jax.random.normal(keys[3], (b, sq, hq, d), jnp.float32).astype(dtype)
+    return q, k, v, dout
+
+
+def xla_attention(q, k, v, causal, scale=None):
+    """jax.nn.dot_product_attention in fp32 (XLA's implementation), causal aligned bottom-right
+    by an explicit mask (its is_causal is top-left)."""
+    sq, sk = q.shape[1], k.shape[1]
+    mask = jnp.tril(jnp.ones((sq, sk), bool), sk - sq)[None, None] if causal else None
+    return jax.nn.dot_product_attention(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
+                                        mask=mask, scale=scale, implementation="xla")
+
+
+def vjp(fn, q, k, v, dout):
+    out, pull = jax.vjp(fn, q, k, v)
+    return out, pull(dout.astype(out.dtype))
+
+
+def xla_vjp(q, k, v, dout, causal, scale=None):
+    """xla_attention's out and gradients, all in fp32 with full-precision products, jitted on
+    XLA's CPU backend: eager on the GPU, every op of every new shape is compiled and autotuned
+    there, and the per-sequence shapes of the packed tests stalled in that for minutes (jax
+    0.11.2 on the H200 host, run 110)."""
+    cpu = jax.devices("cpu")[0]
+    f32 = [jax.device_put(np.asarray(t.astype(jnp.float32)), cpu) for t in (q, k, v, dout)]
+    with jax.default_device(cpu), jax.default_matmul_precision("highest"):
+        return jax.jit(lambda q, k, v, d: vjp(lambda q, k, v: xla_attention(q, k, v, causal, scale), q, k, v, d))(*f32)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [BF16, jnp.float16])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hkv", [8, 2])
+def test_against_xla_attention(dtype, d, causal, hkv):
+    q, k, v, dout = random_case(d + hkv + causal, dtype, 2, 300, 500, 8, hkv, d)
+    fn = jax.jit(lambda q, k, v: jax_ffi.flash_attn(q, k, v, causal=causal))
+    out, grads = vjp(fn, q, k, v, dout)
+    want, want_grads = xla_vjp(q, k, v, dout, causal)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert rel_l2(out, want) <= TOL[dtype]
+    for name, got, expected, t in zip(("dq", "dk", "dv"), grads, want_grads, (q, k, v)):
+        assert got.dtype == dtype and got.shape == t.shape, name
+        assert rel_l2(got, expected) <= GRAD_TOL[dtype], (name, rel_l2(got, expected))
+
+
+@gpu
+def test_lse_and_scale():
+    q, k, v, _ = random_case(1, BF16, 2, 257, 513, 4, 4, 128)
+    out, lse = jax.jit(lambda q, k, v: jax_ffi.flash_attn(q, k, v, softmax_scale=0.1, return_lse=True))(q, k, v)
+    assert lse.shape == (2, 4, 257) and lse.dtype == jnp.float32
+    with jax.default_matmul_precision("highest"):
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), k.astype(jnp.float32)) * 0.1
+        want = xla_attention(q, k, v, False, 0.1)
+    assert float(jnp.abs(lse - jax.nn.logsumexp(scores, axis=-1)).max()) <= 1e-4
+    assert rel_l2(out, want) <= TOL[BF16]
+
+
+@gpu
+def test_jit_equals_eager_bitwise():
+    q, k, v, dout = random_case(2, BF16, 2, 1000, 1000, 8, 2, 128)
+    fn = lambda q, k, v: jax_ffi.flash_attn(q, k, v, causal=True, deterministic=True)  # noqa: E731
+    eager = vjp(fn, q, k, v, dout)
+    jitted = vjp(jax.jit(fn), q, k, v, dout)
+    again = vjp(jax.jit(fn), q, k, v, dout)
+    for a, b, c in zip(jax.tree.leaves(eager), jax.tree.leaves(jitted), jax.tree.leaves(again)):
+        assert np.array_equal(np.asarray(a), np.asarray(b)) and np.array_equal(np.asarray(b), np.asarray(c))
+
+
+@gpu
+def test_equals_the_dlpack_path_bitwise():
+    # The eager path (DLPack, memory from PyTorch or CuPy) runs the same kernels.
+    pytest.importorskip("torch", reason="the eager JAX path needs PyTorch or CuPy")
+    q, k, v, dout = random_case(3, BF16, 2, 700, 900, 8, 4, 64)
+    out, lse = jax.jit(lambda q, k, v: jax_ffi.flash_attn(q, k, v, causal=True, return_lse=True))(q, k, v)
+    want, want_lse = warpattn.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    assert np.array_equal(np.asarray(out), np.asarray(want)) and np.array_equal(np.asarray(lse), np.asarray(want_lse))
+    grads = jax.jit(jax_ffi.flash_attn_backward, static_argnames=("causal", "deterministic"))(
+        dout, q, k, v, out, lse, causal=True, deterministic=True)
+    want_grads = warpattn.flash_attn_backward(dout, q, k, v, want, want_lse, causal=True, deterministic=True)
+    for got, expected in zip(grads, want_grads):
+        assert np.array_equal(np.asarray(got), np.asarray(expected))
+
+
+@gpu
+def test_vmap_is_batch():
+    q, k, v, dout = random_case(4, BF16, 6, 256, 384, 4, 2, 64)
+    fold = lambda x: x.reshape((3, 2) + x.shape[1:])  # noqa: E731
+    fn = lambda q, k, v: jax_ffi.flash_attn(q, k, v, causal=True, deterministic=True)  # noqa: E731
+    out, grads = vjp(jax.jit(fn), q, k, v, dout)
+    mapped, mapped_grads = vjp(jax.jit(jax.vmap(fn)), fold(q), fold(k), fold(v), fold(dout))
+    assert np.array_equal(np.asarray(mapped).reshape(out.shape), np.asarray(out))
+    for got, want in zip(mapped_grads, grads):
+        assert np.array_equal(np.asarray(got).reshape(want.shape), np.asarray(want))
+    # k and v shared by every mapped q (broadcast first), and a non-leading mapped axis.
+    shared = jax.jit(jax.vmap(fn, in_axes=(0, None, None)))(fold(q), k[:2], v[:2])
+    want = jax.jit(fn)(q, jnp.concatenate([k[:2]] * 3), jnp.concatenate([v[:2]] * 3))
+    assert np.array_equal(np.asarray(shared).reshape(want.shape), np.asarray(want))
+    moved = jax.jit(jax.vmap(fn, in_axes=1, out_axes=1))(*(jnp.moveaxis(fold(t), 0, 1) for t in (q, k, v)))
+    assert np.array_equal(np.asarray(jnp.moveaxis(moved, 1, 0)).reshape(out.shape), np.asarray(out))
+
+
+def packed_case(seed, dtype, lengths_q, lengths_k, hq, hkv, d, extra_rows=0):
+    keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+    total_q, total_k = sum(lengths_q) + extra_rows, sum(lengths_k) + extra_rows
+    q = jax.random.normal(keys[0], (total_q, hq, d), jnp.float32).astype(dtype)
+    k = jax.random.normal(keys[1], (total_k, hkv, d), jnp.float32).astype(dtype)
+    v = jax.random.normal(keys[2], (total_k, hkv, d), jnp.float32).astype(dtype)
+    dout = jax.random.normal(keys[3], (total_q, hq, d), jnp.float32).astype(dtype)
+    cu_q = jnp.array(np.concatenate([[0], np.cumsum(lengths_q)]), jnp.int32)
+    cu_k = jnp.array(np.concatenate([[0], np.cumsum(lengths_k)]), jnp.int32)
+    return q, k, v, dout, cu_q, cu_k
+
+
+@gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_against_each_sequence(causal):
+    lengths_q, lengths_k = [1, 0, 300, 129, 700], [5, 3, 300, 400, 700]
+    q, k, v, dout, cu_q, cu_k = packed_case(5, BF16, lengths_q, lengths_k, 8, 2, 128, extra_rows=37)
+
+    def fn(q, k, v):
+        return jax_ffi.flash_attn_varlen(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=causal)
+    out, (dq, dk, dv) = vjp(jax.jit(fn), q, k, v, dout)
+    oq, ok = np.asarray(cu_q), np.asarray(cu_k)
+    for b in range(len(lengths_q)):
+        if lengths_q[b] == 0:
+            continue
+        sq_, sk_ = slice(oq[b], oq[b + 1]), slice(ok[b], ok[b + 1])
+        want, (wq, wk, wv) = xla_vjp(q[None, sq_], k[None, sk_], v[None, sk_], dout[None, sq_], causal)
+        want, wq, wk, wv = want[0], wq[0], wk[0], wv[0]
+        assert rel_l2(out[sq_], want) <= TOL[BF16], b
+        for name, got, expected in (("dq", dq[sq_], wq), ("dk", dk[sk_], wk), ("dv", dv[sk_], wv)):
+            assert rel_l2(got, expected) <= GRAD_TOL[BF16], (b, name, rel_l2(got, expected))
+    # Rows and keys no sequence covers: zero gradients (XLA's results start uninitialised).
+    assert not np.asarray(dq[oq[-1]:]).any() and not np.asarray(dk[ok[-1]:]).any() and not np.asarray(dv[ok[-1]:]).any()
+
+
+@gpu
+def test_varlen_seqused_k_and_vmap():
+    lengths = [200, 0, 333]
+    q, k, v, dout, cu_q, cu_k = packed_case(6, BF16, lengths, lengths, 4, 4, 64)
+    used = jnp.array([150, 0, 333], jnp.int32)
+    fn = jax.jit(lambda q, k, v, cu_q, cu_k, used: jax_ffi.flash_attn_varlen(
+        q, k, v, cu_q, cu_k, 333, 333, seqused_k=used, causal=True, deterministic=True))
+    out, (dq, dk, dv) = vjp(lambda q, k, v: fn(q, k, v, cu_q, cu_k, used), q, k, v, dout)
+    with jax.default_matmul_precision("highest"):
+        want = xla_attention(q[None, :200], k[None, :150], v[None, :150], True)[0]
+    # Causal, bottom-right against the 150 keys used: the first 50 rows see none (warpattn: 0).
+    assert rel_l2(out[50:200], want[50:]) <= TOL[BF16] and not np.asarray(out[:50]).any()
+    assert not np.asarray(dk[150:200]).any()  # keys past seqused_k: no gradient
+    # vmap over packed batches: one call after the other, each as alone.
+    stacked = [jnp.stack([t, t[::-1] if t.ndim > 1 else t]) for t in (q, k, v)]
+    mapped = jax.jit(jax.vmap(lambda q, k, v: fn(q, k, v, cu_q, cu_k, used)))(*stacked)
+    assert np.array_equal(np.asarray(mapped[0]), np.asarray(fn(q, k, v, cu_q, cu_k, used)))
+    alone = fn(stacked[0][1], stacked[1][1], stacked[2][1], cu_q, cu_k, used)
+    assert np.array_equal(np.asarray(mapped[1]), np.asarray(alone))
+
+
+@gpu
+def test_no_host_synchronisation_in_a_jitted_call():
+    # A host sync inside the call would make dispatch wait for the GPU: 20 calls of ~2 ms each
+    # are queued in far less time than they take to run.
+    q, k, v, _ = random_case(7, BF16, 4, 8192, 8192, 16, 16, 128)
+    fn = jax.jit(lambda q, k, v: jax_ffi.flash_attn(q, k, v, causal=True))
+    fn(q, k, v).block_until_ready()
+    start = time.perf_counter()
+    outs = [fn(q, k, v) for _ in range(20)]
+    queued = time.perf_counter() - start
+    jax.block_until_ready(outs)
+    total = time.perf_counter() - start
+    assert queued < 0.5 * total, (queued, total)
+
+
+@gpu
+def test_the_second_gpu():
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    if len(gpus) < 2:
+        pytest.skip("needs two GPUs, found %d" % len(gpus))
+    q, k, v, dout = (jax.device_put(t, gpus[1]) for t in random_case(8, BF16, 1, 512, 512, 4, 4, 64))
+    out, grads = vjp(jax.jit(lambda q, k, v: jax_ffi.flash_attn(q, k, v, causal=True)), q, k, v, dout)
+    assert out.devices() == {gpus[1]}
+    want, want_grads = xla_vjp(q, k, v, dout, True)
+    assert rel_l2(out, want) <= TOL[BF16]
+    for got, expected in zip(grads, want_grads):
+        assert rel_l2(got, expected) <= GRAD_TOL[BF16]
