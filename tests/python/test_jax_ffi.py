@@ -19,6 +19,7 @@ jax = pytest.importorskip("jax", reason="JAX is not installed")
 import jax.numpy as jnp  # noqa: E402
 
 import warpattn  # noqa: E402
+from warpattn import _warpattn  # noqa: E402
 from warpattn import jax_ffi  # noqa: E402
 
 if not jax_ffi.available():
