@@ -117,8 +117,8 @@ def _run_quantize(fw, q, k, v, int8, run, **jax_offsets):
 
 def _run_forward(fw, ops, out, run, wait_for_jax):
     """forward_fp8's launch on the operands' framework: run(empty, stream, args) makes out and
-    lse and calls the module; returns (out, lse). JAX: eagerly, after wait_for_jax() has waited
-    for the other arrays the call reads."""
+    lse and calls the module; returns (out, lse). JAX: eagerly, once wait_for_jax() has waited
+    for the arrays the call reads (and refused those it cannot: first, for a clear message)."""
     if fw == "torch":
         return run(_torch_empty(ops.q.device.index), _current_stream(fw, ops.q), _call_args(ops))
     if fw == "cupy":
@@ -126,9 +126,9 @@ def _run_forward(fw, ops, out, run, wait_for_jax):
     if fw == "jax":
         if out is not None:
             raise ValueError("out: JAX arrays are immutable; call without out")
+        wait_for_jax()
         args = (_jax_bytes(ops.q), _jax_bytes(ops.k), _jax_bytes(ops.vt), ops.q_descale, ops.k_descale,
                 ops.v_descale)
-        wait_for_jax()
         return _jax_run(ops.q.devices().pop().id, lambda empty: run(empty, 0, args))
     raise TypeError("q: FP8 needs a CUDA tensor (PyTorch, CuPy or JAX), got a %s array" % fw)
 
