@@ -29,7 +29,8 @@ namespace warpattn::reference {
 //   out     O_i = sum_j P_ij v_j
 // The sink is one more logit in the softmax's denominator with no value vector: it takes the
 // weight exp(sink_h - L_i) = 1 - sum_j P_ij away from the keys. A row that sees no key gets
-// O_i = 0 and L_i = sink_h (-inf without sinks, or with a sink of -inf).
+// O_i = 0 and L_i = sink_h (-inf without sinks, or with a sink of -inf). So a very negative
+// finite sink (-1e30) gives the bits of no sink everywhere except in such a row's L_i.
 struct AttentionShape {
   int64_t batch = 0;
   int64_t seqlen_q = 0;
@@ -45,9 +46,13 @@ struct AttentionShape {
   // Sliding window (issue 19), in keys either side of the row's diagonal j = row + seqlen_k -
   // seqlen_q; a negative value (-1 by convention) leaves that side unbounded. (0, 0) keeps only
   // the diagonal. Both are used as given, with no clamping to the sequence lengths.
+  // FlashAttention's host code turns a bound >= seqlen_k into -1: the same mask for
+  // window_left, and for window_right too unless seqlen_k <= window_right < seqlen_q - 1 (only
+  // possible with seqlen_q > seqlen_k + 1), where the formula leaves the first rows fewer keys.
+  // A GPU API that clamps so must clamp the AttentionShape it checks against the same way.
   int64_t window_left = -1;
   int64_t window_right = -1;
-  // Soft cap of the logits (Gemma 2 and others): > 0 is the cap, 0 is off.
+  // Soft cap of the logits (Gemma 2 and others): > 0 is the cap, 0 (or anything not > 0) is off.
   double softcap = 0;
   // One logit per query head, [Hq] floats, or null for no sinks (gpt-oss and others). Finite or
   // -inf (-inf is the same as no sink); the pointer must outlive the calls that use it.

@@ -5,7 +5,10 @@
 // every thread own the elements it writes without a reduction: dq is a sum over keys, dk and dv
 // are sums over query rows (and the query heads of a group). The sampled functions
 // (attention_backward_dq_rows, attention_backward_dkv_rows) run the same three pieces on the rows
-// they are given, so they agree with attention_backward bit for bit.
+// they are given, so they agree with attention_backward bit for bit. The features of issue 19
+// change only what the pieces loop over and one factor: the window bounds every loop over keys
+// (visible_key_range) and rows (visible_row_range), the soft cap's slope multiplies dS, and a
+// sink is felt only through each row's LSE, from which (with D) dsinks is a sum of its own.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
