@@ -21,6 +21,13 @@ struct ForwardProblem : ProblemSizes {
   bool causal = false;
   bool has_lse = false;
   bool batch_invariant = false;  // no split tail; packed batches: no tile height from the longest sequence
+  // The keys each row sees (causal and window_size resolved, kUnbounded for an open side), and
+  // whether that is a band at all: then the banded kernels (Cfg::kCausal) run.
+  KeyBand band;
+  bool banded = false;
+  float softcap = 0;           // > 0: on
+  const float* sinks = nullptr;  // per query head, or null
+  int64_t sinks_stride = 1;
 };
 
 // Checks every rule of the API (see warpattn.hpp) on the host, without touching the GPU.

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -419,7 +420,50 @@ ProblemSizes check_attention_tensors(std::span<const Operand> operands, const Ar
   return sizes;
 }
 
-// What dispatch needs of a validated call; the softmax scale resolved to its default.
+// ---- p. model options (ForwardOptions): the sliding window, softcap and sinks. `fp8`: the
+// call is forward_fp8's, which has no softcap (its scores are scaled per block in the softmax's
+// exponent, where a tanh does not fit).
+const char* const kSinksDimNames[1] = {"heads_q"};
+std::optional<Arg> sinks_arg(const ForwardOptions& o) {
+  if (!o.sinks) return std::nullopt;
+  return Arg{"sinks", *o.sinks, kSinksDimNames, 1};
+}
+void check_model_options(const ForwardOptions& o, const ProblemSizes& sizes, bool fp8) {
+  for (const auto& [name, value] : {std::pair{"window_left", o.window_left}, std::pair{"window_right", o.window_right}}) {
+    if (value >= -1) continue;
+    Message m;
+    m << "options." << name << ": expected -1 (unbounded) or a key count >= 0, got " << value;
+    fail(m);
+  }
+  if (o.causal && o.window_right > 0) {
+    Message m;
+    m << "options.window_right: causal attention sees no key right of the diagonal, expected -1 or 0 with causal, got "
+      << o.window_right;
+    fail(m);
+  }
+  if (!(std::isfinite(o.softcap) && o.softcap >= 0.f)) {
+    Message m;
+    m << "options.softcap: expected 0 (off) or a finite value > 0, got " << o.softcap;
+    fail(m);
+  }
+  if (fp8 && o.softcap != 0.f) {
+    Message m;
+    m << "options.softcap: forward_fp8 has no softcap (16-bit forward only), got " << o.softcap;
+    fail(m);
+  }
+  if (const std::optional<Arg> a = sinks_arg(o)) {
+    check_rank(*a);
+    check_sizes_not_negative(*a);
+    check_not_null(*a);
+    check_dtype(*a, DType::f32);
+    const int64_t want[1] = {sizes.heads_q};
+    check_shape(*a, want, "(one logit per query head)");
+    check_fp32_layout(*a, 1);
+  }
+}
+
+// What dispatch needs of a validated call (rules a to p passed); the softmax scale resolved to
+// its default, the window and causal mask to the band of keys each row sees (kv_tiles.hpp).
 ForwardProblem forward_problem(const ProblemSizes& sizes, DType dtype, const ForwardOptions& options, bool has_lse) {
   ForwardProblem p;
   static_cast<ProblemSizes&>(p) = sizes;
@@ -428,7 +472,23 @@ ForwardProblem forward_problem(const ProblemSizes& sizes, DType dtype, const For
   p.causal = options.causal;
   p.has_lse = has_lse;
   p.batch_invariant = options.batch_invariant;
+  // A side wider than both lengths bounds nothing: kUnbounded, so the value fits the kernel's int.
+  const auto side = [&](int w) {
+    return w < 0 || static_cast<int64_t>(w) >= sizes.seqlen_q + sizes.seqlen_k ? kUnbounded : w;
+  };
+  p.band = {side(options.window_left), options.causal ? 0 : side(options.window_right)};
+  p.banded = p.band.left != kUnbounded || p.band.right != kUnbounded;
+  p.softcap = options.softcap;
+  if (options.sinks) {
+    p.sinks = static_cast<const float*>(options.sinks->data);
+    p.sinks_stride = options.sinks->stride[0];
+  }
   return p;
+}
+
+// The sinks among a call's tensors for the overlap rules (read, never written).
+void add_sinks(std::vector<const Arg*>& tensors, const std::optional<Arg>& sinks) {
+  if (sinks) tensors.push_back(&*sinks);
 }
 
 // ---- n. the backward's workspace.
@@ -498,12 +558,15 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
   // a to j
   const ProblemSizes sizes = check_attention_tensors(operands, aq, ak, lse ? &alse : nullptr);
 
-  // k. softmax scale
+  // k. softmax scale; p. window, softcap, sinks
   check_softmax_scale(options.softmax_scale);
+  check_model_options(options, sizes, false);
 
   // l. outputs must not alias anything else the call reads or writes; m. each written element
   // at its own address
   std::vector<const Arg*> tensors = {&aq, &ak, &av, &aout}, written = {&aout};
+  const std::optional<Arg> asinks = sinks_arg(options);
+  add_sinks(tensors, asinks);
   if (lse) {
     tensors.push_back(&alse);
     written.push_back(&alse);
@@ -904,6 +967,7 @@ ForwardProblem check_forward_fp8(const Fp8Operands& f, const TensorView& out, co
   check_tma_layout(aout);
   if (lse) check_fp32_layout(alse, 3);
   check_softmax_scale(options.softmax_scale);
+  check_model_options(options, p, true);
   const char* const* vt_names = packed ? kPackedVtDimNames : kVtDimNames;
   const char* const* descale_names = packed ? kPackedDescaleDimNames : kDescaleDimNames;
   const Arg aq{"q", f.q, names, 4, hidden}, ak{"k", f.k, names, 4, hidden}, avt{"vt", f.vt, vt_names, 4, hidden},
@@ -911,6 +975,8 @@ ForwardProblem check_forward_fp8(const Fp8Operands& f, const TensorView& out, co
       avs{"v_descale", f.v_descale, descale_names, 3, hidden};
   std::vector<const Arg*> tensors = {&aq, &ak, &avt, &aqs, &aks, &avs, &aout}, written = {&aout};
   tensors.insert(tensors.end(), extra.begin(), extra.end());
+  const std::optional<Arg> asinks = sinks_arg(options);
+  add_sinks(tensors, asinks);
   if (lse) {
     tensors.push_back(&alse);
     written.push_back(&alse);
@@ -1011,8 +1077,9 @@ VarlenCall validate_forward_varlen(const TensorView& q, const TensorView& k, con
   // a to j on the (1, total, heads, head_dim) views
   ProblemSizes sizes = check_attention_tensors(operands, aq, ak, lse ? &alse : nullptr);
 
-  // k. softmax scale
+  // k. softmax scale; p. window, softcap, sinks
   check_softmax_scale(options.softmax_scale);
+  check_model_options(options, sizes, false);
 
   // o1 to o6: the offsets (and seqused_k); the forward's tiles are query blocks of 128 rows
   const VarlenArgs va(batch);
@@ -1021,6 +1088,8 @@ VarlenCall validate_forward_varlen(const TensorView& q, const TensorView& k, con
   // l, m. written tensors apart from everything the call reads or writes
   std::vector<const Arg*> tensors = {&aq, &ak, &av, &aout}, written = {&aout};
   va.add_to(tensors);
+  const std::optional<Arg> asinks = sinks_arg(options);
+  add_sinks(tensors, asinks);
   if (lse) {
     tensors.push_back(&alse);
     written.push_back(&alse);

@@ -69,15 +69,76 @@ TEST(kv_tiles_rows_before_the_first_key_get_no_tiles) {
   CHECK(kv_tile_count(0, 128, 128, 17, 1000, true) == 8);  // bottom-right: row 16 sees all keys
 }
 
-TEST(few_key_blocks_are_those_whose_first_row_sees_under_the_limit) {
+TEST(few_key_blocks_are_those_with_a_row_under_the_limit) {
+  using warpattn::detail::causal_band;
   using warpattn::detail::kPreciseKeyLimit;
   using warpattn::detail::sees_few_keys;
-  CHECK(sees_few_keys(0, 65536, 65536, true));  // row 0 sees 1 key
-  CHECK(sees_few_keys(126, 65536, 65536, true));   // row 126 sees 127
-  CHECK(!sees_few_keys(128, 65536, 65536, true));  // row 128 sees 129
-  CHECK(sees_few_keys(0, 1000, kPreciseKeyLimit - 1, false));
-  CHECK(!sees_few_keys(0, 1000, kPreciseKeyLimit, false));
-  CHECK(sees_few_keys(0, 4097, 1000, true));  // seqlen_q > seqlen_k: early rows see no key
+  const auto causal = causal_band(true), all = causal_band(false);
+  CHECK(sees_few_keys(0, 128, 65536, 65536, causal));     // row 0 sees 1 key
+  CHECK(sees_few_keys(126, 128, 65536, 65536, causal));   // row 126 sees 127
+  CHECK(!sees_few_keys(128, 128, 65536, 65536, causal));  // row 128 sees 129
+  CHECK(sees_few_keys(0, 128, 1000, kPreciseKeyLimit - 1, all));
+  CHECK(!sees_few_keys(0, 128, 1000, kPreciseKeyLimit, all));
+  CHECK(sees_few_keys(0, 128, 4097, 1000, causal));  // seqlen_q > seqlen_k: early rows see no key
+  // A window of 100 keys: every row sees at most 101; of 300, none fewer once past the start.
+  CHECK(sees_few_keys(1024, 128, 4096, 4096, {100, 0}));
+  CHECK(!sees_few_keys(1024, 128, 4096, 4096, {300, 0}));
+  CHECK(sees_few_keys(0, 128, 4096, 4096, {300, 0}));  // rows 0..126 see 1..127
+}
+
+// The band functions against brute force over every (row, key) pair, windows included: the
+// visited range is exactly the tiles with a visible key, the masked tiles exactly those with a
+// hidden pair, and sees_few_keys exactly "some row of the block sees 1..limit-1 keys or fewer".
+TEST(band_tiles_match_brute_force) {
+  using warpattn::detail::band_keys;
+  using warpattn::detail::KeyBand;
+  using warpattn::detail::kPreciseKeyLimit;
+  using warpattn::detail::kUnbounded;
+  using warpattn::detail::kv_tile_range;
+  using warpattn::detail::sees_few_keys;
+  const int seqlens[] = {1, 17, 128, 129, 300, 513};
+  const int sides[] = {0, 1, 63, 200, kUnbounded};
+  const int tiles[][2] = {{128, 128}, {128, 80}, {192, 112}};
+  int bad = 0, checked = 0;
+  for (auto& t : tiles)
+    for (int sq : seqlens)
+      for (int sk : seqlens)
+        for (int left : sides)
+          for (int right : sides) {
+            const KeyBand band{left, right};
+            const auto visible = [&](long long row, long long key) {
+              const long long diagonal = row + sk - sq;
+              return key >= 0 && key < sk && (left == kUnbounded || key >= diagonal - left) &&
+                     (right == kUnbounded || key <= diagonal + right);
+            };
+            for (int m = 0; m * t[0] < sq; ++m) {
+              const int r0 = m * t[0], r1 = std::min(sq, r0 + t[0]);
+              int first = -1, last = -1, fewest = 1 << 30;
+              for (int r = r0; r < r1; ++r) {
+                int keys = 0;
+                for (int key = 0; key < sk; ++key)
+                  if (visible(r, key)) {
+                    ++keys;
+                    if (first < 0 || key / t[1] < first) first = key / t[1];
+                    last = std::max(last, key / t[1]);
+                  }
+                bad += keys != band_keys(r, sq, sk, band);
+                fewest = std::min(fewest, keys);
+              }
+              const auto range = kv_tile_range(m, t[0], t[1], sq, sk, band);
+              if (first < 0) bad += range.count() != 0;
+              else bad += range.begin != first || range.end != last + 1;
+              bad += sees_few_keys(r0, t[0], sq, sk, band) != (fewest < kPreciseKeyLimit);
+              for (int n = range.begin; n < range.end; ++n) {
+                bool any_hidden = false;
+                for (int r = r0; r < r1 && !any_hidden; ++r)
+                  for (int key = n * t[1]; key < (n + 1) * t[1]; ++key) any_hidden |= !visible(r, key);
+                bad += kv_tile_needs_mask(n, t[1], r0, t[0], sq, sk, band) != any_hidden;
+              }
+              ++checked;
+            }
+          }
+  CHECK(bad == 0) << bad << " mismatches over " << checked << " blocks";
 }
 
 #include <set>
