@@ -735,15 +735,35 @@ def test_jit_equals_eager_bitwise():
 
 @gpu
 def test_equals_the_dlpack_path_bitwise():
-    # The eager path (DLPack, memory from PyTorch or CuPy) runs the same kernels.
-    pytest.importorskip("torch", reason="the eager JAX path needs PyTorch or CuPy")
+    # The DLPack path (memory from PyTorch or CuPy; what builds without the handlers run) runs the
+    # same kernels; warpattn's public functions on JAX arrays take the FFI path.
+    need_dlpack_memory()
     q, k, v, dout = random_case(3, BF16, 2, 700, 900, 8, 4, 64)
     out, lse = jax.jit(lambda q, k, v: jax_ffi.flash_attn(q, k, v, causal=True, return_lse=True))(q, k, v)
-    want, want_lse = warpattn.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    with dlpack_fallback():
+        want, want_lse = warpattn.flash_attn_func(q, k, v, causal=True, return_lse=True)
+        want_grads = warpattn.flash_attn_backward(dout, q, k, v, want, want_lse, causal=True, deterministic=True)
     assert np.array_equal(np.asarray(out), np.asarray(want)) and np.array_equal(np.asarray(lse), np.asarray(want_lse))
     grads = jax.jit(jax_ffi.flash_attn_backward, static_argnames=("causal", "deterministic"))(
         dout, q, k, v, out, lse, causal=True, deterministic=True)
-    want_grads = warpattn.flash_attn_backward(dout, q, k, v, want, want_lse, causal=True, deterministic=True)
+    for got, expected in zip(grads, want_grads):
+        assert np.array_equal(np.asarray(got), np.asarray(expected))
+    public, public_lse = warpattn.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    assert np.array_equal(np.asarray(public), np.asarray(out)) and np.array_equal(np.asarray(public_lse), np.asarray(lse))
+    # Packed batches, forward and backward.
+    lengths = [300, 0, 517]
+    pq, pk, pv, pdout, cu_q, cu_k = packed_case(3, BF16, lengths, lengths, 8, 2, 128)
+    fn = jax.jit(lambda q, k, v: jax_ffi.flash_attn_varlen(q, k, v, cu_q, cu_k, 517, 517, causal=True,
+                                                            return_lse=True))
+    out, lse = fn(pq, pk, pv)
+    grads = jax.jit(lambda *a: jax_ffi.flash_attn_varlen_backward(*a, cu_q, cu_k, 517, 517, causal=True,
+                                                                   deterministic=True))(pdout, pq, pk, pv, out, lse)
+    with dlpack_fallback():
+        want, want_lse = warpattn.flash_attn_varlen_func(pq, pk, pv, cu_q, cu_k, 517, 517, causal=True,
+                                                         return_lse=True)
+        want_grads = warpattn.flash_attn_varlen_backward(pdout, pq, pk, pv, want, want_lse, cu_q, cu_k, 517, 517,
+                                                         causal=True, deterministic=True)
+    assert np.array_equal(np.asarray(out), np.asarray(want)) and np.array_equal(np.asarray(lse), np.asarray(want_lse))
     for got, expected in zip(grads, want_grads):
         assert np.array_equal(np.asarray(got), np.asarray(expected))
 
@@ -823,11 +843,16 @@ def test_varlen_seqused_k_and_vmap():
 
 
 @gpu
-def test_no_host_synchronisation_in_a_jitted_call():
+@pytest.mark.parametrize("kind", ["bf16", "fp8"])
+def test_no_host_synchronisation_in_a_jitted_call(kind):
     # A host sync inside the call would make dispatch wait for the GPU: 20 calls of ~2 ms each
-    # are queued in far less time than they take to run.
+    # (FP8: ~1 ms, quantisation included) are queued in far less time than they take to run. For
+    # FP8 this holds because the handler does not read the descales back.
     q, k, v, _ = random_case(7, BF16, 4, 8192, 8192, 16, 16, 128)
-    fn = jax.jit(lambda q, k, v: jax_ffi.flash_attn(q, k, v, causal=True))
+    if kind == "fp8":
+        fn = jax.jit(lambda q, k, v: jax_ffi.flash_attn_fp8(jax_ffi.quantize_fp8(q, k, v), causal=True))
+    else:
+        fn = jax.jit(lambda q, k, v: jax_ffi.flash_attn(q, k, v, causal=True))
     fn(q, k, v).block_until_ready()
     start = time.perf_counter()
     outs = [fn(q, k, v) for _ in range(20)]
@@ -849,3 +874,162 @@ def test_the_second_gpu():
     assert rel_l2(out, want) <= TOL[BF16]
     for got, expected in zip(grads, want_grads):
         assert rel_l2(got, expected) <= GRAD_TOL[BF16]
+
+
+@gpu
+def test_batch_invariant_through_the_ffi():
+    # batch_invariant reaches the library: each sequence's out and gradients are the same bits
+    # alone as in the batch (non-causal at a shape whose last wave the default mode may split).
+    q, k, v, dout = random_case(10, BF16, 3, 1000, 1000, 16, 4, 128)
+    fn = jax.jit(lambda q, k, v: jax_ffi.flash_attn(q, k, v, batch_invariant=True))
+    out, grads = vjp(fn, q, k, v, dout)
+    for b in (0, 2):
+        alone, alone_grads = vjp(fn, q[b:b + 1], k[b:b + 1], v[b:b + 1], dout[b:b + 1])
+        assert np.array_equal(np.asarray(out[b:b + 1]), np.asarray(alone)), b
+        for got, want in zip(grads, alone_grads):
+            assert np.array_equal(np.asarray(got[b:b + 1]), np.asarray(want)), b
+
+
+# ---------------------------------------------------------------------------- FP8 on the GPU
+
+FP8_TOL = 6e-2  # test_gpu.py's FP8 bounds: out's relative L2 error against fp32 attention
+FP8_LSE_TOL = 0.2  # and lse's largest absolute error (Q and K's E4M3 rounding, undiluted at small rows)
+
+
+def need_dlpack_memory():
+    """The DLPack path writes into memory from PyTorch or CuPy: skip without both."""
+    for name in ("torch", "cupy"):
+        try:
+            __import__(name)
+            return
+        except ImportError:
+            pass
+    pytest.skip("the DLPack path needs PyTorch or CuPy for its memory; neither is installed")
+
+
+def bits(x):
+    """x's bits, as unsigned integers of its width: for bitwise comparisons (float8 too)."""
+    a = np.asarray(x)
+    return a.view(np.dtype("u%d" % a.dtype.itemsize))
+
+
+def xla_forward(q, k, v, causal):
+    """out and lse of attention in fp32 with full-precision products, on XLA's CPU backend (as
+    xla_vjp, and for its reason); causal aligned bottom-right, GQA by repeating k and v."""
+    cpu = jax.devices("cpu")[0]
+    f32 = [jax.device_put(np.asarray(t.astype(jnp.float32)), cpu) for t in (q, k, v)]
+
+    def reference(q, k, v):
+        group = q.shape[2] // k.shape[2]
+        k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+        if causal:
+            sq, sk = q.shape[1], k.shape[1]
+            scores = jnp.where(jnp.tril(jnp.ones((sq, sk), bool), sk - sq), scores, -jnp.inf)
+        lse = jax.nn.logsumexp(scores, axis=-1)
+        return jnp.einsum("bhqk,bkhd->bqhd", jnp.exp(scores - lse[..., None]), v), lse
+    with jax.default_device(cpu), jax.default_matmul_precision("highest"):
+        return jax.jit(reference)(*f32)
+
+
+@gpu
+@pytest.mark.parametrize("qk_dtype", ["e4m3", "int8"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_jitted_against_eager_and_xla(qk_dtype, d, causal):
+    q, k, v, _ = random_case(20 + d + causal, BF16, 2, 300, 500, 8, 2, d)
+    fn = jax.jit(lambda q, k, v: jax_ffi.flash_attn_fp8(jax_ffi.quantize_fp8(q, k, v, qk_dtype=qk_dtype),
+                                                        causal=causal, return_lse=True))
+    out, lse = fn(q, k, v)
+    assert out.dtype == BF16 and out.shape == q.shape and lse.shape == (2, 8, 300) and lse.dtype == jnp.float32
+    # The public functions on the same arrays, eagerly (descales checked on the host): the same bits.
+    ops = warpattn.quantize_fp8(q, k, v, qk_dtype=qk_dtype)
+    assert str(ops.q.dtype) == ("int8" if qk_dtype == "int8" else "float8_e4m3fn") and ops.vt.shape == (2, 2, d, 512)
+    eager, eager_lse = warpattn.flash_attn_fp8_func(ops, causal=causal, return_lse=True)
+    assert np.array_equal(bits(out), bits(eager)) and np.array_equal(bits(lse), bits(eager_lse))
+    jitted_ops = jax.jit(lambda q, k, v: jax_ffi.quantize_fp8(q, k, v, qk_dtype=qk_dtype))(q, k, v)
+    for name, a, b in zip(warpattn.Fp8Operands._fields, jitted_ops, ops):
+        assert np.array_equal(bits(a), bits(b)), name
+    # Within FP8's error of attention in fp32 on the unquantised inputs.
+    want, want_lse = xla_forward(q, k, v, causal)
+    assert rel_l2(out, want) < FP8_TOL, rel_l2(out, want)
+    assert float(np.abs(np.asarray(lse) - np.asarray(want_lse)).max()) < FP8_LSE_TOL
+
+
+@gpu
+@pytest.mark.parametrize("qk_dtype", ["e4m3", "int8"])
+@pytest.mark.parametrize("per_tensor", [False, True])
+def test_fp8_equals_the_dlpack_path_bitwise(qk_dtype, per_tensor):
+    # The DLPack path (quantize_fp8 and flash_attn_fp8_func before the FFI calls, kept for builds
+    # without the handlers) on the same JAX arrays: the same operands and output, bit for bit.
+    need_dlpack_memory()
+    q, k, v, _ = random_case(30 + per_tensor, BF16, 2, 700, 900, 8, 4, 128)
+    ops = jax.jit(lambda q, k, v: jax_ffi.quantize_fp8(q, k, v, seed=5, per_tensor=per_tensor,
+                                                       qk_dtype=qk_dtype))(q, k, v)
+    out, lse = jax.jit(lambda ops: jax_ffi.flash_attn_fp8(ops, causal=True, out_dtype="float16",
+                                                          return_lse=True))(ops)
+    with dlpack_fallback():
+        want_ops = warpattn.quantize_fp8(q, k, v, seed=5, per_tensor=per_tensor, qk_dtype=qk_dtype)
+        want, want_lse = warpattn.flash_attn_fp8_func(want_ops, causal=True, out_dtype="float16", return_lse=True)
+    for name, a, b in zip(warpattn.Fp8Operands._fields, ops, want_ops):
+        assert str(a.dtype) == str(b.dtype) and np.array_equal(bits(a), bits(b)), name
+    assert out.dtype == jnp.float16 and np.array_equal(bits(out), bits(want))
+    assert np.array_equal(bits(lse), bits(want_lse))
+
+
+@gpu
+def test_fp8_vmap():
+    # Per-block scales: vmap folds the mapped axis into the batch (the same bits as the batch
+    # unmapped). Per-tensor scales: one call per example, each as alone.
+    q, k, v, _ = random_case(40, BF16, 6, 256, 384, 4, 2, 64)
+    fold = lambda x: x.reshape((3, 2) + x.shape[1:])  # noqa: E731
+    unfold = lambda x: np.asarray(x).reshape((6,) + x.shape[2:])  # noqa: E731
+
+    def fn(q, k, v, per_tensor=False):
+        return jax_ffi.flash_attn_fp8(jax_ffi.quantize_fp8(q, k, v, per_tensor=per_tensor), causal=True)
+    mapped = jax.jit(jax.vmap(fn))(fold(q), fold(k), fold(v))
+    assert np.array_equal(bits(unfold(mapped)), bits(jax.jit(fn)(q, k, v)))
+    per_tensor = jax.jit(jax.vmap(lambda q, k, v: fn(q, k, v, True)))(fold(q), fold(k), fold(v))
+    for i in range(3):
+        alone = jax.jit(lambda q, k, v: fn(q, k, v, True))(fold(q)[i], fold(k)[i], fold(v)[i])
+        assert np.array_equal(bits(per_tensor[i]), bits(alone)), i
+
+
+@gpu
+def test_fp8_descales_checked_eagerly():
+    q, k, v, _ = random_case(41, BF16, 1, 256, 256, 2, 2, 128)
+    ops = jax_ffi.quantize_fp8(q, k, v)
+    bad = ops._replace(v_descale=ops.v_descale.at[0, 1, 1].set(-1.0))
+    with pytest.raises(ValueError, match=r"v_descale: every descale must be finite and > 0, got -1 at \[0, 1, 1\]"):
+        jax_ffi.flash_attn_fp8(bad)
+    with pytest.raises(ValueError, match="v_descale: every descale must be finite and > 0"):
+        warpattn.flash_attn_fp8_func(bad)
+    jax_ffi.flash_attn_fp8(bad, check_descales=False).block_until_ready()  # unchecked: it runs
+    jax.jit(jax_ffi.flash_attn_fp8)(bad).block_until_ready()  # traced descales: not read back
+
+
+# ---------------------------------------------------------------------------- two GPUs
+
+@gpu
+def test_shard_map_over_heads_on_two_gpus():
+    # Heads split over two GPUs (GQA groups kept whole): each GPU runs the calls on its heads,
+    # and out and the gradients are the unsharded call's bits. Causal and deterministic: the
+    # default non-causal forward may split its last wave by the whole problem's tile count, and
+    # the default backward adds dQ's pieces in any order, so either would differ by rounding.
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    if len(gpus) < 2:
+        pytest.skip("needs two GPUs, found %d" % len(gpus))
+    mesh = jax.sharding.Mesh(np.array(gpus[:2]), ("x",))
+    q, k, v, dout = random_case(50, BF16, 2, 1024, 1024, 16, 4, 128)
+    fn = lambda q, k, v: jax_ffi.flash_attn(q, k, v, causal=True, deterministic=True)  # noqa: E731
+    want, want_grads = vjp(jax.jit(fn), q, k, v, dout)
+    split = jax.sharding.NamedSharding(mesh, HEADS)
+    args = [jax.device_put(t, split) for t in (q, k, v, dout)]
+    out, grads = vjp(jax.jit(sharded(fn, mesh, HEADS, 3)), *args)
+    assert out.sharding.device_set == set(gpus[:2])
+    assert np.array_equal(np.asarray(out), np.asarray(want))
+    for name, got, expected in zip(("dq", "dk", "dv"), grads, want_grads):
+        assert np.array_equal(np.asarray(got), np.asarray(expected)), name
+    # FP8 per block over heads: each block's scale is per head, so the split leaves the bits as well.
+    fp8 = lambda q, k, v: jax_ffi.flash_attn_fp8(jax_ffi.quantize_fp8(q, k, v), causal=True)  # noqa: E731
+    assert np.array_equal(bits(jax.jit(sharded(fp8, mesh, HEADS, 3))(*args[:3])), bits(jax.jit(fp8)(q, k, v)))
