@@ -647,6 +647,17 @@ def test_public_functions_refuse_arrays_off_the_gpu():
         warpattn.flash_attn_func(q, q, q, out=q)
 
 
+def test_bench_jax_refuses_to_run_without_a_gpu(tmp_path):
+    if any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip("JAX sees a GPU: the benchmark would run")
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, "-m", "warpattn.bench_jax", "--out", str(out)], capture_output=True,
+                          text=True, timeout=120, cwd="/")
+    assert done.returncode == 1 and "runs on a GPU only" in done.stderr and "nothing was timed" in done.stderr, \
+        done.stderr[-2000:]
+    assert not out.exists()
+
+
 # ====================================================================== on an sm_90 GPU
 
 gpu = pytest.mark.skipif(_gpu_reason() is not None, reason=str(_gpu_reason()))
