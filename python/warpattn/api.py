@@ -1,5 +1,6 @@
 """flash_attn_func and flash_attn_backward for any DLPack tensor: PyTorch (torch.library custom
-ops, differentiable), CuPy, JAX (eager; warpattn.jax_flash_attn is the differentiable form)."""
+ops, differentiable), CuPy, JAX (through warpattn.jax_ffi, differentiable and jit-able, where
+this build has its XLA FFI handlers; else eagerly through DLPack)."""
 import contextlib
 
 from . import _warpattn
@@ -55,7 +56,9 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False,
     of lse is refused with NotImplementedError unless it is zero); deterministic=True makes the
     backward give the same bits on every run (slower). batch_invariant=True: a row's result
     depends only on its own sequence, never on the batch around it (no split of the last wave;
-    the backward deterministic). CuPy: see flash_attn_backward; JAX: warpattn.jax_flash_attn.
+    the backward deterministic). CuPy: see flash_attn_backward. JAX: warpattn.jax_ffi.flash_attn
+    (on XLA's stream; under jax.jit and jax.grad too), or without the FFI handlers the eager
+    DLPack path (warpattn.jax_flash_attn for gradients).
     """
     fw = _common_framework(q, k=k, v=v, out=out)
     _check_rank(q)
@@ -65,7 +68,11 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False,
         return flash_attn_torch(q, k, v, scale, bool(causal), return_lse, out, bool(deterministic),
                                 bool(batch_invariant))
     if fw == "jax":
-        return _flash_attn_jax(q, k, v, scale, bool(causal), return_lse, out, bool(batch_invariant))
+        ffi = _jax_ffi()
+        if ffi is None:
+            return _flash_attn_jax(q, k, v, scale, bool(causal), return_lse, out, bool(batch_invariant))
+        _no_out(out)
+        return ffi.flash_attn(q, k, v, scale, causal, return_lse, deterministic, batch_invariant)
     xp = _array_module(fw)
     with device_of(q, fw):  # allocate on q's device and take that device's current stream
         if out is None:
@@ -85,8 +92,9 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=Fals
     heads of a group); each one not given is allocated. softmax_scale and causal must be those of
     the forward call. deterministic: the same bits on every run (dq's partial sums are added in
     a fixed order), slower. Head dims: warpattn.backward_head_dims (64, 128 and 256). Runs on the
-    current stream (PyTorch, CuPy) and returns without synchronising; JAX arrays are waited for
-    and the result handed back once computed. PyTorch users get this through autograd.
+    current stream (PyTorch, CuPy) and returns without synchronising; JAX arrays go through
+    warpattn.jax_ffi (XLA's stream), or without its handlers are waited for and the result
+    handed back once computed. PyTorch users get this through autograd.
     """
     fw = _common_framework(q, dout=dout, k=k, v=v, out=out, lse=lse, dq=dq, dk=dk, dv=dv)
     _check_rank(q)
@@ -94,6 +102,9 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=Fals
     if fw == "jax":
         if any(g is not None for g in (dq, dk, dv)):
             raise ValueError("dq, dk, dv: JAX arrays are immutable; call without them")
+        ffi = _jax_ffi()
+        if ffi is not None:
+            return ffi.flash_attn_backward(*args)
         _wait_for_jax_arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
         return tuple(_jax_run(q.devices().pop().id, lambda empty: _backward_into(
             *args, (None, None, None), lambda t: empty(t.shape, str(t.dtype)), lambda n: empty((n,), "uint8"), 0)))
@@ -165,10 +176,32 @@ def _current_stream(fw, x):
 
 
 # ---------------------------------------------------------------------------------- JAX
-# JAX arrays are immutable and JAX exposes no stream: the inputs are waited for, the results are
-# written into memory from PyTorch or CuPy (whichever is installed) on the legacy default stream
-# of the device, the device is synchronised, and the memory is handed to JAX without a copy. So
-# these calls run eagerly, on concrete arrays; under jax.jit they are refused (issue 17).
+# JAX arrays go to warpattn.jax_ffi where this build has its XLA FFI handlers: custom calls on
+# XLA's stream and buffers, eager or under jax.jit. What follows is the fallback for builds
+# without them (jax not importable at build time): JAX arrays are immutable and JAX exposes no
+# stream, so the inputs are waited for, the results are written into memory from PyTorch or CuPy
+# (whichever is installed) on the legacy default stream of the device, the device is
+# synchronised, and the memory is handed to JAX without a copy. Those calls run eagerly, on
+# concrete arrays; under jax.jit they are refused.
+
+# False: JAX arrays take the DLPack fallback even where the handlers exist (for tests that hold
+# the two paths against each other).
+_PREFER_JAX_FFI = True
+
+
+def _jax_ffi():
+    """warpattn.jax_ffi where this build has its handlers, else None (the DLPack fallback).
+    Imported here, on a call that got JAX arrays, so that importing warpattn imports no JAX."""
+    if not _PREFER_JAX_FFI:
+        return None
+    from . import jax_ffi
+    return jax_ffi if jax_ffi.available() else None
+
+
+def _no_out(out):
+    if out is not None:
+        raise ValueError("out: JAX arrays are immutable; call without out")
+
 
 def _wait_for_jax_arrays(**arrays):
     """Blocks until every array is computed. TypeError for an abstract (traced) array, which has
@@ -177,9 +210,10 @@ def _wait_for_jax_arrays(**arrays):
     tracer = getattr(jax.core, "Tracer", ())
     for name, a in arrays.items():
         if isinstance(a, tracer):
-            raise TypeError("%s: warpattn takes concrete JAX arrays only (it reads their memory through "
-                            "DLPack), not traced ones under jax.jit, vmap or the like; for gradients use "
-                            "warpattn.jax_flash_attn with jax.grad outside jax.jit" % name)
+            raise TypeError("%s: this build of warpattn takes concrete JAX arrays only (it reads their memory "
+                            "through DLPack), not traced ones under jax.jit, vmap or the like: it has no XLA FFI "
+                            "handlers (warpattn.jax_ffi.available() is False; rebuild with jax installed). For "
+                            "gradients use warpattn.jax_flash_attn with jax.grad outside jax.jit" % name)
         platform = a.devices().pop().platform
         if platform != "gpu":
             raise TypeError("%s: CUDA tensor required (warpattn runs on the GPU), got a JAX array on %s"
@@ -201,9 +235,8 @@ def _jax_run(device_index, run):
 
 
 def _flash_attn_jax(q, k, v, scale, causal, return_lse, out, batch_invariant=False):
-    """flash_attn_func on JAX arrays."""
-    if out is not None:
-        raise ValueError("out: JAX arrays are immutable; call without out")
+    """flash_attn_func on JAX arrays through DLPack (the fallback: see above)."""
+    _no_out(out)
     _wait_for_jax_arrays(q=q, k=k, v=v)
 
     def run(empty):

@@ -12,11 +12,16 @@ of every 16-key group in warpattn.FP8_KEY_ORDER, and float32 descales per block 
 e4m3 tensors are torch.float8_e4m3fn with PyTorch and jnp.float8_e4m3fn with JAX; CuPy has no
 FP8 type, so there they are uint8 arrays holding the e4m3 bytes. CuPy has no bfloat16 either:
 its outputs are float16.
+
+JAX arrays go to warpattn.jax_ffi.quantize_fp8 and flash_attn_fp8 (XLA FFI calls on XLA's
+stream, under jax.jit too) where this build has the handlers; else, and for the packed forms,
+which have no FFI call yet, they run eagerly through DLPack.
 """
 from typing import Any, NamedTuple, Optional
 
 from . import _warpattn
-from .api import _current_stream, _cupy_empty, _jax_run, _torch_empty, _wait_for_jax_arrays, framework_of
+from .api import (_current_stream, _cupy_empty, _jax_ffi, _jax_run, _no_out, _torch_empty, _wait_for_jax_arrays,
+                  framework_of)
 
 FP8_BLOCK_ROWS = 128
 FP8_KEY_ORDER = (0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)
@@ -122,6 +127,9 @@ def quantize_fp8(q, k, v, rotate=True, seed=0, per_tensor=False, qk_dtype="e4m3"
     if fw == "cupy":
         return run(_cupy_empty(q.device.id), _current_stream(fw, q), (q, k, v))
     if fw == "jax":
+        ffi = _jax_ffi()
+        if ffi is not None:
+            return ffi.quantize_fp8(q, k, v, rotate, seed, per_tensor, qk_dtype)
         _wait_for_jax_arrays(q=q, k=k, v=v)
         ops = Fp8Operands(*_jax_run(q.devices().pop().id, lambda empty: run(empty, 0, (q, k, v), tuple)))
         if int8:
@@ -153,8 +161,11 @@ def flash_attn_fp8_func(ops: Fp8Operands, softmax_scale: Optional[float] = None,
     elif fw == "cupy":
         o, lse = run(_cupy_empty(ops.q.device.id), _current_stream(fw, ops.q), _call_args(ops))
     elif fw == "jax":
-        if out is not None:
-            raise ValueError("out: JAX arrays are immutable; call without out")
+        _no_out(out)
+        ffi = _jax_ffi()
+        if ffi is not None:
+            return ffi.flash_attn_fp8(ops, softmax_scale, causal, kind, return_lse, check_descales)
+        _wait_for_jax_arrays(q=ops.q, k=ops.k, vt=ops.vt)  # concrete arrays on a GPU (TypeError otherwise)
         args = (_jax_bytes(ops.q), _jax_bytes(ops.k), _jax_bytes(ops.vt), ops.q_descale, ops.k_descale,
                 ops.v_descale)
         for t in args[3:]:
@@ -243,8 +254,7 @@ def flash_attn_fp8_varlen_func(ops: Fp8Operands, cu_seqlens_q, cu_seqlens_k, max
     elif fw == "cupy":
         o, lse = run(_cupy_empty(ops.q.device.id), _current_stream(fw, ops.q), _call_args(ops))
     elif fw == "jax":
-        if out is not None:
-            raise ValueError("out: JAX arrays are immutable; call without out")
+        _no_out(out)
         args = (_jax_bytes(ops.q), _jax_bytes(ops.k), _jax_bytes(ops.vt), ops.q_descale, ops.k_descale,
                 ops.v_descale)
         _wait_for_jax_arrays(q_descale=ops.q_descale, k_descale=ops.k_descale, v_descale=ops.v_descale,

@@ -1,12 +1,14 @@
 """warpattn for JAX: attention with a custom VJP, so that jax.grad differentiates it in q, k and v.
 
-Eager only: the forward and the backward run on concrete arrays through DLPack (see api.py's JAX
-section), so they are refused under jax.jit, vmap and the like (the XLA FFI path is issue 17).
-JAX is imported on the first call, so that importing warpattn does not need it.
+Where this build has the XLA FFI handlers (warpattn.jax_ffi.available()), jax_flash_attn is
+warpattn.jax_ffi.flash_attn: custom calls on XLA's stream, eager or under jax.jit and vmap.
+Without them it falls back to the eager path below: the forward and the backward run on
+concrete arrays through DLPack (see api.py's JAX section), so they are refused under jax.jit,
+vmap and the like. JAX is imported on the first call, so that importing warpattn does not need it.
 """
 import functools
 
-from .api import _check_rank, _common_framework, _flash_attn_jax, _scale, flash_attn_backward
+from .api import _check_rank, _common_framework, _flash_attn_jax, _jax_ffi, _scale, flash_attn_backward
 
 
 def jax_flash_attn(q, k, v, softmax_scale=None, causal=False, deterministic=False):
@@ -17,11 +19,15 @@ def jax_flash_attn(q, k, v, softmax_scale=None, causal=False, deterministic=Fals
         raise TypeError("q: expected a JAX array, got %s.%s (flash_attn_func takes the others)"
                         % (type(q).__module__, type(q).__name__))
     _check_rank(q)
+    ffi = _jax_ffi()
+    if ffi is not None:
+        return ffi.flash_attn(q, k, v, softmax_scale, causal, deterministic=deterministic)
     return _attention()(q, k, v, _scale(softmax_scale), bool(causal), bool(deterministic))
 
 
 @functools.lru_cache(maxsize=None)
 def _attention():
+    """The DLPack fallback's custom VJP."""
     import jax
 
     # The options are static (hashable, not differentiated): nondiff_argnums.
@@ -34,7 +40,7 @@ def _attention():
         return out, (q, k, v, out, lse)
 
     def backward(scale, causal, deterministic, residuals, dout):
-        return flash_attn_backward(dout, *residuals, scale, causal, deterministic)
+        return flash_attn_backward(dout, *residuals, scale, causal, deterministic)  # DLPack too: no handlers
 
     attention.defvjp(forward, backward)
     return attention

@@ -1,14 +1,15 @@
 """flash_attn_varlen_func and flash_attn_varlen_backward: attention on packed variable-length
 batches, in FlashAttention's conventions, for any DLPack tensor (PyTorch: torch.library custom
-ops in torch_op.py, differentiable; CuPy; JAX, eager).
+ops in torch_op.py, differentiable; CuPy; JAX: warpattn.jax_ffi where this build has its XLA
+FFI handlers, else eagerly through DLPack).
 
 This module imports no framework: each is imported by the first call that takes its tensors.
 """
 import operator
 
 from . import _warpattn
-from .api import (_array_module, _common_framework, _current_stream, _jax_run, _scale, _wait_for_jax_arrays,
-                  device_of)
+from .api import (_array_module, _common_framework, _current_stream, _jax_ffi, _jax_run, _no_out, _scale,
+                  _wait_for_jax_arrays, device_of)
 
 
 def _check_rank(q):
@@ -65,9 +66,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     unwritten. Runs on the caller's current stream; argument errors raise ValueError (a message
     naming the argument), a tensor that is not on a CUDA device or not a tensor TypeError.
     PyTorch: differentiable in q, k and v (deterministic=True: the same bits on every backward);
-    CuPy, JAX: see flash_attn_varlen_backward. batch_invariant=True: each sequence's bits do not
-    depend on the other sequences (no tile height chosen from the longest; the backward
-    deterministic).
+    CuPy: see flash_attn_varlen_backward; JAX: warpattn.jax_ffi.flash_attn_varlen (differentiable,
+    under jax.jit too; max_seqlen_q and max_seqlen_k must then be Python ints), or without the
+    FFI handlers eagerly (flash_attn_varlen_backward for gradients). batch_invariant=True: each
+    sequence's bits do not depend on the other sequences (no tile height chosen from the longest;
+    the backward deterministic).
     """
     fw = _common_framework(q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
                            out=out)
@@ -79,8 +82,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         return flash_attn_varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, *lengths, scale, causal,
                                        return_lse, out, bool(deterministic), bool(batch_invariant))
     if fw == "jax":
-        if out is not None:
-            raise ValueError("out: JAX arrays are immutable; call without out")
+        _no_out(out)
+        ffi = _jax_ffi()
+        if ffi is not None:
+            return ffi.flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *lengths, scale, causal, return_lse,
+                                         seqused_k, deterministic, batch_invariant)
         _wait_for_jax_arrays(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                              **({} if seqused_k is None else {"seqused_k": seqused_k}))
 
@@ -116,8 +122,9 @@ def flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens
     query heads of a group); each one not given is allocated zero-filled: the kernels write dk and
     dv only for the keys a sequence uses, so the keys no sequence uses (past seqused_k included:
     the padding of warpattn.integrations.transformers) keep a zero gradient. Head dims:
-    warpattn.backward_head_dims. Runs on the current stream (PyTorch, CuPy); JAX arrays are
-    waited for and the result handed back once computed. PyTorch users get this through autograd.
+    warpattn.backward_head_dims. Runs on the current stream (PyTorch, CuPy); JAX arrays go
+    through warpattn.jax_ffi (XLA's stream), or without its handlers are waited for and the
+    result handed back once computed. PyTorch users get this through autograd.
     """
     fw = _common_framework(q, dout=dout, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q,
                            cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, dq=dq, dk=dk, dv=dv)
@@ -127,6 +134,10 @@ def flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens
     if fw == "jax":
         if any(g is not None for g in (dq, dk, dv)):
             raise ValueError("dq, dk, dv: JAX arrays are immutable; call without them")
+        ffi = _jax_ffi()
+        if ffi is not None:
+            return ffi.flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                  max_seqlen_k, softmax_scale, causal, seqused_k, deterministic)
         _wait_for_jax_arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q,
                              cu_seqlens_k=cu_seqlens_k, **({} if seqused_k is None else {"seqused_k": seqused_k}))
 
