@@ -132,6 +132,9 @@ struct BackwardOptions {
   // Batch-invariant (as ForwardOptions'): implies deterministic, whose order of dQ's sums
   // depends only on each sequence's own lengths.
   bool batch_invariant = false;
+  // The forward call's sliding window (as ForwardOptions'). Its softcap and sinks have no
+  // backward yet.
+  int window_left = -1, window_right = -1;
 };
 
 // Device memory the backward uses between its launches (dQ's fp32 accumulator, the row terms):

@@ -88,6 +88,8 @@ struct BackwardProblem : ProblemSizes {
   bool causal = false;
   bool deterministic = false;
   bool varlen = false;  // a packed batch: batch sequences, seqlen_q/k the packed lengths
+  KeyBand band;         // as ForwardProblem's
+  bool banded = false;
 };
 
 // The tensors of one backward call, validated.

@@ -428,19 +428,40 @@ std::optional<Arg> sinks_arg(const ForwardOptions& o) {
   if (!o.sinks) return std::nullopt;
   return Arg{"sinks", *o.sinks, kSinksDimNames, 1};
 }
-void check_model_options(const ForwardOptions& o, const ProblemSizes& sizes, bool fp8) {
-  for (const auto& [name, value] : {std::pair{"window_left", o.window_left}, std::pair{"window_right", o.window_right}}) {
+// The window's sides; a window needs seqlen_q + seqlen_k < 2^30, which keeps the kernels'
+// 32-bit band arithmetic exact (kv_tiles.hpp).
+void check_window(int left, int right, bool causal, const ProblemSizes& sizes) {
+  for (const auto& [name, value] : {std::pair{"window_left", left}, std::pair{"window_right", right}}) {
     if (value >= -1) continue;
     Message m;
     m << "options." << name << ": expected -1 (unbounded) or a key count >= 0, got " << value;
     fail(m);
   }
-  if (o.causal && o.window_right > 0) {
+  if (causal && right > 0) {
     Message m;
     m << "options.window_right: causal attention sees no key right of the diagonal, expected -1 or 0 with causal, got "
-      << o.window_right;
+      << right;
     fail(m);
   }
+  if ((left >= 0 || right >= 0) && sizes.seqlen_q + sizes.seqlen_k >= kUnbounded) {
+    Message m;
+    m << "options.window_left/right: a sliding window needs seqlen_q + seqlen_k below 2^30, got " << sizes.seqlen_q
+      << " + " << sizes.seqlen_k;
+    fail(m);
+  }
+}
+
+// The band of keys each row sees (kv_tiles.hpp) for causal and a window; a side wider than both
+// lengths bounds nothing: kUnbounded, so every value fits the kernels' int.
+KeyBand resolved_band(int left, int right, bool causal, const ProblemSizes& sizes) {
+  const auto side = [&](int w) {
+    return w < 0 || static_cast<int64_t>(w) >= sizes.seqlen_q + sizes.seqlen_k ? kUnbounded : w;
+  };
+  return {side(left), causal ? 0 : side(right)};
+}
+
+void check_model_options(const ForwardOptions& o, const ProblemSizes& sizes, bool fp8) {
+  check_window(o.window_left, o.window_right, o.causal, sizes);
   if (!(std::isfinite(o.softcap) && o.softcap >= 0.f)) {
     Message m;
     m << "options.softcap: expected 0 (off) or a finite value > 0, got " << o.softcap;
@@ -472,11 +493,7 @@ ForwardProblem forward_problem(const ProblemSizes& sizes, DType dtype, const For
   p.causal = options.causal;
   p.has_lse = has_lse;
   p.batch_invariant = options.batch_invariant;
-  // A side wider than both lengths bounds nothing: kUnbounded, so the value fits the kernel's int.
-  const auto side = [&](int w) {
-    return w < 0 || static_cast<int64_t>(w) >= sizes.seqlen_q + sizes.seqlen_k ? kUnbounded : w;
-  };
-  p.band = {side(options.window_left), options.causal ? 0 : side(options.window_right)};
+  p.band = resolved_band(options.window_left, options.window_right, options.causal, sizes);
   p.banded = p.band.left != kUnbounded || p.band.right != kUnbounded;
   p.softcap = options.softcap;
   if (options.sinks) {
@@ -723,6 +740,7 @@ BackwardProblem validate_backward_views(const BackwardTensors& t, const Backward
 
   // k. softmax scale
   check_softmax_scale(options.softmax_scale);
+  check_window(options.window_left, options.window_right, options.causal, sizes);
 
   // o1 to o6 for a packed batch: the backward's tiles are key blocks (of 64 keys at the
   // smallest) of each KV head
@@ -745,6 +763,8 @@ BackwardProblem validate_backward_views(const BackwardTensors& t, const Backward
   p.causal = options.causal;
   p.deterministic = options.deterministic || options.batch_invariant;
   p.varlen = varlen != nullptr;
+  p.band = resolved_band(options.window_left, options.window_right, options.causal, sizes);
+  p.banded = p.band.left != kUnbounded || p.band.right != kUnbounded;
 
   // n. workspace
   const size_t needed = backward_workspace_bytes_of(aq, p);

@@ -289,3 +289,52 @@ TEST(backward_key_block_work_matches_brute_force) {
         }
   CHECK(bad == 0) << bad << " mismatches over " << configs << " configurations";
 }
+
+// The same with sliding windows: the key blocks a query block meets are an interval (not from
+// key block 0 any more), and the deterministic turns count the later ones of it.
+TEST(backward_key_block_work_matches_brute_force_with_windows) {
+  using warpattn::detail::dq_turn;
+  using warpattn::detail::KeyBand;
+  using warpattn::detail::kUnbounded;
+  using warpattn::detail::last_key_block;
+  using warpattn::detail::query_block_range;
+  int bad = 0, configs = 0;
+  for (int block_m : {64, 128})
+    for (int left : {0, 50, 300, kUnbounded})
+      for (int right : {0, 7, 200, kUnbounded})
+        for (int sq : {1, 65, 200, 700})
+          for (int sk : {1, 129, 300, 900}) {
+            ++configs;
+            const KeyBand band{left, right};
+            const auto visible = [&](int row, int key) {
+              const long long diagonal = static_cast<long long>(row) + sk - sq;
+              return key < sk && (left == kUnbounded || key >= diagonal - left) &&
+                     (right == kUnbounded || key <= diagonal + right);
+            };
+            const int block_n = 128, m_blocks = (sq + block_m - 1) / block_m, n_blocks = (sk + block_n - 1) / block_n;
+            std::vector<std::vector<int>> visitors(m_blocks);
+            for (int n = 0; n < n_blocks; ++n) {
+              const auto range = query_block_range(n, block_n, block_m, sq, sk, band);
+              for (int m = 0; m < m_blocks; ++m) {
+                bool sees = false;
+                for (int r = m * block_m; r < std::min(sq, (m + 1) * block_m) && !sees; ++r)
+                  for (int key = n * block_n; key < std::min(sk, (n + 1) * block_n) && !sees; ++key)
+                    sees = visible(r, key);
+                const bool visited = m >= range.begin && m < range.end;
+                if (visited != sees) ++bad;
+                if (visited) visitors[m].push_back(n);
+              }
+            }
+            for (int m = 0; m < m_blocks; ++m) {
+              if (visitors[m].empty()) continue;
+              if (last_key_block(m, block_m, block_n, sq, sk, band) != visitors[m].back()) ++bad;
+              for (size_t i = 0; i < visitors[m].size(); ++i) {
+                const int n = visitors[m][i];
+                if (i > 0 && n != visitors[m][i - 1] + 1) ++bad;  // an interval
+                const int want = static_cast<int>(visitors[m].size() - 1 - i);
+                if (dq_turn(n, m, block_m, block_n, sq, sk, true, band) != want) ++bad;
+              }
+            }
+          }
+  CHECK(bad == 0) << bad << " mismatches over " << configs << " configurations";
+}

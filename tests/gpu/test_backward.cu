@@ -25,6 +25,7 @@ struct Case {
   bool padded = false;
   bool deterministic = false;
   std::optional<float> softmax_scale;
+  int window_left = -1, window_right = -1;  // a sliding window (issue 19)
 };
 
 std::string describe(const Case& c) {
@@ -33,7 +34,10 @@ std::string describe(const Case& c) {
            c.dtype == DType::bf16 ? "bf16" : "fp16", c.head_dim, c.causal ? "causal" : "full", (long long)c.batch,
            (long long)c.seqlen_q, (long long)c.seqlen_k, (long long)c.heads_q, (long long)c.heads_kv,
            c.padded ? " strided" : "", c.deterministic ? " deterministic" : "");
-  return buf;
+  std::string d = buf;
+  if (c.window_left >= 0 || c.window_right >= 0)
+    d += " win=(" + std::to_string(c.window_left) + "," + std::to_string(c.window_right) + ")";
+  return d;
 }
 
 // Everything one run leaves behind: the inputs as the GPU saw them and the three gradients.
@@ -72,6 +76,7 @@ void run_backward(const Case& c, Tensors& t, std::optional<uint64_t> seed) {
   warpattn::ForwardOptions fo;
   fo.causal = c.causal;
   fo.softmax_scale = c.softmax_scale;
+  fo.window_left = c.window_left, fo.window_right = c.window_right;
   warpattn::forward(t.q.view, t.k.view, t.v.view, t.out.view, t.lse_view(c), fo);
   t.dq.poison();
   t.dk.poison();
@@ -80,6 +85,7 @@ void run_backward(const Case& c, Tensors& t, std::optional<uint64_t> seed) {
   bo.causal = c.causal;
   bo.softmax_scale = c.softmax_scale;
   bo.deterministic = c.deterministic;
+  bo.window_left = c.window_left, bo.window_right = c.window_right;
   warpattn::backward(t.dout.view, t.q.view, t.k.view, t.v.view, t.out.view, t.lse_view(c), t.dq.view, t.dk.view,
                      t.dv.view, bo);
 }
@@ -179,6 +185,7 @@ Outcome run_and_compare(const Case& c, Fault fault = Fault::none) {
     warpattn::BackwardOptions bo;
     bo.causal = c.causal;
     bo.softmax_scale = c.softmax_scale;
+    bo.window_left = c.window_left, bo.window_right = c.window_right;
     t.dq.poison();
     t.dk.poison();
     t.dv.poison();
@@ -200,6 +207,7 @@ Outcome run_and_compare(const Case& c, Fault fault = Fault::none) {
   s.head_dim = c.head_dim;
   s.softmax_scale = c.softmax_scale ? *c.softmax_scale : 1.0 / std::sqrt(double(c.head_dim));
   s.causal = c.causal;
+  s.window_left = c.window_left, s.window_right = c.window_right;
   std::vector<double> dq(q.size()), dk(k.size()), dv(v.size()), sq(q.size()), sk(k.size()), sv(v.size());
   warpattn::reference::attention_backward(s, q.data(), k.data(), v.data(), dout.data(), dq.data(), dk.data(),
                                           dv.data(), {sq.data(), sk.data(), sv.data()});
@@ -256,7 +264,36 @@ void run_matrix(DType dtype, int head_dim, bool causal) {
   }
 }
 
+// Sliding windows (issue 19): the key blocks meet query-block intervals that no longer start at
+// block 0, the mask has a left edge, and deterministic mode orders dQ's sums from each query
+// block's last key block. Windows narrower than a block and wider, causal and not, Sq != Sk.
+void run_window_matrix(DType dtype, int head_dim) {
+  REQUIRE_HOPPER();
+  struct W {
+    int64_t sq, sk;
+    bool causal;
+    int left, right;
+    bool deterministic;
+  };
+  const W shapes[] = {
+      {1000, 1000, true, 256, -1, false}, {1000, 1000, true, 100, 0, true}, {700, 700, false, 64, 64, false},
+      {300, 900, false, -1, 50, true},    {900, 300, true, 500, 0, false},  {513, 513, false, 0, 0, true},
+      {257, 1000, false, 200, -1, false},
+  };
+  for (const W& w : shapes) {
+    Case c;
+    c.dtype = dtype, c.head_dim = head_dim, c.causal = w.causal, c.deterministic = w.deterministic;
+    c.seqlen_q = w.sq, c.seqlen_k = w.sk, c.heads_q = 4, c.heads_kv = 2, c.padded = w.sq % 2 == 1;
+    c.window_left = w.left, c.window_right = w.right;
+    check_case(c);
+  }
+}
+
 }  // namespace
+
+TEST(backward_window_bf16_d64) { run_window_matrix(DType::bf16, 64); }
+TEST(backward_window_bf16_d128) { run_window_matrix(DType::bf16, 128); }
+TEST(backward_window_bf16_d256) { run_window_matrix(DType::bf16, 256); }
 
 TEST(backward_bf16_d64_full) { run_matrix(DType::bf16, 64, false); }
 TEST(backward_bf16_d64_causal) { run_matrix(DType::bf16, 64, true); }

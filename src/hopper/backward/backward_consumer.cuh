@@ -52,7 +52,8 @@ struct BackwardConsumer {
         key0(work_.n_block * kN + (Cfg::kSplitHeadDim ? 0 : 64 * warpgroup_)) {}
 
   // Pᵀ from Sᵀ in place. Query rows past seqlen_q have LSE_log2 = +inf (P = 0 by itself); keys
-  // past seqlen_k (zero-filled by TMA) and above the causal diagonal are masked.
+  // past seqlen_k (zero-filled by TMA) and outside a query's band (right of the causal diagonal
+  // or a window, left of a window) are masked.
   __device__ __forceinline__ void probabilities(float (&s)[kM / 2], int stage, int q0) const {
     const float* lse = ss.lse_log2[stage];
 #pragma unroll
@@ -64,20 +65,27 @@ struct BackwardConsumer {
         s[4 * j + 2 * r + 1] = ptx::exp2_approx(fmaf(s[4 * j + 2 * r + 1], p.scale_log2, -l.y));
       }
     }
-    if (!kv_tile_needs_mask(work.n_block, kN, q0, work.seqlen_q, work.seqlen_k, Cfg::kCausal)) return;
+    const KeyBand band = Cfg::kCausal ? p.band : KeyBand{};
+    if (!kv_tile_needs_mask(work.n_block, kN, q0, kM, work.seqlen_q, work.seqlen_k, band)) return;
+    // Element (j, c) of row half r pairs key key0 + f.row(r) with query q0 + f.col(j, c). Query i
+    // sees key k iff -(offset + right) <= i - k <= left - offset (kv_tiles.hpp's band), and
+    // i - k = base + e with e = f.col(j, c) - f.row(r) - (f.col(0, 0) - f.row(0)) = 8j + c - 8r,
+    // a constant of the element. So three thresholds per thread cover every bound: fewer
+    // registers than a bound per row (the d = 64 kernel spilled with those).
+    const int offset = work.seqlen_k - work.seqlen_q;
+    const int base = q0 - key0 + f.col(0, 0) - f.row(0);
+    const int lo = band.right == kUnbounded ? -kM : -(offset + band.right) - base;  // hidden below
+    const int hi = band.left == kUnbounded ? kM : band.left - offset - base;       // hidden above
+    const int key_end = work.seqlen_k - key0 - f.row(0);  // keys past seqlen_k: 8r >= key_end
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int key = key0 + f.row(r);
+    for (int r = 0; r < 2; ++r)
 #pragma unroll
       for (int j = 0; j < kM / 8; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const int query = q0 + f.col(j, c);
-          const bool hidden =
-              key >= work.seqlen_k || (Cfg::kCausal && key > query + work.seqlen_k - work.seqlen_q);
-          if (hidden) s[4 * j + 2 * r + c] = 0.f;
+          const int e = 8 * j + c - 8 * r;
+          if (8 * r >= key_end || (Cfg::kCausal && (e < lo || e > hi))) s[4 * j + 2 * r + c] = 0.f;
         }
-    }
   }
 
   // dSᵀ = Pᵀ ∘ (dPᵀ − D), in dp's registers.

@@ -2,6 +2,8 @@
 #pragma once
 #include <cstdint>
 
+#include "hopper/kv_tiles.hpp"
+
 namespace warpattn::detail {
 
 struct VarlenTile;  // varlen/varlen_tiles.hpp
@@ -40,6 +42,8 @@ struct BackwardParams {
   int kv_group = 1;  // query heads per KV head
   float scale_log2 = 0;     // softmax_scale · log2(e)
   float softmax_scale = 0;  // dK's and dQ's factor
+  // The banded kernels' (Cfg::kCausal: causal or a sliding window) keys per row (kv_tiles.hpp).
+  KeyBand band;
 };
 
 }  // namespace warpattn::detail

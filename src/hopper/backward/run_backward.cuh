@@ -52,6 +52,7 @@ BackwardParams backward_params(const BackwardProblem& pr, const BackwardTensors&
   p.kv_group = static_cast<int>(pr.heads_q / pr.heads_kv);
   p.softmax_scale = pr.softmax_scale;
   p.scale_log2 = static_cast<float>(pr.softmax_scale * kLog2e);
+  p.band = pr.band;
   return p;
 }
 
@@ -111,6 +112,7 @@ void run_backward_varlen(const BackwardProblem& pr, const BackwardTensors& t, co
   }
   p.cu_seqlens_q = seqs.cu_seqlens_q;
   VarlenGeometry g = varlen_geometry(Cfg::kBlockM, Cfg::kBlockN, p.heads_q, p.kv_group, Cfg::kCausal);
+  if constexpr (Cfg::kCausal) g.band = p.band;
   g.key_blocks = true;
   g.reverse_key_blocks = Cfg::kCausal && Cfg::kDeterministic;
   // Validation bounds the table below 2^31 entries (validate_backward_varlen).
@@ -148,7 +150,7 @@ void run_backward_any(const BackwardProblem& p, const BackwardTensors& t, const 
   template <>                                                                                                     \
   void run_backward_head_dim<Element, kHeadDim>(const BackwardProblem& p, const BackwardTensors& t,                \
                                                 const VarlenSequences* seqs, void* workspace, cudaStream_t stream) { \
-    if (p.causal) {                                                                                               \
+    if (p.banded) { /* causal or a sliding window: the banded kernels */                                          \
       if (p.deterministic)                                                                                        \
         run_backward_any<BackwardConfig<Element, kHeadDim, true, true>>(p, t, seqs, workspace, stream);           \
       else                                                                                                        \

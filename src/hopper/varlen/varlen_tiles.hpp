@@ -93,7 +93,7 @@ WARPATTN_HOST_DEVICE long long sequence_tiles(const SequenceSpan& s, const Varle
 WARPATTN_HOST_DEVICE int sequence_work(const SequenceSpan& s, const VarlenGeometry& g) {
   if (g.key_blocks) {
     if (s.seqlen_k == 0) return 0;
-    const QueryBlockRange r = query_block_range(0, g.block_n, g.block_m, s.seqlen_q, s.seqlen_k, g.causal);
+    const QueryBlockRange r = query_block_range(0, g.block_n, g.block_m, s.seqlen_q, s.seqlen_k, g.band);
     return r.end - r.begin;
   }
   if (s.seqlen_q == 0) return 0;
@@ -112,7 +112,7 @@ WARPATTN_HOST_DEVICE VarlenTile varlen_tile(const SequenceSpan& s, int b, int t,
   if (g.key_blocks) {  // key blocks fastest, as the dense backward's grid
     const int n_blocks = ceil_div(s.seqlen_k, g.block_n);
     const int n = g.reverse_key_blocks ? n_blocks - 1 - t % n_blocks : t % n_blocks;
-    const QueryBlockRange r = query_block_range(n, g.block_n, g.block_m, s.seqlen_q, s.seqlen_k, g.causal);
+    const QueryBlockRange r = query_block_range(n, g.block_n, g.block_m, s.seqlen_q, s.seqlen_k, g.band);
     return {n, t / n_blocks, b, r.end - r.begin, s.q_offset, s.seqlen_q, s.k_offset, s.seqlen_k};
   }
   const WorkTile w = tile_coords(t, sequence_grid(s, g));
