@@ -614,6 +614,37 @@ TEST(c_backward_valid_call_stops_at_the_device_checks) {
   CHECK(stopped_at_device_checks(err)) << err;
 }
 
+// warpattn_forward_ex's options through the backward: the window reaches validation, what the
+// backward lacks (softcap, sinks) is refused by name, a struct not filled by the init function is
+// refused before it is read further.
+TEST(c_backward_ex_takes_the_forward_options) {
+  const Call c = make_call();
+  const warpattn_tensor dout = to_c(c.dout), q = to_c(c.q), k = to_c(c.k), v = to_c(c.v), out = to_c(c.out),
+                        lse = to_c(c.lse), dq = to_c(c.dq), dk = to_c(c.dk), dv = to_c(c.dv);
+  warpattn_forward_options o;
+  warpattn_forward_options_init(&o);
+  CHECK(o.struct_size == sizeof o && o.window_left == -1 && o.window_right == -1 && o.sinks == nullptr);
+  char err[512];
+  const auto run = [&](const warpattn_forward_options* options) {
+    return warpattn_backward_ex(&dout, &q, &k, &v, &out, &lse, &dq, &dk, &dv, options, 0, nullptr, 0, nullptr, err,
+                                sizeof err);
+  };
+  o.window_left = 64, o.window_right = 0;
+  CHECK(run(&o) == WARPATTN_INVALID);
+  CHECK(stopped_at_device_checks(err)) << err;  // every argument rule passed
+  o.window_left = -3;
+  CHECK(run(&o) == WARPATTN_INVALID);
+  CHECK(starts_with(err, "options.window_left: expected -1 (unbounded) or a key count >= 0, got -3")) << err;
+  o.window_left = 64, o.softcap = 30.f;
+  CHECK(run(&o) == WARPATTN_INVALID);
+  CHECK(starts_with(err, "options.softcap: the backward has no softcap yet")) << err;
+  CHECK(run(nullptr) == WARPATTN_INVALID);
+  CHECK(starts_with(err, "options: expected a warpattn_forward_options, got NULL")) << err;
+  warpattn_forward_options zeroed{};
+  CHECK(run(&zeroed) == WARPATTN_INVALID);
+  CHECK(starts_with(err, "options: struct_size 0 is smaller than any version")) << err;
+}
+
 TEST(c_backward_workspace_bytes) {
   Call c = make_call();
   c.options.deterministic = true;
