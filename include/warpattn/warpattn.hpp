@@ -132,9 +132,10 @@ struct BackwardOptions {
   // Batch-invariant (as ForwardOptions'): implies deterministic, whose order of dQ's sums
   // depends only on each sequence's own lengths.
   bool batch_invariant = false;
-  // The forward call's sliding window (as ForwardOptions'). Its softcap and sinks have no
+  // The forward call's sliding window and softcap (as ForwardOptions'). Its sinks have no
   // backward yet.
   int window_left = -1, window_right = -1;
+  float softcap = 0;
 };
 
 // Device memory the backward uses between its launches (dQ's fp32 accumulator, the row terms):

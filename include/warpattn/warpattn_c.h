@@ -128,7 +128,7 @@ WARPATTN_C_API int warpattn_backward(const warpattn_tensor* dout, const warpattn
                                      char* err, size_t err_len);
 
 /* warpattn_backward for a forward call made with warpattn_forward_ex's options (its scale,
- * causal, batch_invariant and window; the backward has no softcap or sinks yet: refused).
+ * causal, batch_invariant, window and softcap; the backward has no sinks yet: refused).
  * deterministic: as warpattn_backward's (batch_invariant implies it: size the workspace with
  * deterministic = 1 then). Other arguments and the return value as warpattn_backward's. */
 WARPATTN_C_API int warpattn_backward_ex(const warpattn_tensor* dout, const warpattn_tensor* q,

@@ -181,7 +181,6 @@ warpattn::ForwardOptions forward_options(const warpattn_forward_options* o) {
 // The backward's options for a forward call made with `o` (what the backward has of them).
 warpattn::BackwardOptions backward_options(const warpattn_forward_options* o, int deterministic) {
   const warpattn::ForwardOptions f = forward_options(o);
-  if (f.softcap != 0.f) throw warpattn::Error("options.softcap: the backward has no softcap yet, expected 0");
   if (f.sinks) throw warpattn::Error("options.sinks: the backward has no sinks yet, expected NULL");
   warpattn::BackwardOptions b;
   b.softmax_scale = f.softmax_scale;
@@ -189,6 +188,7 @@ warpattn::BackwardOptions backward_options(const warpattn_forward_options* o, in
   b.deterministic = deterministic != 0;
   b.batch_invariant = f.batch_invariant;
   b.window_left = f.window_left, b.window_right = f.window_right;
+  b.softcap = f.softcap;
   return b;
 }
 

@@ -90,6 +90,7 @@ struct BackwardProblem : ProblemSizes {
   bool varlen = false;  // a packed batch: batch sequences, seqlen_q/k the packed lengths
   KeyBand band;         // as ForwardProblem's
   bool banded = false;
+  float softcap = 0;
 };
 
 // The tensors of one backward call, validated.

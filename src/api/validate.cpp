@@ -460,13 +460,16 @@ KeyBand resolved_band(int left, int right, bool causal, const ProblemSizes& size
   return {side(left), causal ? 0 : side(right)};
 }
 
+void check_softcap(float softcap) {
+  if (std::isfinite(softcap) && softcap >= 0.f) return;
+  Message m;
+  m << "options.softcap: expected 0 (off) or a finite value > 0, got " << softcap;
+  fail(m);
+}
+
 void check_model_options(const ForwardOptions& o, const ProblemSizes& sizes, bool fp8) {
   check_window(o.window_left, o.window_right, o.causal, sizes);
-  if (!(std::isfinite(o.softcap) && o.softcap >= 0.f)) {
-    Message m;
-    m << "options.softcap: expected 0 (off) or a finite value > 0, got " << o.softcap;
-    fail(m);
-  }
+  check_softcap(o.softcap);
   if (fp8 && o.softcap != 0.f) {
     Message m;
     m << "options.softcap: forward_fp8 has no softcap (16-bit forward only), got " << o.softcap;
@@ -741,6 +744,12 @@ BackwardProblem validate_backward_views(const BackwardTensors& t, const Backward
   // k. softmax scale
   check_softmax_scale(options.softmax_scale);
   check_window(options.window_left, options.window_right, options.causal, sizes);
+  check_softcap(options.softcap);
+  if (options.softcap != 0.f && sizes.head_dim == 64) {
+    Message m;
+    m << "options.softcap: the backward has no softcap at head_dim 64 yet (128 and 256 have), got " << options.softcap;
+    fail(m);
+  }
 
   // o1 to o6 for a packed batch: the backward's tiles are key blocks (of 64 keys at the
   // smallest) of each KV head
@@ -765,6 +774,7 @@ BackwardProblem validate_backward_views(const BackwardTensors& t, const Backward
   p.varlen = varlen != nullptr;
   p.band = resolved_band(options.window_left, options.window_right, options.causal, sizes);
   p.banded = p.band.left != kUnbounded || p.band.right != kUnbounded;
+  p.softcap = options.softcap;
 
   // n. workspace
   const size_t needed = backward_workspace_bytes_of(aq, p);

@@ -614,8 +614,8 @@ TEST(c_backward_valid_call_stops_at_the_device_checks) {
   CHECK(stopped_at_device_checks(err)) << err;
 }
 
-// warpattn_forward_ex's options through the backward: the window reaches validation, what the
-// backward lacks (softcap, sinks) is refused by name, a struct not filled by the init function is
+// warpattn_forward_ex's options through the backward: the window and softcap reach validation,
+// what the backward lacks (sinks) is refused by name, a struct not filled by the init function is
 // refused before it is read further.
 TEST(c_backward_ex_takes_the_forward_options) {
   const Call c = make_call();
@@ -637,7 +637,16 @@ TEST(c_backward_ex_takes_the_forward_options) {
   CHECK(starts_with(err, "options.window_left: expected -1 (unbounded) or a key count >= 0, got -3")) << err;
   o.window_left = 64, o.softcap = 30.f;
   CHECK(run(&o) == WARPATTN_INVALID);
-  CHECK(starts_with(err, "options.softcap: the backward has no softcap yet")) << err;
+  CHECK(stopped_at_device_checks(err)) << err;
+  o.softcap = -2.f;
+  CHECK(run(&o) == WARPATTN_INVALID);
+  CHECK(starts_with(err, "options.softcap: expected 0 (off) or a finite value > 0, got -2")) << err;
+  o.softcap = 0.f;
+  const warpattn_tensor sinks = to_c(c.lse);  // any tensor: refused before its shape is read
+  o.sinks = &sinks;
+  CHECK(run(&o) == WARPATTN_INVALID);
+  CHECK(starts_with(err, "options.sinks: the backward has no sinks yet")) << err;
+  o.sinks = nullptr;
   CHECK(run(nullptr) == WARPATTN_INVALID);
   CHECK(starts_with(err, "options: expected a warpattn_forward_options, got NULL")) << err;
   warpattn_forward_options zeroed{};
@@ -664,4 +673,23 @@ TEST(c_backward_workspace_bytes) {
   CHECK(std::string(err) == "bytes: expected a pointer to receive the size, got NULL") << err;
   CHECK(warpattn_backward_workspace_bytes(nullptr, 0, 0, &bytes, err, sizeof err) == WARPATTN_INVALID);
   CHECK(std::string(err) == "q: expected a tensor, got NULL") << err;
+}
+
+// ---------------------------------------------------------------- the window and softcap
+
+TEST(backward_window_and_softcap_rules) {
+  Call c = make_call();
+  c.options.window_left = 64, c.options.window_right = 0, c.options.softcap = 30.f;
+  EXPECT_VALID(c);
+  c.options.window_right = -4;
+  EXPECT_REJECTED(c, "options.window_right", "expected -1 (unbounded) or a key count >= 0, got -4");
+  c.options.window_right = 0, c.options.causal = true, c.options.window_right = 2;
+  EXPECT_REJECTED(c, "options.window_right", "expected -1 or 0 with causal, got 2");
+  c.options.window_right = 0, c.options.softcap = -1.f;
+  EXPECT_REJECTED(c, "options.softcap", "expected 0 (off) or a finite value > 0, got -1");
+  Sizes d64;
+  d64.head_dim = 64;
+  Call c64 = make_call(d64);
+  c64.options.softcap = 30.f;
+  EXPECT_REJECTED(c64, "options.softcap", "no softcap at head_dim 64 yet");
 }

@@ -26,6 +26,7 @@ struct Case {
   bool deterministic = false;
   std::optional<float> softmax_scale;
   int window_left = -1, window_right = -1;  // a sliding window (issue 19)
+  float softcap = 0;                          // and a softcap (head dims 128 and 256)
 };
 
 std::string describe(const Case& c) {
@@ -37,6 +38,7 @@ std::string describe(const Case& c) {
   std::string d = buf;
   if (c.window_left >= 0 || c.window_right >= 0)
     d += " win=(" + std::to_string(c.window_left) + "," + std::to_string(c.window_right) + ")";
+  if (c.softcap > 0) d += " cap=" + std::to_string(static_cast<int>(c.softcap));
   return d;
 }
 
@@ -77,6 +79,7 @@ void run_backward(const Case& c, Tensors& t, std::optional<uint64_t> seed) {
   fo.causal = c.causal;
   fo.softmax_scale = c.softmax_scale;
   fo.window_left = c.window_left, fo.window_right = c.window_right;
+  fo.softcap = c.softcap;
   warpattn::forward(t.q.view, t.k.view, t.v.view, t.out.view, t.lse_view(c), fo);
   t.dq.poison();
   t.dk.poison();
@@ -86,6 +89,7 @@ void run_backward(const Case& c, Tensors& t, std::optional<uint64_t> seed) {
   bo.softmax_scale = c.softmax_scale;
   bo.deterministic = c.deterministic;
   bo.window_left = c.window_left, bo.window_right = c.window_right;
+  bo.softcap = c.softcap;
   warpattn::backward(t.dout.view, t.q.view, t.k.view, t.v.view, t.out.view, t.lse_view(c), t.dq.view, t.dk.view,
                      t.dv.view, bo);
 }
@@ -186,6 +190,7 @@ Outcome run_and_compare(const Case& c, Fault fault = Fault::none) {
     bo.causal = c.causal;
     bo.softmax_scale = c.softmax_scale;
     bo.window_left = c.window_left, bo.window_right = c.window_right;
+    bo.softcap = c.softcap;
     t.dq.poison();
     t.dk.poison();
     t.dv.poison();
@@ -208,6 +213,7 @@ Outcome run_and_compare(const Case& c, Fault fault = Fault::none) {
   s.softmax_scale = c.softmax_scale ? *c.softmax_scale : 1.0 / std::sqrt(double(c.head_dim));
   s.causal = c.causal;
   s.window_left = c.window_left, s.window_right = c.window_right;
+  s.softcap = c.softcap;
   std::vector<double> dq(q.size()), dk(k.size()), dv(v.size()), sq(q.size()), sk(k.size()), sv(v.size());
   warpattn::reference::attention_backward(s, q.data(), k.data(), v.data(), dout.data(), dq.data(), dk.data(),
                                           dv.data(), {sq.data(), sk.data(), sv.data()});
@@ -289,11 +295,36 @@ void run_window_matrix(DType dtype, int head_dim) {
   }
 }
 
+// Softcap's gradient through tanh (d = 128 and 256; the backward refuses it at 64), alone and
+// with a window, causal and not, and deterministic.
+void run_softcap_matrix(DType dtype, int head_dim) {
+  REQUIRE_HOPPER();
+  struct Cap {
+    int64_t sq, sk;
+    bool causal;
+    int left;
+    float softcap;
+    bool deterministic;
+  };
+  const Cap shapes[] = {{1000, 1000, false, -1, 30, false}, {1000, 1000, true, -1, 50, true},
+                        {300, 900, true, 200, 20, false},   {513, 257, false, 100, 5, false}};
+  for (const Cap& w : shapes) {
+    Case c;
+    c.dtype = dtype, c.head_dim = head_dim, c.causal = w.causal, c.deterministic = w.deterministic;
+    c.seqlen_q = w.sq, c.seqlen_k = w.sk, c.heads_q = 4, c.heads_kv = 2, c.padded = w.sq % 2 == 1;
+    c.window_left = w.left, c.softcap = w.softcap;
+    check_case(c);
+  }
+}
+
 }  // namespace
 
 TEST(backward_window_bf16_d64) { run_window_matrix(DType::bf16, 64); }
 TEST(backward_window_bf16_d128) { run_window_matrix(DType::bf16, 128); }
 TEST(backward_window_bf16_d256) { run_window_matrix(DType::bf16, 256); }
+TEST(backward_softcap_bf16_d128) { run_softcap_matrix(DType::bf16, 128); }
+TEST(backward_softcap_bf16_d256) { run_softcap_matrix(DType::bf16, 256); }
+TEST(backward_softcap_f16_d128) { run_softcap_matrix(DType::f16, 128); }
 
 TEST(backward_bf16_d64_full) { run_matrix(DType::bf16, 64, false); }
 TEST(backward_bf16_d64_causal) { run_matrix(DType::bf16, 64, true); }

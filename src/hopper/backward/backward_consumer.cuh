@@ -26,6 +26,7 @@
 #include "hopper/ptx/warpgroup.cuh"
 #include "hopper/ptx/wgmma_ops.cuh"
 #include "hopper/ring_slot.cuh"
+#include "hopper/softcap.cuh"
 
 namespace warpattn::detail {
 
@@ -54,15 +55,19 @@ struct BackwardConsumer {
   // Pᵀ from Sᵀ in place. Query rows past seqlen_q have LSE_log2 = +inf (P = 0 by itself); keys
   // past seqlen_k (zero-filled by TMA) and outside a query's band (right of the causal diagonal
   // or a window, left of a window) are masked.
+  // Softcap: S becomes tanh(scale S / softcap) first (softcap.cuh), then P = 2^(tanh ·
+  // softcap log2(e) - LSE log2(e)).
   __device__ __forceinline__ void probabilities(float (&s)[kM / 2], int stage, int q0) const {
     const float* lse = ss.lse_log2[stage];
+    if (kBackwardHasSoftcap<kD> && p.softcap_ex2 != 0.f) softcap_scores(s, p.softcap_ex2);
+    const float c = p.probability_log2;
 #pragma unroll
     for (int j = 0; j < kM / 8; ++j) {
       const float2 l = *reinterpret_cast<const float2*>(lse + f.col(j, 0));
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        s[4 * j + 2 * r] = ptx::exp2_approx(fmaf(s[4 * j + 2 * r], p.scale_log2, -l.x));
-        s[4 * j + 2 * r + 1] = ptx::exp2_approx(fmaf(s[4 * j + 2 * r + 1], p.scale_log2, -l.y));
+        s[4 * j + 2 * r] = ptx::exp2_approx(fmaf(s[4 * j + 2 * r], c, -l.x));
+        s[4 * j + 2 * r + 1] = ptx::exp2_approx(fmaf(s[4 * j + 2 * r + 1], c, -l.y));
       }
     }
     const KeyBand band = Cfg::kCausal ? p.band : KeyBand{};
@@ -88,16 +93,28 @@ struct BackwardConsumer {
         }
   }
 
-  // dSᵀ = Pᵀ ∘ (dPᵀ − D), in dp's registers.
-  __device__ __forceinline__ void score_gradients(const float (&s)[kM / 2], float (&dp)[kM / 2], int stage) const {
+  // dSᵀ = Pᵀ ∘ (dPᵀ − D), in dp's registers; with a softcap also ∘ (1 − tanh²), the tanh's
+  // derivative, its tanh recovered from P (log2 P = tanh · softcap log2(e) − LSE log2(e)) rather
+  // than kept from probabilities() in kM / 2 more registers. P = 0 (masked, or underflowed, where
+  // dS is 0 anyway) would give log2 0 = -inf: the factor is 0 there.
+  __device__ __forceinline__ void score_gradients(const float (&s)[kM / 2], float (&dp)[kM / 2], int stage,
+                                                  int q_stage) const {
     const float* row_d = ss.row_d[stage];
+    const float* lse = ss.lse_log2[q_stage];
+    const bool capped = kBackwardHasSoftcap<kD> && p.softcap_ex2 != 0.f;
 #pragma unroll
     for (int j = 0; j < kM / 8; ++j) {
       const float2 d = *reinterpret_cast<const float2*>(row_d + f.col(j, 0));
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        dp[4 * j + 2 * r] = s[4 * j + 2 * r] * (dp[4 * j + 2 * r] - d.x);
-        dp[4 * j + 2 * r + 1] = s[4 * j + 2 * r + 1] * (dp[4 * j + 2 * r + 1] - d.y);
+      for (int i = 0; i < 4; ++i) {
+        const float prob = s[4 * j + i];
+        float g = prob * (dp[4 * j + i] - (i % 2 == 0 ? d.x : d.y));
+        if (capped) {
+          const float l = lse[f.col(j, i % 2)];
+          const float t = (ptx::log2_approx(prob) + l) * p.softcap_inv_log2;
+          g *= prob > 0.f ? fmaf(-t, t, 1.f) : 0.f;
+        }
+        dp[4 * j + i] = g;
       }
     }
   }
@@ -178,7 +195,7 @@ struct BackwardConsumer {
       probabilities(s, qs.stage, m_block * kM);
       wgmma_wait<0>();
       pin(dp);
-      score_gradients(s, dp, ds.stage);
+      score_gradients(s, dp, ds.stage, qs.stage);
       uint32_t pt[kM / 16][4], dst[kM / 16][4];
       accumulator_to_operand<Element, kM>(s, pt);
       accumulator_to_operand<Element, kM>(dp, dst);

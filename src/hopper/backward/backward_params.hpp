@@ -20,6 +20,11 @@ struct RowsView {
 #endif
 };
 
+// Head dims whose backward has a softcap: at d = 64 (128-row query blocks, S and dP in 128
+// registers) the tanh's derivative spilled; validation refuses it there.
+template <int kHeadDim>
+inline constexpr bool kBackwardHasSoftcap = kHeadDim >= 128;
+
 struct BackwardParams {
   RowsView dout, out, dq, dk, dv;
   const float* lse = nullptr;  // (B, Hq, Sq)
@@ -44,6 +49,10 @@ struct BackwardParams {
   float softmax_scale = 0;  // dK's and dQ's factor
   // The banded kernels' (Cfg::kCausal: causal or a sliding window) keys per row (kv_tiles.hpp).
   KeyBand band;
+  // Softcap (0: off): as ForwardParams' softcap_ex2, and 1 / (softcap log2(e)).
+  float softcap_ex2 = 0, softcap_inv_log2 = 0;
+  // What takes the scores (softcapped: their tanh) to P's exponent: scale_log2, or softcap log2(e).
+  float probability_log2 = 0;
 };
 
 }  // namespace warpattn::detail

@@ -53,6 +53,12 @@ BackwardParams backward_params(const BackwardProblem& pr, const BackwardTensors&
   p.softmax_scale = pr.softmax_scale;
   p.scale_log2 = static_cast<float>(pr.softmax_scale * kLog2e);
   p.band = pr.band;
+  p.probability_log2 = p.scale_log2;
+  if (pr.softcap > 0) {
+    p.softcap_ex2 = static_cast<float>(2 * kLog2e * pr.softmax_scale / pr.softcap);
+    p.softcap_inv_log2 = static_cast<float>(1 / (pr.softcap * kLog2e));
+    p.probability_log2 = static_cast<float>(pr.softcap * kLog2e);
+  }
   return p;
 }
 
