@@ -132,10 +132,14 @@ struct BackwardOptions {
   // Batch-invariant (as ForwardOptions'): implies deterministic, whose order of dQ's sums
   // depends only on each sequence's own lengths.
   bool batch_invariant = false;
-  // The forward call's sliding window and softcap (as ForwardOptions'). Its sinks have no
-  // backward yet.
+  // The forward call's sliding window and softcap (as ForwardOptions').
   int window_left = -1, window_right = -1;
   float softcap = 0;
+  // The forward call's sinks (its lse includes them), and their gradient: dsinks, an fp32
+  // (heads_q,) tensor the call writes (required with sinks, refused without): dL/dsink_h =
+  // -sum over the batch's rows i of head h of exp(sink_h - lse_i) · rowsum(dout_i ∘ out_i),
+  // summed in a fixed order (the same bits every run).
+  std::optional<TensorView> sinks, dsinks;
 };
 
 // Device memory the backward uses between its launches (dQ's fp32 accumulator, the row terms):

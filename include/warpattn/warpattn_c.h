@@ -128,16 +128,23 @@ WARPATTN_C_API int warpattn_backward(const warpattn_tensor* dout, const warpattn
                                      char* err, size_t err_len);
 
 /* warpattn_backward for a forward call made with warpattn_forward_ex's options (its scale,
- * causal, batch_invariant, window and softcap; the backward has no sinks yet: refused).
- * deterministic: as warpattn_backward's (batch_invariant implies it: size the workspace with
- * deterministic = 1 then). Other arguments and the return value as warpattn_backward's. */
+ * causal, batch_invariant, window, softcap and sinks). dsinks: the sinks' gradient, (Hq) fp32,
+ * written (required with sinks, NULL without). deterministic: as warpattn_backward's
+ * (batch_invariant implies it). The workspace: NULL, or warpattn_backward_ex_workspace_bytes.
+ * Other arguments and the return value as warpattn_backward's. */
 WARPATTN_C_API int warpattn_backward_ex(const warpattn_tensor* dout, const warpattn_tensor* q,
                                         const warpattn_tensor* k, const warpattn_tensor* v,
                                         const warpattn_tensor* out, const warpattn_tensor* lse,
                                         const warpattn_tensor* dq, const warpattn_tensor* dk,
-                                        const warpattn_tensor* dv, const warpattn_forward_options* options,
-                                        int deterministic, void* workspace, size_t workspace_bytes, void* stream,
-                                        char* err, size_t err_len);
+                                        const warpattn_tensor* dv, const warpattn_tensor* dsinks,
+                                        const warpattn_forward_options* options, int deterministic, void* workspace,
+                                        size_t workspace_bytes, void* stream, char* err, size_t err_len);
+
+/* Stores in *bytes the workspace warpattn_backward_ex needs for q (B, Sq, Hq, D) and these
+ * options. Returns as warpattn_backward_workspace_bytes. */
+WARPATTN_C_API int warpattn_backward_ex_workspace_bytes(const warpattn_tensor* q,
+                                                        const warpattn_forward_options* options, int deterministic,
+                                                        size_t* bytes, char* err, size_t err_len);
 
 /* Stores in *bytes the workspace warpattn_backward needs for q (B, Sq, Hq, D) and these options.
  * Only q's rank and sizes are checked (rank 4, sizes >= 0; q's dtype code must still be one of

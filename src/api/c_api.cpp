@@ -178,11 +178,13 @@ warpattn::ForwardOptions forward_options(const warpattn_forward_options* o) {
   return options;
 }
 
-// The backward's options for a forward call made with `o` (what the backward has of them).
-warpattn::BackwardOptions backward_options(const warpattn_forward_options* o, int deterministic) {
+// The backward's options for a forward call made with `o`, and the sinks' gradient.
+warpattn::BackwardOptions backward_options(const warpattn_forward_options* o, int deterministic,
+                                           const warpattn_tensor* dsinks) {
   const warpattn::ForwardOptions f = forward_options(o);
-  if (f.sinks) throw warpattn::Error("options.sinks: the backward has no sinks yet, expected NULL");
   warpattn::BackwardOptions b;
+  b.sinks = f.sinks;
+  b.dsinks = optional_view(dsinks, "dsinks");
   b.softmax_scale = f.softmax_scale;
   b.causal = f.causal;
   b.deterministic = deterministic != 0;
@@ -197,14 +199,23 @@ warpattn::BackwardOptions backward_options(const warpattn_forward_options* o, in
 extern "C" int warpattn_backward_ex(const warpattn_tensor* dout, const warpattn_tensor* q, const warpattn_tensor* k,
                                     const warpattn_tensor* v, const warpattn_tensor* out, const warpattn_tensor* lse,
                                     const warpattn_tensor* dq, const warpattn_tensor* dk, const warpattn_tensor* dv,
-                                    const warpattn_forward_options* options, int deterministic, void* workspace,
-                                    size_t workspace_bytes, void* stream, char* err, size_t err_len) {
+                                    const warpattn_tensor* dsinks, const warpattn_forward_options* options,
+                                    int deterministic, void* workspace, size_t workspace_bytes, void* stream,
+                                    char* err, size_t err_len) {
   return run_entry("warpattn_backward_ex", err, err_len, [&] {
-    const warpattn::BackwardOptions b = backward_options(options, deterministic);
+    const warpattn::BackwardOptions b = backward_options(options, deterministic, dsinks);
     const std::optional<warpattn::Workspace> given = workspace_of(workspace, workspace_bytes);
     const warpattn::detail::BackwardTensors t = backward_tensors(dout, q, k, v, out, lse, dq, dk, dv);
     warpattn::backward(t.dout, t.q, t.k, t.v, t.out, t.lse, t.dq, t.dk, t.dv, b, given,
                        static_cast<cudaStream_t>(stream));
+  });
+}
+
+extern "C" int warpattn_backward_ex_workspace_bytes(const warpattn_tensor* q, const warpattn_forward_options* options,
+                                                    int deterministic, size_t* bytes, char* err, size_t err_len) {
+  return run_entry("warpattn_backward_ex_workspace_bytes", err, err_len, [&] {
+    if (bytes == nullptr) throw warpattn::Error("bytes: expected a pointer to receive the size, got NULL");
+    *bytes = warpattn::backward_workspace_bytes(to_view(q, "q"), backward_options(options, deterministic, nullptr));
   });
 }
 

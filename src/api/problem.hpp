@@ -91,6 +91,11 @@ struct BackwardProblem : ProblemSizes {
   KeyBand band;         // as ForwardProblem's
   bool banded = false;
   float softcap = 0;
+  // Sinks and their gradient (both or neither).
+  const float* sinks = nullptr;
+  int64_t sinks_stride = 1;
+  float* dsinks = nullptr;
+  int64_t dsinks_stride = 1;
 };
 
 // The tensors of one backward call, validated.

@@ -751,6 +751,30 @@ BackwardProblem validate_backward_views(const BackwardTensors& t, const Backward
     fail(m);
   }
 
+  // p, the sinks: as the forward's, and their gradient dsinks, written, shaped as them
+  const char* const* sink_names = kSinksDimNames;
+  std::optional<Arg> asinks, adsinks;
+  if (options.sinks) asinks.emplace(Arg{"sinks", *options.sinks, sink_names, 1});
+  if (options.dsinks) adsinks.emplace(Arg{"dsinks", *options.dsinks, sink_names, 1});
+  if (asinks.has_value() != adsinks.has_value()) {
+    Message m;
+    if (asinks)
+      m << "dsinks: expected a (heads_q) float32 tensor for the sinks' gradient, got none";
+    else
+      m << "dsinks: given without sinks (the forward call's sinks), expected none";
+    fail(m);
+  }
+  for (const std::optional<Arg>* a : {&asinks, &adsinks}) {
+    if (!*a) continue;
+    check_rank(**a);
+    check_sizes_not_negative(**a);
+    check_not_null(**a);
+    check_dtype(**a, DType::f32);
+    const int64_t want[1] = {sizes.heads_q};
+    check_shape(**a, want, "(one per query head)");
+    check_fp32_layout(**a, 1);
+  }
+
   // o1 to o6 for a packed batch: the backward's tiles are key blocks (of 64 keys at the
   // smallest) of each KV head
   std::vector<const Arg*> tensors = {&adout, &aq, &ak, &av, &aout, &alse, &adq, &adk, &adv};
@@ -762,7 +786,12 @@ BackwardProblem validate_backward_views(const BackwardTensors& t, const Backward
   }
 
   // l, m. the gradients apart from every other argument and from one another
-  const Arg* const written[3] = {&adq, &adk, &adv};
+  std::vector<const Arg*> written = {&adq, &adk, &adv};
+  if (asinks) {
+    tensors.push_back(&*asinks);
+    tensors.push_back(&*adsinks);
+    written.push_back(&*adsinks);
+  }
   check_written_apart(tensors, written);
 
   BackwardProblem p;
@@ -775,6 +804,12 @@ BackwardProblem validate_backward_views(const BackwardTensors& t, const Backward
   p.band = resolved_band(options.window_left, options.window_right, options.causal, sizes);
   p.banded = p.band.left != kUnbounded || p.band.right != kUnbounded;
   p.softcap = options.softcap;
+  if (asinks) {
+    p.sinks = static_cast<const float*>(options.sinks->data);
+    p.sinks_stride = options.sinks->stride[0];
+    p.dsinks = static_cast<float*>(options.dsinks->data);
+    p.dsinks_stride = options.dsinks->stride[0];
+  }
 
   // n. workspace
   const size_t needed = backward_workspace_bytes_of(aq, p);
@@ -816,6 +851,7 @@ BackwardProblem workspace_problem(const TensorView& q, int64_t batch, const Back
   p.causal = options.causal;
   p.deterministic = options.deterministic || options.batch_invariant;
   p.varlen = varlen;
+  if (options.sinks) p.sinks = static_cast<const float*>(options.sinks->data);  // their partial sums' room
   return p;
 }
 

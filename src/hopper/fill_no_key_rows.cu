@@ -1,6 +1,7 @@
 // seqlen_k == 0: no query row has a key, so O is zero and LSE is -inf (the convention that
 // lets split-KV and ring attention merge such a partial with weight exp(-inf) = 0), or with
 // attention sinks the row's sink (its denominator's only term).
+#include <algorithm>
 #include <cmath>
 
 #include "hopper/launch.hpp"
@@ -41,5 +42,18 @@ void fill_no_key_rows(const ForwardProblem& p, const TensorView& out, const std:
 }
 
 void zero_rows(const TensorView& t, cudaStream_t stream) { fill_rows(t, std::nullopt, stream); }
+
+__global__ void zero_floats_kernel(float* data, int64_t n, int64_t stride) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    data[i * stride] = 0.f;
+}
+
+void zero_floats(float* data, int64_t n, int64_t stride, cudaStream_t stream) {
+  if (n == 0) return;
+  zero_floats_kernel<<<static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1024)), 256, 0, stream>>>(data, n,
+                                                                                                         stride);
+  check_cuda(cudaGetLastError(), "zero_floats_kernel: launch failed");
+}
 
 }  // namespace warpattn::detail

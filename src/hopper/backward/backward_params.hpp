@@ -53,6 +53,13 @@ struct BackwardParams {
   float softcap_ex2 = 0, softcap_inv_log2 = 0;
   // What takes the scores (softcapped: their tanh) to P's exponent: scale_log2, or softcap log2(e).
   float probability_log2 = 0;
+  // Sinks (or null): their logits, and the workspace's per-64-row-block parts of each head's
+  // gradient ([Hq][row blocks of every sequence], row_terms.cuh), summed into dsinks at the end.
+  const float* sinks = nullptr;
+  int64_t sinks_stride = 1;
+  float* sink_sums = nullptr;
+  float* dsinks = nullptr;
+  int64_t dsinks_stride = 1;
 };
 
 }  // namespace warpattn::detail
