@@ -257,12 +257,13 @@ def test_handlers_on_the_host_controls(host_check):
     q = jnp.zeros((1, 128, 2, 96), BF16)
     out = jax.ShapeDtypeStruct(q.shape, q.dtype)
     attrs = {"causal": True, "has_scale": False, "softmax_scale": np.float32(0), "batch_invariant": False}
-    message = host_check(lambda q: jax.ffi.ffi_call("warpattn_forward", out)(q, q, q, **attrs), q)
+    model = {"window_left": np.int32(-1), "window_right": np.int32(-1), "softcap": np.float32(0)}  # the forward's
+    message = host_check(lambda q: jax.ffi.ffi_call("warpattn_forward", out)(q, q, q, **attrs, **model), q)
     assert message == "INVALID_ARGUMENT: q: head_dim (shape[3]) must be one of 64, 128, 256, got 96", message
     q = jnp.zeros((1, 128, 2, 64), BF16)
     out = jax.ShapeDtypeStruct(q.shape, q.dtype)
     wrong_type = host_check(lambda q: jax.ffi.ffi_call("warpattn_forward", out)(q, q, q, **dict(
-        attrs, causal=np.int32(1))), q)
+        attrs, causal=np.int32(1)), **model), q)
     assert "Failed to decode" in wrong_type and "expected PRED" in wrong_type, wrong_type
     # A workspace one byte short of the library's need once aligned.
     lse = jnp.zeros((1, 2, 128), jnp.float32)
