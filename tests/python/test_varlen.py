@@ -156,6 +156,28 @@ def test_backward_arguments_without_a_gpu():
             warpattn.flash_attn_varlen_backward(q, q, k, v, np.zeros_like(q), lse, cu_q, cu_k, 20, 20)
 
 
+def test_model_options_reach_the_library():
+    # window_size, softcap and sinks (issue 19): the library's rules and messages, as for the dense call.
+    args = packed()
+    cases = [(dict(window_size=(-4, 0)), ValueError, r"^options\.window_left: .* got -4$"),
+             (dict(window_size=(0, 2), causal=True), ValueError, r"^options\.window_right: causal attention"),
+             (dict(softcap=math.nan), ValueError, r"^options\.softcap: expected 0 \(off\) or a finite value > 0"),
+             (dict(sinks=np.zeros(2, np.float32)), ValueError, r"^sinks: expected shape \(8\)"),
+             (dict(sinks=np.zeros(8, np.int32)), TypeError, r"^sinks: expected a float32 tensor"),
+             (dict(window_size=(1,)), ValueError, r"^window_size: expected a pair")]
+    for options, error, message in cases:
+        with pytest.raises(error, match=message):
+            call(*args, **options)
+    with pytest.raises(TypeError, match="q: CUDA tensor required"):
+        call(*args, causal=True, window_size=(10, 0), softcap=5.0, sinks=np.zeros(8, np.float32),
+             seqused_k=np.full(3, 5, np.int32))
+    q, k, v, cu_q, cu_k = args
+    lse = np.zeros((8, 40), np.float32)
+    with pytest.raises(NotImplementedError, match=r"the backward does not support window_size=\(10, 0\) and sinks"):
+        warpattn.flash_attn_varlen_backward(q, q, k, v, q, lse, cu_q, cu_k, 20, 20, window_size=(10, 0),
+                                            sinks=np.zeros(8, np.float32))
+
+
 # ---------------------------------------------------------------- PyTorch on meta tensors (CPU)
 
 @pytest.fixture
@@ -202,6 +224,44 @@ def test_torch_autograd_and_compile_trace(meta, op_recording_backend):
     assert "warpattn.flash_attn_varlen_forward.default" in ops
     assert "warpattn.flash_attn_varlen_backward.default" in ops
     assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+
+
+def test_torch_ops_take_the_model_options(meta):
+    from warpattn.torch_op import flash_attn_varlen_forward
+    q, k, v, cu_q, cu_k = meta()
+    sinks = torch.zeros(8, device="meta")
+    options = (False, 64, 0, 30.0, sinks)  # batch_invariant, window_left, window_right, softcap, sinks
+    torch.library.opcheck(flash_attn_varlen_forward, (q, k, v, cu_q, cu_k, None, 30, 30, None, True, False) + options)
+    q, k, v = (t.detach() for t in (q, k, v))
+    out, lse = flash_attn_varlen_forward(q, k, v, cu_q, cu_k, None, 30, 30, None, True, False, *options)
+    assert out.shape == q.shape and lse.shape == (8, 100)
+    grads = torch.ops.warpattn.flash_attn_varlen_backward(out, q, k, v, out, lse, None, cu_q, cu_k, None, 30, 30,
+                                                          None, True, False, 64, 0, 30.0, sinks)
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]  # meta: the fake, which refuses nothing
+
+
+def test_torch_gradients_through_model_options_are_refused(meta, op_recording_backend, monkeypatch):
+    # forward_varlen replaced by a no-op on CPU tensors: the custom ops run their real
+    # implementations, and the backward op refuses what the forward used, eagerly and compiled.
+    seen = []
+    monkeypatch.setattr(_warpattn, "forward_varlen", lambda *args, **options: seen.append(options))
+    q, k, v = (torch.zeros(n, 2, 64, dtype=torch.bfloat16, requires_grad=True) for n in (40, 50, 50))
+    cu_q, cu_k = torch.tensor([0, 10, 40], dtype=torch.int32), torch.tensor([0, 20, 50], dtype=torch.int32)
+    sinks = torch.zeros(2)
+    out = warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 30, 30, window_size=(16, 16), softcap=3.0,
+                                          sinks=sinks)
+    assert seen[-1]["window_left"] == 16 and seen[-1]["softcap"] == 3.0 and seen[-1]["sinks"] is sinks
+    with pytest.raises(NotImplementedError, match=r"window_size=\(16, 16\), softcap=3 and sinks yet"):
+        out.float().sum().backward()
+    backend, ops = op_recording_backend
+
+    def loss(q, k, v):
+        return warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 30, 30, causal=True,
+                                               window_size=(8, 0)).float().square().sum()
+    result = torch.compile(loss, backend=backend, fullgraph=True)(q, k, v)
+    with pytest.raises(NotImplementedError, match=r"window_size=\(8, 0\) yet"):
+        result.backward()
+    assert "warpattn.flash_attn_varlen_backward.default" in ops
 
 
 def test_torch_out_argument_is_not_differentiable(meta):
