@@ -1065,6 +1065,161 @@ def test_batch_invariant_through_the_ffi():
             assert np.array_equal(np.asarray(got[b:b + 1]), np.asarray(want)), b
 
 
+# ------------------------------------------------ window_size, softcap and sinks on the GPU
+
+JAX_MODEL_CASES = {
+    "causal_window": dict(causal=True, window_size=(128, 0)),
+    "window": dict(window_size=(100, 40)),
+    "softcap": dict(softcap=2.0),
+    "sinks": dict(sinks=True),
+    "all_three": dict(window_size=(64, 256), softcap=20.0, sinks=True, softmax_scale=0.1),
+}
+
+
+def jax_model_options(case, heads):
+    """The case's keyword arguments, its sinks (heads,) float32 from -2 to 8 (test_gpu.py's)."""
+    options = dict(JAX_MODEL_CASES[case])
+    if options.pop("sinks", False):
+        options["sinks"] = jnp.linspace(-2.0, 8.0, heads, dtype=jnp.float32)
+    return options
+
+
+def check_against_fp64(q, k, v, out, lse, options, attention_reference):
+    """test_gpu.py's check: rel L2 within TOL, lse within 1e-4 where finite and -inf exactly where
+    the float64 reference's is, 0 on rows that see no key."""
+    sinks = options.get("sinks")
+    want, want_lse, seen = attention_reference(
+        *(np.asarray(t.astype(jnp.float32), np.float64) for t in (q, k, v)), options.get("causal", False),
+        options.get("window_size", (-1, -1)), options.get("softcap", 0.0),
+        None if sinks is None else np.asarray(sinks), options.get("softmax_scale"))
+    out, lse = np.asarray(out.astype(jnp.float32), np.float64), np.asarray(lse, np.float64)
+    assert not np.isnan(out).any() and not np.isnan(lse).any()
+    bound = TOL[BF16 if str(q.dtype) == "bfloat16" else jnp.float16]
+    assert rel_l2(out, want) <= bound, rel_l2(out, want)
+    finite = np.isfinite(want_lse)
+    assert np.array_equal(finite, np.isfinite(lse))
+    if finite.any():
+        assert np.abs(lse[finite] - want_lse[finite]).max() <= 1e-4
+    assert not out[:, ~seen].any()
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [BF16, jnp.float16])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("case", sorted(JAX_MODEL_CASES))
+@pytest.mark.parametrize("sq,sk", [(300, 500), (500, 300)])
+def test_model_options_against_fp64(dtype, d, case, sq, sk, attention_reference):
+    q, k, v, _ = random_case(60 + d + sq + len(case), dtype, 2, sq, sk, 8, 2, d)
+    options = jax_model_options(case, 8)
+    sinks = options.pop("sinks", None)
+    fn = jax.jit(lambda q, k, v, s: jax_ffi.flash_attn(q, k, v, sinks=s, return_lse=True, **options))
+    out, lse = fn(q, k, v, sinks)
+    check_against_fp64(q, k, v, out, lse, dict(options, sinks=sinks), attention_reference)
+    # The public function on the same arrays (the FFI path, eagerly): the same bits.
+    public, public_lse = warpattn.flash_attn_func(q, k, v, sinks=sinks, return_lse=True, **options)
+    assert np.array_equal(np.asarray(public), np.asarray(out)) and np.array_equal(np.asarray(public_lse),
+                                                                                  np.asarray(lse))
+
+
+@gpu
+def test_model_options_equal_the_dlpack_path_bitwise():
+    need_dlpack_memory()
+    q, k, v, _ = random_case(61, BF16, 2, 700, 900, 8, 4, 128)
+    sinks = jnp.linspace(-2.0, 8.0, 8, dtype=jnp.float32)
+    options = dict(causal=True, window_size=(200, 0), softcap=30.0)
+    out, lse = jax.jit(lambda q, k, v, s: jax_ffi.flash_attn(q, k, v, sinks=s, return_lse=True, **options))(
+        q, k, v, sinks)
+    with dlpack_fallback():
+        want, want_lse = warpattn.flash_attn_func(q, k, v, sinks=sinks, return_lse=True, **options)
+    assert np.array_equal(np.asarray(out), np.asarray(want)) and np.array_equal(np.asarray(lse), np.asarray(want_lse))
+
+
+@gpu
+def test_model_options_varlen_against_fp64(attention_reference):
+    lengths_q, lengths_k = [1, 0, 300, 129, 700, 50], [5, 3, 300, 400, 700, 0]
+    q, k, v, _, cu_q, cu_k = packed_case(62, BF16, lengths_q, lengths_k, 8, 2, 128, extra_rows=37)
+    sinks = jnp.linspace(-2.0, 8.0, 8, dtype=jnp.float32)
+    options = dict(causal=True, window_size=(64, 0), softcap=10.0)
+    out, lse = jax.jit(lambda q, k, v, s: jax_ffi.flash_attn_varlen(
+        q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), sinks=s, return_lse=True, **options))(q, k, v, sinks)
+    oq, ok = np.asarray(cu_q), np.asarray(cu_k)
+    for b in range(len(lengths_q)):
+        if lengths_q[b] == 0:
+            continue
+        rows, keys = slice(oq[b], oq[b + 1]), slice(ok[b], ok[b + 1])
+        check_against_fp64(q[None, rows], k[None, keys], v[None, keys], out[None, rows], lse[None, :, rows],
+                           dict(options, sinks=sinks), attention_reference)
+    # With seqused_k too: the sinks then come after it (has_sinks).
+    used = jnp.array([5, 3, 200, 400, 700, 0], jnp.int32)
+    out, lse = jax.jit(lambda q, k, v, s, u: jax_ffi.flash_attn_varlen(
+        q, k, v, cu_q, cu_k, 700, 700, sinks=s, seqused_k=u, return_lse=True, **options))(q, k, v, sinks, used)
+    for b, n in enumerate(np.asarray(used)):
+        if lengths_q[b] == 0:
+            continue
+        rows, keys = slice(oq[b], oq[b + 1]), slice(ok[b], ok[b] + n)
+        check_against_fp64(q[None, rows], k[None, keys], v[None, keys], out[None, rows], lse[None, :, rows],
+                           dict(options, sinks=sinks), attention_reference)
+
+
+@gpu
+def test_model_options_vmap_with_sinks_per_example():
+    # With sinks, vmap runs one call per example (sinks mapped with the examples could not be
+    # folded into the batch): each example's bits are those of the call on it alone, whether the
+    # sinks are mapped or shared.
+    q, k, v, _ = random_case(63, BF16, 6, 256, 384, 4, 2, 64)
+    fold = lambda x: x.reshape((3, 2) + x.shape[1:])  # noqa: E731
+    sinks = jnp.stack([jnp.linspace(-2.0, 8.0, 4, dtype=jnp.float32) + i for i in range(3)])
+    fn = lambda q, k, v, s: jax_ffi.flash_attn(q, k, v, window_size=(32, 32), sinks=s)  # noqa: E731
+    mapped = jax.jit(jax.vmap(fn))(fold(q), fold(k), fold(v), sinks)
+    shared = jax.jit(jax.vmap(fn, in_axes=(0, 0, 0, None)))(fold(q), fold(k), fold(v), sinks[1])
+    for i in range(3):
+        alone = jax.jit(fn)(fold(q)[i], fold(k)[i], fold(v)[i], sinks[i])
+        assert np.array_equal(np.asarray(mapped[i]), np.asarray(alone)), i
+        alone = jax.jit(fn)(fold(q)[i], fold(k)[i], fold(v)[i], sinks[1])
+        assert np.array_equal(np.asarray(shared[i]), np.asarray(alone)), i
+
+
+@gpu
+def test_model_options_gradients_are_refused():
+    q, k, v, _ = random_case(64, BF16, 1, 256, 256, 8, 2, 64)
+    sinks = jnp.zeros(8, jnp.float32)
+    for options, message in [(dict(causal=True, window_size=(64, 0)), r"window_size=\(64, 0\)"),
+                             (dict(softcap=20.0), "softcap=20"), (dict(sinks=sinks), "sinks")]:
+        def loss(q, k, v):
+            return jax_ffi.flash_attn(q, k, v, **options).astype(jnp.float32).sum()
+        with pytest.raises(NotImplementedError, match="the backward does not support " + message):
+            jax.grad(loss)(q, k, v)
+        with pytest.raises(NotImplementedError, match="the backward does not support " + message):
+            jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+        with pytest.raises(NotImplementedError, match="the backward does not support " + message):
+            jax.grad(lambda q: warpattn.jax_flash_attn(q, k, v, **options).astype(jnp.float32).sum())(q)
+        jax.block_until_ready(jax.jit(loss)(q, k, v))  # the forward alone runs
+    # Sinks differentiated alone (a learned parameter): refused too.
+    with pytest.raises(NotImplementedError, match="the backward does not support sinks"):
+        jax.grad(lambda s: jax_ffi.flash_attn(q, k, v, sinks=s).astype(jnp.float32).sum())(sinks)
+
+
+@gpu
+@pytest.mark.parametrize("qk_dtype", ["e4m3", "int8"])
+def test_fp8_model_options_against_fp64(qk_dtype, attention_reference):
+    # A window and sinks under jax.jit on FP8 (softcap refused): within the FP8 bounds of the float64
+    # reference on the unquantised inputs, and the same bits as the eager public function.
+    q, k, v, _ = random_case(65, BF16, 2, 300, 500, 8, 2, 128)
+    sinks = jnp.linspace(-2.0, 8.0, 8, dtype=jnp.float32)
+    options = dict(causal=True, window_size=(128, 0))
+    out, lse = jax.jit(lambda q, k, v, s: jax_ffi.flash_attn_fp8(jax_ffi.quantize_fp8(q, k, v, qk_dtype=qk_dtype),
+                                                                 sinks=s, return_lse=True, **options))(q, k, v, sinks)
+    want, want_lse, seen = attention_reference(*(np.asarray(t.astype(jnp.float32), np.float64) for t in (q, k, v)),
+                                               True, (128, 0), 0.0, np.asarray(sinks))
+    assert seen.all() and rel_l2(out, want) < FP8_TOL
+    assert float(np.abs(np.asarray(lse, np.float64) - want_lse).max()) < FP8_LSE_TOL
+    eager, eager_lse = warpattn.flash_attn_fp8_func(warpattn.quantize_fp8(q, k, v, qk_dtype=qk_dtype), sinks=sinks,
+                                                    return_lse=True, **options)
+    assert np.array_equal(bits(out), bits(eager)) and np.array_equal(bits(lse), bits(eager_lse))
+    with pytest.raises(ValueError, match="options.softcap: forward_fp8 has no softcap"):
+        jax_ffi.flash_attn_fp8(jax_ffi.quantize_fp8(q, k, v), softcap=5.0)
+
+
 # ---------------------------------------------------------------------------- FP8 on the GPU
 
 FP8_TOL = 6e-2  # test_gpu.py's FP8 bounds: out's relative L2 error against fp32 attention
