@@ -758,6 +758,16 @@ def test_tensors_on_two_gpus_are_refused():
 
 
 @pytest.mark.gpu
+def test_sinks_on_another_gpu_are_refused():
+    dev = _second_gpu()
+    q = torch.randn(1, 256, 2, 64, device=dev, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="sinks: on device 0, but q is on device 1"):
+        warpattn.flash_attn_func(q, q, q, sinks=torch.zeros(2, device="cuda:0"))
+    with pytest.raises(ValueError, match="sinks: on device 0, but q is on device 1"):
+        warpattn.flash_attn_fp8_func(warpattn.quantize_fp8(q, q, q), sinks=torch.zeros(2, device="cuda:0"))
+
+
+@pytest.mark.gpu
 def test_cupy_and_jax_on_the_second_gpu():
     dev = _second_gpu()
     torch.cuda.set_device(0)
