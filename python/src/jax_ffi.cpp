@@ -145,18 +145,36 @@ struct Attrs {
   bool deterministic = false;
   bool batch_invariant = false;
   int64_t max_seqlen_q = 0, max_seqlen_k = 0;
+  // The forward calls' model options (ForwardOptions; the sinks are an operand). has_sinks says
+  // which of forward_varlen's two optional operands came: XLA decodes them by position, so
+  // sinks without seqused_k would otherwise land in seqused_k's place.
+  int32_t window_left = -1, window_right = -1;
+  float softcap = 0.0f;
+  bool has_sinks = false;
   // quantize_fp8's
   bool rotate = true;
   uint64_t seed = 0;
   bool per_tensor = false;
 };
 
+// The sinks, when given, are set by the call's builder from their buffer.
 warpattn::ForwardOptions forward_options(const Attrs& a) {
   warpattn::ForwardOptions o;
   if (a.has_scale) o.softmax_scale = a.softmax_scale;
   o.causal = a.causal;
   o.batch_invariant = a.batch_invariant;
+  o.window_left = a.window_left;
+  o.window_right = a.window_right;
+  o.softcap = a.softcap;
   return o;
+}
+
+// The sinks operand: (heads_q,) float32, never folded (the calls that take it run one per
+// example under vmap: warpattn.jax_ffi asks for "sequential" batching when sinks are given, since
+// sinks mapped with the examples could not be folded into the batch).
+std::optional<TensorView> sinks_view(const Buf* sinks) {
+  if (!sinks) return std::nullopt;
+  return view_of(*sinks, "sinks", 1, "float32", Extra::refuse);
 }
 
 warpattn::BackwardOptions backward_options(const Attrs& a) {
@@ -177,13 +195,14 @@ struct Forward {
 
 // Dense: q, out (B, Sq, Hq, D); k, v (B, Sk, Hkv, D); lse (B, Hq, Sq).
 // Packed (varlen): q, out (total_q, Hq, D); k, v (total_k, Hkv, D); lse (Hq, total_q).
-Forward forward_call(const Buf& q, const Buf& k, const Buf& v, const Buf& out, const Buf* lse, const Attrs& a,
-                     bool varlen, Extra extra) {
+Forward forward_call(const Buf& q, const Buf& k, const Buf& v, const Buf& out, const Buf* lse, const Buf* sinks,
+                     const Attrs& a, bool varlen, Extra extra) {
   const int rank = varlen ? 3 : 4;
   Forward f{view_of(q, "q", rank, k16Bit, extra), view_of(k, "k", rank, k16Bit, extra),
             view_of(v, "v", rank, k16Bit, extra), view_of(out, "out", rank, k16Bit, extra), std::nullopt,
             forward_options(a)};
   if (lse) f.lse = view_of(*lse, "lse", rank - 1, "float32", extra);
+  f.options.sinks = sinks_view(sinks);
   return f;
 }
 
@@ -226,11 +245,14 @@ struct ForwardFp8 {
   warpattn::ForwardOptions options;
 };
 
-// operands: the six FP8 operands; results: out (B, Sq, Hq, D) float16 or bfloat16, lse.
-ForwardFp8 forward_fp8_call(const Buf* operands, const Buf& out, const Buf* lse, const Attrs& a, Extra extra) {
+// operands: the six FP8 operands (then the sinks, if given); results: out (B, Sq, Hq, D) float16
+// or bfloat16, lse.
+ForwardFp8 forward_fp8_call(const Buf* operands, const Buf& out, const Buf* lse, const Buf* sinks, const Attrs& a,
+                            Extra extra) {
   ForwardFp8 f{fp8_operands(operands, "", extra), view_of(out, "out", 4, k16Bit, extra), std::nullopt,
                forward_options(a)};
   if (lse) f.lse = view_of(*lse, "lse", 3, "float32", extra);
+  f.options.sinks = sinks_view(sinks);
   return f;
 }
 
@@ -332,16 +354,36 @@ Attrs scale_attrs(bool causal, bool has_scale, float softmax_scale, bool batch_i
   return a;
 }
 
+Attrs with_model_options(Attrs a, int32_t window_left, int32_t window_right, float softcap) {
+  a.window_left = window_left;
+  a.window_right = window_right;
+  a.softcap = softcap;
+  return a;
+}
+
+using OptionalIn = std::optional<ffi::AnyBuffer>;
+
+// A handler's optional operand as a Buf (nullptr: not given), stored in `storage`.
+const Buf* optional_buf(const OptionalIn& b, Buf& storage) {
+  if (!b) return nullptr;
+  storage = buf_of(*b);
+  return &storage;
+}
+
 using Out = ffi::Result<ffi::AnyBuffer>;
 using OptionalOut = std::optional<ffi::Result<ffi::AnyBuffer>>;
 
-ffi::Error forward_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, Out out,
-                        OptionalOut lse, bool causal, bool has_scale, float softmax_scale, bool batch_invariant) {
+ffi::Error forward_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, OptionalIn sinks,
+                        Out out, OptionalOut lse, bool causal, bool has_scale, float softmax_scale,
+                        bool batch_invariant, int32_t window_left, int32_t window_right, float softcap) {
   return guarded([&] {
     const Buf lse_buf = lse ? buf_of(**lse) : Buf{};
+    Buf sinks_buf;
+    const Attrs a =
+        with_model_options(scale_attrs(causal, has_scale, softmax_scale, batch_invariant), window_left, window_right,
+                           softcap);
     const Forward f = forward_call(buf_of(q), buf_of(k), buf_of(v), buf_of(*out), lse ? &lse_buf : nullptr,
-                                   scale_attrs(causal, has_scale, softmax_scale, batch_invariant), false,
-                                   Extra::fold);
+                                   optional_buf(sinks, sinks_buf), a, false, Extra::fold);
     warpattn::forward(f.q, f.k, f.v, f.out, f.lse, f.options, stream);
   });
 }
@@ -360,21 +402,36 @@ ffi::Error backward_impl(cudaStream_t stream, ffi::AnyBuffer dout, ffi::AnyBuffe
   });
 }
 
+// forward_varlen's optional operands in the order they come, seqused_k (if given) then sinks (if
+// has_sinks): the one XLA decoded into seqused_k's place is the sinks when it came alone.
+struct VarlenOptionals {
+  const Buf* seqused_k;
+  const Buf* sinks;
+};
+VarlenOptionals varlen_optionals(const Buf* first, const Buf* second, bool has_sinks) {
+  if (has_sinks && !first) fail("sinks: has_sinks is set but the call has no sinks operand");
+  if (!has_sinks && second) fail("sinks: a second optional operand (the sinks) without has_sinks");
+  if (!has_sinks) return {first, nullptr};
+  return second ? VarlenOptionals{first, second} : VarlenOptionals{nullptr, first};
+}
+
 ffi::Error forward_varlen_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                               ffi::AnyBuffer cu_seqlens_q, ffi::AnyBuffer cu_seqlens_k,
-                               std::optional<ffi::AnyBuffer> seqused_k, Out out, OptionalOut lse, bool causal,
-                               bool has_scale, float softmax_scale, bool batch_invariant, int64_t max_seqlen_q,
-                               int64_t max_seqlen_k) {
+                               ffi::AnyBuffer cu_seqlens_q, ffi::AnyBuffer cu_seqlens_k, OptionalIn optional_1,
+                               OptionalIn optional_2, Out out, OptionalOut lse, bool causal, bool has_scale,
+                               float softmax_scale, bool batch_invariant, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                               int32_t window_left, int32_t window_right, float softcap, bool has_sinks) {
   return guarded([&] {
-    Attrs a = scale_attrs(causal, has_scale, softmax_scale, batch_invariant);
+    Attrs a = with_model_options(scale_attrs(causal, has_scale, softmax_scale, batch_invariant), window_left,
+                                 window_right, softcap);
     a.max_seqlen_q = max_seqlen_q;
     a.max_seqlen_k = max_seqlen_k;
     const Buf lse_buf = lse ? buf_of(**lse) : Buf{};
-    const Buf used = seqused_k ? buf_of(*seqused_k) : Buf{};
-    const Forward f = forward_call(buf_of(q), buf_of(k), buf_of(v), buf_of(*out), lse ? &lse_buf : nullptr, a, true,
-                                   Extra::fold);
-    const warpattn::VarlenBatch batch =
-        varlen_batch(buf_of(cu_seqlens_q), buf_of(cu_seqlens_k), seqused_k ? &used : nullptr, a);
+    Buf storage_1, storage_2;
+    const VarlenOptionals given =
+        varlen_optionals(optional_buf(optional_1, storage_1), optional_buf(optional_2, storage_2), has_sinks);
+    const Forward f = forward_call(buf_of(q), buf_of(k), buf_of(v), buf_of(*out), lse ? &lse_buf : nullptr,
+                                   given.sinks, a, true, Extra::fold);
+    const warpattn::VarlenBatch batch = varlen_batch(buf_of(cu_seqlens_q), buf_of(cu_seqlens_k), given.seqused_k, a);
     warpattn::forward_varlen(f.q, f.k, f.v, f.out, f.lse, batch, f.options, stream);
   });
 }
@@ -423,14 +480,18 @@ ffi::Error quantize_fp8_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
 }
 
 ffi::Error forward_fp8_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer vt,
-                            ffi::AnyBuffer q_descale, ffi::AnyBuffer k_descale, ffi::AnyBuffer v_descale, Out out,
-                            OptionalOut lse, bool causal, bool has_scale, float softmax_scale) {
+                            ffi::AnyBuffer q_descale, ffi::AnyBuffer k_descale, ffi::AnyBuffer v_descale,
+                            OptionalIn sinks, Out out, OptionalOut lse, bool causal, bool has_scale,
+                            float softmax_scale, int32_t window_left, int32_t window_right, float softcap) {
   return guarded([&] {
     const Buf operands[6] = {buf_of(q),         buf_of(k),         buf_of(vt),
                              buf_of(q_descale), buf_of(k_descale), buf_of(v_descale)};
     const Buf lse_buf = lse ? buf_of(**lse) : Buf{};
+    Buf sinks_buf;
+    const Attrs a =
+        with_model_options(scale_attrs(causal, has_scale, softmax_scale, false), window_left, window_right, softcap);
     const ForwardFp8 f = forward_fp8_call(operands, buf_of(*out), lse ? &lse_buf : nullptr,
-                                          scale_attrs(causal, has_scale, softmax_scale, false), Extra::fold);
+                                          optional_buf(sinks, sinks_buf), a, Extra::fold);
     // Descales unchecked here: checking reads them back and waits for the stream, which a
     // custom call must not do (XLA's stream runs ahead of the host). warpattn.jax_ffi checks
     // concrete descales before the call instead.
@@ -447,12 +508,16 @@ auto bind_forward(B b) {
       .template Arg<ffi::AnyBuffer>()          // q
       .template Arg<ffi::AnyBuffer>()          // k
       .template Arg<ffi::AnyBuffer>()          // v
+      .template OptionalArg<ffi::AnyBuffer>()  // sinks (float32, heads_q)
       .template Ret<ffi::AnyBuffer>()          // out
       .template OptionalRet<ffi::AnyBuffer>()  // lse
       .template Attr<bool>("causal")
       .template Attr<bool>("has_scale")
       .template Attr<float>("softmax_scale")
-      .template Attr<bool>("batch_invariant");
+      .template Attr<bool>("batch_invariant")
+      .template Attr<int32_t>("window_left")
+      .template Attr<int32_t>("window_right")
+      .template Attr<float>("softcap");
 }
 
 template <class B>
@@ -483,7 +548,8 @@ auto bind_forward_varlen(B b) {
       .template Arg<ffi::AnyBuffer>()          // v
       .template Arg<ffi::AnyBuffer>()          // cu_seqlens_q
       .template Arg<ffi::AnyBuffer>()          // cu_seqlens_k
-      .template OptionalArg<ffi::AnyBuffer>()  // seqused_k
+      .template OptionalArg<ffi::AnyBuffer>()  // seqused_k, or the sinks (see varlen_optionals)
+      .template OptionalArg<ffi::AnyBuffer>()  // the sinks after seqused_k
       .template Ret<ffi::AnyBuffer>()          // out
       .template OptionalRet<ffi::AnyBuffer>()  // lse
       .template Attr<bool>("causal")
@@ -491,7 +557,11 @@ auto bind_forward_varlen(B b) {
       .template Attr<float>("softmax_scale")
       .template Attr<bool>("batch_invariant")
       .template Attr<int64_t>("max_seqlen_q")
-      .template Attr<int64_t>("max_seqlen_k");
+      .template Attr<int64_t>("max_seqlen_k")
+      .template Attr<int32_t>("window_left")
+      .template Attr<int32_t>("window_right")
+      .template Attr<float>("softcap")
+      .template Attr<bool>("has_sinks");
 }
 
 template <class B>
@@ -547,11 +617,15 @@ auto bind_forward_fp8(B b) {
       .template Arg<ffi::AnyBuffer>()          // q_descale
       .template Arg<ffi::AnyBuffer>()          // k_descale
       .template Arg<ffi::AnyBuffer>()          // v_descale
+      .template OptionalArg<ffi::AnyBuffer>()  // sinks (float32, heads_q)
       .template Ret<ffi::AnyBuffer>()          // out
       .template OptionalRet<ffi::AnyBuffer>()  // lse
       .template Attr<bool>("causal")
       .template Attr<bool>("has_scale")
-      .template Attr<float>("softmax_scale");
+      .template Attr<float>("softmax_scale")
+      .template Attr<int32_t>("window_left")
+      .template Attr<int32_t>("window_right")
+      .template Attr<float>("softcap");
 }
 
 auto on_gpu() { return ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>(); }
@@ -631,6 +705,10 @@ Attrs attrs_of(const nb::dict& d) {
   a.per_tensor = attr<bool>(d, "per_tensor", false);
   a.max_seqlen_q = attr<int64_t>(d, "max_seqlen_q", 0);
   a.max_seqlen_k = attr<int64_t>(d, "max_seqlen_k", 0);
+  a.window_left = attr<int32_t>(d, "window_left", -1);
+  a.window_right = attr<int32_t>(d, "window_right", -1);
+  a.softcap = attr<float>(d, "softcap", 0.0f);
+  a.has_sinks = attr<bool>(d, "has_sinks", false);
   return a;
 }
 
@@ -648,14 +726,20 @@ void validate(const std::string& target, nb::handle operand_specs, nb::handle re
   try {
     if (target == kForward || target == kForwardVarlen) {
       const bool varlen = target == kForwardVarlen;
-      expect_count(target, "operands", ops.size(), varlen ? 5 : 3, varlen ? 6 : 3);
+      // Dense: q, k, v[, sinks]. Packed: q, k, v, cu_seqlens_q, cu_seqlens_k[, seqused_k][, sinks].
+      expect_count(target, "operands", ops.size(), varlen ? 5 : 3, varlen ? 7 : 4);
       expect_count(target, "results", res.size(), 1, 2);
-      const Forward f = forward_call(ops[0], ops[1], ops[2], res[0], res.size() > 1 ? &res[1] : nullptr, a, varlen,
-                                     Extra::refuse);
+      const size_t required = varlen ? 5 : 3;
+      const Buf* first = ops.size() > required ? &ops[required] : nullptr;
+      const Buf* second = ops.size() > required + 1 ? &ops[required + 1] : nullptr;
+      const VarlenOptionals given =
+          varlen ? varlen_optionals(first, second, a.has_sinks) : VarlenOptionals{nullptr, first};
+      const Forward f = forward_call(ops[0], ops[1], ops[2], res[0], res.size() > 1 ? &res[1] : nullptr, given.sinks,
+                                     a, varlen, Extra::refuse);
       if (!varlen) {
         warpattn::validate_forward(f.q, f.k, f.v, f.out, f.lse, f.options);
       } else {
-        const warpattn::VarlenBatch batch = varlen_batch(ops[3], ops[4], ops.size() > 5 ? &ops[5] : nullptr, a);
+        const warpattn::VarlenBatch batch = varlen_batch(ops[3], ops[4], given.seqused_k, a);
         warpattn::validate_forward_varlen(f.q, f.k, f.v, f.out, f.lse, batch, f.options);
       }
     } else if (target == kBackward || target == kBackwardVarlen) {
@@ -676,9 +760,10 @@ void validate(const std::string& target, nb::handle operand_specs, nb::handle re
       const Quantize c = quantize_call(ops.data(), res.data(), a, Extra::refuse);
       warpattn::validate_quantize_fp8(c.q, c.k, c.v, c.fp8, c.options);
     } else if (target == kForwardFp8) {
-      expect_count(target, "operands", ops.size(), 6, 6);
+      expect_count(target, "operands", ops.size(), 6, 7);
       expect_count(target, "results", res.size(), 1, 2);
-      const ForwardFp8 f = forward_fp8_call(ops.data(), res[0], res.size() > 1 ? &res[1] : nullptr, a, Extra::refuse);
+      const ForwardFp8 f = forward_fp8_call(ops.data(), res[0], res.size() > 1 ? &res[1] : nullptr,
+                                            ops.size() > 6 ? &ops[6] : nullptr, a, Extra::refuse);
       warpattn::validate_forward_fp8(f.fp8, f.out, f.lse, f.options);
     } else {
       throw nb::value_error(("jax_ffi_validate: no warpattn FFI target named " + target).c_str());

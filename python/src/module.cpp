@@ -20,8 +20,9 @@ namespace {
 
 using AnyArray = nb::ndarray<nb::ro>;  // any device, dtype, shape and strides
 
-// The dtype warpattn calls it, or a TypeError naming the argument.
-warpattn::DType dtype_of(const AnyArray& a, const char* name) {
+// The dtype warpattn calls it, or a TypeError naming the argument and what it takes (`expected`).
+warpattn::DType dtype_of(const AnyArray& a, const char* name,
+                         const char* expected = "a float16, bfloat16 or float32 tensor") {
   const nb::dlpack::dtype t = a.dtype();
   if (t.bits == 16 && t.lanes == 1) {
     if (t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float)) return warpattn::DType::f16;
@@ -29,7 +30,7 @@ warpattn::DType dtype_of(const AnyArray& a, const char* name) {
   }
   if (t.bits == 32 && t.lanes == 1 && t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float))
     return warpattn::DType::f32;
-  throw nb::type_error((std::string(name) + ": expected a float16, bfloat16 or float32 tensor, got DLPack dtype code " +
+  throw nb::type_error((std::string(name) + ": expected " + expected + ", got DLPack dtype code " +
                         std::to_string(t.code) + " with " + std::to_string(t.bits) + " bits")
                            .c_str());
 }
@@ -78,13 +79,35 @@ warpattn::TensorView fp8_view_of(const AnyArray& a, const char* name) {
                            .c_str());
 }
 
-warpattn::ForwardOptions forward_options(std::optional<float> softmax_scale, bool causal, bool batch_invariant = false) {
+// The model options of the forward calls (ForwardOptions' sliding window, softcap and sinks), as
+// the Python side passes them: keyword arguments after the others, whose defaults change nothing.
+struct ModelOptions {
+  int window_left = -1, window_right = -1;
+  float softcap = 0.0f;
+  std::optional<AnyArray> sinks;
+};
+
+warpattn::ForwardOptions forward_options(std::optional<float> softmax_scale, bool causal, bool batch_invariant,
+                                         const ModelOptions& model) {
   warpattn::ForwardOptions options;
   options.softmax_scale = softmax_scale;
   options.causal = causal;
   options.batch_invariant = batch_invariant;
+  options.window_left = model.window_left;
+  options.window_right = model.window_right;
+  options.softcap = model.softcap;
+  // Converted like every other tensor: a dtype the binding does not know is a TypeError naming
+  // sinks (and the one dtype they may have: float64 logits are the likely mistake); their shape,
+  // dtype and layout are the library's rules (p).
+  if (model.sinks) {
+    const AnyArray& sinks = *model.sinks;
+    options.sinks = view_as(sinks, "sinks", dtype_of(sinks, "sinks", "a float32 tensor"));
+  }
   return options;
 }
+
+// The sinks among a call's arrays for require_cuda (nullptr: none given).
+const AnyArray* sinks_of(const ModelOptions& model) { return model.sinks ? &*model.sinks : nullptr; }
 
 warpattn::BackwardOptions backward_options(std::optional<float> softmax_scale, bool causal, bool deterministic) {
   warpattn::BackwardOptions options;
@@ -167,14 +190,16 @@ void quantize_fp8(const AnyArray& q, const AnyArray& k, const AnyArray& v, const
 
 void forward_fp8(const AnyArray& fq, const AnyArray& fk, const AnyArray& fvt, const AnyArray& qs, const AnyArray& ks,
                  const AnyArray& vs, const AnyArray& out, const std::optional<AnyArray>& lse,
-                 std::optional<float> softmax_scale, bool causal, uintptr_t stream, bool check_descales) {
+                 std::optional<float> softmax_scale, bool causal, uintptr_t stream, bool check_descales,
+                 int window_left, int window_right, float softcap, const std::optional<AnyArray>& sinks) {
+  const ModelOptions model{window_left, window_right, softcap, sinks};
   const warpattn::Fp8Operands f = fp8_operands(fq, fk, fvt, qs, ks, vs);
   const warpattn::TensorView vo = view_of(out, "out");
   const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
-  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal);
+  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal, false, model);
   checked_launch([&] { warpattn::validate_forward_fp8(f, vo, vl, options); },
                  {{&fq, "q"}, {&fk, "k"}, {&fvt, "vt"}, {&qs, "q_descale"}, {&ks, "k_descale"}, {&vs, "v_descale"},
-                  {&out, "out"}, {lse ? &*lse : nullptr, "lse"}},
+                  {&out, "out"}, {lse ? &*lse : nullptr, "lse"}, {sinks_of(model), "sinks"}},
                  [&] {
                    warpattn::forward_fp8(f, vo, vl, options, reinterpret_cast<cudaStream_t>(stream), check_descales);
                  });
@@ -182,13 +207,16 @@ void forward_fp8(const AnyArray& fq, const AnyArray& fk, const AnyArray& fvt, co
 
 void forward(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& out,
              const std::optional<AnyArray>& lse, std::optional<float> softmax_scale, bool causal,
-             uintptr_t stream, bool batch_invariant) {
+             uintptr_t stream, bool batch_invariant, int window_left, int window_right, float softcap,
+             const std::optional<AnyArray>& sinks) {
+  const ModelOptions model{window_left, window_right, softcap, sinks};
   const warpattn::TensorView vq = view_of(q, "q"), vk = view_of(k, "k"), vv = view_of(v, "v"),
                              vo = view_of(out, "out");
   const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
-  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal, batch_invariant);
+  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal, batch_invariant, model);
   checked_launch([&] { warpattn::validate_forward(vq, vk, vv, vo, vl, options); },
-                 {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {lse ? &*lse : nullptr, "lse"}},
+                 {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {lse ? &*lse : nullptr, "lse"},
+                  {sinks_of(model), "sinks"}},
                  [&] { warpattn::forward(vq, vk, vv, vo, vl, options, reinterpret_cast<cudaStream_t>(stream)); });
 }
 
@@ -207,16 +235,18 @@ warpattn::VarlenBatch varlen_batch(const AnyArray& cu_seqlens_q, const AnyArray&
 void forward_varlen(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& out,
                     const std::optional<AnyArray>& lse, const AnyArray& cu_seqlens_q, const AnyArray& cu_seqlens_k,
                     const std::optional<AnyArray>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                    std::optional<float> softmax_scale, bool causal, uintptr_t stream, bool batch_invariant) {
+                    std::optional<float> softmax_scale, bool causal, uintptr_t stream, bool batch_invariant,
+                    int window_left, int window_right, float softcap, const std::optional<AnyArray>& sinks) {
+  const ModelOptions model{window_left, window_right, softcap, sinks};
   const warpattn::TensorView vq = view_of(q, "q"), vk = view_of(k, "k"), vv = view_of(v, "v"),
                              vo = view_of(out, "out");
   const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
   const warpattn::VarlenBatch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
-  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal, batch_invariant);
+  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal, batch_invariant, model);
   checked_launch([&] { warpattn::validate_forward_varlen(vq, vk, vv, vo, vl, batch, options); },
                  {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {lse ? &*lse : nullptr, "lse"},
                   {&cu_seqlens_q, "cu_seqlens_q"}, {&cu_seqlens_k, "cu_seqlens_k"},
-                  {seqused_k ? &*seqused_k : nullptr, "seqused_k"}},
+                  {seqused_k ? &*seqused_k : nullptr, "seqused_k"}, {sinks_of(model), "sinks"}},
                  [&] { warpattn::forward_varlen(vq, vk, vv, vo, vl, batch, options, reinterpret_cast<cudaStream_t>(stream)); });
 }
 
@@ -242,16 +272,19 @@ void forward_fp8_varlen(const AnyArray& fq, const AnyArray& fk, const AnyArray& 
                         const AnyArray& ks, const AnyArray& vs, const AnyArray& out, const std::optional<AnyArray>& lse,
                         const AnyArray& cu_seqlens_q, const AnyArray& cu_seqlens_k,
                         const std::optional<AnyArray>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                        std::optional<float> softmax_scale, bool causal, uintptr_t stream, bool check_descales) {
+                        std::optional<float> softmax_scale, bool causal, uintptr_t stream, bool check_descales,
+                        int window_left, int window_right, float softcap, const std::optional<AnyArray>& sinks) {
+  const ModelOptions model{window_left, window_right, softcap, sinks};
   const warpattn::Fp8Operands f = fp8_operands(fq, fk, fvt, qs, ks, vs);
   const warpattn::TensorView vo = view_of(out, "out");
   const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
   const warpattn::VarlenBatch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
-  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal);
+  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal, false, model);
   checked_launch([&] { warpattn::validate_forward_fp8_varlen(f, vo, vl, batch, options); },
                  {{&fq, "q"}, {&fk, "k"}, {&fvt, "vt"}, {&qs, "q_descale"}, {&ks, "k_descale"}, {&vs, "v_descale"},
                   {&out, "out"}, {lse ? &*lse : nullptr, "lse"}, {&cu_seqlens_q, "cu_seqlens_q"},
-                  {&cu_seqlens_k, "cu_seqlens_k"}, {seqused_k ? &*seqused_k : nullptr, "seqused_k"}},
+                  {&cu_seqlens_k, "cu_seqlens_k"}, {seqused_k ? &*seqused_k : nullptr, "seqused_k"},
+                  {sinks_of(model), "sinks"}},
                  [&] {
                    warpattn::forward_fp8_varlen(f, vo, vl, batch, options, reinterpret_cast<cudaStream_t>(stream),
                                                 check_descales);
@@ -325,15 +358,21 @@ NB_MODULE(_warpattn, m) {
   m.doc() = "warpattn: exact attention for NVIDIA Hopper (sm_90a). Use warpattn.flash_attn_func.";
   m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("stream"),
-        nb::arg("batch_invariant") = false,
+        nb::arg("batch_invariant") = false, nb::kw_only(), nb::arg("window_left") = -1, nb::arg("window_right") = -1,
+        nb::arg("softcap") = 0.0f, nb::arg("sinks").none() = nb::none(),
         "Writes softmax(scale q k^T) v into `out` (and the log-sum-exp into `lse`), on `stream` (a "
-        "cudaStream_t as an integer). All tensors in (batch, seqlen, heads, head_dim) layout.");
+        "cudaStream_t as an integer). All tensors in (batch, seqlen, heads, head_dim) layout. window_left, "
+        "window_right: a sliding window (-1: unbounded); softcap: softcap * tanh(score / softcap) (0: off); "
+        "sinks: (heads,) float32 logits joining each head's softmax denominator, or None (warpattn.hpp, "
+        "ForwardOptions).");
   m.def("forward_varlen", &forward_varlen, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("seqused_k").none(),
         nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("softmax_scale").none(), nb::arg("causal"),
-        nb::arg("stream"), nb::arg("batch_invariant") = false,
+        nb::arg("stream"), nb::arg("batch_invariant") = false, nb::kw_only(), nb::arg("window_left") = -1,
+        nb::arg("window_right") = -1, nb::arg("softcap") = 0.0f, nb::arg("sinks").none() = nb::none(),
         "forward on a packed batch: q, out (total_q, heads, head_dim); k, v (total_k, heads_kv, head_dim); lse "
-        "(heads, total_q); cu_seqlens_q/k (batch + 1) int32, seqused_k (batch) int32 or None, on the device.");
+        "(heads, total_q); cu_seqlens_q/k (batch + 1) int32, seqused_k (batch) int32 or None, on the device. "
+        "window_left, window_right, softcap, sinks: as forward's, per sequence.");
   m.attr("supported_head_dims") = nb::make_tuple(64, 128, 256);
   nb::list backward_head_dims;
   for (int d : warpattn::kBackwardHeadDims) backward_head_dims.append(d);
@@ -365,7 +404,10 @@ NB_MODULE(_warpattn, m) {
   m.def("forward_fp8", &forward_fp8, nb::arg("q"), nb::arg("k"), nb::arg("vt"), nb::arg("q_descale"),
         nb::arg("k_descale"), nb::arg("v_descale"), nb::arg("out"), nb::arg("lse").none(),
         nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("stream"), nb::arg("check_descales") = true,
-        "FP8 attention on quantize_fp8's operands; out fp16 or bf16.");
+        nb::kw_only(), nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("softcap") = 0.0f,
+        nb::arg("sinks").none() = nb::none(),
+        "FP8 attention on quantize_fp8's operands; out fp16 or bf16. window_left, window_right and sinks as "
+        "forward's; softcap is refused (the 16-bit forward only).");
   m.attr("fp8_head_dims") = nb::make_tuple(64, 128, 256);
   m.def("quantize_fp8_varlen", &quantize_fp8_varlen, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("fp8_q"),
         nb::arg("fp8_k"), nb::arg("vt"), nb::arg("q_descale"), nb::arg("k_descale"), nb::arg("v_descale"),
@@ -375,5 +417,7 @@ NB_MODULE(_warpattn, m) {
         nb::arg("k_descale"), nb::arg("v_descale"), nb::arg("out"), nb::arg("lse").none(), nb::arg("cu_seqlens_q"),
         nb::arg("cu_seqlens_k"), nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
         nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("stream"), nb::arg("check_descales") = true,
+        nb::kw_only(), nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("softcap") = 0.0f,
+        nb::arg("sinks").none() = nb::none(),
         "forward_fp8 on a packed batch; out (total_q, heads, head_dim), lse (heads, total_q).");
 }

@@ -2,6 +2,7 @@
 ops, differentiable), CuPy, JAX (through warpattn.jax_ffi, differentiable and jit-able, where
 this build has its XLA FFI handlers; else eagerly through DLPack)."""
 import contextlib
+import operator
 
 from . import _warpattn
 
@@ -40,8 +41,77 @@ def _lse_shape(q):
     return (q.shape[0], q.shape[2], q.shape[1])
 
 
+# ------------------------------------------------------------ window_size, softcap, sinks
+# The forward's model options (ForwardOptions in warpattn.hpp). Python converts window_size to the
+# library's two ints and leaves every rule to the library (ValueError with its message), so that
+# each entry point reports a bad value the same way. The backward has none of them yet: a
+# gradient through a call that used one is refused (NotImplementedError), never computed as if
+# the call had not used it.
+
+_INT32 = (-2 ** 31, 2 ** 31 - 1)
+
+
+def _window_side(x, name):
+    if isinstance(x, bool):
+        raise TypeError("window_size: expected a pair of ints, got bool for %s" % name)
+    try:
+        n = operator.index(x)
+    except TypeError:
+        raise TypeError("window_size: expected a pair of ints, got %s.%s for %s"
+                        % (type(x).__module__, type(x).__name__, name)) from None
+    # The library takes an int. Past 2^31 - 1 keys a side bounds nothing (sequences are shorter
+    # than 2^31, the kernels' coordinate rule), so clamping there changes no result; below -2^31
+    # the clamped value is as invalid as the given one and the library says so.
+    return min(max(n, _INT32[0]), _INT32[1])
+
+
+def _window(window_size):
+    """FlashAttention's window_size, (left, right) with -1 for an unbounded side, as the
+    library's (window_left, window_right)."""
+    try:
+        sides = tuple(window_size)
+    except TypeError:
+        raise TypeError("window_size: expected a pair of ints (left, right), got %s.%s"
+                        % (type(window_size).__module__, type(window_size).__name__)) from None
+    if len(sides) != 2:
+        raise ValueError("window_size: expected a pair of ints (left, right), got %d values" % len(sides))
+    return _window_side(sides[0], "left"), _window_side(sides[1], "right")
+
+
+def _model_options(window_size, softcap, sinks):
+    """The keyword arguments of the module's forward calls: window_left, window_right, softcap,
+    sinks (None or a tensor of the call's framework, checked by the library)."""
+    left, right = _window(window_size)
+    return {"window_left": left, "window_right": right, "softcap": float(softcap), "sinks": sinks}
+
+
+def _model_options_used(window_left, window_right, softcap, has_sinks, causal):
+    """What of the model options a call used, by name, for the backward's refusal. A window side
+    of -1 bounds nothing, nor does a right side of 0 under causal (causal is that already)."""
+    used = []
+    if window_left >= 0 or (window_right >= 0 and not causal):
+        used.append("window_size=(%d, %d)" % (window_left, window_right))
+    if softcap != 0:
+        used.append("softcap=%g" % softcap)
+    if has_sinks:
+        used.append("sinks")
+    return used
+
+
+def _refuse_backward(used, remedy=""):
+    """NotImplementedError naming the model options `used` (_model_options_used), if any."""
+    if not used:
+        return
+    names = used[0] if len(used) == 1 else ", ".join(used[:-1]) + " and " + used[-1]
+    them = "it" if len(used) == 1 else "them"
+    raise NotImplementedError(
+        "warpattn: the backward does not support %s yet (the sliding window, softcap and sinks are forward-only "
+        "so far): a gradient through a forward call that used %s is refused rather than computed without %s%s"
+        % (names, them, them, "; " + remedy if remedy else ""))
+
+
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False, out=None, deterministic=False,
-                    batch_invariant=False):
+                    batch_invariant=False, window_size=(-1, -1), softcap=0.0, sinks=None):
     """Exact attention: softmax(softmax_scale * q k^T [+ causal mask]) v.
 
     q: (batch, seqlen_q, heads, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim) with
@@ -59,31 +129,43 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False,
     the backward deterministic). CuPy: see flash_attn_backward. JAX: warpattn.jax_ffi.flash_attn
     (on XLA's stream; under jax.jit and jax.grad too), or without the FFI handlers the eager
     DLPack path (warpattn.jax_flash_attn for gradients).
+    Model options, as FlashAttention takes them (forward only so far: a gradient through a call
+    that uses one raises NotImplementedError in the backward): window_size=(left, right), a
+    sliding window in which query row i sees key j iff i + seqlen_k - seqlen_q - left <= j <=
+    i + seqlen_k - seqlen_q + right (-1: that side unbounded; with causal, right must be -1 or
+    0); softcap > 0: scores become softcap * tanh(score / softcap) before the mask and softmax
+    (0: off); sinks: a float32 (heads,) tensor of the call's framework, one logit per query head
+    joining its softmax denominator (a row's weights then sum to less than 1, lse includes the
+    sink, and a row that sees no key gets 0 and lse = its sink).
     """
-    fw = _common_framework(q, k=k, v=v, out=out)
+    fw = _common_framework(q, k=k, v=v, out=out, sinks=sinks)
     _check_rank(q)
     scale = _scale(softmax_scale)
+    model = _model_options(window_size, softcap, sinks)
     if fw == "torch":
         from .torch_op import flash_attn_torch
         return flash_attn_torch(q, k, v, scale, bool(causal), return_lse, out, bool(deterministic),
-                                bool(batch_invariant))
+                                bool(batch_invariant), **model)
     if fw == "jax":
         ffi = _jax_ffi()
         if ffi is None:
-            return _flash_attn_jax(q, k, v, scale, bool(causal), return_lse, out, bool(batch_invariant))
+            return _flash_attn_jax(q, k, v, scale, bool(causal), return_lse, out, bool(batch_invariant), model)
         _no_out(out)
-        return ffi.flash_attn(q, k, v, scale, causal, return_lse, deterministic, batch_invariant)
+        return ffi.flash_attn(q, k, v, scale, causal, return_lse, deterministic, batch_invariant,
+                              window_size=(model["window_left"], model["window_right"]), softcap=model["softcap"],
+                              sinks=sinks)
     xp = _array_module(fw)
     with device_of(q, fw):  # allocate on q's device and take that device's current stream
         if out is None:
             out = xp.empty(q.shape, dtype=q.dtype)
         lse = xp.empty(_lse_shape(q), dtype=xp.float32) if return_lse else None
-        _warpattn.forward(q, k, v, out, lse, scale, bool(causal), _current_stream(fw, q), bool(batch_invariant))
+        _warpattn.forward(q, k, v, out, lse, scale, bool(causal), _current_stream(fw, q), bool(batch_invariant),
+                          **model)
     return (out, lse) if return_lse else out
 
 
 def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, deterministic=False,
-                        dq=None, dk=None, dv=None):
+                        dq=None, dk=None, dv=None, window_size=(-1, -1), softcap=0.0, sinks=None):
     """The gradients (dq, dk, dv) of out = flash_attn_func(q, k, v, softmax_scale, causal) with
     respect to q, k and v, given dout = dL/d(out) and the forward's out and lse (return_lse=True).
 
@@ -94,9 +176,14 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=Fals
     a fixed order), slower. Head dims: warpattn.backward_head_dims (64, 128 and 256). Runs on the
     current stream (PyTorch, CuPy) and returns without synchronising; JAX arrays go through
     warpattn.jax_ffi (XLA's stream), or without its handlers are waited for and the result
-    handed back once computed. PyTorch users get this through autograd.
+    handed back once computed. PyTorch users get this through autograd. window_size, softcap and
+    sinks: those of the forward call, which the backward does not support yet (NotImplementedError
+    for any that bounds or changes something).
     """
     fw = _common_framework(q, dout=dout, k=k, v=v, out=out, lse=lse, dq=dq, dk=dk, dv=dv)
+    model = _model_options(window_size, softcap, sinks)
+    _refuse_backward(_model_options_used(model["window_left"], model["window_right"], model["softcap"],
+                                         sinks is not None, bool(causal)))
     _check_rank(q)
     args = (dout, q, k, v, out, lse, _scale(softmax_scale), bool(causal), bool(deterministic))
     if fw == "jax":
@@ -234,16 +321,19 @@ def _jax_run(device_index, run):
         return [None if r is None else jax.dlpack.from_dlpack(r) for r in results]
 
 
-def _flash_attn_jax(q, k, v, scale, causal, return_lse, out, batch_invariant=False):
-    """flash_attn_func on JAX arrays through DLPack (the fallback: see above)."""
+def _flash_attn_jax(q, k, v, scale, causal, return_lse, out, batch_invariant=False, model=None):
+    """flash_attn_func on JAX arrays through DLPack (the fallback: see above). model: the module's
+    model keyword arguments (_model_options), or None for none."""
     _no_out(out)
-    _wait_for_jax_arrays(q=q, k=k, v=v)
+    model = model or {}
+    sinks = model.get("sinks")
+    _wait_for_jax_arrays(q=q, k=k, v=v, **({} if sinks is None else {"sinks": sinks}))
 
     def run(empty):
         o = empty(q.shape, str(q.dtype))
         lse = empty(_lse_shape(q), "float32") if return_lse else None
         # Stream 0: the legacy default stream of the tensors' device (the library runs there).
-        _warpattn.forward(q, k, v, o, lse, scale, causal, 0, batch_invariant)
+        _warpattn.forward(q, k, v, o, lse, scale, causal, 0, batch_invariant, **model)
         return o, lse
 
     o, lse = _jax_run(q.devices().pop().id, run)

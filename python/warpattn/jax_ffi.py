@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .api import _check_rank, _scale
+from .api import _check_rank, _model_options_used, _refuse_backward, _scale, _window
 from .fp8 import Fp8Operands, _blocks, _dtype_name, _qk_int8
 from .varlen import _batch_size
 from .varlen import _check_rank as _check_packed_rank
@@ -88,8 +88,15 @@ def _spec(x):
     return tuple(int(d) for d in x.shape), np.dtype(x.dtype).name
 
 
-def _attrs(scale, causal, batch_invariant=None, deterministic=None, max_seqlens=None):
-    """The call's attributes, typed as the handlers bind them (f32, pred, s64)."""
+def _model(window_size=(-1, -1), softcap=0.0):
+    """The forward calls' model options other than the sinks (an operand): (window_left,
+    window_right, softcap), static (hashable: nondiff arguments of the custom VJPs)."""
+    return _window(window_size) + (float(softcap),)
+
+
+def _attrs(scale, causal, batch_invariant=None, deterministic=None, max_seqlens=None, model=None):
+    """The call's attributes, typed as the handlers bind them (f32, pred, s32, s64). model: a
+    _model(), for the forward calls (the backward calls have no such attributes)."""
     attrs = {"causal": np.bool_(causal), "has_scale": np.bool_(scale is not None),
              "softmax_scale": np.float32(0.0 if scale is None else scale)}
     if batch_invariant is not None:
@@ -98,7 +105,21 @@ def _attrs(scale, causal, batch_invariant=None, deterministic=None, max_seqlens=
         attrs["deterministic"] = np.bool_(deterministic)
     if max_seqlens is not None:
         attrs["max_seqlen_q"], attrs["max_seqlen_k"] = (np.int64(n) for n in max_seqlens)
+    if model is not None:
+        attrs["window_left"], attrs["window_right"] = np.int32(model[0]), np.int32(model[1])
+        attrs["softcap"] = np.float32(model[2])
     return attrs
+
+
+def _with_sinks(operands, sinks):
+    return tuple(operands) + (() if sinks is None else (sinks,))
+
+
+def _forward_batching(sinks):
+    """ffi_call's vmap method for a dense forward: mapped axes folded into the batch, except with
+    sinks, which would then be folded too (the handler could not tell sinks shared by the mapped
+    examples from sinks of each): then one call per example."""
+    return "broadcast_all" if sinks is None else "sequential"
 
 
 def _validate(target, operands, results, attrs):
@@ -125,11 +146,12 @@ def _like(x, dtype=None, shape=None):
                                 dtype=x.dtype if dtype is None else jnp.dtype(dtype), weak_type=False)
 
 
-def _forward(q, k, v, scale, causal, batch_invariant, with_lse):
+def _forward(q, k, v, sinks, scale, causal, batch_invariant, model, with_lse):
     results = [_like(q)]
     if with_lse:
         results.append(_like(q, jnp.float32, (q.shape[0], q.shape[2], q.shape[1])))
-    outs = _call(FORWARD, (q, k, v), results, _attrs(scale, causal, batch_invariant), "broadcast_all")
+    outs = _call(FORWARD, _with_sinks((q, k, v), sinks), results, _attrs(scale, causal, batch_invariant, model=model),
+                 _forward_batching(sinks))
     return (outs[0], outs[1]) if with_lse else (outs[0], None)
 
 
@@ -142,13 +164,15 @@ def _backward(dout, q, k, v, out, lse, scale, causal, deterministic, batch_invar
     return dq, dk, dv
 
 
-def _forward_varlen(q, k, v, offsets, max_seqlens, scale, causal, batch_invariant, with_lse):
+def _forward_varlen(q, k, v, offsets, sinks, max_seqlens, scale, causal, batch_invariant, model, with_lse):
     results = [_like(q)]
     if with_lse:
         results.append(_like(q, jnp.float32, (q.shape[1], q.shape[0])))
-    operands = (q, k, v) + tuple(o for o in offsets if o is not None)
-    outs = _call(FORWARD_VARLEN, operands, results, _attrs(scale, causal, batch_invariant, max_seqlens=max_seqlens),
-                 "sequential")
+    operands = _with_sinks((q, k, v) + tuple(o for o in offsets if o is not None), sinks)
+    attrs = _attrs(scale, causal, batch_invariant, max_seqlens=max_seqlens, model=model)
+    # Which of the two optional operands came (the handler's varlen_optionals).
+    attrs["has_sinks"] = np.bool_(sinks is not None)
+    outs = _call(FORWARD_VARLEN, operands, results, attrs, "sequential")
     return (outs[0], outs[1]) if with_lse else (outs[0], None)
 
 
@@ -186,52 +210,63 @@ def _values(*primals):
     return tuple(None if p is None else p.value for p in primals)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
-def _attention(q, k, v, scale, causal, return_lse, deterministic, batch_invariant):
-    out, lse = _forward(q, k, v, scale, causal, batch_invariant, return_lse)
+_NO_GRADIENT_REMEDY = "apply jax.lax.stop_gradient to that call's inputs, or train with a model that does not need them"
+
+
+def _refuse_model_options(model, sinks, causal):
+    """The backward's refusal of the forward's model options (NotImplementedError when traced)."""
+    _refuse_backward(_model_options_used(model[0], model[1], model[2], sinks is not None, causal), _NO_GRADIENT_REMEDY)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8, 9))
+def _attention(q, k, v, sinks, scale, causal, return_lse, deterministic, batch_invariant, model):
+    out, lse = _forward(q, k, v, sinks, scale, causal, batch_invariant, model, return_lse)
     return (out, lse) if return_lse else out
 
 
-def _attention_fwd(q, k, v, scale, causal, return_lse, deterministic, batch_invariant):
-    q, k, v = _values(q, k, v)
+def _attention_fwd(q, k, v, sinks, scale, causal, return_lse, deterministic, batch_invariant, model):
+    q, k, v, sinks = _values(q, k, v, sinks)
     _check_on_gpu(q=q, k=k, v=v)  # concrete here under an eager jax.grad, where flash_attn saw tracers
-    out, lse = _forward(q, k, v, scale, causal, batch_invariant, True)
-    return ((out, lse) if return_lse else out), (q, k, v, out, lse)
+    out, lse = _forward(q, k, v, sinks, scale, causal, batch_invariant, model, True)
+    return ((out, lse) if return_lse else out), (q, k, v, out, lse, sinks)
 
 
-def _attention_bwd(scale, causal, return_lse, deterministic, batch_invariant, residuals, cotangents):
-    q, k, v, out, lse = residuals
+def _attention_bwd(scale, causal, return_lse, deterministic, batch_invariant, model, residuals, cotangents):
+    q, k, v, out, lse, sinks = residuals
+    _refuse_model_options(model, sinks, causal)
     dout = _cotangent_out(cotangents, out, return_lse)
-    return _backward(dout, q, k, v, out, lse, scale, causal, deterministic, batch_invariant)
+    return _backward(dout, q, k, v, out, lse, scale, causal, deterministic, batch_invariant) + (None,)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11))
-def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlens, scale, causal, return_lse,
-                      deterministic, batch_invariant):
-    out, lse = _forward_varlen(q, k, v, (cu_seqlens_q, cu_seqlens_k, seqused_k), max_seqlens, scale, causal,
-                               batch_invariant, return_lse)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10, 11, 12, 13))
+def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks, max_seqlens, scale, causal, return_lse,
+                      deterministic, batch_invariant, model):
+    out, lse = _forward_varlen(q, k, v, (cu_seqlens_q, cu_seqlens_k, seqused_k), sinks, max_seqlens, scale, causal,
+                               batch_invariant, model, return_lse)
     return (out, lse) if return_lse else out
 
 
-def _attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlens, scale, causal, return_lse,
-                          deterministic, batch_invariant):
-    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k = _values(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+def _attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks, max_seqlens, scale, causal,
+                          return_lse, deterministic, batch_invariant, model):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks = _values(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                                                    sinks)
     _check_on_gpu(q=q, k=k, v=v)
     offsets = (cu_seqlens_q, cu_seqlens_k, seqused_k)
-    out, lse = _forward_varlen(q, k, v, offsets, max_seqlens, scale, causal, batch_invariant, True)
-    return ((out, lse) if return_lse else out), (q, k, v, out, lse, offsets)
+    out, lse = _forward_varlen(q, k, v, offsets, sinks, max_seqlens, scale, causal, batch_invariant, model, True)
+    return ((out, lse) if return_lse else out), (q, k, v, out, lse, offsets, sinks)
 
 
-def _attention_varlen_bwd(max_seqlens, scale, causal, return_lse, deterministic, batch_invariant, residuals,
+def _attention_varlen_bwd(max_seqlens, scale, causal, return_lse, deterministic, batch_invariant, model, residuals,
                           cotangents):
-    q, k, v, out, lse, offsets = residuals
+    q, k, v, out, lse, offsets, sinks = residuals
+    _refuse_model_options(model, sinks, causal)
     dout = _cotangent_out(cotangents, out, return_lse)
     dq, dk, dv = _backward_varlen(dout, q, k, v, out, lse, offsets, max_seqlens, scale, causal, deterministic,
                                   batch_invariant)
-    return dq, dk, dv, None, None, None  # the offsets are integers: no gradient
+    return dq, dk, dv, None, None, None, None  # the offsets are integers: no gradient; sinks: none given
 
 
 _attention_varlen.defvjp(_attention_varlen_fwd, _attention_varlen_bwd, symbolic_zeros=True)
@@ -265,7 +300,7 @@ def _static_lengths(max_seqlen_q, max_seqlen_k):
 
 
 def flash_attn(q, k, v, softmax_scale=None, causal=False, return_lse=False, deterministic=False,
-               batch_invariant=False):
+               batch_invariant=False, window_size=(-1, -1), softcap=0.0, sinks=None):
     """softmax(softmax_scale q k^T [+ causal mask, bottom-right]) v on JAX arrays on a CUDA
     device, eagerly or under jax.jit, differentiable in q, k and v (jax.grad, jax.vjp).
 
@@ -277,32 +312,41 @@ def flash_attn(q, k, v, softmax_scale=None, causal=False, return_lse=False, dete
     deterministic: the backward gives the same bits on every run (slower). batch_invariant: a
     sequence's bits do not depend on the batch around it (warpattn.flash_attn_func; implies
     deterministic). Argument errors raise ValueError with the library's message when traced.
-    Under vmap, mapped axes become batch."""
+    Under vmap, mapped axes become batch (with sinks: one call per example).
+    window_size (left, right), softcap and sinks: as warpattn.flash_attn_func takes them;
+    window_size and softcap static (attributes of the call), sinks a float32 (heads,) array (an
+    operand). Forward only so far: a gradient through a call that uses one raises
+    NotImplementedError when traced."""
     _check_rank(q)
-    _check_on_gpu(q=q, k=k, v=v)
-    return _attention(q, k, v, _scale(softmax_scale), bool(causal), bool(return_lse), bool(deterministic),
-                      bool(batch_invariant))
+    _check_on_gpu(q=q, k=k, v=v, sinks=sinks)
+    return _attention(q, k, v, sinks, _scale(softmax_scale), bool(causal), bool(return_lse), bool(deterministic),
+                      bool(batch_invariant), _model(window_size, softcap))
 
 
 def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
-                      causal=False, return_lse=False, seqused_k=None, deterministic=False, batch_invariant=False):
+                      causal=False, return_lse=False, seqused_k=None, deterministic=False, batch_invariant=False,
+                      window_size=(-1, -1), softcap=0.0, sinks=None):
     """flash_attn on a packed batch of sequences of different lengths, in FlashAttention's
     conventions (see warpattn.flash_attn_varlen_func): q (total_q, heads, head_dim); k, v
     (total_k, heads_kv, head_dim); cu_seqlens_q, cu_seqlens_k (batch + 1,) int32 arrays, read on
     the device only; seqused_k optional (batch,) int32; max_seqlen_q, max_seqlen_k Python ints
     >= 0 (static). lse: (heads, total_q). Differentiable in q, k and v; the gradients are zero
-    for rows and keys that no sequence uses."""
+    for rows and keys that no sequence uses. window_size, softcap and sinks as flash_attn's (the
+    window per sequence; forward only)."""
     _check_packed_rank(q)
-    _check_on_gpu(q=q, k=k, v=v)
+    _check_on_gpu(q=q, k=k, v=v, sinks=sinks)
     max_seqlens = _static_lengths(max_seqlen_q, max_seqlen_k)
-    return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlens, _scale(softmax_scale),
-                             bool(causal), bool(return_lse), bool(deterministic), bool(batch_invariant))
+    return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks, max_seqlens,
+                             _scale(softmax_scale), bool(causal), bool(return_lse), bool(deterministic),
+                             bool(batch_invariant), _model(window_size, softcap))
 
 
 def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, deterministic=False,
-                        batch_invariant=False):
+                        batch_invariant=False, window_size=(-1, -1), softcap=0.0, sinks=None):
     """(dq, dk, dv) of flash_attn(q, k, v, softmax_scale, causal) given dout and the forward's out
-    and lse (return_lse=True): the backward call alone, for those who drive it themselves."""
+    and lse (return_lse=True): the backward call alone, for those who drive it themselves.
+    window_size, softcap, sinks: the forward's; not supported yet (NotImplementedError)."""
+    _refuse_model_options(_model(window_size, softcap), sinks, bool(causal))
     _check_rank(q)
     _check_on_gpu(dout=dout, q=q)
     return _backward(dout, q, k, v, out, lse, _scale(softmax_scale), bool(causal), bool(deterministic),
@@ -311,9 +355,11 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=Fals
 
 def flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                softmax_scale=None, causal=False, seqused_k=None, deterministic=False,
-                               batch_invariant=False):
+                               batch_invariant=False, window_size=(-1, -1), softcap=0.0, sinks=None):
     """(dq, dk, dv) of flash_attn_varlen(...) given dout and the forward's out and lse; rows and
-    keys that no sequence uses get zero gradients."""
+    keys that no sequence uses get zero gradients. window_size, softcap, sinks: the forward's;
+    not supported yet (NotImplementedError)."""
+    _refuse_model_options(_model(window_size, softcap), sinks, bool(causal))
     _check_packed_rank(q)
     _check_on_gpu(dout=dout, q=q)
     max_seqlens = _static_lengths(max_seqlen_q, max_seqlen_k)
@@ -374,17 +420,17 @@ def _check_descales(ops):
                              % (name, float(host[at]), ", ".join(str(i) for i in at)))
 
 
-def _forward_fp8(ops, scale, causal, out_dtype, return_lse, check_descales):
+def _forward_fp8(ops, scale, causal, out_dtype, return_lse, check_descales, sinks=None, model=_model()):
     b, sq, hq, d = ops.q.shape
     results = [_like(ops.q, out_dtype, (b, sq, hq, d))]
     if return_lse:
         results.append(_like(ops.q, jnp.float32, (b, hq, sq)))
-    operands = tuple(ops)
-    attrs = _attrs(scale, causal)
+    operands = _with_sinks(ops, sinks)
+    attrs = _attrs(scale, causal, model=model)
     _validate(FORWARD_FP8, operands, results, attrs)
     if check_descales and b and sq and hq:  # an empty problem launches nothing, and reads none
         _check_descales(ops)
-    outs = _call(FORWARD_FP8, operands, results, attrs, "broadcast_all", validated=True)
+    outs = _call(FORWARD_FP8, operands, results, attrs, _forward_batching(sinks), validated=True)
     return (outs[0], outs[1]) if return_lse else outs[0]
 
 
@@ -418,20 +464,22 @@ def quantize_fp8(q, k, v, rotate=True, seed=0, per_tensor=False, qk_dtype="e4m3"
 
 
 def flash_attn_fp8(ops, softmax_scale=None, causal=False, out_dtype="bfloat16", return_lse=False,
-                   check_descales=True):
+                   check_descales=True, window_size=(-1, -1), softcap=0.0, sinks=None):
     """warpattn.flash_attn_fp8_func under jax.jit: attention on FP8 operands (quantize_fp8's, or
     an Fp8Operands built by hand in fp8.hpp's layout, e4m3 as jnp.float8_e4m3fn). out (batch,
     seqlen_q, heads, head_dim) in out_dtype ("bfloat16" or "float16", or the jnp dtype); lse
     (batch, heads, seqlen_q) float32 with return_lse. softmax_scale, causal, out_dtype,
     return_lse and check_descales are static. check_descales: descales that are concrete
     arrays are read back and checked (finite, > 0) before the call, as the library does;
-    traced ones (under jax.jit) are not. Forward only (FP8 has no backward)."""
+    traced ones (under jax.jit) are not. Forward only (FP8 has no backward). window_size and
+    sinks as flash_attn's; softcap is refused by the library (16-bit forward only)."""
     if not isinstance(ops, Fp8Operands):
         ops = Fp8Operands(*ops)
     _check_rank(ops.q)
     kind = _dtype_name(out_dtype, "out_dtype", {"bfloat16", "float16"})
     _check_on_gpu(q=ops.q, k=ops.k, vt=ops.vt, q_descale=ops.q_descale, k_descale=ops.k_descale,
-                  v_descale=ops.v_descale)
+                  v_descale=ops.v_descale, sinks=sinks)
     ops = Fp8Operands(*(_no_gradient(t) for t in ops))
+    sinks = None if sinks is None else _no_gradient(sinks)
     return _forward_fp8(ops, _scale(softmax_scale), bool(causal), jnp.dtype(kind), bool(return_lse),
-                        bool(check_descales))
+                        bool(check_descales), sinks, _model(window_size, softcap))

@@ -8,21 +8,28 @@ vmap and the like. JAX is imported on the first call, so that importing warpattn
 """
 import functools
 
-from .api import _check_rank, _common_framework, _flash_attn_jax, _jax_ffi, _scale, flash_attn_backward
+from .api import (_check_rank, _common_framework, _flash_attn_jax, _jax_ffi, _model_options, _model_options_used,
+                  _refuse_backward, _scale, flash_attn_backward)
 
 
-def jax_flash_attn(q, k, v, softmax_scale=None, causal=False, deterministic=False):
+def jax_flash_attn(q, k, v, softmax_scale=None, causal=False, deterministic=False, window_size=(-1, -1), softcap=0.0,
+                   sinks=None):
     """softmax(softmax_scale q k^T [+ causal mask, bottom-right]) v on JAX arrays, differentiable
     in q, k and v (jax.grad, jax.vjp; head dims: warpattn.backward_head_dims). Shapes and dtypes
-    as flash_attn_func; deterministic: the backward gives the same bits on every run (slower)."""
-    if _common_framework(q, k=k, v=v) != "jax":
+    as flash_attn_func; deterministic: the backward gives the same bits on every run (slower).
+    window_size, softcap and sinks as flash_attn_func takes them; the backward does not support
+    them yet (NotImplementedError when a gradient is asked for through a call that uses one)."""
+    if _common_framework(q, k=k, v=v, sinks=sinks) != "jax":
         raise TypeError("q: expected a JAX array, got %s.%s (flash_attn_func takes the others)"
                         % (type(q).__module__, type(q).__name__))
     _check_rank(q)
     ffi = _jax_ffi()
     if ffi is not None:
-        return ffi.flash_attn(q, k, v, softmax_scale, causal, deterministic=deterministic)
-    return _attention()(q, k, v, _scale(softmax_scale), bool(causal), bool(deterministic))
+        return ffi.flash_attn(q, k, v, softmax_scale, causal, deterministic=deterministic, window_size=window_size,
+                              softcap=softcap, sinks=sinks)
+    model = _model_options(window_size, softcap, None)
+    static = (model["window_left"], model["window_right"], model["softcap"])
+    return _attention()(q, k, v, sinks, _scale(softmax_scale), bool(causal), bool(deterministic), static)
 
 
 @functools.lru_cache(maxsize=None)
@@ -30,17 +37,25 @@ def _attention():
     """The DLPack fallback's custom VJP."""
     import jax
 
-    # The options are static (hashable, not differentiated): nondiff_argnums.
-    @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-    def attention(q, k, v, scale, causal, deterministic):
-        return _flash_attn_jax(q, k, v, scale, causal, False, None)
+    def model_options(static, sinks):
+        return dict(window_left=static[0], window_right=static[1], softcap=static[2], sinks=sinks)
 
-    def forward(q, k, v, scale, causal, deterministic):
-        out, lse = _flash_attn_jax(q, k, v, scale, causal, True, None)
-        return out, (q, k, v, out, lse)
+    # The options are static (hashable, not differentiated): nondiff_argnums. The sinks are an
+    # array, so a primal argument (which gets no gradient).
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+    def attention(q, k, v, sinks, scale, causal, deterministic, static):
+        return _flash_attn_jax(q, k, v, scale, causal, False, None, model=model_options(static, sinks))
 
-    def backward(scale, causal, deterministic, residuals, dout):
-        return flash_attn_backward(dout, *residuals, scale, causal, deterministic)  # DLPack too: no handlers
+    def forward(q, k, v, sinks, scale, causal, deterministic, static):
+        out, lse = _flash_attn_jax(q, k, v, scale, causal, True, None, model=model_options(static, sinks))
+        return out, (q, k, v, out, lse, sinks)
+
+    def backward(scale, causal, deterministic, static, residuals, dout):
+        *residuals, sinks = residuals
+        _refuse_backward(_model_options_used(*static, sinks is not None, causal),
+                         "apply jax.lax.stop_gradient to that call's inputs")
+        # DLPack too: no handlers
+        return flash_attn_backward(dout, *residuals, scale, causal, deterministic) + (None,)
 
     attention.defvjp(forward, backward)
     return attention

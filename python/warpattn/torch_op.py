@@ -1,13 +1,28 @@
 """warpattn for PyTorch: torch.library custom ops for the forward and the backward (dense, and packed
 varlen batches), each pair joined by register_autograd, so that flash_attn_func and
 flash_attn_varlen_func are differentiable and work under torch.compile and CUDA graph capture, on
-PyTorch's current stream."""
+PyTorch's current stream.
+
+The forward ops take the model options (window_left, window_right, softcap, sinks); the backward
+ops take them too, and refuse them (NotImplementedError) when they run: the backward kernels do
+not support them yet. The refusal is in the backward op's real implementation, not in the
+autograd formula, so that torch.compile can trace the backward of a call that uses them (it does
+so ahead of time whenever an input requires grad) and only a backward that actually runs fails,
+eagerly or compiled alike."""
 from typing import Optional, Tuple
 
 import torch
 
 from . import _warpattn
-from .api import _current_stream, flash_attn_backward as _flash_attn_backward
+from .api import _current_stream, _model_options_used, _refuse_backward, flash_attn_backward as _flash_attn_backward
+
+_NO_GRAD_REMEDY = ("run that forward under torch.no_grad() or on detached inputs, or train with a model that does "
+                   "not need them")
+
+
+def _refuse_model_options(causal, window_left, window_right, softcap, sinks):
+    _refuse_backward(_model_options_used(window_left, window_right, softcap, sinks is not None, causal),
+                     _NO_GRAD_REMEDY)
 
 
 def _lse_like(q):
@@ -25,27 +40,33 @@ def _gradients_like(q, k, v):
 
 @torch.library.custom_op("warpattn::flash_attn_forward", mutates_args=())
 def flash_attn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float],
-                       causal: bool, deterministic: bool,
-                       batch_invariant: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+                       causal: bool, deterministic: bool, batch_invariant: bool = False, window_left: int = -1,
+                       window_right: int = -1, softcap: float = 0.0,
+                       sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     # deterministic is the backward's: an input here because setup_context sees only the op's
     # inputs and outputs.
     out, lse = _forward_outputs(q)
-    _warpattn.forward(q, k, v, out, lse, softmax_scale, causal, _current_stream("torch", q), batch_invariant)
+    _warpattn.forward(q, k, v, out, lse, softmax_scale, causal, _current_stream("torch", q), batch_invariant,
+                      window_left=window_left, window_right=window_right, softcap=softcap, sinks=sinks)
     return out, lse
 
 
 @flash_attn_forward.register_fake
-def _(q, k, v, softmax_scale, causal, deterministic, batch_invariant=False):
+def _(q, k, v, softmax_scale, causal, deterministic, batch_invariant=False, window_left=-1, window_right=-1,
+      softcap=0.0, sinks=None):
     return _forward_outputs(q)
 
 
 @torch.library.custom_op("warpattn::flash_attn_backward", mutates_args=())
 def flash_attn_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         out: torch.Tensor, lse: torch.Tensor, dlse: Optional[torch.Tensor],
-                        softmax_scale: Optional[float], causal: bool,
-                        deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        softmax_scale: Optional[float], causal: bool, deterministic: bool, window_left: int = -1,
+                        window_right: int = -1, softcap: float = 0.0,
+                        sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv of flash_attn_forward. dlse, the gradient of lse, must be None or zero: checked
-    here, where the tensors are real also under torch.compile."""
+    here, where the tensors are real also under torch.compile. The forward's model options are
+    refused here (see the module's docstring)."""
+    _refuse_model_options(causal, window_left, window_right, softcap, sinks)
     _refuse_lse_gradient(dlse)
     # The workspace is a tensor of PyTorch's caching allocator, freed in stream order: safe to
     # take during CUDA graph capture (from the graph's pool), where warpattn's own pool is not.
@@ -54,7 +75,8 @@ def flash_attn_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
 
 
 @flash_attn_backward.register_fake
-def _(dout, q, k, v, out, lse, dlse, softmax_scale, causal, deterministic):
+def _(dout, q, k, v, out, lse, dlse, softmax_scale, causal, deterministic, window_left=-1, window_right=-1,
+      softcap=0.0, sinks=None):
     return _gradients_like(q, k, v)
 
 
@@ -74,32 +96,43 @@ def _refuse_lse_gradient(dlse):
             "FlashAttention's does not; detach lse (lse.detach()) where it feeds what is differentiated")
 
 
+def _model_inputs(optional):
+    """(batch_invariant, window_left, window_right, softcap, sinks) from the forward op's inputs
+    after its required ones (whichever of them setup_context is given; defaults for the rest)."""
+    defaults = (False, -1, -1, 0.0, None)
+    return tuple(optional) + defaults[len(optional):]
+
+
 def _setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, causal, deterministic, *batch_invariant = inputs
+    q, k, v, softmax_scale, causal, deterministic, *optional = inputs
+    batch_invariant, *model = _model_inputs(optional)
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, out, lse, model[3])
     # A batch-invariant backward is a deterministic one (its dQ order depends on the sequence alone).
-    ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic or any(batch_invariant)
+    ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic or batch_invariant
+    ctx.window_left, ctx.window_right, ctx.softcap = model[:3]
     # Outputs without a gradient (lse, mostly) arrive as None rather than as zeros, which would
     # cost an allocation and the synchronisation that checks them.
     ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse = ctx.saved_tensors
+    q, k, v, out, lse, sinks = ctx.saved_tensors
     # contiguous(): sum() and expand() hand down stride-0 gradients, which the kernel cannot read.
     dout = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
     dq, dk, dv = flash_attn_backward(dout, q, k, v, out, lse, grad_lse, ctx.softmax_scale, ctx.causal,
-                                     ctx.deterministic)
-    return dq, dk, dv, None, None, None, None
+                                     ctx.deterministic, ctx.window_left, ctx.window_right, ctx.softcap, sinks)
+    return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 flash_attn_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
-def flash_attn_torch(q, k, v, softmax_scale, causal, return_lse, out, deterministic, batch_invariant=False):
+def flash_attn_torch(q, k, v, softmax_scale, causal, return_lse, out, deterministic, batch_invariant=False,
+                     window_left=-1, window_right=-1, softcap=0.0, sinks=None):
     if out is None:
-        o, lse = flash_attn_forward(q, k, v, softmax_scale, causal, deterministic, batch_invariant)
+        o, lse = flash_attn_forward(q, k, v, softmax_scale, causal, deterministic, batch_invariant, window_left,
+                                    window_right, softcap, sinks)
         return (o, lse) if return_lse else o
     # Writing into a caller's tensor is outside the custom op (a graph break under compile), and
     # outside autograd: refused where a gradient could be asked for, as PyTorch's own out= are.
@@ -107,7 +140,8 @@ def flash_attn_torch(q, k, v, softmax_scale, causal, return_lse, out, determinis
         raise RuntimeError("out: flash_attn_func(..., out=...) is not differentiable, but q, k or v "
                            "requires grad; call it without out=, or under torch.no_grad()")
     lse = _lse_like(q) if return_lse else None
-    _warpattn.forward(q, k, v, out, lse, softmax_scale, causal, _current_stream("torch", q), batch_invariant)
+    _warpattn.forward(q, k, v, out, lse, softmax_scale, causal, _current_stream("torch", q), batch_invariant,
+                      window_left=window_left, window_right=window_right, softcap=softcap, sinks=sinks)
     return (out, lse) if return_lse else out
 
 
@@ -127,16 +161,19 @@ def _varlen_outputs(q):
 def flash_attn_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                               cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
                               max_seqlen_k: int, softmax_scale: Optional[float], causal: bool,
-                              deterministic: bool, batch_invariant: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+                              deterministic: bool, batch_invariant: bool = False, window_left: int = -1,
+                              window_right: int = -1, softcap: float = 0.0,
+                              sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     out, lse = _varlen_outputs(q)
     _warpattn.forward_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                             softmax_scale, causal, _current_stream("torch", q), batch_invariant)
+                             softmax_scale, causal, _current_stream("torch", q), batch_invariant,
+                             window_left=window_left, window_right=window_right, softcap=softcap, sinks=sinks)
     return out, lse
 
 
 @flash_attn_varlen_forward.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-      deterministic, batch_invariant=False):
+      deterministic, batch_invariant=False, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
     return _varlen_outputs(q)
 
 
@@ -145,8 +182,11 @@ def flash_attn_varlen_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Ten
                                out: torch.Tensor, lse: torch.Tensor, dlse: Optional[torch.Tensor],
                                cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                                seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
-                               softmax_scale: Optional[float], causal: bool,
-                               deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                               softmax_scale: Optional[float], causal: bool, deterministic: bool,
+                               window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                               sinks: Optional[torch.Tensor] = None
+                               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _refuse_model_options(causal, window_left, window_right, softcap, sinks)
     _refuse_lse_gradient(dlse)
     from .varlen import flash_attn_varlen_backward as backward
     dq, dk, dv = backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -156,39 +196,44 @@ def flash_attn_varlen_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Ten
 
 @flash_attn_varlen_backward.register_fake
 def _(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-      softmax_scale, causal, deterministic):
+      softmax_scale, causal, deterministic, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
     return _gradients_like(q, k, v)
 
 
 def _varlen_setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, det,
-     *batch_invariant) = inputs
-    ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k, seqused_k)
-    ctx.options = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, det or any(batch_invariant))
+     *optional) = inputs
+    batch_invariant, *model = _model_inputs(optional)
+    ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k, seqused_k, model[3])
+    ctx.options = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, det or batch_invariant)
+    ctx.model = tuple(model[:3])
     ctx.set_materialize_grads(False)
 
 
 def _varlen_backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k = ctx.saved_tensors
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks = ctx.saved_tensors
     dout = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
     dq, dk, dv = flash_attn_varlen_backward(dout, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                                            *ctx.options)
-    return (dq, dk, dv) + (None,) * 9
+                                            *ctx.options, *ctx.model, sinks)
+    return (dq, dk, dv) + (None,) * 13
 
 
 flash_attn_varlen_forward.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
 
 
 def flash_attn_varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                            softmax_scale, causal, return_lse, out, deterministic, batch_invariant=False):
+                            softmax_scale, causal, return_lse, out, deterministic, batch_invariant=False,
+                            window_left=-1, window_right=-1, softcap=0.0, sinks=None):
     if out is None:
         o, lse = flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-                                           max_seqlen_k, softmax_scale, causal, deterministic, batch_invariant)
+                                           max_seqlen_k, softmax_scale, causal, deterministic, batch_invariant,
+                                           window_left, window_right, softcap, sinks)
         return (o, lse) if return_lse else o
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise RuntimeError("out: flash_attn_varlen_func(..., out=...) is not differentiable, but q, k or v "
                            "requires grad; call it without out=, or under torch.no_grad()")
     lse = _varlen_lse_like(q) if return_lse else None
     _warpattn.forward_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                             softmax_scale, causal, _current_stream("torch", q), batch_invariant)
+                             softmax_scale, causal, _current_stream("torch", q), batch_invariant,
+                             window_left=window_left, window_right=window_right, softcap=softcap, sinks=sinks)
     return (out, lse) if return_lse else out

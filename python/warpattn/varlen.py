@@ -8,8 +8,8 @@ This module imports no framework: each is imported by the first call that takes 
 import operator
 
 from . import _warpattn
-from .api import (_array_module, _common_framework, _current_stream, _jax_ffi, _jax_run, _no_out, _scale,
-                  _wait_for_jax_arrays, device_of)
+from .api import (_array_module, _common_framework, _current_stream, _jax_ffi, _jax_run, _model_options,
+                  _model_options_used, _no_out, _refuse_backward, _scale, _wait_for_jax_arrays, device_of)
 
 
 def _check_rank(q):
@@ -44,7 +44,7 @@ def _batch_size(cu_seqlens_q):
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
                            causal=False, return_lse=False, out=None, seqused_k=None, deterministic=False,
-                           batch_invariant=False):
+                           batch_invariant=False, window_size=(-1, -1), softcap=0.0, sinks=None):
     """Exact attention on a packed batch of B sequences of different lengths (FlashAttention's
     flash_attn_varlen_func).
 
@@ -70,32 +70,37 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     under jax.jit too; max_seqlen_q and max_seqlen_k must then be Python ints), or without the
     FFI handlers eagerly (flash_attn_varlen_backward for gradients). batch_invariant=True: each
     sequence's bits do not depend on the other sequences (no tile height chosen from the longest;
-    the backward deterministic).
+    the backward deterministic). window_size, softcap and sinks: as warpattn.flash_attn_func takes
+    them, the window aligned bottom-right within each sequence (forward only so far: a gradient
+    through a call that uses one raises NotImplementedError).
     """
     fw = _common_framework(q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
-                           out=out)
+                           out=out, sinks=sinks)
     _check_rank(q)
     lengths = (_max_seqlen(max_seqlen_q, "max_seqlen_q"), _max_seqlen(max_seqlen_k, "max_seqlen_k"))
     scale, causal = _scale(softmax_scale), bool(causal)
+    model = _model_options(window_size, softcap, sinks)
     if fw == "torch":
         from .torch_op import flash_attn_varlen_torch
         return flash_attn_varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, *lengths, scale, causal,
-                                       return_lse, out, bool(deterministic), bool(batch_invariant))
+                                       return_lse, out, bool(deterministic), bool(batch_invariant), **model)
     if fw == "jax":
         _no_out(out)
         ffi = _jax_ffi()
         if ffi is not None:
             return ffi.flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *lengths, scale, causal, return_lse,
-                                         seqused_k, deterministic, batch_invariant)
+                                         seqused_k, deterministic, batch_invariant,
+                                         window_size=(model["window_left"], model["window_right"]),
+                                         softcap=model["softcap"], sinks=sinks)
         _wait_for_jax_arrays(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                             **({} if seqused_k is None else {"seqused_k": seqused_k}))
+                             **{name: t for name, t in (("seqused_k", seqused_k), ("sinks", sinks)) if t is not None})
 
         def run(empty):
             o = empty(q.shape, str(q.dtype))
             lse = empty(_lse_shape(q), "float32") if return_lse else None
             # Stream 0: the legacy default stream of the tensors' device (see api._jax_run).
             _warpattn.forward_varlen(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, *lengths, scale, causal, 0,
-                                     bool(batch_invariant))
+                                     bool(batch_invariant), **model)
             return o, lse
 
         o, lse = _jax_run(q.devices().pop().id, run)
@@ -106,13 +111,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             out = xp.empty(q.shape, dtype=q.dtype)
         lse = xp.empty(_lse_shape(q), dtype=xp.float32) if return_lse else None
         _warpattn.forward_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, *lengths, scale, causal,
-                                 _current_stream(fw, q), bool(batch_invariant))
+                                 _current_stream(fw, q), bool(batch_invariant), **model)
     return (out, lse) if return_lse else out
 
 
 def flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                softmax_scale=None, causal=False, deterministic=False, dq=None, dk=None, dv=None,
-                               seqused_k=None):
+                               seqused_k=None, window_size=(-1, -1), softcap=0.0, sinks=None):
     """The gradients (dq, dk, dv) of out = flash_attn_varlen_func(q, k, v, cu_seqlens_q,
     cu_seqlens_k, ..., seqused_k=seqused_k) with respect to q, k and v, given dout = dL/d(out)
     and the forward's out and lse (return_lse=True, (heads, total_q)).
@@ -124,10 +129,14 @@ def flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens
     the padding of warpattn.integrations.transformers) keep a zero gradient. Head dims:
     warpattn.backward_head_dims. Runs on the current stream (PyTorch, CuPy); JAX arrays go
     through warpattn.jax_ffi (XLA's stream), or without its handlers are waited for and the
-    result handed back once computed. PyTorch users get this through autograd.
+    result handed back once computed. PyTorch users get this through autograd. window_size, softcap
+    and sinks: the forward's, not supported by the backward yet (NotImplementedError).
     """
     fw = _common_framework(q, dout=dout, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q,
                            cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, dq=dq, dk=dk, dv=dv)
+    model = _model_options(window_size, softcap, sinks)
+    _refuse_backward(_model_options_used(model["window_left"], model["window_right"], model["softcap"],
+                                         sinks is not None, bool(causal)))
     _check_rank(q)
     args = (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, _max_seqlen(max_seqlen_q, "max_seqlen_q"),
             _max_seqlen(max_seqlen_k, "max_seqlen_k"), _scale(softmax_scale), bool(causal), bool(deterministic))

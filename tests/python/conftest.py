@@ -1,4 +1,5 @@
 """Shared by the Python test files."""
+import numpy as np
 import pytest
 
 
@@ -17,3 +18,49 @@ def op_recording_backend():
             return make_boxed_func(g.forward)
         return aot_module_simplified(graph, example_inputs, fw_compiler=compiler, bw_compiler=compiler)
     return backend, ops
+
+
+def _attention_reference(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0, sinks=None, softmax_scale=None):
+    """Attention in float64 on the CPU with the forward's model options (issue 19), from arrays
+    NumPy can read, in (batch, seqlen, heads, head_dim) layout: P = softmax(mask(softcap(scale
+    q k^T))), each query head's sink one more logit of its denominator (a key without a value).
+    GQA by repeating k and v; the causal mask and the window aligned bottom-right (query row i's
+    diagonal is key i + Sk - Sq, and it sees keys diagonal - left to diagonal + right, -1 leaving
+    a side unbounded). Returns out (B, Sq, Hq, D), lse (B, Hq, Sq) and seen (Sq,), whether each
+    row sees a key: a row that sees none gets out 0 and lse its sink (-inf without sinks)."""
+    q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    k, v = (np.repeat(t, hq // hkv, axis=2).transpose(0, 2, 1, 3) for t in (k, v))  # (B, Hq, Sk, D)
+    scale = 1 / np.sqrt(d) if softmax_scale is None else softmax_scale
+    scores = q.transpose(0, 2, 1, 3) @ k.transpose(0, 1, 3, 2) * scale  # (B, Hq, Sq, Sk)
+    if softcap:
+        scores = softcap * np.tanh(scores / softcap)
+    diagonal = np.arange(sq)[:, None] + sk - sq
+    key = np.arange(sk)[None, :]
+    keep = np.ones((sq, sk), bool)
+    left, right = window_size
+    if causal:
+        keep &= key <= diagonal
+    if left >= 0:
+        keep &= key >= diagonal - left
+    if right >= 0:
+        keep &= key <= diagonal + right
+    scores = np.where(keep, scores, -np.inf)
+    logits = scores
+    if sinks is not None:
+        column = np.broadcast_to(np.asarray(sinks, np.float64)[None, :, None, None], (b, hq, sq, 1))
+        logits = np.concatenate([scores, column], axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        top = logits.max(-1, keepdims=True, initial=-np.inf)  # a sequence may have no keys at all
+        top = np.where(np.isfinite(top), top, 0.0)
+        lse = np.log(np.exp(logits - top).sum(-1)) + top[..., 0]
+        p = np.where(keep, np.exp(scores - lse[..., None]), 0.0)
+    out = (p @ v).transpose(0, 2, 1, 3)
+    return out, lse, keep.any(-1)
+
+
+@pytest.fixture
+def attention_reference():
+    """_attention_reference: the float64 reference of the window, softcap and sinks tests."""
+    return _attention_reference

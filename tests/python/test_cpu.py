@@ -145,6 +145,124 @@ def test_fp8_arguments_without_a_gpu():
         warpattn.quantize_fp8(q, [1], v)
 
 
+# ------------------------------------------------- window_size, softcap and sinks (issue 19)
+
+# Every rule is the library's: each case reaches it through the binding's keywords and comes
+# back with its message (window_size's conversion to two ints is Python's alone).
+MODEL_OPTION_ERRORS = [
+    (dict(window_size=(-2, 0)), ValueError,
+     r"^options\.window_left: expected -1 \(unbounded\) or a key count >= 0, got -2$"),
+    (dict(window_size=(0, -7)), ValueError, r"^options\.window_right: expected -1 \(unbounded\) .* got -7$"),
+    (dict(window_size=(4, 1), causal=True), ValueError,
+     r"^options\.window_right: causal attention sees no key right of the diagonal, expected -1 or 0 with causal, "
+     r"got 1$"),
+    (dict(softcap=-1.0), ValueError, r"^options\.softcap: expected 0 \(off\) or a finite value > 0, got -1$"),
+    (dict(softcap=math.inf), ValueError, r"^options\.softcap: expected 0 \(off\) or a finite value > 0, got inf$"),
+    (dict(sinks=np.zeros(2, np.float32)), ValueError,
+     r"^sinks: expected shape \(8\) \(one logit per query head\), got \(2\)$"),
+    (dict(sinks=np.zeros(8, np.float16)), ValueError, r"^sinks: expected dtype float32, got float16$"),
+    (dict(sinks=np.zeros((1, 8), np.float32)), ValueError, r"^sinks: expected rank 1 \(heads_q\), got rank 2$"),
+    (dict(sinks=np.zeros(8)), TypeError, r"^sinks: expected a float32 tensor, got DLPack dtype code 2 with 64 bits$"),
+    (dict(sinks=[0.0] * 8), TypeError, r"^sinks: expected a DLPack tensor"),
+    (dict(window_size=(1, 2, 3)), ValueError, r"^window_size: expected a pair of ints \(left, right\), got 3 values$"),
+    (dict(window_size=5), TypeError, r"^window_size: expected a pair of ints \(left, right\), got builtins\.int$"),
+    (dict(window_size=(1.5, 2)), TypeError, r"^window_size: expected a pair of ints, got builtins\.float for left$"),
+    (dict(window_size=(0, True)), TypeError, r"^window_size: expected a pair of ints, got bool for right$"),
+]
+
+
+@pytest.mark.parametrize("options,error,message", MODEL_OPTION_ERRORS)
+def test_model_option_errors(options, error, message):
+    q, k, v = qkv(sq=128, sk=96, hq=8, hkv=2)
+    with pytest.raises(error, match=message):
+        warpattn.flash_attn_func(q, k, v, **options)
+
+
+@pytest.mark.parametrize("options", [
+    dict(window_size=(16, 0), causal=True, softcap=30.0, sinks=np.zeros(8, np.float32)),
+    dict(window_size=(0, 0)),  # one key per row: a valid window
+    dict(window_size=[np.int64(3), -1], softcap=1),  # any pair of integers; an int softcap
+    dict(window_size=(2 ** 40, 0)),  # wider than any sequence: clamped to the library's int
+])
+def test_model_options_valid_until_the_memory(options):
+    q, k, v = qkv(sq=128, sk=96, hq=8, hkv=2)
+    with pytest.raises(TypeError, match="q: CUDA tensor required"):
+        warpattn.flash_attn_func(q, k, v, **options)
+
+
+def test_window_beyond_int32_is_clamped():
+    # A side that negative is as invalid clamped as given, and the library says so.
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"^options\.window_right: .* got -2147483648$"):
+        warpattn.flash_attn_func(q, k, v, window_size=(2 ** 40, -(2 ** 40)))
+
+
+def test_model_options_rule_order():
+    # The window and softcap are reported after the tensors' own rules (rule p comes last).
+    q, k, v = qkv(d=96)
+    with pytest.raises(ValueError, match="q: head_dim"):
+        warpattn.flash_attn_func(q, k, v, window_size=(-5, -5), sinks=np.zeros(3, np.float32))
+
+
+def fp8_operands(b=1, sq=128, sk=200, hq=4, hkv=2, d=64):
+    """FP8 operands on NumPy arrays (e4m3 as its bytes, as the module takes them) and an out."""
+    blocks = lambda n: (n + 127) // 128  # noqa: E731
+    ops = (np.zeros((b, sq, hq, d), np.uint8), np.zeros((b, sk, hkv, d), np.uint8),
+           np.zeros((b, hkv, d, (sk + 15) // 16 * 16), np.uint8), np.ones((b, hq, blocks(sq)), np.float32),
+           np.ones((b, hkv, blocks(sk)), np.float32), np.ones((b, hkv, blocks(sk)), np.float32))
+    return ops, np.zeros((b, sq, hq, d), np.float16)
+
+
+def test_fp8_model_options_reach_the_library():
+    ops, out = fp8_operands()
+
+    def call(**options):
+        _warpattn.forward_fp8(*ops, out, None, None, False, 0, False, **options)
+    with pytest.raises(ValueError, match=r"^options\.softcap: forward_fp8 has no softcap \(16-bit forward only\), "
+                                         r"got 30$"):
+        call(softcap=30.0)
+    with pytest.raises(ValueError, match=r"^options\.window_left: .* got -3$"):
+        call(window_left=-3)
+    with pytest.raises(ValueError, match=r"^sinks: expected shape \(4\)"):
+        call(sinks=np.zeros(2, np.float32))
+    with pytest.raises(TypeError, match="q: CUDA tensor required"):  # a window and sinks: FP8 takes both
+        call(window_left=64, window_right=0, sinks=np.zeros(4, np.float32))
+    # The packed FP8 forward too.
+    tq, tk, n = 128, 200, 2
+    rows_q, rows_k = warpattn.fp8_varlen_rows(tq, n), warpattn.fp8_varlen_rows(tk, n)
+    packed = (np.zeros((tq, 4, 64), np.uint8), np.zeros((tk, 2, 64), np.uint8), np.zeros((2, 64, rows_k), np.uint8),
+              np.ones((4, rows_q // 128), np.float32), np.ones((2, rows_k // 128), np.float32),
+              np.ones((2, rows_k // 128), np.float32))
+    cu_q, cu_k = np.array([0, 100, tq], np.int32), np.array([0, 50, tk], np.int32)
+
+    def call_packed(**options):
+        _warpattn.forward_fp8_varlen(*packed, np.zeros((tq, 4, 64), np.float16), None, cu_q, cu_k, None, 100, 150,
+                                     None, False, 0, False, **options)
+    with pytest.raises(ValueError, match=r"^options\.softcap: forward_fp8 has no softcap"):
+        call_packed(softcap=1.0)
+    with pytest.raises(ValueError, match=r"^sinks: expected dtype float32, got float16$"):
+        call_packed(sinks=np.zeros(4, np.float16))
+    with pytest.raises(TypeError, match="q: CUDA tensor required"):
+        call_packed(window_left=16, window_right=16, sinks=np.zeros(4, np.float32))
+
+
+def test_backward_refuses_model_options():
+    # The explicit backward takes the forward's options and refuses them by name (NotImplementedError)
+    # before anything else; a right side of 0 under causal is causal itself, not refused.
+    args = backward_args()
+    cases = [(dict(window_size=(64, -1)), r"window_size=\(64, -1\) yet"),
+             (dict(window_size=(-1, 0)), r"window_size=\(-1, 0\) yet"),  # without causal: a real band
+             (dict(softcap=30.0), "softcap=30 yet"),
+             (dict(sinks=np.zeros(8, np.float32)), "sinks yet"),
+             (dict(window_size=(8, 8), softcap=2.5, sinks=np.zeros(8, np.float32)),
+              r"window_size=\(8, 8\), softcap=2\.5 and sinks yet .* that used them is refused")]
+    for options, message in cases:
+        with pytest.raises(NotImplementedError, match="warpattn: the backward does not support " + message):
+            warpattn.flash_attn_backward(*args, **options)
+    with pytest.raises(TypeError, match="dout: CUDA tensor required"):
+        warpattn.flash_attn_backward(*args, causal=True, window_size=(-1, 0))
+
+
 # ------------------------------------------------------------------------- backward
 
 def backward_args(b=2, sq=128, sk=96, hq=8, hkv=2, d=64):
@@ -298,6 +416,102 @@ def test_torch_backward_on_cpu_tensors(torch):
         warpattn.flash_attn_backward(dout, q, k, v, out, lse, dq=q)
     with pytest.raises(TypeError, match="dout: CUDA tensor required"):
         warpattn.flash_attn_backward(dout, q, k, v, out, lse)
+
+
+def test_torch_ops_take_the_model_options(torch):
+    # The forward and backward ops take the options with schema types (ints, a float, an optional
+    # tensor); their fake implementations give the same shapes as without them.
+    from warpattn.torch_op import flash_attn_backward, flash_attn_forward
+    q, k, v = meta_qkv(torch)
+    sinks = torch.zeros(8, device="meta")
+    torch.library.opcheck(flash_attn_forward, (q, k, v, None, True, False, False, 32, 0, 30.0, sinks))
+    q, k, v = (t.detach() for t in (q, k, v))
+    out, lse = torch.ops.warpattn.flash_attn_forward(q, k, v, None, False, False, False, 32, 8, 30.0, sinks)
+    assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == (2, 8, 128) and lse.dtype == torch.float32
+    grads = torch.ops.warpattn.flash_attn_backward(out, q, k, v, out, lse, None, None, False, False, 32, 8, 30.0, sinks)
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]  # meta tensors: the fake, which refuses nothing
+    torch.library.opcheck(flash_attn_backward, (out, q, k, v, out, lse, None, None, False, False, 32, 8, 30.0, sinks))
+
+
+def test_torch_backward_op_refuses_model_options(torch):
+    # The real implementation refuses them first (before the lse gradient's check), by name; a right
+    # side of 0 under causal is causal itself and goes on to the kernel (host memory: refused there).
+    q = torch.zeros(1, 128, 2, 64, dtype=torch.float16)
+    lse = torch.zeros(1, 2, 128)
+    backward = torch.ops.warpattn.flash_attn_backward
+    cases = [((16, -1, 0.0, None), r"window_size=\(16, -1\) yet"), ((-1, 4, 0.0, None), r"window_size=\(-1, 4\)"),
+             ((-1, -1, 30.0, None), "softcap=30 yet"), ((-1, -1, 0.0, torch.zeros(2)), "sinks yet"),
+             ((0, 0, 1.5, torch.zeros(2)), r"window_size=\(0, 0\), softcap=1\.5 and sinks yet")]
+    for model, message in cases:
+        with pytest.raises(NotImplementedError, match="the backward does not support " + message):
+            backward(q, q, q, q, q, lse, lse + 1, None, False, False, *model)
+    with pytest.raises(TypeError, match="dout: CUDA tensor required"):
+        backward(q, q, q, q, q, lse, None, None, True, False, -1, 0, 0.0, None)
+
+
+@pytest.fixture
+def host_forward(torch, monkeypatch):
+    """_warpattn's 16-bit forwards replaced by no-ops that record the keyword arguments they get:
+    on CPU tensors the custom ops then run their real implementations around them, so autograd's
+    wiring (what reaches the backward op) is tested without a GPU. The backward stays the module's
+    own, which refuses host memory after every argument rule."""
+    seen = []
+
+    def forward(*args, **options):
+        seen.append(options)
+    monkeypatch.setattr(_warpattn, "forward", forward)
+    monkeypatch.setattr(_warpattn, "forward_varlen", forward)
+    return seen
+
+
+def host_qkv(torch, requires_grad=True):
+    return [torch.zeros(1, 128, 2, 64, dtype=torch.bfloat16, requires_grad=requires_grad) for _ in range(3)]
+
+
+def test_torch_gradients_through_model_options_are_refused(torch, host_forward):
+    q, k, v = host_qkv(torch)
+    sinks = torch.zeros(2)
+    cases = [(dict(window_size=(32, 0), causal=True), dict(window_left=32, window_right=0, softcap=0.0),
+              r"window_size=\(32, 0\) yet"),
+             (dict(softcap=50), dict(window_left=-1, window_right=-1, softcap=50.0), "softcap=50 yet"),
+             (dict(sinks=sinks, window_size=(7, 7)), dict(window_left=7, window_right=7, softcap=0.0),
+              r"window_size=\(7, 7\) and sinks yet")]
+    for options, reached, message in cases:
+        out = warpattn.flash_attn_func(q, k, v, **options)  # inputs that require grad: the forward runs
+        got = dict(host_forward[-1])
+        assert got.pop("sinks") is options.get("sinks") and got == reached
+        with pytest.raises(NotImplementedError, match="the backward does not support " + message):
+            out.float().sum().backward()
+    with torch.no_grad():
+        warpattn.flash_attn_func(q, k, v, window_size=(32, 0))
+    # Sinks that require grad: a gradient asked for through them alone is refused too.
+    learned = torch.zeros(2, requires_grad=True)
+    out = warpattn.flash_attn_func(*host_qkv(torch, False), sinks=learned)
+    with pytest.raises(NotImplementedError, match="the backward does not support sinks yet"):
+        out.float().sum().backward()
+    # Causal with window_size=(-1, 0) is causal: the backward kernel is called (and refuses host memory).
+    out = warpattn.flash_attn_func(q, k, v, causal=True, window_size=(-1, 0))
+    with pytest.raises(TypeError, match="dout: CUDA tensor required"):
+        out.float().sum().backward()
+
+
+def test_torch_compile_traces_model_options_and_refuses_at_the_backward(torch, host_forward, op_recording_backend):
+    # torch.compile traces the backward graph with the forward's (AOTAutograd's joint trace, as soon
+    # as an input requires grad): that trace must not refuse, so that a compiled forward whose
+    # backward never runs works; the compiled backward, when it runs, refuses as the eager one does.
+    q, k, v = host_qkv(torch)
+    sinks = torch.zeros(2)
+    backend, ops = op_recording_backend
+
+    def loss(q, k, v, sinks):
+        return warpattn.flash_attn_func(q, k, v, window_size=(32, 8), softcap=20.0, sinks=sinks).float().square().sum()
+    result = torch.compile(loss, backend=backend, fullgraph=True)(q, k, v, sinks)
+    assert "warpattn.flash_attn_forward.default" in ops
+    got = dict(host_forward[-1])
+    assert got.pop("sinks").shape == (2,) and got == dict(window_left=32, window_right=8, softcap=20.0)
+    with pytest.raises(NotImplementedError, match=r"window_size=\(32, 8\), softcap=20 and sinks yet"):
+        result.backward()
+    assert "warpattn.flash_attn_backward.default" in ops  # compiled, then refused when it ran
 
 
 # -------------------------------------------------------------------- JAX, no GPU

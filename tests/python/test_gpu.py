@@ -511,6 +511,208 @@ def test_jax_custom_vjp():
             jax.jit(jax.grad(loss))(jq, jk, jv)
 
 
+# ---------------------------------------------------- window_size, softcap and sinks (issue 19)
+
+# Each case's options; sinks=True: one logit per query head, from -2 (a sink the keys outweigh)
+# to 8 (one that outweighs them), so that the denominator's sink term matters in most heads.
+MODEL_CASES = {
+    "window": dict(window_size=(128, 64)),
+    "window_of_one_key": dict(window_size=(0, 0)),
+    "window_left_only": dict(window_size=(300, -1)),
+    "window_right_only": dict(window_size=(-1, 50)),
+    "causal_window": dict(causal=True, window_size=(200, 0)),
+    "softcap": dict(softcap=2.0),
+    "sinks": dict(sinks=True),
+    "causal_all_three": dict(causal=True, window_size=(96, -1), softcap=30.0, sinks=True),
+    "all_three_and_a_scale": dict(window_size=(50, 300), softcap=5.0, sinks=True, softmax_scale=0.2),
+}
+MODEL_SHAPES = [(1000, 1000), (300, 777), (777, 300), (1, 1000)]
+
+
+def head_sinks(heads, device="cuda"):
+    return torch.linspace(-2.0, 8.0, heads, device=device, dtype=torch.float32)
+
+
+def model_options(case, heads):
+    """The case's keyword arguments, its sinks made (heads,) float32 on the GPU."""
+    options = dict(MODEL_CASES[case])
+    if options.pop("sinks", False):
+        options["sinks"] = head_sinks(heads)
+    return options
+
+
+def check_against_fp64(q, k, v, reference, out, lse, options):
+    """out and lse of a call with these options against the float64 reference: rel L2 within the
+    forward's bound (TOL), lse within 1e-4 where finite and -inf exactly where the reference's is
+    (rows with no key and no sink), out exactly 0 on rows that see no key."""
+    sinks = options.get("sinks")
+    want, want_lse, seen = reference(*(t.double().cpu().numpy() for t in (q, k, v)), options.get("causal", False),
+                                     options.get("window_size", (-1, -1)), options.get("softcap", 0.0),
+                                     None if sinks is None else sinks.cpu().numpy(), options.get("softmax_scale"))
+    want, want_lse, seen = torch.from_numpy(want), torch.from_numpy(want_lse), torch.from_numpy(seen)
+    out, lse = out.cpu(), lse.cpu()
+    assert not out.isnan().any() and not lse.isnan().any()
+    err = rel_l2(out, want)
+    assert err <= TOL[q.dtype], err
+    finite = want_lse.isfinite()
+    assert torch.equal(finite, lse.isfinite())  # -inf exactly where a row sees neither key nor sink
+    if finite.any():
+        assert (lse.double()[finite] - want_lse[finite]).abs().max().item() <= 1e-4
+    assert torch.all(out[:, ~seen] == 0)  # no key seen: 0 (and lse the sink, checked above)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("case", sorted(MODEL_CASES))
+@pytest.mark.parametrize("sq,sk", MODEL_SHAPES)
+def test_model_options_against_fp64(dtype, d, case, sq, sk, attention_reference):
+    # GQA 8/2 in most cases, MHA and MQA in one each; Sq != Sk both ways leaves rows with no key
+    # in a window (and under causal).
+    heads_kv = {"window": 8, "softcap": 1}.get(case, 2)
+    torch.manual_seed(zlib.crc32(repr((dtype, d, case, sq, sk)).encode()))
+    q = torch.randn(2, sq, 8, d, device="cuda", dtype=dtype)
+    k = torch.randn(2, sk, heads_kv, d, device="cuda", dtype=dtype)
+    v = torch.randn(2, sk, heads_kv, d, device="cuda", dtype=dtype)
+    options = model_options(case, 8)
+    out, lse = warpattn.flash_attn_func(q, k, v, return_lse=True, **options)
+    check_against_fp64(q, k, v, attention_reference, out, lse, options)
+
+
+@pytest.mark.gpu
+def test_model_options_strided_views_and_the_out_argument(attention_reference):
+    # Views of a packed qkv, sinks a strided view, out given and written on a side stream.
+    qkv = torch.randn(2, 513, 3, 4, 128, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    sinks = torch.randn(8, device="cuda")[::2]
+    options = dict(causal=True, window_size=(77, 0), softcap=10.0, sinks=sinks)
+    out = torch.full_like(q, float("nan"))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        result, lse = warpattn.flash_attn_func(q, k, v, out=out, return_lse=True, **options)
+    side.synchronize()
+    assert result is out
+    check_against_fp64(q, k, v, attention_reference, out, lse, options)
+
+
+@pytest.mark.gpu
+def test_model_options_torch_compile_fullgraph():
+    q, k, v = (torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    sinks = head_sinks(8)
+
+    def fn(q, k, v, sinks):
+        return warpattn.flash_attn_func(q, k, v, causal=True, window_size=(256, 0), softcap=30.0, sinks=sinks) * 2
+    compiled = torch.compile(fn, fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v, sinks), fn(q, k, v, sinks), rtol=0, atol=0)
+    # Inputs that require grad: the forward still compiles and runs (the backward is refused only
+    # when it runs, below).
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    torch.testing.assert_close(compiled(*leaves, sinks).detach(), fn(q, k, v, sinks), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_model_options_cuda_graph_capture(attention_reference):
+    q, k, v = (torch.randn(2, 700, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    sinks = head_sinks(8)
+    options = dict(window_size=(100, 100), softcap=3.0, sinks=sinks)
+    warpattn.flash_attn_func(q, k, v, **options)  # warm-up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = warpattn.flash_attn_func(q, k, v, return_lse=True, **options)
+    q.copy_(torch.randn_like(q))
+    sinks.copy_(head_sinks(8).flip(0))  # the sinks are read at replay too
+    graph.replay()
+    torch.cuda.synchronize()
+    check_against_fp64(q, k, v, attention_reference, out, lse, options)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["causal_window", "softcap", "sinks", "causal_all_three"])
+def test_model_options_backward_is_refused(case):
+    # The backward does not support them yet: NotImplementedError naming the option, eagerly and
+    # compiled, never gradients computed without them; a forward without a gradient runs.
+    q, k, v = (torch.randn(1, 256, 8, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    options = model_options(case, 8)
+    out = warpattn.flash_attn_func(q, k, v, **options)
+    name = {"causal_window": "window_size", "softcap": "softcap", "sinks": "sinks", "causal_all_three": "window_size"}
+    with pytest.raises(NotImplementedError, match="the backward does not support .*%s" % name[case]):
+        out.float().sum().backward()
+    assert q.grad is None and k.grad is None and v.grad is None
+    with torch.no_grad():
+        warpattn.flash_attn_func(q, k, v, **options)
+    compiled = torch.compile(lambda q, k, v: warpattn.flash_attn_func(q, k, v, **options).float().sum(),
+                             fullgraph=True)
+    loss = compiled(q, k, v)
+    with pytest.raises(NotImplementedError, match="the backward does not support .*%s" % name[case]):
+        loss.backward()
+    # Learned sinks (a parameter, as gpt-oss's): a gradient asked for through them alone is refused too.
+    learned = head_sinks(8).requires_grad_()
+    out = warpattn.flash_attn_func(*(t.detach() for t in (q, k, v)), sinks=learned)
+    with pytest.raises(NotImplementedError, match="the backward does not support sinks"):
+        out.float().sum().backward()
+    # Causal with window_size=(-1, 0) is causal itself: its gradients are computed.
+    out = warpattn.flash_attn_func(q, k, v, causal=True, window_size=(-1, 0))
+    out.float().sum().backward()
+    assert q.grad is not None and not q.grad.isnan().any()
+
+
+@pytest.mark.gpu
+def test_model_options_argument_errors_on_cuda_tensors():
+    q, k, v = (torch.randn(1, 128, 4, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    with pytest.raises(TypeError, match="sinks: CUDA tensor required"):
+        warpattn.flash_attn_func(q, k, v, sinks=torch.zeros(4))
+    with pytest.raises(ValueError, match=r"sinks: expected shape \(4\)"):
+        warpattn.flash_attn_func(q, k, v, sinks=torch.zeros(2, device="cuda"))
+    with pytest.raises(ValueError, match="options.window_right: causal attention sees no key right of the diagonal"):
+        warpattn.flash_attn_func(q, k, v, causal=True, window_size=(10, 10))
+    ops = warpattn.quantize_fp8(q, k, v)
+    with pytest.raises(ValueError, match=r"options\.softcap: forward_fp8 has no softcap \(16-bit forward only\)"):
+        warpattn.flash_attn_fp8_func(ops, softcap=30.0)
+    with pytest.raises(TypeError, match="sinks: CUDA tensor required"):
+        warpattn.flash_attn_fp8_func(ops, sinks=torch.zeros(4))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("case", ["causal_window", "window", "sinks", "causal_window_and_sinks"])
+def test_fp8_model_options_against_fp64(d, case, attention_reference):
+    # FP8 takes a window and sinks (not softcap): within test_fp8_against_sdpa's bounds of the
+    # float64 reference on the unquantised inputs.
+    torch.manual_seed(zlib.crc32(repr((d, case)).encode()))
+    q, k, v = (torch.randn(2, 300, 8, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    options = {"causal_window": dict(causal=True, window_size=(128, 0)), "window": dict(window_size=(100, 30)),
+               "sinks": dict(sinks=head_sinks(8)),
+               "causal_window_and_sinks": dict(causal=True, window_size=(64, -1), sinks=head_sinks(8))}[case]
+    out, lse = warpattn.flash_attn_fp8_func(warpattn.quantize_fp8(q, k, v), return_lse=True, **options)
+    sinks = options.get("sinks")
+    want, want_lse, seen = attention_reference(*(t.double().cpu().numpy() for t in (q, k, v)),
+                                               options.get("causal", False), options.get("window_size", (-1, -1)),
+                                               0.0, None if sinks is None else sinks.cpu().numpy())
+    assert not out.isnan().any()
+    assert rel_l2(out.cpu(), torch.from_numpy(want)) < 6e-2
+    assert (lse.cpu().double() - torch.from_numpy(want_lse)).abs().max().item() < 0.2
+    assert seen.all()  # every row sees a key in these cases
+
+
+@pytest.mark.gpu
+def test_model_options_cupy_inputs(attention_reference):
+    cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
+    q, k, v = (torch.randn(2, 333, 4, 128, device="cuda", dtype=torch.float16) for _ in range(3))
+    sinks = head_sinks(4)
+    options = dict(causal=True, window_size=(64, 0), softcap=4.0)
+    out, lse = warpattn.flash_attn_func(*(cupy.from_dlpack(t) for t in (q, k, v)), sinks=cupy.from_dlpack(sinks),
+                                        return_lse=True, **options)
+    assert isinstance(out, cupy.ndarray)
+    cupy.cuda.get_current_stream().synchronize()
+    check_against_fp64(q, k, v, attention_reference, torch.from_dlpack(out), torch.from_dlpack(lse),
+                       dict(options, sinks=sinks))
+    with pytest.raises(NotImplementedError, match=r"the backward does not support window_size=\(64, 0\), softcap=4 "
+                                                  "and sinks"):
+        warpattn.flash_attn_backward(*(cupy.from_dlpack(t) for t in (q, q, k, v)), out, lse,
+                                     sinks=cupy.from_dlpack(sinks), **options)
+
+
 # ---------------------------------------------------------------- two GPUs
 
 def _second_gpu():
@@ -553,6 +755,16 @@ def test_tensors_on_two_gpus_are_refused():
     out = torch.empty(1, 256, 2, 64, device="cuda:0", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="out: on device 0, but q is on device 1"):
         warpattn.flash_attn_func(q, q, q, out=out)
+
+
+@pytest.mark.gpu
+def test_sinks_on_another_gpu_are_refused():
+    dev = _second_gpu()
+    q = torch.randn(1, 256, 2, 64, device=dev, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="sinks: on device 0, but q is on device 1"):
+        warpattn.flash_attn_func(q, q, q, sinks=torch.zeros(2, device="cuda:0"))
+    with pytest.raises(ValueError, match="sinks: on device 0, but q is on device 1"):
+        warpattn.flash_attn_fp8_func(warpattn.quantize_fp8(q, q, q), sinks=torch.zeros(2, device="cuda:0"))
 
 
 @pytest.mark.gpu

@@ -208,6 +208,7 @@ def host_check_cases():
     packed_lse = jnp.zeros((4, 128), jnp.float32)
     cu_q, cu_k = jnp.array([0, 100, 128], jnp.int32), jnp.array([0, 50, 150], jnp.int32)
     mapped = jnp.zeros((3, 1, 128, 2, 64), BF16)
+    sinks, packed_sinks = jnp.zeros(2, jnp.float32), jnp.zeros(4, jnp.float32)
     return {
         "forward": (lambda q, k: jax_ffi.flash_attn(q, k, k, causal=True), q, kv),
         "forward_lse": (lambda q, k: jax_ffi.flash_attn(q, k, k, softmax_scale=0.1, return_lse=True), q, kv),
@@ -237,6 +238,19 @@ def host_check_cases():
         "vmap_quantize_fp8_per_tensor": (jax.vmap(lambda q: jax_ffi.quantize_fp8(q, q, q, per_tensor=True)), mapped),
         "vmap_forward_fp8": (jax.vmap(lambda *ops: jax_ffi.flash_attn_fp8(ops, return_lse=True)),
                              *fp8_arrays(SDS((3,) + s.shape, s.dtype) for s in fp8_specs(1, 128, 200, 2, 1, 64))),
+        # window_size, softcap and sinks (issue 19): attributes and the optional operand decoded.
+        "forward_model_options": (lambda q, k, s: jax_ffi.flash_attn(
+            q, k, k, causal=True, window_size=(32, 0), softcap=20.0, sinks=s, return_lse=True), q, kv, sinks),
+        "varlen_sinks_alone": (lambda p, k, a, b, s: jax_ffi.flash_attn_varlen(
+            p, k, k, a, b, 100, 100, window_size=(16, 16), sinks=s), packed, packed_kv, cu_q, cu_k, packed_sinks),
+        "varlen_seqused_and_sinks": (lambda p, k, a, b, s: jax_ffi.flash_attn_varlen(
+            p, k, k, a, b, 100, 100, seqused_k=b[1:], softcap=3.0, sinks=s), packed, packed_kv, cu_q, cu_k,
+            packed_sinks),
+        "vmap_forward_sinks": (jax.vmap(lambda q, s: jax_ffi.flash_attn(q, q, q, sinks=s)), mapped,
+                               jnp.zeros((3, 2), jnp.float32)),
+        "forward_fp8_window_sinks": (lambda s, *ops: jax_ffi.flash_attn_fp8(ops, causal=True, window_size=(64, 0),
+                                                                            sinks=s),
+                                     jnp.zeros(8, jnp.float32), *fp8_arrays(fp8_specs())),
     }
 
 
@@ -257,13 +271,28 @@ def test_handlers_on_the_host_controls(host_check):
     q = jnp.zeros((1, 128, 2, 96), BF16)
     out = jax.ShapeDtypeStruct(q.shape, q.dtype)
     attrs = {"causal": True, "has_scale": False, "softmax_scale": np.float32(0), "batch_invariant": False}
-    message = host_check(lambda q: jax.ffi.ffi_call("warpattn_forward", out)(q, q, q, **attrs), q)
+    model = {"window_left": np.int32(-1), "window_right": np.int32(-1), "softcap": np.float32(0)}  # the forward's
+    message = host_check(lambda q: jax.ffi.ffi_call("warpattn_forward", out)(q, q, q, **attrs, **model), q)
     assert message == "INVALID_ARGUMENT: q: head_dim (shape[3]) must be one of 64, 128, 256, got 96", message
     q = jnp.zeros((1, 128, 2, 64), BF16)
     out = jax.ShapeDtypeStruct(q.shape, q.dtype)
     wrong_type = host_check(lambda q: jax.ffi.ffi_call("warpattn_forward", out)(q, q, q, **dict(
-        attrs, causal=np.int32(1))), q)
+        attrs, causal=np.int32(1)), **model), q)
     assert "Failed to decode" in wrong_type and "expected PRED" in wrong_type, wrong_type
+    # forward_varlen's has_sinks: its last optional operand is the sinks (a wrong shape reported as
+    # theirs), or without it seqused_k (the same float32 array then reported as seqused_k).
+    packed, cu = jnp.zeros((128, 4, 128), BF16), jnp.array([0, 100, 128], jnp.int32)
+    short_sinks = jnp.zeros(3, jnp.float32)
+    varlen = dict(attrs, causal=False, max_seqlen_q=np.int64(100), max_seqlen_k=np.int64(100), **model)
+    packed_out = jax.ShapeDtypeStruct(packed.shape, packed.dtype)
+
+    def varlen_call(has_sinks, *optional):
+        return host_check(lambda p, c, *o: jax.ffi.ffi_call("warpattn_forward_varlen", packed_out)(
+            p, p, p, c, c, *o, has_sinks=np.bool_(has_sinks), **varlen), packed, cu, *optional)
+    sinks_message = "INVALID_ARGUMENT: sinks: expected shape (4) (one logit per query head), got (3)"
+    assert varlen_call(True, short_sinks) == sinks_message
+    assert varlen_call(True, cu[1:], short_sinks) == sinks_message
+    assert "seqused_k" in varlen_call(False, short_sinks)
     # A workspace one byte short of the library's need once aligned.
     lse = jnp.zeros((1, 2, 128), jnp.float32)
     need = _warpattn_jax.jax_ffi_workspace_bytes("warpattn_backward", ((1, 128, 2, 64), "bfloat16"), 0, {})
@@ -373,6 +402,131 @@ def test_batch_invariant_is_an_attribute_of_every_call():
         q, q, q, c, c, 500, 500, batch_invariant=True).astype(jnp.float32).sum()), packed, cu)
     assert "batch_invariant = true" in custom_calls(text, "warpattn_forward_varlen")[0]
     assert "batch_invariant = true" in custom_calls(text, "warpattn_backward_varlen")[0]
+
+
+# ------------------------------------------------- window_size, softcap and sinks, no GPU
+
+def test_model_options_lowering():
+    # window_size and softcap are attributes of the forward calls (defaults when not given); sinks
+    # an operand after the others, float32 (heads,).
+    q, k, v = qkv_specs(sk=300, hkv=2)
+    sinks = SDS((8,), jnp.float32)
+    text = lower_for_cuda(lambda q, k, v, s: jax_ffi.flash_attn(q, k, v, causal=True, window_size=(128, 0),
+                                                                softcap=30.0, sinks=s), q, k, v, sinks)
+    (call,) = custom_calls(text, "warpattn_forward")
+    assert "window_left = 128 : i32" in call and "window_right = 0 : i32" in call
+    assert "softcap = 3.000000e+01 : f32" in call and "causal = true" in call
+    assert "tensor<2x300x2x64xbf16>, tensor<8xf32>) -> tensor<2x256x8x64xbf16>" in call
+    (call,) = custom_calls(lower_for_cuda(lambda q, k, v: jax_ffi.flash_attn(q, k, v), q, k, v), "warpattn_forward")
+    assert "window_left = -1 : i32" in call and "window_right = -1 : i32" in call
+    assert "softcap = 0.000000e+00 : f32" in call and "xf32>) ->" not in call  # no sinks operand
+    # Packed: has_sinks says which optional operand came (XLA decodes them by position).
+    pq, pk, cu, used = SDS((1000, 8, 64), BF16), SDS((1200, 2, 64), BF16), SDS((4,), jnp.int32), SDS((3,), jnp.int32)
+    text = lower_for_cuda(lambda q, k, a, b, s: jax_ffi.flash_attn_varlen(q, k, k, a, b, 600, 700, window_size=(64, 64),
+                                                                          sinks=s), pq, pk, cu, cu, sinks)
+    (call,) = custom_calls(text, "warpattn_forward_varlen")
+    assert "has_sinks = true" in call and "window_left = 64 : i32" in call and "window_right = 64 : i32" in call
+    assert "tensor<4xi32>, tensor<4xi32>, tensor<8xf32>) -> tensor<1000x8x64xbf16>" in call
+    text = lower_for_cuda(lambda q, k, a, b, u, s: jax_ffi.flash_attn_varlen(q, k, k, a, b, 600, 700, softcap=5.0,
+                                                                             seqused_k=u, sinks=s),
+                          pq, pk, cu, cu, used, sinks)
+    (call,) = custom_calls(text, "warpattn_forward_varlen")
+    assert "has_sinks = true" in call and "softcap = 5.000000e+00 : f32" in call
+    assert "tensor<4xi32>, tensor<4xi32>, tensor<3xi32>, tensor<8xf32>) ->" in call
+    text = lower_for_cuda(lambda q, k, a, b, u: jax_ffi.flash_attn_varlen(q, k, k, a, b, 600, 700, seqused_k=u),
+                          pq, pk, cu, cu, used)
+    (call,) = custom_calls(text, "warpattn_forward_varlen")
+    assert "has_sinks = false" in call and "tensor<4xi32>, tensor<4xi32>, tensor<3xi32>) ->" in call
+    # FP8: a window and sinks (and softcap's attribute, which the library refuses unless 0).
+    text = lower_for_cuda(lambda ops, s: jax_ffi.flash_attn_fp8(ops, causal=True, window_size=(256, 0), sinks=s),
+                          fp8_specs(), sinks)
+    (call,) = custom_calls(text, "warpattn_forward_fp8")
+    assert "window_left = 256 : i32" in call and "window_right = 0 : i32" in call and "softcap = 0." in call
+    assert "tensor<2x2x4xf32>, tensor<8xf32>) -> tensor<2x300x8x128xbf16>" in call
+
+
+def test_model_options_under_vmap():
+    # Without sinks the mapped axis is folded into the batch as ever; with sinks (which may be
+    # mapped with the examples, and could then not be folded) the calls run one per example.
+    q, k, v = (SDS((3,) + s.shape, s.dtype) for s in qkv_specs(hkv=2))
+    text = lower_for_cuda(jax.vmap(lambda q, k, v: jax_ffi.flash_attn(q, k, v, window_size=(16, 16))), q, k, v)
+    assert "(tensor<3x2x256x8x64xbf16>" in custom_calls(text, "warpattn_forward")[0]
+    for in_axes, sinks in ((0, SDS((3, 8), jnp.float32)), ((0, 0, 0, None), SDS((8,), jnp.float32))):
+        text = lower_for_cuda(jax.vmap(lambda q, k, v, s: jax_ffi.flash_attn(q, k, v, sinks=s), in_axes=in_axes),
+                              q, k, v, sinks)
+        (call,) = custom_calls(text, "warpattn_forward")
+        assert "(tensor<2x256x8x64xbf16>, tensor<2x256x2x64xbf16>, tensor<2x256x2x64xbf16>, tensor<8xf32>)" in call
+
+
+def first_line(error):
+    """An error's message without what JAX appends to errors raised through traced user functions (a
+    note on its traceback filtering)."""
+    return str(error).splitlines()[0]
+
+
+def test_model_option_errors_are_the_librarys_messages():
+    # The same rule broken through the FFI path (at trace time) and through the library on NumPy
+    # arrays gives the same message; FP8's refusal of softcap too.
+    q, k = np.zeros((2, 256, 8, 64), np.float16), np.zeros((2, 300, 2, 64), np.float16)
+    for options in [dict(window_size=(-2, 0)), dict(window_size=(3, -5)), dict(window_size=(0, 1), causal=True),
+                    dict(softcap=-1.0), dict(softcap=np.inf), dict(sinks=np.zeros(4, np.float32)),
+                    dict(sinks=np.zeros(8, np.float16)), dict(sinks=np.zeros((2, 8), np.float32))]:
+        with pytest.raises(ValueError) as numpy_error:
+            warpattn.flash_attn_func(q, k, k, **options)
+        sinks = options.pop("sinks", None)
+        with pytest.raises(ValueError) as ffi_error:
+            jax.jit(lambda q, k, s: jax_ffi.flash_attn(q, k, k, sinks=s, **options)).trace(
+                SDS(q.shape, q.dtype), SDS(k.shape, k.dtype), None if sinks is None else SDS(sinks.shape, sinks.dtype))
+        assert first_line(ffi_error.value) == str(numpy_error.value), options
+    specs = fp8_specs()
+    arrays = [np.zeros(s.shape, np.uint8 if s.dtype == E4M3 else s.dtype) for s in specs]
+    with pytest.raises(ValueError) as numpy_error:
+        _warpattn.forward_fp8(*arrays, np.zeros(specs.q.shape, np.float16), None, None, False, 0, False, softcap=30.0)
+    with pytest.raises(ValueError) as ffi_error:
+        jax.jit(lambda ops: jax_ffi.flash_attn_fp8(ops, out_dtype="float16", softcap=30.0)).trace(specs)
+    assert first_line(ffi_error.value) == str(numpy_error.value)
+    assert str(numpy_error.value) == "options.softcap: forward_fp8 has no softcap (16-bit forward only), got 30"
+    packed, cu = SDS((1000, 8, 64), BF16), SDS((4,), jnp.int32)
+    with pytest.raises(ValueError) as ffi_error:
+        jax.jit(lambda q, c, s: jax_ffi.flash_attn_varlen(q, q, q, c, c, 9, 9, sinks=s)).trace(
+            packed, cu, SDS((3,), jnp.float32))
+    assert first_line(ffi_error.value) == "sinks: expected shape (8) (one logit per query head), got (3)"
+    with pytest.raises(TypeError, match="window_size: expected a pair of ints"):
+        jax_ffi.flash_attn(*qkv_specs(), window_size=(0.5, 1))
+
+
+def test_gradients_through_model_options_are_refused_when_traced():
+    q, k, v = qkv_specs(hkv=2)
+    sinks = SDS((8,), jnp.float32)
+
+    def grad_of(**options):
+        def loss(q, k, v, s):
+            return jax_ffi.flash_attn(q, k, v, sinks=s if options.pop("with_sinks", False) else None,
+                                      **options).astype(jnp.float32).sum()
+        return lower_for_cuda(jax.grad(loss, argnums=(0, 1, 2)), q, k, v, sinks)
+    for options, message in [(dict(window_size=(64, 0), causal=True), r"window_size=\(64, 0\) yet"),
+                             (dict(window_size=(-1, 0)), r"window_size=\(-1, 0\) yet"),  # not causal: a band
+                             (dict(softcap=50.0), "softcap=50 yet"), (dict(with_sinks=True), "sinks yet")]:
+        with pytest.raises(NotImplementedError, match="warpattn: the backward does not support " + message +
+                           ".* apply jax.lax.stop_gradient"):
+            grad_of(**options)
+    assert custom_calls(grad_of(window_size=(-1, 0), causal=True), "warpattn_backward")  # causal itself
+    # Forward only: the options pass where no gradient flows through the call.
+    text = lower_for_cuda(jax.value_and_grad(lambda q, k, v, s: (
+        jax_ffi.flash_attn(*map(jax.lax.stop_gradient, (q, k, v)), window_size=(8, 8), sinks=s).astype(jnp.float32)
+        .sum() + q.astype(jnp.float32).sum())), q, k, v, sinks)
+    assert custom_calls(text, "warpattn_forward") and not custom_calls(text, "warpattn_backward")
+    lower_for_cuda(lambda q, k, v: jax.vjp(lambda q: jax_ffi.flash_attn(q, k, v, softcap=5.0), q)[0], q, k, v)
+    # Packed batches, and the backward calls driven by hand.
+    packed, cu = SDS((1000, 8, 64), BF16), SDS((4,), jnp.int32)
+    with pytest.raises(NotImplementedError, match=r"window_size=\(32, 32\) and sinks yet"):
+        lower_for_cuda(jax.grad(lambda q, c, s: jax_ffi.flash_attn_varlen(
+            q, q, q, c, c, 500, 500, window_size=(32, 32), sinks=s).astype(jnp.float32).sum()), packed, cu, sinks)
+    with pytest.raises(NotImplementedError, match="softcap=2 yet"):
+        jax_ffi.flash_attn_backward(q, q, k, v, q, SDS((2, 8, 256), jnp.float32), softcap=2.0)
+    with pytest.raises(NotImplementedError, match="sinks yet"):
+        jax_ffi.flash_attn_varlen_backward(packed, packed, packed, packed, packed, SDS((8, 1000), jnp.float32), cu, cu,
+                                           500, 500, sinks=sinks)
 
 
 # ---------------------------------------------------------------------------- FP8, no GPU
@@ -606,6 +760,7 @@ def public_calls():
     lse = SDS((2, 8, 256), jnp.float32)
     packed, cu = SDS((1000, 8, 64), BF16), SDS((4,), jnp.int32)
     packed_lse = SDS((8, 1000), jnp.float32)
+    sinks = SDS((8,), jnp.float32)
 
     def jax_loss(q, k, v):
         return warpattn.jax_flash_attn(q, k, v, causal=True).astype(jnp.float32).sum()
@@ -623,6 +778,15 @@ def public_calls():
                          "warpattn_quantize_fp8"),
         "flash_attn_fp8_func": (lambda ops: warpattn.flash_attn_fp8_func(ops, causal=True, return_lse=True),
                                 (fp8_specs(),), "warpattn_forward_fp8"),
+        "flash_attn_func_model_options": (lambda q, k, v, s: warpattn.flash_attn_func(
+            q, k, v, causal=True, window_size=(64, 0), softcap=30.0, sinks=s), (q, k, v, sinks), "warpattn_forward"),
+        "flash_attn_varlen_func_model_options": (lambda q, c, s: warpattn.flash_attn_varlen_func(
+            q, q, q, c, c, 500, 500, window_size=(32, 32), sinks=s), (packed, cu, sinks), "warpattn_forward_varlen"),
+        "flash_attn_fp8_func_model_options": (lambda ops, s: warpattn.flash_attn_fp8_func(
+            ops, window_size=(128, 128), sinks=s), (fp8_specs(), sinks), "warpattn_forward_fp8"),
+        "jax_flash_attn_model_options": (lambda q, k, v: warpattn.jax_flash_attn(q, k, v, window_size=(16, 0),
+                                                                                 causal=True),
+                                         (q, k, v), "warpattn_forward"),
     }
 
 
@@ -899,6 +1063,161 @@ def test_batch_invariant_through_the_ffi():
         assert np.array_equal(np.asarray(out[b:b + 1]), np.asarray(alone)), b
         for got, want in zip(grads, alone_grads):
             assert np.array_equal(np.asarray(got[b:b + 1]), np.asarray(want)), b
+
+
+# ------------------------------------------------ window_size, softcap and sinks on the GPU
+
+JAX_MODEL_CASES = {
+    "causal_window": dict(causal=True, window_size=(128, 0)),
+    "window": dict(window_size=(100, 40)),
+    "softcap": dict(softcap=2.0),
+    "sinks": dict(sinks=True),
+    "all_three": dict(window_size=(64, 256), softcap=20.0, sinks=True, softmax_scale=0.1),
+}
+
+
+def jax_model_options(case, heads):
+    """The case's keyword arguments, its sinks (heads,) float32 from -2 to 8 (test_gpu.py's)."""
+    options = dict(JAX_MODEL_CASES[case])
+    if options.pop("sinks", False):
+        options["sinks"] = jnp.linspace(-2.0, 8.0, heads, dtype=jnp.float32)
+    return options
+
+
+def check_against_fp64(q, k, v, out, lse, options, attention_reference):
+    """test_gpu.py's check: rel L2 within TOL, lse within 1e-4 where finite and -inf exactly where
+    the float64 reference's is, 0 on rows that see no key."""
+    sinks = options.get("sinks")
+    want, want_lse, seen = attention_reference(
+        *(np.asarray(t.astype(jnp.float32), np.float64) for t in (q, k, v)), options.get("causal", False),
+        options.get("window_size", (-1, -1)), options.get("softcap", 0.0),
+        None if sinks is None else np.asarray(sinks), options.get("softmax_scale"))
+    out, lse = np.asarray(out.astype(jnp.float32), np.float64), np.asarray(lse, np.float64)
+    assert not np.isnan(out).any() and not np.isnan(lse).any()
+    bound = TOL[BF16 if str(q.dtype) == "bfloat16" else jnp.float16]
+    assert rel_l2(out, want) <= bound, rel_l2(out, want)
+    finite = np.isfinite(want_lse)
+    assert np.array_equal(finite, np.isfinite(lse))
+    if finite.any():
+        assert np.abs(lse[finite] - want_lse[finite]).max() <= 1e-4
+    assert not out[:, ~seen].any()
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [BF16, jnp.float16])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("case", sorted(JAX_MODEL_CASES))
+@pytest.mark.parametrize("sq,sk", [(300, 500), (500, 300)])
+def test_model_options_against_fp64(dtype, d, case, sq, sk, attention_reference):
+    q, k, v, _ = random_case(60 + d + sq + len(case), dtype, 2, sq, sk, 8, 2, d)
+    options = jax_model_options(case, 8)
+    sinks = options.pop("sinks", None)
+    fn = jax.jit(lambda q, k, v, s: jax_ffi.flash_attn(q, k, v, sinks=s, return_lse=True, **options))
+    out, lse = fn(q, k, v, sinks)
+    check_against_fp64(q, k, v, out, lse, dict(options, sinks=sinks), attention_reference)
+    # The public function on the same arrays (the FFI path, eagerly): the same bits.
+    public, public_lse = warpattn.flash_attn_func(q, k, v, sinks=sinks, return_lse=True, **options)
+    assert np.array_equal(np.asarray(public), np.asarray(out)) and np.array_equal(np.asarray(public_lse),
+                                                                                  np.asarray(lse))
+
+
+@gpu
+def test_model_options_equal_the_dlpack_path_bitwise():
+    need_dlpack_memory()
+    q, k, v, _ = random_case(61, BF16, 2, 700, 900, 8, 4, 128)
+    sinks = jnp.linspace(-2.0, 8.0, 8, dtype=jnp.float32)
+    options = dict(causal=True, window_size=(200, 0), softcap=30.0)
+    out, lse = jax.jit(lambda q, k, v, s: jax_ffi.flash_attn(q, k, v, sinks=s, return_lse=True, **options))(
+        q, k, v, sinks)
+    with dlpack_fallback():
+        want, want_lse = warpattn.flash_attn_func(q, k, v, sinks=sinks, return_lse=True, **options)
+    assert np.array_equal(np.asarray(out), np.asarray(want)) and np.array_equal(np.asarray(lse), np.asarray(want_lse))
+
+
+@gpu
+def test_model_options_varlen_against_fp64(attention_reference):
+    lengths_q, lengths_k = [1, 0, 300, 129, 700, 50], [5, 3, 300, 400, 700, 0]
+    q, k, v, _, cu_q, cu_k = packed_case(62, BF16, lengths_q, lengths_k, 8, 2, 128, extra_rows=37)
+    sinks = jnp.linspace(-2.0, 8.0, 8, dtype=jnp.float32)
+    options = dict(causal=True, window_size=(64, 0), softcap=10.0)
+    out, lse = jax.jit(lambda q, k, v, s: jax_ffi.flash_attn_varlen(
+        q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), sinks=s, return_lse=True, **options))(q, k, v, sinks)
+    oq, ok = np.asarray(cu_q), np.asarray(cu_k)
+    for b in range(len(lengths_q)):
+        if lengths_q[b] == 0:
+            continue
+        rows, keys = slice(oq[b], oq[b + 1]), slice(ok[b], ok[b + 1])
+        check_against_fp64(q[None, rows], k[None, keys], v[None, keys], out[None, rows], lse[None, :, rows],
+                           dict(options, sinks=sinks), attention_reference)
+    # With seqused_k too: the sinks then come after it (has_sinks).
+    used = jnp.array([5, 3, 200, 400, 700, 0], jnp.int32)
+    out, lse = jax.jit(lambda q, k, v, s, u: jax_ffi.flash_attn_varlen(
+        q, k, v, cu_q, cu_k, 700, 700, sinks=s, seqused_k=u, return_lse=True, **options))(q, k, v, sinks, used)
+    for b, n in enumerate(np.asarray(used)):
+        if lengths_q[b] == 0:
+            continue
+        rows, keys = slice(oq[b], oq[b + 1]), slice(ok[b], ok[b] + n)
+        check_against_fp64(q[None, rows], k[None, keys], v[None, keys], out[None, rows], lse[None, :, rows],
+                           dict(options, sinks=sinks), attention_reference)
+
+
+@gpu
+def test_model_options_vmap_with_sinks_per_example():
+    # With sinks, vmap runs one call per example (sinks mapped with the examples could not be
+    # folded into the batch): each example's bits are those of the call on it alone, whether the
+    # sinks are mapped or shared.
+    q, k, v, _ = random_case(63, BF16, 6, 256, 384, 4, 2, 64)
+    fold = lambda x: x.reshape((3, 2) + x.shape[1:])  # noqa: E731
+    sinks = jnp.stack([jnp.linspace(-2.0, 8.0, 4, dtype=jnp.float32) + i for i in range(3)])
+    fn = lambda q, k, v, s: jax_ffi.flash_attn(q, k, v, window_size=(32, 32), sinks=s)  # noqa: E731
+    mapped = jax.jit(jax.vmap(fn))(fold(q), fold(k), fold(v), sinks)
+    shared = jax.jit(jax.vmap(fn, in_axes=(0, 0, 0, None)))(fold(q), fold(k), fold(v), sinks[1])
+    for i in range(3):
+        alone = jax.jit(fn)(fold(q)[i], fold(k)[i], fold(v)[i], sinks[i])
+        assert np.array_equal(np.asarray(mapped[i]), np.asarray(alone)), i
+        alone = jax.jit(fn)(fold(q)[i], fold(k)[i], fold(v)[i], sinks[1])
+        assert np.array_equal(np.asarray(shared[i]), np.asarray(alone)), i
+
+
+@gpu
+def test_model_options_gradients_are_refused():
+    q, k, v, _ = random_case(64, BF16, 1, 256, 256, 8, 2, 64)
+    sinks = jnp.zeros(8, jnp.float32)
+    for options, message in [(dict(causal=True, window_size=(64, 0)), r"window_size=\(64, 0\)"),
+                             (dict(softcap=20.0), "softcap=20"), (dict(sinks=sinks), "sinks")]:
+        def loss(q, k, v):
+            return jax_ffi.flash_attn(q, k, v, **options).astype(jnp.float32).sum()
+        with pytest.raises(NotImplementedError, match="the backward does not support " + message):
+            jax.grad(loss)(q, k, v)
+        with pytest.raises(NotImplementedError, match="the backward does not support " + message):
+            jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+        with pytest.raises(NotImplementedError, match="the backward does not support " + message):
+            jax.grad(lambda q: warpattn.jax_flash_attn(q, k, v, **options).astype(jnp.float32).sum())(q)
+        jax.block_until_ready(jax.jit(loss)(q, k, v))  # the forward alone runs
+    # Sinks differentiated alone (a learned parameter): refused too.
+    with pytest.raises(NotImplementedError, match="the backward does not support sinks"):
+        jax.grad(lambda s: jax_ffi.flash_attn(q, k, v, sinks=s).astype(jnp.float32).sum())(sinks)
+
+
+@gpu
+@pytest.mark.parametrize("qk_dtype", ["e4m3", "int8"])
+def test_fp8_model_options_against_fp64(qk_dtype, attention_reference):
+    # A window and sinks under jax.jit on FP8 (softcap refused): within the FP8 bounds of the float64
+    # reference on the unquantised inputs, and the same bits as the eager public function.
+    q, k, v, _ = random_case(65, BF16, 2, 300, 500, 8, 2, 128)
+    sinks = jnp.linspace(-2.0, 8.0, 8, dtype=jnp.float32)
+    options = dict(causal=True, window_size=(128, 0))
+    out, lse = jax.jit(lambda q, k, v, s: jax_ffi.flash_attn_fp8(jax_ffi.quantize_fp8(q, k, v, qk_dtype=qk_dtype),
+                                                                 sinks=s, return_lse=True, **options))(q, k, v, sinks)
+    want, want_lse, seen = attention_reference(*(np.asarray(t.astype(jnp.float32), np.float64) for t in (q, k, v)),
+                                               True, (128, 0), 0.0, np.asarray(sinks))
+    assert seen.all() and rel_l2(out, want) < FP8_TOL
+    assert float(np.abs(np.asarray(lse, np.float64) - want_lse).max()) < FP8_LSE_TOL
+    eager, eager_lse = warpattn.flash_attn_fp8_func(warpattn.quantize_fp8(q, k, v, qk_dtype=qk_dtype), sinks=sinks,
+                                                    return_lse=True, **options)
+    assert np.array_equal(bits(out), bits(eager)) and np.array_equal(bits(lse), bits(eager_lse))
+    with pytest.raises(ValueError, match="options.softcap: forward_fp8 has no softcap"):
+        jax_ffi.flash_attn_fp8(jax_ffi.quantize_fp8(q, k, v), softcap=5.0)
 
 
 # ---------------------------------------------------------------------------- FP8 on the GPU

@@ -80,8 +80,14 @@ class FakeKernels:
     def _count(self, name):
         self.calls[name] = self.calls.get(name, 0) + 1
 
-    def forward(self, q, k, v, out, lse, scale, causal, stream, batch_invariant=False):
+    @staticmethod
+    def _no_model_options(window_left=-1, window_right=-1, softcap=0.0, sinks=None):
+        # The integration refuses windows, softcapping and sinks itself: none reach the kernels.
+        assert (window_left, window_right, softcap, sinks) == (-1, -1, 0.0, None)
+
+    def forward(self, q, k, v, out, lse, scale, causal, stream, batch_invariant=False, **model_options):
         self._count("forward")
+        self._no_model_options(**model_options)
         for b in range(q.shape[0]):
             _, o, l, _ = _attend(q[b], k[b], v[b], scale, causal)
             out[b].copy_(o)
@@ -102,8 +108,9 @@ class FakeKernels:
             yield slice(cq[b], cq[b + 1]), slice(ck[b], ck[b] + n)
 
     def forward_varlen(self, q, k, v, out, lse, cu_q, cu_k, seqused_k, max_q, max_k, scale, causal, stream,
-                       batch_invariant=False):
+                       batch_invariant=False, **model_options):
         self._count("forward_varlen")
+        self._no_model_options(**model_options)
         assert max_q >= 0 and max_k >= 0
         for rows, keys in self._sequences(q, k, out, lse, cu_q, cu_k, seqused_k):
             _, o, l, _ = _attend(q[rows], k[keys], v[keys], scale, causal)
