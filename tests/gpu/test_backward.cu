@@ -36,12 +36,7 @@ std::string describe(const Case& c) {
            c.dtype == DType::bf16 ? "bf16" : "fp16", c.head_dim, c.causal ? "causal" : "full", (long long)c.batch,
            (long long)c.seqlen_q, (long long)c.seqlen_k, (long long)c.heads_q, (long long)c.heads_kv,
            c.padded ? " strided" : "", c.deterministic ? " deterministic" : "");
-  std::string d = buf;
-  if (c.window_left >= 0 || c.window_right >= 0)
-    d += " win=(" + std::to_string(c.window_left) + "," + std::to_string(c.window_right) + ")";
-  if (c.softcap > 0) d += " cap=" + std::to_string(static_cast<int>(c.softcap));
-  if (c.sinks) d += " sinks";
-  return d;
+  return buf + gpu_test::describe_model_options(c.window_left, c.window_right, c.softcap, c.sinks);
 }
 
 // Everything one run leaves behind: the inputs as the GPU saw them and the three gradients.
@@ -329,51 +324,44 @@ void run_matrix(DType dtype, int head_dim, bool causal) {
   }
 }
 
-// Sliding windows (issue 19): the key blocks meet query-block intervals that no longer start at
-// block 0, the mask has a left edge, and deterministic mode orders dQ's sums from each query
-// block's last key block. Windows narrower than a block and wider, causal and not, Sq != Sk.
-void run_window_matrix(DType dtype, int head_dim) {
-  REQUIRE_HOPPER();
-  struct W {
-    int64_t sq, sk;
-    bool causal;
-    int left, right;
-    bool deterministic;
-  };
-  const W shapes[] = {
-      {1000, 1000, true, 256, -1, false}, {1000, 1000, true, 100, 0, true}, {700, 700, false, 64, 64, false},
-      {300, 900, false, -1, 50, true},    {900, 300, true, 500, 0, false},  {513, 513, false, 0, 0, true},
-      {257, 1000, false, 200, -1, false},
-  };
-  for (const W& w : shapes) {
+// A case of the model options (issue 19): the shape and options; dtype and head dim given apart.
+struct ModelCase {
+  int64_t sq, sk;
+  bool causal;
+  int left, right;
+  float softcap;
+  bool sinks, deterministic;
+};
+
+void run_model_cases(DType dtype, int head_dim, std::initializer_list<ModelCase> cases) {
+  for (const ModelCase& w : cases) {
     Case c;
     c.dtype = dtype, c.head_dim = head_dim, c.causal = w.causal, c.deterministic = w.deterministic;
-    c.seqlen_q = w.sq, c.seqlen_k = w.sk, c.heads_q = 4, c.heads_kv = 2, c.padded = w.sq % 2 == 1;
-    c.window_left = w.left, c.window_right = w.right;
+    c.seqlen_q = w.sq, c.seqlen_k = w.sk, c.batch = 2, c.heads_q = 4, c.heads_kv = 2, c.padded = w.sq % 2 == 1;
+    c.window_left = w.left, c.window_right = w.right, c.softcap = w.softcap, c.sinks = w.sinks;
     check_case(c);
   }
+}
+
+// Sliding windows: the key blocks meet query-block intervals that no longer start at block 0,
+// the mask has a left edge, and deterministic mode orders dQ's sums from each query block's last
+// key block. Windows narrower than a block and wider, causal and not, Sq != Sk.
+void run_window_matrix(DType dtype, int head_dim) {
+  REQUIRE_HOPPER();
+  run_model_cases(dtype, head_dim,
+                  {{1000, 1000, true, 256, -1, 0, false, false}, {1000, 1000, true, 100, 0, 0, false, true},
+                   {700, 700, false, 64, 64, 0, false, false},   {300, 900, false, -1, 50, 0, false, true},
+                   {900, 300, true, 500, 0, 0, false, false},    {513, 513, false, 0, 0, 0, false, true},
+                   {257, 1000, false, 200, -1, 0, false, false}});
 }
 
 // Softcap's gradient through tanh (d = 128 and 256; the backward refuses it at 64), alone and
 // with a window, causal and not, and deterministic.
 void run_softcap_matrix(DType dtype, int head_dim) {
   REQUIRE_HOPPER();
-  struct Cap {
-    int64_t sq, sk;
-    bool causal;
-    int left;
-    float softcap;
-    bool deterministic;
-  };
-  const Cap shapes[] = {{1000, 1000, false, -1, 30, false}, {1000, 1000, true, -1, 50, true},
-                        {300, 900, true, 200, 20, false},   {513, 257, false, 100, 5, false}};
-  for (const Cap& w : shapes) {
-    Case c;
-    c.dtype = dtype, c.head_dim = head_dim, c.causal = w.causal, c.deterministic = w.deterministic;
-    c.seqlen_q = w.sq, c.seqlen_k = w.sk, c.heads_q = 4, c.heads_kv = 2, c.padded = w.sq % 2 == 1;
-    c.window_left = w.left, c.softcap = w.softcap;
-    check_case(c);
-  }
+  run_model_cases(dtype, head_dim,
+                  {{1000, 1000, false, -1, -1, 30, false, false}, {1000, 1000, true, -1, -1, 50, false, true},
+                   {300, 900, true, 200, -1, 20, false, false},   {513, 257, false, 100, -1, 5, false, false}});
 }
 
 }  // namespace
@@ -381,27 +369,13 @@ void run_softcap_matrix(DType dtype, int head_dim) {
 TEST(backward_window_bf16_d64) { run_window_matrix(DType::bf16, 64); }
 TEST(backward_window_bf16_d128) { run_window_matrix(DType::bf16, 128); }
 TEST(backward_window_bf16_d256) { run_window_matrix(DType::bf16, 256); }
+// Sinks and their gradient, with the other options; Sq > Sk causal leaves rows with only the sink.
 TEST(backward_sinks) {
   REQUIRE_HOPPER();
-  struct S {
-    DType dtype;
-    int d;
-    int64_t sq, sk;
-    bool causal;
-    int left;
-    float softcap;
-    bool deterministic;
-  };
-  const S shapes[] = {{DType::bf16, 128, 1000, 1000, false, -1, 0, false}, {DType::bf16, 64, 700, 700, true, -1, 0, true},
-                      {DType::bf16, 256, 300, 900, true, 200, 0, false}, {DType::f16, 128, 513, 257, false, 100, 30, false},
-                      {DType::bf16, 128, 900, 300, true, -1, 0, false}};  // Sq > Sk: rows with only the sink
-  for (const S& w : shapes) {
-    Case c;
-    c.dtype = w.dtype, c.head_dim = w.d, c.causal = w.causal, c.deterministic = w.deterministic;
-    c.seqlen_q = w.sq, c.seqlen_k = w.sk, c.batch = 2, c.heads_q = 4, c.heads_kv = 2, c.padded = w.sq % 2 == 1;
-    c.window_left = w.left, c.softcap = w.softcap, c.sinks = true;
-    check_case(c);
-  }
+  run_model_cases(DType::bf16, 128, {{1000, 1000, false, -1, -1, 0, true, false}, {900, 300, true, -1, -1, 0, true, false}});
+  run_model_cases(DType::bf16, 64, {{700, 700, true, -1, -1, 0, true, true}});
+  run_model_cases(DType::bf16, 256, {{300, 900, true, 200, -1, 0, true, false}});
+  run_model_cases(DType::f16, 128, {{513, 257, false, 100, -1, 30, true, false}});
 }
 TEST(backward_softcap_bf16_d128) { run_softcap_matrix(DType::bf16, 128); }
 TEST(backward_softcap_bf16_d256) { run_softcap_matrix(DType::bf16, 256); }

@@ -49,12 +49,7 @@ std::string describe(const Case& c) {
            (long long)c.batch, (long long)c.seqlen_q, (long long)c.seqlen_k, (long long)c.heads_q,
            (long long)c.heads_kv, c.padded ? " strided" : "", c.with_lse ? "" : " no-lse", scale,
            c.score_jump ? " jump" : "");
-  std::string d = buf;
-  if (c.window_left >= 0 || c.window_right >= 0)
-    d += " win=(" + std::to_string(c.window_left) + "," + std::to_string(c.window_right) + ")";
-  if (c.softcap > 0) d += " cap=" + std::to_string(static_cast<int>(c.softcap));
-  if (c.sinks) d += " sinks";
-  return d;
+  return buf + gpu_test::describe_model_options(c.window_left, c.window_right, c.softcap, c.sinks);
 }
 
 // The (b, h, row) triples to check: all of them when the reference is cheap, else the first
