@@ -36,26 +36,15 @@
 
 #include "harness.hpp"
 #include "reference/reference.hpp"
+#include "reference_brute_force.hpp"
 
 namespace {
 
-using warpattn::reference::AttentionShape;
-using Real = long double;
-
-// The model features of issue 19 a shape may add (sinks come with the inputs).
-struct Features {
-  int64_t window_left = -1, window_right = -1;
-  double softcap = 0;
-};
-
-AttentionShape shape(int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d,
-                     double scale, bool causal, Features f = {}) {
-  AttentionShape s{batch, sq, sk, hq, hkv, d, scale, causal};
-  s.window_left = f.window_left;
-  s.window_right = f.window_right;
-  s.softcap = f.softcap;
-  return s;
-}
+// Shapes with the features of issue 19 are built as in the forward tests
+// (reference_brute_force.hpp); the inputs here are the backward's own (grid values, dout).
+using reference_test::AttentionShape;
+using reference_test::Real;
+using reference_test::shape;
 
 // Multiples of 2^-12 in [-1, 1]: exact in float with room for a 2^-9 step either side.
 std::vector<float> grid_values(int64_t n, uint64_t seed) {
@@ -481,7 +470,11 @@ struct NamedFault {
   const char* name;
 };
 
-void check_faults(const AttentionShape& s, const Inputs& in, const Grads& fd, const std::vector<NamedFault>& faults) {
+// The faultless brute force against the finite differences first, then each fault in turn.
+void check_faults(const AttentionShape& s, const Inputs& in, const std::vector<NamedFault>& faults) {
+  const Grads fd = finite_differences(s, in);
+  const Agreement clean = agreement(brute_force(s, in), fd);
+  CHECK(clean.worst <= kFiniteDifferenceTolerance) << clean.worst << " at " << clean.where;
   for (const auto& f : faults) {
     const Agreement bad = agreement(brute_force(s, in, f.fault), fd);
     // At least 1000 x the tolerance: the check does not pass such bugs by a hair.
@@ -497,15 +490,11 @@ TEST(finite_difference_check_catches_planted_faults) {
   // h % 2 differ), a non-default scale.
   const AttentionShape s = shape(2, 6, 5, 4, 2, 8, 0.45, true);
   const Inputs in = random_inputs(s, 111);
-  const Grads fd = finite_differences(s, in);
-  const Agreement clean = agreement(brute_force(s, in), fd);
-  CHECK(clean.worst <= kFiniteDifferenceTolerance) << clean.worst << " at " << clean.where;
-  const std::vector<NamedFault> faults = {{Fault::kFlipDeltaSign, "D's sign flipped"},
-                                          {Fault::kDropLastKey, "last key dropped"},
-                                          {Fault::kGqaHeadModulo, "GQA head h % Hkv"},
-                                          {Fault::kUnscaledDq, "dQ without the scale"},
-                                          {Fault::kTopLeftCausal, "top-left causal"}};
-  check_faults(s, in, fd, faults);
+  check_faults(s, in, {{Fault::kFlipDeltaSign, "D's sign flipped"},
+                       {Fault::kDropLastKey, "last key dropped"},
+                       {Fault::kGqaHeadModulo, "GQA head h % Hkv"},
+                       {Fault::kUnscaledDq, "dQ without the scale"},
+                       {Fault::kTopLeftCausal, "top-left causal"}});
 }
 
 TEST(finite_difference_check_catches_planted_feature_faults) {
@@ -513,15 +502,11 @@ TEST(finite_difference_check_catches_planted_feature_faults) {
   // one changes which keys rows see), a soft cap well into tanh's bend, sinks.
   const AttentionShape s = shape(2, 6, 7, 4, 2, 8, 0.9, true, {2, -1, 1.0});
   const Inputs in = random_inputs(s, 112, true);
-  const Grads fd = finite_differences(s, in);
-  const Agreement clean = agreement(brute_force(s, in), fd);
-  CHECK(clean.worst <= kFiniteDifferenceTolerance) << clean.worst << " at " << clean.where;
-  const std::vector<NamedFault> faults = {{Fault::kWideWindow, "window_left one wider"},
-                                          {Fault::kNoCapSlope, "no 1 - tanh^2 in dS"},
-                                          {Fault::kSinkOutsideLse, "sink left out of the LSE"},
-                                          {Fault::kSinkGradientSign, "dsinks' sign flipped"},
-                                          {Fault::kTopLeftCausal, "top-left window"}};
-  check_faults(s, in, fd, faults);
+  check_faults(s, in, {{Fault::kWideWindow, "window_left one wider"},
+                       {Fault::kNoCapSlope, "no 1 - tanh^2 in dS"},
+                       {Fault::kSinkOutsideLse, "sink left out of the LSE"},
+                       {Fault::kSinkGradientSign, "dsinks' sign flipped"},
+                       {Fault::kTopLeftCausal, "top-left window"}});
 }
 
 // ---------------------------------------------------------------- against the brute force
