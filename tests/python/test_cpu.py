@@ -263,6 +263,38 @@ def test_backward_refuses_model_options():
         warpattn.flash_attn_backward(*args, causal=True, window_size=(-1, 0))
 
 
+def test_reference_gradients_against_central_differences(attention_reference, attention_reference_grads):
+    # The float64 gradient reference of the GPU tests (conftest.py: the chain rule written out)
+    # against central differences of the float64 forward reference, with every option at once and
+    # rows that see no key (Sq > Sk, causal: the sink alone) and a GQA group.
+    rng = np.random.default_rng(0)
+    b, sq, sk, hq, hkv, d = 2, 6, 4, 4, 2, 3
+    q, dout = rng.standard_normal((b, sq, hq, d)), rng.standard_normal((b, sq, hq, d))
+    k, v = rng.standard_normal((b, sk, hkv, d)), rng.standard_normal((b, sk, hkv, d))
+    sinks = rng.standard_normal(hq)
+    for options in (dict(causal=True, window_size=(1, 0), softcap=1.5, sinks=sinks, softmax_scale=0.8),
+                    dict(window_size=(1, 2), sinks=sinks), dict(softcap=0.7), dict()):
+        got = attention_reference_grads(q, k, v, dout, **options)
+
+        def loss(**change):
+            call = dict(dict(q=q, k=k, v=v), **{n: t for n, t in change.items() if n != "sinks"})
+            with np.errstate(all="ignore"):
+                out = attention_reference(call["q"], call["k"], call["v"], **dict(options, **(
+                    {"sinks": change["sinks"]} if "sinks" in change else {})))[0]
+            return (out * dout).sum()
+        inputs = dict(q=q, k=k, v=v, **({"sinks": sinks} if "sinks" in options else {}))
+        for name, t in inputs.items():
+            numeric = np.zeros_like(t)
+            for i in np.ndindex(t.shape):
+                up, down = t.copy(), t.copy()
+                up[i] += 1e-6
+                down[i] -= 1e-6
+                numeric[i] = (loss(**{name: up}) - loss(**{name: down})) / 2e-6
+            assert np.abs(numeric - got["d" + name]).max() <= 1e-7, (options, name)
+        if "sinks" not in options:
+            assert got["dsinks"] is None
+
+
 # ------------------------------------------------------------------------- backward
 
 def backward_args(b=2, sq=128, sk=96, hq=8, hkv=2, d=64):
