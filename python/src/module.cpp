@@ -414,7 +414,8 @@ NB_MODULE(_warpattn, m) {
         "dsinks: with sinks, a (heads,) float32 tensor the call writes the sinks' gradient into.");
   m.def("backward_workspace_bytes", &backward_workspace_bytes, nb::arg("q"), nb::arg("softmax_scale").none() = nb::none(),
         nb::arg("causal") = false, nb::arg("deterministic") = false, nb::kw_only(), nb::arg("window_left") = -1,
-        nb::arg("window_right") = -1, nb::arg("softcap") = 0.0f, nb::arg("sinks").none() = nb::none(), nb::arg("dsinks").none() = nb::none(),
+        nb::arg("window_right") = -1, nb::arg("softcap") = 0.0f, nb::arg("sinks").none() = nb::none(),
+        nb::arg("dsinks").none() = nb::none(),
         "Bytes of workspace backward needs for q's shape and these options (only q's rank and sizes are checked; "
         "sinks need more).");
   m.def("backward_varlen", &backward_varlen, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
