@@ -480,11 +480,14 @@ def test_torch_backward_on_cpu_tensors(torch):
 
 def test_torch_ops_take_the_model_options(torch):
     # The forward and backward ops take the options with schema types (ints, a float, an optional
-    # tensor); their fake implementations give the same shapes as without them.
+    # tensor); their fake implementations give the same shapes as without them, and the autograd
+    # registration passes opcheck with sinks that require grad too.
     from warpattn.torch_op import flash_attn_backward, flash_attn_forward
     q, k, v = meta_qkv(torch)
     sinks = torch.zeros(8, device="meta")
     torch.library.opcheck(flash_attn_forward, (q, k, v, None, True, False, False, 32, 0, 30.0, sinks))
+    torch.library.opcheck(flash_attn_forward, (q, k, v, None, True, False, False, 32, 0, 30.0,
+                                               sinks.clone().requires_grad_()))
     q, k, v = (t.detach() for t in (q, k, v))
     out, lse = torch.ops.warpattn.flash_attn_forward(q, k, v, None, False, False, False, 32, 8, 30.0, sinks)
     assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == (2, 8, 128) and lse.dtype == torch.float32
