@@ -145,9 +145,10 @@ struct Attrs {
   bool deterministic = false;
   bool batch_invariant = false;
   int64_t max_seqlen_q = 0, max_seqlen_k = 0;
-  // The forward calls' model options (ForwardOptions; the sinks are an operand). has_sinks says
-  // which of forward_varlen's two optional operands came: XLA decodes them by position, so
-  // sinks without seqused_k would otherwise land in seqused_k's place.
+  // The model options of the forward calls and of the backward ones (the sinks are an operand,
+  // dsinks a result). has_sinks says which of a varlen call's two optional operands came: XLA
+  // decodes them by position, so sinks without seqused_k would otherwise land in seqused_k's
+  // place.
   int32_t window_left = -1, window_right = -1;
   float softcap = 0.0f;
   bool has_sinks = false;
@@ -177,12 +178,16 @@ std::optional<TensorView> sinks_view(const Buf* sinks) {
   return view_of(*sinks, "sinks", 1, "float32", Extra::refuse);
 }
 
+// The sinks and dsinks, when given, are set by the call's builder from their buffers.
 warpattn::BackwardOptions backward_options(const Attrs& a) {
   warpattn::BackwardOptions o;
   if (a.has_scale) o.softmax_scale = a.softmax_scale;
   o.causal = a.causal;
   o.deterministic = a.deterministic;
   o.batch_invariant = a.batch_invariant;
+  o.window_left = a.window_left;
+  o.window_right = a.window_right;
+  o.softcap = a.softcap;
   return o;
 }
 
@@ -273,23 +278,30 @@ warpattn::Workspace workspace_of(const Buf& w) {
 }
 
 // operands: dout, q, k, v, out, lse (then the offsets, for varlen); results: dq, dk, dv, workspace.
-Backward backward_call(const Buf* operands, const Buf* results, const Attrs& a, bool varlen, Extra extra) {
+// sinks, dsinks: the forward's sinks (an operand) and their gradient (a (heads_q,) float32
+// result), or nullptr; never folded (with sinks the calls run one per example under vmap, as the
+// forward's).
+Backward backward_call(const Buf* operands, const Buf* results, const Buf* sinks, const Buf* dsinks, const Attrs& a,
+                       bool varlen, Extra extra) {
   const int rank = varlen ? 3 : 4;
   const char* names[6] = {"dout", "q", "k", "v", "out", "lse"};
   TensorView views[6];
   for (int i = 0; i < 6; ++i)
     views[i] = view_of(operands[i], names[i], i == 5 ? rank - 1 : rank, i == 5 ? "float32" : k16Bit, extra);
-  return Backward{views[0],
-                  views[1],
-                  views[2],
-                  views[3],
-                  views[4],
-                  views[5],
-                  view_of(results[0], "dq", rank, k16Bit, extra),
-                  view_of(results[1], "dk", rank, k16Bit, extra),
-                  view_of(results[2], "dv", rank, k16Bit, extra),
-                  backward_options(a),
-                  workspace_of(results[3])};
+  Backward b{views[0],
+             views[1],
+             views[2],
+             views[3],
+             views[4],
+             views[5],
+             view_of(results[0], "dq", rank, k16Bit, extra),
+             view_of(results[1], "dk", rank, k16Bit, extra),
+             view_of(results[2], "dv", rank, k16Bit, extra),
+             backward_options(a),
+             workspace_of(results[3])};
+  b.options.sinks = sinks_view(sinks);
+  if (dsinks) b.options.dsinks = view_of(*dsinks, "dsinks", 1, "float32", Extra::refuse);
+  return b;
 }
 
 warpattn::VarlenBatch varlen_batch(const Buf& cu_seqlens_q, const Buf& cu_seqlens_k, const Buf* seqused_k,
@@ -373,6 +385,19 @@ const Buf* optional_buf(const OptionalIn& b, Buf& storage) {
 using Out = ffi::Result<ffi::AnyBuffer>;
 using OptionalOut = std::optional<ffi::Result<ffi::AnyBuffer>>;
 
+// The varlen calls' optional operands in the order they come, seqused_k (if given) then sinks (if
+// has_sinks): the one XLA decoded into seqused_k's place is the sinks when it came alone.
+struct VarlenOptionals {
+  const Buf* seqused_k;
+  const Buf* sinks;
+};
+VarlenOptionals varlen_optionals(const Buf* first, const Buf* second, bool has_sinks) {
+  if (has_sinks && !first) fail("sinks: has_sinks is set but the call has no sinks operand");
+  if (!has_sinks && second) fail("sinks: a second optional operand (the sinks) without has_sinks");
+  if (!has_sinks) return {first, nullptr};
+  return second ? VarlenOptionals{first, second} : VarlenOptionals{nullptr, first};
+}
+
 ffi::Error forward_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, OptionalIn sinks,
                         Out out, OptionalOut lse, bool causal, bool has_scale, float softmax_scale,
                         bool batch_invariant, int32_t window_left, int32_t window_right, float softcap) {
@@ -389,30 +414,22 @@ ffi::Error forward_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
 }
 
 ffi::Error backward_impl(cudaStream_t stream, ffi::AnyBuffer dout, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                         ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, Out dq, Out dk, Out dv,
-                         Out workspace, bool causal, bool has_scale, float softmax_scale, bool deterministic,
-                         bool batch_invariant) {
+                         ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, OptionalIn sinks, Out dq, Out dk,
+                         Out dv, Out workspace, OptionalOut dsinks, bool causal, bool has_scale, float softmax_scale,
+                         bool deterministic, bool batch_invariant, int32_t window_left, int32_t window_right,
+                         float softcap) {
   return guarded([&] {
     const Buf operands[6] = {buf_of(dout), buf_of(q), buf_of(k), buf_of(v), buf_of(out), buf_of(lse)};
     const Buf results[4] = {buf_of(*dq), buf_of(*dk), buf_of(*dv), buf_of(*workspace)};
-    Attrs a = scale_attrs(causal, has_scale, softmax_scale, batch_invariant);
+    Attrs a = with_model_options(scale_attrs(causal, has_scale, softmax_scale, batch_invariant), window_left,
+                                 window_right, softcap);
     a.deterministic = deterministic;
-    const Backward b = backward_call(operands, results, a, false, Extra::fold);
+    Buf sinks_buf;
+    const Buf dsinks_buf = dsinks ? buf_of(**dsinks) : Buf{};
+    const Backward b = backward_call(operands, results, optional_buf(sinks, sinks_buf), dsinks ? &dsinks_buf : nullptr,
+                                     a, false, Extra::fold);
     warpattn::backward(b.dout, b.q, b.k, b.v, b.out, b.lse, b.dq, b.dk, b.dv, b.options, b.workspace, stream);
   });
-}
-
-// forward_varlen's optional operands in the order they come, seqused_k (if given) then sinks (if
-// has_sinks): the one XLA decoded into seqused_k's place is the sinks when it came alone.
-struct VarlenOptionals {
-  const Buf* seqused_k;
-  const Buf* sinks;
-};
-VarlenOptionals varlen_optionals(const Buf* first, const Buf* second, bool has_sinks) {
-  if (has_sinks && !first) fail("sinks: has_sinks is set but the call has no sinks operand");
-  if (!has_sinks && second) fail("sinks: a second optional operand (the sinks) without has_sinks");
-  if (!has_sinks) return {first, nullptr};
-  return second ? VarlenOptionals{first, second} : VarlenOptionals{nullptr, first};
 }
 
 ffi::Error forward_varlen_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
@@ -438,21 +455,26 @@ ffi::Error forward_varlen_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBu
 
 ffi::Error backward_varlen_impl(cudaStream_t stream, ffi::AnyBuffer dout, ffi::AnyBuffer q, ffi::AnyBuffer k,
                                 ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer cu_seqlens_q,
-                                ffi::AnyBuffer cu_seqlens_k, std::optional<ffi::AnyBuffer> seqused_k, Out dq, Out dk,
-                                Out dv, Out workspace, bool causal, bool has_scale, float softmax_scale,
-                                bool deterministic, bool batch_invariant, int64_t max_seqlen_q,
-                                int64_t max_seqlen_k) {
+                                ffi::AnyBuffer cu_seqlens_k, OptionalIn optional_1, OptionalIn optional_2, Out dq,
+                                Out dk, Out dv, Out workspace, OptionalOut dsinks, bool causal, bool has_scale,
+                                float softmax_scale, bool deterministic, bool batch_invariant, int64_t max_seqlen_q,
+                                int64_t max_seqlen_k, int32_t window_left, int32_t window_right, float softcap,
+                                bool has_sinks) {
   return guarded([&] {
     const Buf operands[6] = {buf_of(dout), buf_of(q), buf_of(k), buf_of(v), buf_of(out), buf_of(lse)};
     const Buf results[4] = {buf_of(*dq), buf_of(*dk), buf_of(*dv), buf_of(*workspace)};
-    Attrs a = scale_attrs(causal, has_scale, softmax_scale, batch_invariant);
+    Attrs a = with_model_options(scale_attrs(causal, has_scale, softmax_scale, batch_invariant), window_left,
+                                 window_right, softcap);
     a.deterministic = deterministic;
     a.max_seqlen_q = max_seqlen_q;
     a.max_seqlen_k = max_seqlen_k;
-    const Buf used = seqused_k ? buf_of(*seqused_k) : Buf{};
-    const Backward b = backward_call(operands, results, a, true, Extra::fold);
-    const warpattn::VarlenBatch batch =
-        varlen_batch(buf_of(cu_seqlens_q), buf_of(cu_seqlens_k), seqused_k ? &used : nullptr, a);
+    Buf storage_1, storage_2;
+    const VarlenOptionals given =
+        varlen_optionals(optional_buf(optional_1, storage_1), optional_buf(optional_2, storage_2), has_sinks);
+    const Buf dsinks_buf = dsinks ? buf_of(**dsinks) : Buf{};
+    const Backward b =
+        backward_call(operands, results, given.sinks, dsinks ? &dsinks_buf : nullptr, a, true, Extra::fold);
+    const warpattn::VarlenBatch batch = varlen_batch(buf_of(cu_seqlens_q), buf_of(cu_seqlens_k), given.seqused_k, a);
     warpattn::validate_backward_varlen(b.dout, b.q, b.k, b.v, b.out, b.lse, b.dq, b.dk, b.dv, batch, b.options,
                                        b.workspace);
     // XLA's results start uninitialised; the kernels write only the rows and keys the sequences
@@ -528,16 +550,21 @@ auto bind_backward(B b) {
       .template Arg<ffi::AnyBuffer>()  // k
       .template Arg<ffi::AnyBuffer>()  // v
       .template Arg<ffi::AnyBuffer>()  // out
-      .template Arg<ffi::AnyBuffer>()  // lse
-      .template Ret<ffi::AnyBuffer>()  // dq
-      .template Ret<ffi::AnyBuffer>()  // dk
-      .template Ret<ffi::AnyBuffer>()  // dv
-      .template Ret<ffi::AnyBuffer>()  // workspace (uint8)
+      .template Arg<ffi::AnyBuffer>()          // lse
+      .template OptionalArg<ffi::AnyBuffer>()  // the forward's sinks (float32, heads_q)
+      .template Ret<ffi::AnyBuffer>()          // dq
+      .template Ret<ffi::AnyBuffer>()          // dk
+      .template Ret<ffi::AnyBuffer>()          // dv
+      .template Ret<ffi::AnyBuffer>()          // workspace (uint8)
+      .template OptionalRet<ffi::AnyBuffer>()  // dsinks (float32, heads_q), with the sinks
       .template Attr<bool>("causal")
       .template Attr<bool>("has_scale")
       .template Attr<float>("softmax_scale")
       .template Attr<bool>("deterministic")
-      .template Attr<bool>("batch_invariant");
+      .template Attr<bool>("batch_invariant")
+      .template Attr<int32_t>("window_left")
+      .template Attr<int32_t>("window_right")
+      .template Attr<float>("softcap");
 }
 
 template <class B>
@@ -575,18 +602,24 @@ auto bind_backward_varlen(B b) {
       .template Arg<ffi::AnyBuffer>()          // lse
       .template Arg<ffi::AnyBuffer>()          // cu_seqlens_q
       .template Arg<ffi::AnyBuffer>()          // cu_seqlens_k
-      .template OptionalArg<ffi::AnyBuffer>()  // seqused_k
+      .template OptionalArg<ffi::AnyBuffer>()  // seqused_k, or the sinks (see varlen_optionals)
+      .template OptionalArg<ffi::AnyBuffer>()  // the sinks after seqused_k
       .template Ret<ffi::AnyBuffer>()          // dq
       .template Ret<ffi::AnyBuffer>()          // dk
       .template Ret<ffi::AnyBuffer>()          // dv
       .template Ret<ffi::AnyBuffer>()          // workspace (uint8)
+      .template OptionalRet<ffi::AnyBuffer>()  // dsinks (float32, heads_q), with the sinks
       .template Attr<bool>("causal")
       .template Attr<bool>("has_scale")
       .template Attr<float>("softmax_scale")
       .template Attr<bool>("deterministic")
       .template Attr<bool>("batch_invariant")
       .template Attr<int64_t>("max_seqlen_q")
-      .template Attr<int64_t>("max_seqlen_k");
+      .template Attr<int64_t>("max_seqlen_k")
+      .template Attr<int32_t>("window_left")
+      .template Attr<int32_t>("window_right")
+      .template Attr<float>("softcap")
+      .template Attr<bool>("has_sinks");
 }
 
 template <class B>
@@ -744,13 +777,22 @@ void validate(const std::string& target, nb::handle operand_specs, nb::handle re
       }
     } else if (target == kBackward || target == kBackwardVarlen) {
       const bool varlen = target == kBackwardVarlen;
-      expect_count(target, "operands", ops.size(), varlen ? 8 : 6, varlen ? 9 : 6);
-      expect_count(target, "results", res.size(), 4, 4);
-      const Backward b = backward_call(ops.data(), res.data(), a, varlen, Extra::refuse);
+      // Dense: dout, q, k, v, out, lse[, sinks]. Packed: those (without the sinks), cu_seqlens_q,
+      // cu_seqlens_k[, seqused_k][, sinks]. Results: dq, dk, dv, workspace[, dsinks].
+      expect_count(target, "operands", ops.size(), varlen ? 8 : 6, varlen ? 10 : 7);
+      expect_count(target, "results", res.size(), 4, 5);
+      const size_t required = varlen ? 8 : 6;
+      const Buf* first = ops.size() > required ? &ops[required] : nullptr;
+      const Buf* second = ops.size() > required + 1 ? &ops[required + 1] : nullptr;
+      const VarlenOptionals given =
+          varlen ? varlen_optionals(first, second, a.has_sinks) : VarlenOptionals{nullptr, first};
+      const Backward b =
+          backward_call(ops.data(), res.data(), given.sinks, res.size() > 4 ? &res[4] : nullptr, a, varlen,
+                        Extra::refuse);
       if (!varlen) {
         warpattn::validate_backward(b.dout, b.q, b.k, b.v, b.out, b.lse, b.dq, b.dk, b.dv, b.options, b.workspace);
       } else {
-        const warpattn::VarlenBatch batch = varlen_batch(ops[6], ops[7], ops.size() > 8 ? &ops[8] : nullptr, a);
+        const warpattn::VarlenBatch batch = varlen_batch(ops[6], ops[7], given.seqused_k, a);
         warpattn::validate_backward_varlen(b.dout, b.q, b.k, b.v, b.out, b.lse, b.dq, b.dk, b.dv, batch, b.options,
                                            b.workspace);
       }
@@ -773,9 +815,16 @@ void validate(const std::string& target, nb::handle operand_specs, nb::handle re
   }
 }
 
+// has_sinks in attrs: the call has sinks, whose gradient's partial sums take workspace too (the
+// library sizes it by whether sinks are given, not by their values: a made-up address will do).
 size_t workspace_bytes(const std::string& target, nb::handle q_spec, int64_t batch, const nb::dict& attrs) {
   const Specs q(nb::make_tuple(q_spec), "q", 0);
-  const warpattn::BackwardOptions options = backward_options(attrs_of(attrs));
+  const Attrs a = attrs_of(attrs);
+  warpattn::BackwardOptions options = backward_options(a);
+  if (a.has_sinks) {
+    const int64_t heads = q[0].rank >= 2 ? q[0].dims[q[0].rank - 2] : 0;
+    options.sinks = warpattn::make_contiguous_view(reinterpret_cast<void*>(uintptr_t{1} << 52), DType::f32, 1, &heads);
+  }
   try {
     if (target == kBackward)
       return warpattn::backward_workspace_bytes(view_of(q[0], "q", 4, k16Bit, Extra::refuse), options) +
@@ -831,7 +880,7 @@ void add_jax_ffi(nb::module_& m) {
   m.def("jax_ffi_workspace_bytes", &workspace_bytes, nb::arg("target"), nb::arg("q"), nb::arg("batch"),
         nb::arg("attrs"),
         "Bytes of the uint8 workspace result of the backward target for q = (shape, dtype name) and `batch` "
-        "sequences (varlen).");
+        "sequences (varlen); attrs as the call's, and has_sinks when it has sinks.");
 }
 
 }  // namespace warpattn_python

@@ -109,11 +109,22 @@ warpattn::ForwardOptions forward_options(std::optional<float> softmax_scale, boo
 // The sinks among a call's arrays for require_cuda (nullptr: none given).
 const AnyArray* sinks_of(const ModelOptions& model) { return model.sinks ? &*model.sinks : nullptr; }
 
-warpattn::BackwardOptions backward_options(std::optional<float> softmax_scale, bool causal, bool deterministic) {
+// The backward's: the forward call's model options, and dsinks, the sinks' gradient the backward
+// writes (required with sinks, refused without: the library's rule).
+warpattn::BackwardOptions backward_options(std::optional<float> softmax_scale, bool causal, bool deterministic,
+                                           const ModelOptions& model, const std::optional<AnyArray>& dsinks) {
   warpattn::BackwardOptions options;
   options.softmax_scale = softmax_scale;
   options.causal = causal;
   options.deterministic = deterministic;
+  options.window_left = model.window_left;
+  options.window_right = model.window_right;
+  options.softcap = model.softcap;
+  if (model.sinks) {
+    const AnyArray& sinks = *model.sinks;
+    options.sinks = view_as(sinks, "sinks", dtype_of(sinks, "sinks", "a float32 tensor"));
+  }
+  if (dsinks) options.dsinks = view_as(*dsinks, "dsinks", dtype_of(*dsinks, "dsinks", "a float32 tensor"));
   return options;
 }
 
@@ -294,15 +305,18 @@ void forward_fp8_varlen(const AnyArray& fq, const AnyArray& fk, const AnyArray& 
 void backward(const AnyArray& dout, const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& out,
               const AnyArray& lse, const AnyArray& dq, const AnyArray& dk, const AnyArray& dv,
               std::optional<float> softmax_scale, bool causal, bool deterministic,
-              const std::optional<AnyArray>& workspace, uintptr_t stream) {
+              const std::optional<AnyArray>& workspace, uintptr_t stream, int window_left, int window_right,
+              float softcap, const std::optional<AnyArray>& sinks, const std::optional<AnyArray>& dsinks) {
+  const ModelOptions model{window_left, window_right, softcap, sinks};
   const warpattn::TensorView vdout = view_of(dout, "dout"), vq = view_of(q, "q"), vk = view_of(k, "k"),
                              vv = view_of(v, "v"), vo = view_of(out, "out"), vl = view_of(lse, "lse"),
                              vdq = view_of(dq, "dq"), vdk = view_of(dk, "dk"), vdv = view_of(dv, "dv");
   const std::optional<warpattn::Workspace> w = workspace_of(workspace);
-  const warpattn::BackwardOptions options = backward_options(softmax_scale, causal, deterministic);
+  const warpattn::BackwardOptions options = backward_options(softmax_scale, causal, deterministic, model, dsinks);
   checked_launch([&] { warpattn::validate_backward(vdout, vq, vk, vv, vo, vl, vdq, vdk, vdv, options, w); },
                  {{&dout, "dout"}, {&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&lse, "lse"}, {&dq, "dq"},
-                  {&dk, "dk"}, {&dv, "dv"}, {workspace ? &*workspace : nullptr, "workspace"}},
+                  {&dk, "dk"}, {&dv, "dv"}, {workspace ? &*workspace : nullptr, "workspace"},
+                  {sinks_of(model), "sinks"}, {dsinks ? &*dsinks : nullptr, "dsinks"}},
                  [&] {
                    warpattn::backward(vdout, vq, vk, vv, vo, vl, vdq, vdk, vdv, options, w,
                                       reinterpret_cast<cudaStream_t>(stream));
@@ -314,18 +328,22 @@ void backward_varlen(const AnyArray& dout, const AnyArray& q, const AnyArray& k,
                      const AnyArray& dv, const AnyArray& cu_seqlens_q, const AnyArray& cu_seqlens_k,
                      const std::optional<AnyArray>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                      std::optional<float> softmax_scale, bool causal, bool deterministic,
-                     const std::optional<AnyArray>& workspace, uintptr_t stream) {
+                     const std::optional<AnyArray>& workspace, uintptr_t stream, int window_left,
+                     int window_right, float softcap, const std::optional<AnyArray>& sinks,
+                     const std::optional<AnyArray>& dsinks) {
+  const ModelOptions model{window_left, window_right, softcap, sinks};
   const warpattn::TensorView vdout = view_of(dout, "dout"), vq = view_of(q, "q"), vk = view_of(k, "k"),
                              vv = view_of(v, "v"), vo = view_of(out, "out"), vl = view_of(lse, "lse"),
                              vdq = view_of(dq, "dq"), vdk = view_of(dk, "dk"), vdv = view_of(dv, "dv");
   const warpattn::VarlenBatch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
   const std::optional<warpattn::Workspace> w = workspace_of(workspace);
-  const warpattn::BackwardOptions options = backward_options(softmax_scale, causal, deterministic);
+  const warpattn::BackwardOptions options = backward_options(softmax_scale, causal, deterministic, model, dsinks);
   checked_launch(
       [&] { warpattn::validate_backward_varlen(vdout, vq, vk, vv, vo, vl, vdq, vdk, vdv, batch, options, w); },
       {{&dout, "dout"}, {&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&lse, "lse"}, {&dq, "dq"}, {&dk, "dk"},
        {&dv, "dv"}, {&cu_seqlens_q, "cu_seqlens_q"}, {&cu_seqlens_k, "cu_seqlens_k"},
-       {seqused_k ? &*seqused_k : nullptr, "seqused_k"}, {workspace ? &*workspace : nullptr, "workspace"}},
+       {seqused_k ? &*seqused_k : nullptr, "seqused_k"}, {workspace ? &*workspace : nullptr, "workspace"},
+       {sinks_of(model), "sinks"}, {dsinks ? &*dsinks : nullptr, "dsinks"}},
       [&] {
         warpattn::backward_varlen(vdout, vq, vk, vv, vo, vl, vdq, vdk, vdv, batch, options, w,
                                   reinterpret_cast<cudaStream_t>(stream));
@@ -333,20 +351,27 @@ void backward_varlen(const AnyArray& dout, const AnyArray& q, const AnyArray& k,
 }
 
 size_t backward_varlen_workspace_bytes(const AnyArray& q, int64_t batch, std::optional<float> softmax_scale,
-                                       bool causal, bool deterministic) {
+                                       bool causal, bool deterministic, int window_left, int window_right,
+                                       float softcap, const std::optional<AnyArray>& sinks,
+                                       const std::optional<AnyArray>& dsinks) {
   const warpattn::TensorView vq = view_of(q, "q");
+  const ModelOptions model{window_left, window_right, softcap, sinks};
+  const warpattn::BackwardOptions options = backward_options(softmax_scale, causal, deterministic, model, dsinks);
   try {
-    return warpattn::backward_varlen_workspace_bytes(vq, batch, backward_options(softmax_scale, causal, deterministic));
+    return warpattn::backward_varlen_workspace_bytes(vq, batch, options);
   } catch (const warpattn::Error& e) {
     throw nb::value_error(e.what());
   }
 }
 
 size_t backward_workspace_bytes(const AnyArray& q, std::optional<float> softmax_scale, bool causal,
-                                bool deterministic) {
+                                bool deterministic, int window_left, int window_right, float softcap,
+                                const std::optional<AnyArray>& sinks, const std::optional<AnyArray>& dsinks) {
   const warpattn::TensorView vq = view_of(q, "q");
+  const ModelOptions model{window_left, window_right, softcap, sinks};
+  const warpattn::BackwardOptions options = backward_options(softmax_scale, causal, deterministic, model, dsinks);
   try {
-    return warpattn::backward_workspace_bytes(vq, backward_options(softmax_scale, causal, deterministic));
+    return warpattn::backward_workspace_bytes(vq, options);
   } catch (const warpattn::Error& e) {
     throw nb::value_error(e.what());
   }
@@ -380,21 +405,32 @@ NB_MODULE(_warpattn, m) {
   m.def("backward", &backward, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("softmax_scale").none(),
         nb::arg("causal"), nb::arg("deterministic"), nb::arg("workspace").none(), nb::arg("stream"),
+        nb::kw_only(), nb::arg("window_left") = -1, nb::arg("window_right") = -1,
+        nb::arg("softcap") = 0.0f, nb::arg("sinks").none() = nb::none(), nb::arg("dsinks").none() = nb::none(),
         "Writes the gradients of forward(q, k, v) -> out, lse into dq, dk, dv, given dout = dL/d(out), on "
         "`stream`. workspace: a contiguous device array of at least backward_workspace_bytes bytes, 256-byte "
-        "aligned (None: taken from warpattn's memory pool, which is refused during CUDA graph capture).");
+        "aligned (None: taken from warpattn's memory pool, which is refused during CUDA graph capture). "
+        "window_left, window_right, softcap, sinks: the forward call's (softcap at head dims 128 and 256); "
+        "dsinks: with sinks, a (heads,) float32 tensor the call writes the sinks' gradient into.");
   m.def("backward_workspace_bytes", &backward_workspace_bytes, nb::arg("q"), nb::arg("softmax_scale").none() = nb::none(),
-        nb::arg("causal") = false, nb::arg("deterministic") = false,
-        "Bytes of workspace backward needs for q's shape and these options (only q's rank and sizes are checked).");
+        nb::arg("causal") = false, nb::arg("deterministic") = false, nb::kw_only(), nb::arg("window_left") = -1,
+        nb::arg("window_right") = -1, nb::arg("softcap") = 0.0f, nb::arg("sinks").none() = nb::none(),
+        nb::arg("dsinks").none() = nb::none(),
+        "Bytes of workspace backward needs for q's shape and these options (only q's rank and sizes are checked; "
+        "sinks need more).");
   m.def("backward_varlen", &backward_varlen, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("cu_seqlens_q"),
         nb::arg("cu_seqlens_k"), nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
         nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("deterministic"), nb::arg("workspace").none(),
-        nb::arg("stream"),
+        nb::arg("stream"), nb::kw_only(), nb::arg("window_left") = -1, nb::arg("window_right") = -1,
+        nb::arg("softcap") = 0.0f, nb::arg("sinks").none() = nb::none(), nb::arg("dsinks").none() = nb::none(),
         "backward on a packed batch (tensors as forward_varlen takes them; lse (heads, total_q)); workspace: at "
-        "least backward_varlen_workspace_bytes bytes, or None.");
+        "least backward_varlen_workspace_bytes bytes, or None. window_left, window_right, softcap, sinks, dsinks: "
+        "as backward's.");
   m.def("backward_varlen_workspace_bytes", &backward_varlen_workspace_bytes, nb::arg("q"), nb::arg("batch"),
         nb::arg("softmax_scale").none() = nb::none(), nb::arg("causal") = false, nb::arg("deterministic") = false,
+        nb::kw_only(), nb::arg("window_left") = -1, nb::arg("window_right") = -1,
+        nb::arg("softcap") = 0.0f, nb::arg("sinks").none() = nb::none(), nb::arg("dsinks").none() = nb::none(),
         "Bytes of workspace backward_varlen needs for q (total_q, heads, head_dim) and `batch` sequences.");
   m.def("quantize_fp8", &quantize_fp8, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("fp8_q"), nb::arg("fp8_k"),
         nb::arg("vt"), nb::arg("q_descale"), nb::arg("k_descale"), nb::arg("v_descale"), nb::arg("rotate"),

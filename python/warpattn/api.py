@@ -42,11 +42,11 @@ def _lse_shape(q):
 
 
 # ------------------------------------------------------------ window_size, softcap, sinks
-# The forward's model options (ForwardOptions in warpattn.hpp). Python converts window_size to the
-# library's two ints and leaves every rule to the library (ValueError with its message), so that
-# each entry point reports a bad value the same way. The backward has none of them yet: a
-# gradient through a call that used one is refused (NotImplementedError), never computed as if
-# the call had not used it.
+# The model options (ForwardOptions and BackwardOptions in warpattn.hpp). Python converts
+# window_size to the library's two ints and leaves every rule to the library (ValueError with its
+# message), so that each entry point reports a bad value the same way, the backward's included
+# (softcap at head_dim 64, which its kernels do not have yet, is its ValueError too). With sinks
+# the backward also writes their gradient, dsinks: fp32, one per query head.
 
 _INT32 = (-2 ** 31, 2 ** 31 - 1)
 
@@ -85,31 +85,6 @@ def _model_options(window_size, softcap, sinks):
     return {"window_left": left, "window_right": right, "softcap": float(softcap), "sinks": sinks}
 
 
-def _model_options_used(window_left, window_right, softcap, has_sinks, causal):
-    """What of the model options a call used, by name, for the backward's refusal. A window side
-    of -1 bounds nothing, nor does a right side of 0 under causal (causal is that already)."""
-    used = []
-    if window_left >= 0 or (window_right >= 0 and not causal):
-        used.append("window_size=(%d, %d)" % (window_left, window_right))
-    if softcap != 0:
-        used.append("softcap=%g" % softcap)
-    if has_sinks:
-        used.append("sinks")
-    return used
-
-
-def _refuse_backward(used, remedy=""):
-    """NotImplementedError naming the model options `used` (_model_options_used), if any."""
-    if not used:
-        return
-    names = used[0] if len(used) == 1 else ", ".join(used[:-1]) + " and " + used[-1]
-    them = "it" if len(used) == 1 else "them"
-    raise NotImplementedError(
-        "warpattn: the backward does not support %s yet (the sliding window, softcap and sinks are forward-only "
-        "so far): a gradient through a forward call that used %s is refused rather than computed without %s%s"
-        % (names, them, them, "; " + remedy if remedy else ""))
-
-
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False, out=None, deterministic=False,
                     batch_invariant=False, window_size=(-1, -1), softcap=0.0, sinks=None):
     """Exact attention: softmax(softmax_scale * q k^T [+ causal mask]) v.
@@ -129,8 +104,9 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False,
     the backward deterministic). CuPy: see flash_attn_backward. JAX: warpattn.jax_ffi.flash_attn
     (on XLA's stream; under jax.jit and jax.grad too), or without the FFI handlers the eager
     DLPack path (warpattn.jax_flash_attn for gradients).
-    Model options, as FlashAttention takes them (forward only so far: a gradient through a call
-    that uses one raises NotImplementedError in the backward): window_size=(left, right), a
+    Model options, as FlashAttention takes them, differentiable too (PyTorch: sinks that require
+    grad get their gradient; softcap's backward needs head_dim 128 or 256, a ValueError at 64):
+    window_size=(left, right), a
     sliding window in which query row i sees key j iff i + seqlen_k - seqlen_q - left <= j <=
     i + seqlen_k - seqlen_q + right (-1: that side unbounded; with causal, right must be -1 or
     0); softcap > 0: scores become softcap * tanh(score / softcap) before the mask and softmax
@@ -166,8 +142,11 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False,
 
 def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, deterministic=False,
                         dq=None, dk=None, dv=None, window_size=(-1, -1), softcap=0.0, sinks=None):
-    """The gradients (dq, dk, dv) of out = flash_attn_func(q, k, v, softmax_scale, causal) with
-    respect to q, k and v, given dout = dL/d(out) and the forward's out and lse (return_lse=True).
+    """The gradients (dq, dk, dv) of out = flash_attn_func(q, k, v, softmax_scale, causal,
+    window_size=window_size, softcap=softcap, sinks=sinks) with respect to q, k and v, given
+    dout = dL/d(out) and the forward's out and lse (return_lse=True); with sinks, (dq, dk, dv,
+    dsinks), dsinks the gradient of the sinks: float32 (heads,), a new tensor of the call's
+    framework on the sinks' device.
 
     Tensors of one framework (PyTorch, CuPy, JAX), as in flash_attn_func; dout like out. dq, dk,
     dv: tensors to write (PyTorch and CuPy), shaped as q, k, v (dk and dv summed over the query
@@ -177,13 +156,10 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=Fals
     current stream (PyTorch, CuPy) and returns without synchronising; JAX arrays go through
     warpattn.jax_ffi (XLA's stream), or without its handlers are waited for and the result
     handed back once computed. PyTorch users get this through autograd. window_size, softcap and
-    sinks: those of the forward call, which the backward does not support yet (NotImplementedError
-    for any that bounds or changes something).
+    sinks: those of the forward call (softcap at head dims 128 and 256: a ValueError at 64).
     """
-    fw = _common_framework(q, dout=dout, k=k, v=v, out=out, lse=lse, dq=dq, dk=dk, dv=dv)
+    fw = _common_framework(q, dout=dout, k=k, v=v, out=out, lse=lse, dq=dq, dk=dk, dv=dv, sinks=sinks)
     model = _model_options(window_size, softcap, sinks)
-    _refuse_backward(_model_options_used(model["window_left"], model["window_right"], model["softcap"],
-                                         sinks is not None, bool(causal)))
     _check_rank(q)
     args = (dout, q, k, v, out, lse, _scale(softmax_scale), bool(causal), bool(deterministic))
     if fw == "jax":
@@ -191,23 +167,32 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=Fals
             raise ValueError("dq, dk, dv: JAX arrays are immutable; call without them")
         ffi = _jax_ffi()
         if ffi is not None:
-            return ffi.flash_attn_backward(*args)
-        _wait_for_jax_arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
+            return ffi.flash_attn_backward(*args, window_size=(model["window_left"], model["window_right"]),
+                                           softcap=model["softcap"], sinks=sinks)
+        _wait_for_jax_arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse,
+                             **({} if sinks is None else {"sinks": sinks}))
         return tuple(_jax_run(q.devices().pop().id, lambda empty: _backward_into(
-            *args, (None, None, None), lambda t: empty(t.shape, str(t.dtype)), lambda n: empty((n,), "uint8"), 0)))
+            *args, (None, None, None), lambda t: empty(t.shape, str(t.dtype)), lambda n: empty((n,), "uint8"), 0,
+            model)))
     with device_of(q, fw):  # allocate on q's device
-        return _backward_into(*args, (dq, dk, dv), *_backward_allocators(fw, q), _current_stream(fw, q))
+        return _backward_into(*args, (dq, dk, dv), *_backward_allocators(fw, q), _current_stream(fw, q), model)
 
 
-def _backward_into(dout, q, k, v, out, lse, scale, causal, deterministic, grads, new_like, new_workspace, stream):
+def _backward_into(dout, q, k, v, out, lse, scale, causal, deterministic, grads, new_like, new_workspace, stream,
+                   model):
     """Runs the backward on `stream` into `grads` (dq, dk, dv), allocating each one that is None
-    with new_like(the tensor it is the gradient of). The workspace is new_workspace(bytes) (None:
-    the library's own pool): memory of the caller's framework, so that it is stream-ordered and
-    may be taken during CUDA graph capture, where the library's pool may not."""
+    with new_like(the tensor it is the gradient of); with sinks (in model, _model_options'
+    keywords) also dsinks = new_like(sinks), returned fourth. The workspace is
+    new_workspace(bytes) (None: the library's own pool): memory of the caller's framework, so that
+    it is stream-ordered and may be taken during CUDA graph capture, where the library's pool may
+    not."""
     dq, dk, dv = (g if g is not None else new_like(t) for g, t in zip(grads, (q, k, v)))
-    workspace = new_workspace(_warpattn.backward_workspace_bytes(q, scale, causal, deterministic))
-    _warpattn.backward(dout, q, k, v, out, lse, dq, dk, dv, scale, causal, deterministic, workspace, stream)
-    return dq, dk, dv
+    sinks = model["sinks"]
+    dsinks = None if sinks is None else new_like(sinks)
+    workspace = new_workspace(_warpattn.backward_workspace_bytes(q, scale, causal, deterministic, **model))
+    _warpattn.backward(dout, q, k, v, out, lse, dq, dk, dv, scale, causal, deterministic, workspace, stream,
+                       dsinks=dsinks, **model)
+    return (dq, dk, dv) if sinks is None else (dq, dk, dv, dsinks)
 
 
 def _backward_allocators(fw, q):

@@ -10,12 +10,13 @@ custom calls: warpattn_forward, warpattn_backward, warpattn_forward_varlen,
 warpattn_backward_varlen, and FP8's warpattn_quantize_fp8 and warpattn_forward_fp8 (forward
 only: FP8 has no backward). XLA hands them its buffers and its stream: nothing is copied, nothing
 waits for the host, and the calls compose with jax.jit, jax.grad (jax.custom_vjp over the
-forward and backward calls) and jax.vmap. Shapes and dtypes are checked when the call is traced,
-with the C++ library's messages (ValueError), so a bad call fails in jax.jit's tracing rather
-than on the device. The backward's workspace (dQ's fp32 accumulator) is an output of its XLA
-call, sized at trace time: XLA allocates it per call like any temporary, so two jitted
-programs never share it. The forward's scheduler memory comes from the library's stream-ordered
-pool, per launch (see warpattn.hpp).
+forward and backward calls; the sliding window, softcap and sinks included, the sinks getting
+their gradient from the backward call's dsinks result) and jax.vmap. Shapes and dtypes are
+checked when the call is traced, with the C++ library's messages (ValueError), so a bad call
+fails in jax.jit's tracing rather than on the device. The backward's workspace (dQ's fp32
+accumulator) is an output of its XLA call, sized at trace time: XLA allocates it per call like
+any temporary, so two jitted programs never share it. The forward's scheduler memory comes from
+the library's stream-ordered pool, per launch (see warpattn.hpp).
 
 vmap: over the dense calls a mapped axis is more batch (the handler folds the leading axes
 into the batch axis, no copy; an operand that is not mapped is broadcast first, which copies
@@ -38,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .api import _check_rank, _model_options_used, _refuse_backward, _scale, _window
+from .api import _check_rank, _scale, _window
 from .fp8 import Fp8Operands, _blocks, _dtype_name, _qk_int8
 from .varlen import _batch_size
 from .varlen import _check_rank as _check_packed_rank
@@ -89,14 +90,14 @@ def _spec(x):
 
 
 def _model(window_size=(-1, -1), softcap=0.0):
-    """The forward calls' model options other than the sinks (an operand): (window_left,
-    window_right, softcap), static (hashable: nondiff arguments of the custom VJPs)."""
+    """The calls' model options other than the sinks (an operand): (window_left, window_right,
+    softcap), static (hashable: nondiff arguments of the custom VJPs)."""
     return _window(window_size) + (float(softcap),)
 
 
 def _attrs(scale, causal, batch_invariant=None, deterministic=None, max_seqlens=None, model=None):
     """The call's attributes, typed as the handlers bind them (f32, pred, s32, s64). model: a
-    _model(), for the forward calls (the backward calls have no such attributes)."""
+    _model(), for the 16-bit calls and the FP8 forward (quantize_fp8 has no such attributes)."""
     attrs = {"causal": np.bool_(causal), "has_scale": np.bool_(scale is not None),
              "softmax_scale": np.float32(0.0 if scale is None else scale)}
     if batch_invariant is not None:
@@ -116,9 +117,9 @@ def _with_sinks(operands, sinks):
 
 
 def _forward_batching(sinks):
-    """ffi_call's vmap method for a dense forward: mapped axes folded into the batch, except with
-    sinks, which would then be folded too (the handler could not tell sinks shared by the mapped
-    examples from sinks of each): then one call per example."""
+    """ffi_call's vmap method for a dense call (forward or backward): mapped axes folded into the
+    batch, except with sinks, which would then be folded too (the handler could not tell sinks
+    shared by the mapped examples from sinks of each): then one call per example."""
     return "broadcast_all" if sinks is None else "sequential"
 
 
@@ -155,13 +156,28 @@ def _forward(q, k, v, sinks, scale, causal, batch_invariant, model, with_lse):
     return (outs[0], outs[1]) if with_lse else (outs[0], None)
 
 
-def _backward(dout, q, k, v, out, lse, scale, causal, deterministic, batch_invariant):
-    attrs = _attrs(scale, causal, batch_invariant, deterministic)
+def _workspace_bytes(target, q, batch, attrs, sinks):
+    """The backward call's workspace result's bytes (more with sinks: their gradient's partial sums)."""
     register()
-    workspace = _handlers.jax_ffi_workspace_bytes(BACKWARD, _spec(q), 0, {n: a.item() for n, a in attrs.items()})
+    attrs = {n: a.item() for n, a in attrs.items()}
+    attrs["has_sinks"] = sinks is not None
+    return _handlers.jax_ffi_workspace_bytes(target, _spec(q), batch, attrs)
+
+
+def _backward_results(q, k, v, sinks, workspace):
+    """dq, dk, dv, the workspace, and with sinks dsinks (float32 (heads,), typed as the sinks: the
+    cotangent custom_vjp takes for them)."""
     results = [_like(q), _like(k), _like(v), _like(q, jnp.uint8, (workspace,))]
-    dq, dk, dv, _ = _call(BACKWARD, (dout, q, k, v, out, lse), results, attrs, "broadcast_all")
-    return dq, dk, dv
+    return results + ([] if sinks is None else [_like(sinks, jnp.float32)])
+
+
+def _backward(dout, q, k, v, out, lse, sinks, scale, causal, deterministic, batch_invariant, model):
+    """dq, dk, dv and dsinks (None without sinks)."""
+    attrs = _attrs(scale, causal, batch_invariant, deterministic, model=model)
+    workspace = _workspace_bytes(BACKWARD, q, 0, attrs, sinks)
+    outs = _call(BACKWARD, _with_sinks((dout, q, k, v, out, lse), sinks), _backward_results(q, k, v, sinks, workspace),
+                 attrs, _forward_batching(sinks))
+    return outs[0], outs[1], outs[2], (outs[4] if sinks is not None else None)
 
 
 def _forward_varlen(q, k, v, offsets, sinks, max_seqlens, scale, causal, batch_invariant, model, with_lse):
@@ -176,15 +192,16 @@ def _forward_varlen(q, k, v, offsets, sinks, max_seqlens, scale, causal, batch_i
     return (outs[0], outs[1]) if with_lse else (outs[0], None)
 
 
-def _backward_varlen(dout, q, k, v, out, lse, offsets, max_seqlens, scale, causal, deterministic, batch_invariant):
-    attrs = _attrs(scale, causal, batch_invariant, deterministic, max_seqlens)
-    register()
-    workspace = _handlers.jax_ffi_workspace_bytes(BACKWARD_VARLEN, _spec(q), _batch_size(offsets[0]),
-                                                  {n: a.item() for n, a in attrs.items()})
-    results = [_like(q), _like(k), _like(v), _like(q, jnp.uint8, (workspace,))]
-    operands = (dout, q, k, v, out, lse) + tuple(o for o in offsets if o is not None)
-    dq, dk, dv, _ = _call(BACKWARD_VARLEN, operands, results, attrs, "sequential")
-    return dq, dk, dv
+def _backward_varlen(dout, q, k, v, out, lse, offsets, sinks, max_seqlens, scale, causal, deterministic,
+                     batch_invariant, model):
+    """dq, dk, dv and dsinks (None without sinks)."""
+    attrs = _attrs(scale, causal, batch_invariant, deterministic, max_seqlens, model=model)
+    workspace = _workspace_bytes(BACKWARD_VARLEN, q, _batch_size(offsets[0]), attrs, sinks)
+    operands = _with_sinks((dout, q, k, v, out, lse) + tuple(o for o in offsets if o is not None), sinks)
+    # Which of the two optional operands came (the handler's varlen_optionals), as the forward's.
+    attrs["has_sinks"] = np.bool_(sinks is not None)
+    outs = _call(BACKWARD_VARLEN, operands, _backward_results(q, k, v, sinks, workspace), attrs, "sequential")
+    return outs[0], outs[1], outs[2], (outs[4] if sinks is not None else None)
 
 
 # ------------------------------------------------------------------------- differentiation
@@ -210,14 +227,6 @@ def _values(*primals):
     return tuple(None if p is None else p.value for p in primals)
 
 
-_NO_GRADIENT_REMEDY = "apply jax.lax.stop_gradient to that call's inputs, or train with a model that does not need them"
-
-
-def _refuse_model_options(model, sinks, causal):
-    """The backward's refusal of the forward's model options (NotImplementedError when traced)."""
-    _refuse_backward(_model_options_used(model[0], model[1], model[2], sinks is not None, causal), _NO_GRADIENT_REMEDY)
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8, 9))
 def _attention(q, k, v, sinks, scale, causal, return_lse, deterministic, batch_invariant, model):
     out, lse = _forward(q, k, v, sinks, scale, causal, batch_invariant, model, return_lse)
@@ -233,9 +242,9 @@ def _attention_fwd(q, k, v, sinks, scale, causal, return_lse, deterministic, bat
 
 def _attention_bwd(scale, causal, return_lse, deterministic, batch_invariant, model, residuals, cotangents):
     q, k, v, out, lse, sinks = residuals
-    _refuse_model_options(model, sinks, causal)
     dout = _cotangent_out(cotangents, out, return_lse)
-    return _backward(dout, q, k, v, out, lse, scale, causal, deterministic, batch_invariant) + (None,)
+    # dq, dk, dv, and the sinks' cotangent (None: no sinks).
+    return _backward(dout, q, k, v, out, lse, sinks, scale, causal, deterministic, batch_invariant, model)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
@@ -262,11 +271,10 @@ def _attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks,
 def _attention_varlen_bwd(max_seqlens, scale, causal, return_lse, deterministic, batch_invariant, model, residuals,
                           cotangents):
     q, k, v, out, lse, offsets, sinks = residuals
-    _refuse_model_options(model, sinks, causal)
     dout = _cotangent_out(cotangents, out, return_lse)
-    dq, dk, dv = _backward_varlen(dout, q, k, v, out, lse, offsets, max_seqlens, scale, causal, deterministic,
-                                  batch_invariant)
-    return dq, dk, dv, None, None, None, None  # the offsets are integers: no gradient; sinks: none given
+    dq, dk, dv, dsinks = _backward_varlen(dout, q, k, v, out, lse, offsets, sinks, max_seqlens, scale, causal,
+                                          deterministic, batch_invariant, model)
+    return dq, dk, dv, None, None, None, dsinks  # the offsets are integers: no gradient
 
 
 _attention_varlen.defvjp(_attention_varlen_fwd, _attention_varlen_bwd, symbolic_zeros=True)
@@ -315,8 +323,8 @@ def flash_attn(q, k, v, softmax_scale=None, causal=False, return_lse=False, dete
     Under vmap, mapped axes become batch (with sinks: one call per example).
     window_size (left, right), softcap and sinks: as warpattn.flash_attn_func takes them;
     window_size and softcap static (attributes of the call), sinks a float32 (heads,) array (an
-    operand). Forward only so far: a gradient through a call that uses one raises
-    NotImplementedError when traced."""
+    operand), differentiable too: jax.grad gives the sinks their gradient. softcap's backward
+    needs head_dim 128 or 256 (the library's ValueError when the gradient is traced at 64)."""
     _check_rank(q)
     _check_on_gpu(q=q, k=k, v=v, sinks=sinks)
     return _attention(q, k, v, sinks, _scale(softmax_scale), bool(causal), bool(return_lse), bool(deterministic),
@@ -330,9 +338,9 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     conventions (see warpattn.flash_attn_varlen_func): q (total_q, heads, head_dim); k, v
     (total_k, heads_kv, head_dim); cu_seqlens_q, cu_seqlens_k (batch + 1,) int32 arrays, read on
     the device only; seqused_k optional (batch,) int32; max_seqlen_q, max_seqlen_k Python ints
-    >= 0 (static). lse: (heads, total_q). Differentiable in q, k and v; the gradients are zero
-    for rows and keys that no sequence uses. window_size, softcap and sinks as flash_attn's (the
-    window per sequence; forward only)."""
+    >= 0 (static). lse: (heads, total_q). Differentiable in q, k and v (and the sinks); the
+    gradients are zero for rows and keys that no sequence uses. window_size, softcap and sinks as
+    flash_attn's (the window per sequence)."""
     _check_packed_rank(q)
     _check_on_gpu(q=q, k=k, v=v, sinks=sinks)
     max_seqlens = _static_lengths(max_seqlen_q, max_seqlen_k)
@@ -343,14 +351,15 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 
 def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, deterministic=False,
                         batch_invariant=False, window_size=(-1, -1), softcap=0.0, sinks=None):
-    """(dq, dk, dv) of flash_attn(q, k, v, softmax_scale, causal) given dout and the forward's out
-    and lse (return_lse=True): the backward call alone, for those who drive it themselves.
-    window_size, softcap, sinks: the forward's; not supported yet (NotImplementedError)."""
-    _refuse_model_options(_model(window_size, softcap), sinks, bool(causal))
+    """(dq, dk, dv) of flash_attn(q, k, v, softmax_scale, causal, ...) given dout and the forward's
+    out and lse (return_lse=True): the backward call alone, for those who drive it themselves.
+    window_size, softcap, sinks: the forward's; with sinks, (dq, dk, dv, dsinks), dsinks the
+    sinks' gradient (float32 (heads,))."""
     _check_rank(q)
-    _check_on_gpu(dout=dout, q=q)
-    return _backward(dout, q, k, v, out, lse, _scale(softmax_scale), bool(causal), bool(deterministic),
-                     bool(batch_invariant))
+    _check_on_gpu(dout=dout, q=q, sinks=sinks)
+    dq, dk, dv, dsinks = _backward(dout, q, k, v, out, lse, sinks, _scale(softmax_scale), bool(causal),
+                                   bool(deterministic), bool(batch_invariant), _model(window_size, softcap))
+    return (dq, dk, dv) if sinks is None else (dq, dk, dv, dsinks)
 
 
 def flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -358,13 +367,14 @@ def flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens
                                batch_invariant=False, window_size=(-1, -1), softcap=0.0, sinks=None):
     """(dq, dk, dv) of flash_attn_varlen(...) given dout and the forward's out and lse; rows and
     keys that no sequence uses get zero gradients. window_size, softcap, sinks: the forward's;
-    not supported yet (NotImplementedError)."""
-    _refuse_model_options(_model(window_size, softcap), sinks, bool(causal))
+    with sinks, (dq, dk, dv, dsinks) as flash_attn_backward's."""
     _check_packed_rank(q)
-    _check_on_gpu(dout=dout, q=q)
+    _check_on_gpu(dout=dout, q=q, sinks=sinks)
     max_seqlens = _static_lengths(max_seqlen_q, max_seqlen_k)
-    return _backward_varlen(dout, q, k, v, out, lse, (cu_seqlens_q, cu_seqlens_k, seqused_k), max_seqlens,
-                            _scale(softmax_scale), bool(causal), bool(deterministic), bool(batch_invariant))
+    dq, dk, dv, dsinks = _backward_varlen(dout, q, k, v, out, lse, (cu_seqlens_q, cu_seqlens_k, seqused_k), sinks,
+                                          max_seqlens, _scale(softmax_scale), bool(causal), bool(deterministic),
+                                          bool(batch_invariant), _model(window_size, softcap))
+    return (dq, dk, dv) if sinks is None else (dq, dk, dv, dsinks)
 
 
 # ------------------------------------------------------------------------- FP8

@@ -8,17 +8,16 @@ vmap and the like. JAX is imported on the first call, so that importing warpattn
 """
 import functools
 
-from .api import (_check_rank, _common_framework, _flash_attn_jax, _jax_ffi, _model_options, _model_options_used,
-                  _refuse_backward, _scale, flash_attn_backward)
+from .api import _check_rank, _common_framework, _flash_attn_jax, _jax_ffi, _model_options, _scale, flash_attn_backward
 
 
 def jax_flash_attn(q, k, v, softmax_scale=None, causal=False, deterministic=False, window_size=(-1, -1), softcap=0.0,
                    sinks=None):
     """softmax(softmax_scale q k^T [+ causal mask, bottom-right]) v on JAX arrays, differentiable
-    in q, k and v (jax.grad, jax.vjp; head dims: warpattn.backward_head_dims). Shapes and dtypes
-    as flash_attn_func; deterministic: the backward gives the same bits on every run (slower).
-    window_size, softcap and sinks as flash_attn_func takes them; the backward does not support
-    them yet (NotImplementedError when a gradient is asked for through a call that uses one)."""
+    in q, k and v, and in the sinks when given (jax.grad, jax.vjp; head dims:
+    warpattn.backward_head_dims). Shapes and dtypes as flash_attn_func; deterministic: the
+    backward gives the same bits on every run (slower). window_size, softcap and sinks as
+    flash_attn_func takes them (softcap's backward at head_dim 128 and 256)."""
     if _common_framework(q, k=k, v=v, sinks=sinks) != "jax":
         raise TypeError("q: expected a JAX array, got %s.%s (flash_attn_func takes the others)"
                         % (type(q).__module__, type(q).__name__))
@@ -41,7 +40,7 @@ def _attention():
         return dict(window_left=static[0], window_right=static[1], softcap=static[2], sinks=sinks)
 
     # The options are static (hashable, not differentiated): nondiff_argnums. The sinks are an
-    # array, so a primal argument (which gets no gradient).
+    # array, a primal argument with its gradient (None when there are none).
     @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
     def attention(q, k, v, sinks, scale, causal, deterministic, static):
         return _flash_attn_jax(q, k, v, scale, causal, False, None, model=model_options(static, sinks))
@@ -52,10 +51,10 @@ def _attention():
 
     def backward(scale, causal, deterministic, static, residuals, dout):
         *residuals, sinks = residuals
-        _refuse_backward(_model_options_used(*static, sinks is not None, causal),
-                         "apply jax.lax.stop_gradient to that call's inputs")
         # DLPack too: no handlers
-        return flash_attn_backward(dout, *residuals, scale, causal, deterministic) + (None,)
+        grads = flash_attn_backward(dout, *residuals, scale, causal, deterministic, window_size=static[:2],
+                                    softcap=static[2], sinks=sinks)
+        return tuple(grads) if sinks is not None else tuple(grads) + (None,)
 
     attention.defvjp(forward, backward)
     return attention

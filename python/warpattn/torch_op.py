@@ -3,26 +3,20 @@ varlen batches), each pair joined by register_autograd, so that flash_attn_func 
 flash_attn_varlen_func are differentiable and work under torch.compile and CUDA graph capture, on
 PyTorch's current stream.
 
-The forward ops take the model options (window_left, window_right, softcap, sinks); the backward
-ops take them too, and refuse them (NotImplementedError) when they run: the backward kernels do
-not support them yet. The refusal is in the backward op's real implementation, not in the
-autograd formula, so that torch.compile can trace the backward of a call that uses them (it does
-so ahead of time whenever an input requires grad) and only a backward that actually runs fails,
-eagerly or compiled alike."""
+The forward ops take the model options (window_left, window_right, softcap, sinks), and so do
+the backward ops, which return the sinks' gradient too (dsinks, float32 (heads,); an empty (0,)
+tensor when there are no sinks, since an op's tuple of outputs cannot hold None): register_autograd
+hands it to the sinks input, so learned sinks (requires_grad) train. What the backward kernels do
+not have (softcap at head_dim 64) is the library's ValueError when the backward op runs, as every
+other argument error of the backward: not in the autograd formula, so that torch.compile can still
+trace the backward of such a call (it does so ahead of time whenever an input requires grad) and
+only a backward that actually runs fails, eagerly or compiled alike."""
 from typing import Optional, Tuple
 
 import torch
 
 from . import _warpattn
-from .api import _current_stream, _model_options_used, _refuse_backward, flash_attn_backward as _flash_attn_backward
-
-_NO_GRAD_REMEDY = ("run that forward under torch.no_grad() or on detached inputs, or train with a model that does "
-                   "not need them")
-
-
-def _refuse_model_options(causal, window_left, window_right, softcap, sinks):
-    _refuse_backward(_model_options_used(window_left, window_right, softcap, sinks is not None, causal),
-                     _NO_GRAD_REMEDY)
+from .api import _current_stream, flash_attn_backward as _flash_attn_backward
 
 
 def _lse_like(q):
@@ -34,8 +28,15 @@ def _forward_outputs(q):
     return q.new_empty(q.shape), _lse_like(q)
 
 
-def _gradients_like(q, k, v):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+def _gradients_like(q, k, v, sinks):
+    """dq, dk, dv and dsinks as the backward ops return them (dsinks (0,) without sinks)."""
+    dsinks = q.new_empty((0,), dtype=torch.float32) if sinks is None else sinks.new_empty(sinks.shape)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
+
+
+def _with_dsinks(grads, q):
+    """The explicit backward's (dq, dk, dv[, dsinks]) as the ops return them."""
+    return tuple(grads) if len(grads) == 4 else tuple(grads) + (q.new_empty((0,), dtype=torch.float32),)
 
 
 @torch.library.custom_op("warpattn::flash_attn_forward", mutates_args=())
@@ -61,23 +62,23 @@ def _(q, k, v, softmax_scale, causal, deterministic, batch_invariant=False, wind
 def flash_attn_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         out: torch.Tensor, lse: torch.Tensor, dlse: Optional[torch.Tensor],
                         softmax_scale: Optional[float], causal: bool, deterministic: bool, window_left: int = -1,
-                        window_right: int = -1, softcap: float = 0.0,
-                        sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv of flash_attn_forward. dlse, the gradient of lse, must be None or zero: checked
-    here, where the tensors are real also under torch.compile. The forward's model options are
-    refused here (see the module's docstring)."""
-    _refuse_model_options(causal, window_left, window_right, softcap, sinks)
+                        window_right: int = -1, softcap: float = 0.0, sinks: Optional[torch.Tensor] = None
+                        ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv and dsinks of flash_attn_forward (dsinks: the sinks' gradient, float32 (heads,),
+    or an empty (0,) tensor without sinks). dlse, the gradient of lse, must be None or zero:
+    checked here, where the tensors are real also under torch.compile."""
     _refuse_lse_gradient(dlse)
     # The workspace is a tensor of PyTorch's caching allocator, freed in stream order: safe to
     # take during CUDA graph capture (from the graph's pool), where warpattn's own pool is not.
-    dq, dk, dv = _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, causal, deterministic)
-    return dq, dk, dv
+    grads = _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, causal, deterministic,
+                                 window_size=(window_left, window_right), softcap=softcap, sinks=sinks)
+    return _with_dsinks(grads, q)
 
 
 @flash_attn_backward.register_fake
 def _(dout, q, k, v, out, lse, dlse, softmax_scale, causal, deterministic, window_left=-1, window_right=-1,
       softcap=0.0, sinks=None):
-    return _gradients_like(q, k, v)
+    return _gradients_like(q, k, v, sinks)
 
 
 def _refuse_lse_gradient(dlse):
@@ -120,9 +121,11 @@ def _backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, sinks = ctx.saved_tensors
     # contiguous(): sum() and expand() hand down stride-0 gradients, which the kernel cannot read.
     dout = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
-    dq, dk, dv = flash_attn_backward(dout, q, k, v, out, lse, grad_lse, ctx.softmax_scale, ctx.causal,
-                                     ctx.deterministic, ctx.window_left, ctx.window_right, ctx.softcap, sinks)
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+    dq, dk, dv, dsinks = flash_attn_backward(dout, q, k, v, out, lse, grad_lse, ctx.softmax_scale, ctx.causal,
+                                             ctx.deterministic, ctx.window_left, ctx.window_right, ctx.softcap, sinks)
+    # The inputs after q, k, v: softmax_scale, causal, deterministic, batch_invariant, window_left,
+    # window_right, softcap (no gradient), then the sinks.
+    return (dq, dk, dv) + (None,) * 7 + (None if sinks is None else dsinks,)
 
 
 flash_attn_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -185,19 +188,20 @@ def flash_attn_varlen_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Ten
                                softmax_scale: Optional[float], causal: bool, deterministic: bool,
                                window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
                                sinks: Optional[torch.Tensor] = None
-                               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    _refuse_model_options(causal, window_left, window_right, softcap, sinks)
+                               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv and dsinks (as flash_attn_backward's) of flash_attn_varlen_forward."""
     _refuse_lse_gradient(dlse)
     from .varlen import flash_attn_varlen_backward as backward
-    dq, dk, dv = backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                          softmax_scale, causal, deterministic, seqused_k=seqused_k)
-    return dq, dk, dv
+    grads = backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                     causal, deterministic, seqused_k=seqused_k, window_size=(window_left, window_right),
+                     softcap=softcap, sinks=sinks)
+    return _with_dsinks(grads, q)
 
 
 @flash_attn_varlen_backward.register_fake
 def _(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
       softmax_scale, causal, deterministic, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
-    return _gradients_like(q, k, v)
+    return _gradients_like(q, k, v, sinks)
 
 
 def _varlen_setup_context(ctx, inputs, output):
@@ -213,9 +217,10 @@ def _varlen_setup_context(ctx, inputs, output):
 def _varlen_backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks = ctx.saved_tensors
     dout = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
-    dq, dk, dv = flash_attn_varlen_backward(dout, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                                            *ctx.options, *ctx.model, sinks)
-    return (dq, dk, dv) + (None,) * 13
+    dq, dk, dv, dsinks = flash_attn_varlen_backward(dout, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
+                                                    seqused_k, *ctx.options, *ctx.model, sinks)
+    # The inputs after q, k, v: the offsets and lengths, the options (no gradient), then the sinks.
+    return (dq, dk, dv) + (None,) * 12 + (None if sinks is None else dsinks,)
 
 
 flash_attn_varlen_forward.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)

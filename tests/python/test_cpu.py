@@ -246,21 +246,81 @@ def test_fp8_model_options_reach_the_library():
         call_packed(window_left=16, window_right=16, sinks=np.zeros(4, np.float32))
 
 
-def test_backward_refuses_model_options():
-    # The explicit backward takes the forward's options and refuses them by name (NotImplementedError)
-    # before anything else; a right side of 0 under causal is causal itself, not refused.
-    args = backward_args()
-    cases = [(dict(window_size=(64, -1)), r"window_size=\(64, -1\) yet"),
-             (dict(window_size=(-1, 0)), r"window_size=\(-1, 0\) yet"),  # without causal: a real band
-             (dict(softcap=30.0), "softcap=30 yet"),
-             (dict(sinks=np.zeros(8, np.float32)), "sinks yet"),
-             (dict(window_size=(8, 8), softcap=2.5, sinks=np.zeros(8, np.float32)),
-              r"window_size=\(8, 8\), softcap=2\.5 and sinks yet .* that used them is refused")]
-    for options, message in cases:
-        with pytest.raises(NotImplementedError, match="warpattn: the backward does not support " + message):
-            warpattn.flash_attn_backward(*args, **options)
+def test_backward_takes_model_options(monkeypatch):
+    # The explicit backward takes the forward's options (issue 19) with the library's rules and
+    # messages; softcap only at head_dim 128 and 256 (the library's ValueError at 64); a valid call
+    # is refused at the host memory.
+    args = backward_args(d=128)
+    sinks = np.zeros(8, np.float32)
     with pytest.raises(TypeError, match="dout: CUDA tensor required"):
-        warpattn.flash_attn_backward(*args, causal=True, window_size=(-1, 0))
+        warpattn.flash_attn_backward(*args, causal=True, window_size=(8, 0), softcap=2.5, sinks=sinks)
+    cases = [(dict(window_size=(-4, 0)), r"^options\.window_left: .* got -4$"),
+             (dict(window_size=(0, 2), causal=True), r"^options\.window_right: causal attention"),
+             (dict(softcap=math.inf), r"^options\.softcap: expected 0 \(off\) or a finite value > 0"),
+             (dict(sinks=np.zeros(2, np.float32)), r"^sinks: expected shape \(8\)")]
+    for options, message in cases:
+        with pytest.raises(ValueError, match=message):
+            warpattn.flash_attn_backward(*args, **options)
+    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 yet"):
+        warpattn.flash_attn_backward(*backward_args(d=64), softcap=30.0)
+    with pytest.raises(TypeError, match="sinks: expected a DLPack tensor"):
+        warpattn.flash_attn_backward(*args, sinks=[0.0] * 8)
+    # What reaches the module: the options as keywords, and with sinks a dsinks to write (float32,
+    # shaped as the sinks), returned fourth.
+    seen = []
+
+    def backward(*call, **options):
+        seen.append(options)
+    monkeypatch.setattr(_warpattn, "backward", backward)
+    grads = warpattn.flash_attn_backward(*args, window_size=(16, 4), softcap=7.0, sinks=sinks)
+    assert len(grads) == 4 and grads[3] is seen[-1]["dsinks"] and grads[3].shape == (8,)
+    assert grads[3].dtype == np.float32 and seen[-1]["sinks"] is sinks
+    assert (seen[-1]["window_left"], seen[-1]["window_right"], seen[-1]["softcap"]) == (16, 4, 7.0)
+    assert len(warpattn.flash_attn_backward(*args, window_size=(16, 4))) == 3 and seen[-1]["dsinks"] is None
+
+
+def test_backward_workspace_grows_with_sinks():
+    # The sinks' gradient takes workspace of its own (its partial sums): sized with the sinks given;
+    # the window and softcap change nothing of it.
+    q = np.zeros((2, 1000, 8, 128), np.float16)
+    plain = _warpattn.backward_workspace_bytes(q, None, True, False)
+    assert _warpattn.backward_workspace_bytes(q, None, True, False, window_left=64, window_right=0,
+                                              softcap=5.0) == plain
+    assert _warpattn.backward_workspace_bytes(q, None, True, False, sinks=np.zeros(8, np.float32)) > plain
+    assert _warpattn.backward_workspace_bytes(q, None, True, True, sinks=np.zeros(8, np.float32)) > \
+        _warpattn.backward_workspace_bytes(q, None, True, True)
+
+
+def test_reference_gradients_against_central_differences(attention_reference, attention_reference_grads):
+    # The float64 gradient reference of the GPU tests (conftest.py: the chain rule written out)
+    # against central differences of the float64 forward reference, with every option at once and
+    # rows that see no key (Sq > Sk, causal: the sink alone) and a GQA group.
+    rng = np.random.default_rng(0)
+    b, sq, sk, hq, hkv, d = 2, 6, 4, 4, 2, 3
+    q, dout = rng.standard_normal((b, sq, hq, d)), rng.standard_normal((b, sq, hq, d))
+    k, v = rng.standard_normal((b, sk, hkv, d)), rng.standard_normal((b, sk, hkv, d))
+    sinks = rng.standard_normal(hq)
+    for options in (dict(causal=True, window_size=(1, 0), softcap=1.5, sinks=sinks, softmax_scale=0.8),
+                    dict(window_size=(1, 2), sinks=sinks), dict(softcap=0.7), dict()):
+        got = attention_reference_grads(q, k, v, dout, **options)
+
+        def loss(**change):
+            call = dict(dict(q=q, k=k, v=v), **{n: t for n, t in change.items() if n != "sinks"})
+            with np.errstate(all="ignore"):
+                out = attention_reference(call["q"], call["k"], call["v"], **dict(options, **(
+                    {"sinks": change["sinks"]} if "sinks" in change else {})))[0]
+            return (out * dout).sum()
+        inputs = dict(q=q, k=k, v=v, **({"sinks": sinks} if "sinks" in options else {}))
+        for name, t in inputs.items():
+            numeric = np.zeros_like(t)
+            for i in np.ndindex(t.shape):
+                up, down = t.copy(), t.copy()
+                up[i] += 1e-6
+                down[i] -= 1e-6
+                numeric[i] = (loss(**{name: up}) - loss(**{name: down})) / 2e-6
+            assert np.abs(numeric - got["d" + name]).max() <= 1e-7, (options, name)
+        if "sinks" not in options:
+            assert got["dsinks"] is None
 
 
 # ------------------------------------------------------------------------- backward
@@ -361,8 +421,8 @@ def test_torch_fake_implementations(torch):
     assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
     assert lse.shape == (2, 8, 128) and lse.dtype == torch.float32
     grads = torch.ops.warpattn.flash_attn_backward(out, q, k, v, out, lse, None, 0.1, True, True)
-    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
-    assert all(g.dtype == q.dtype and g.is_contiguous() for g in grads)
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape, (0,)]  # no sinks: an empty dsinks
+    assert all(g.dtype == q.dtype and g.is_contiguous() for g in grads[:3]) and grads[3].dtype == torch.float32
 
 
 def test_torch_opcheck(torch):
@@ -420,33 +480,43 @@ def test_torch_backward_on_cpu_tensors(torch):
 
 def test_torch_ops_take_the_model_options(torch):
     # The forward and backward ops take the options with schema types (ints, a float, an optional
-    # tensor); their fake implementations give the same shapes as without them.
+    # tensor); their fake implementations give the same shapes as without them, and the autograd
+    # registration passes opcheck with sinks that require grad too.
     from warpattn.torch_op import flash_attn_backward, flash_attn_forward
     q, k, v = meta_qkv(torch)
     sinks = torch.zeros(8, device="meta")
     torch.library.opcheck(flash_attn_forward, (q, k, v, None, True, False, False, 32, 0, 30.0, sinks))
+    torch.library.opcheck(flash_attn_forward, (q, k, v, None, True, False, False, 32, 0, 30.0,
+                                               sinks.clone().requires_grad_()))
     q, k, v = (t.detach() for t in (q, k, v))
     out, lse = torch.ops.warpattn.flash_attn_forward(q, k, v, None, False, False, False, 32, 8, 30.0, sinks)
     assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == (2, 8, 128) and lse.dtype == torch.float32
     grads = torch.ops.warpattn.flash_attn_backward(out, q, k, v, out, lse, None, None, False, False, 32, 8, 30.0, sinks)
-    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]  # meta tensors: the fake, which refuses nothing
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape, (8,)]  # meta tensors: the fake
+    assert grads[3].dtype == torch.float32
+    grads = torch.ops.warpattn.flash_attn_backward(out, q, k, v, out, lse, None, None, False, False)
+    assert grads[3].shape == (0,) and grads[3].dtype == torch.float32  # no sinks: an empty dsinks
     torch.library.opcheck(flash_attn_backward, (out, q, k, v, out, lse, None, None, False, False, 32, 8, 30.0, sinks))
 
 
-def test_torch_backward_op_refuses_model_options(torch):
-    # The real implementation refuses them first (before the lse gradient's check), by name; a right
-    # side of 0 under causal is causal itself and goes on to the kernel (host memory: refused there).
+def test_torch_backward_op_takes_model_options(torch):
+    # The real implementation hands them to the library: a valid call is refused at the host memory,
+    # softcap at head_dim 64 is the library's ValueError (as every argument error of the backward),
+    # and the lse gradient's refusal comes first, as without them.
     q = torch.zeros(1, 128, 2, 64, dtype=torch.float16)
     lse = torch.zeros(1, 2, 128)
     backward = torch.ops.warpattn.flash_attn_backward
-    cases = [((16, -1, 0.0, None), r"window_size=\(16, -1\) yet"), ((-1, 4, 0.0, None), r"window_size=\(-1, 4\)"),
-             ((-1, -1, 30.0, None), "softcap=30 yet"), ((-1, -1, 0.0, torch.zeros(2)), "sinks yet"),
-             ((0, 0, 1.5, torch.zeros(2)), r"window_size=\(0, 0\), softcap=1\.5 and sinks yet")]
-    for model, message in cases:
-        with pytest.raises(NotImplementedError, match="the backward does not support " + message):
-            backward(q, q, q, q, q, lse, lse + 1, None, False, False, *model)
+    with pytest.raises(NotImplementedError, match="gradient of lse"):
+        backward(q, q, q, q, q, lse, lse + 1, None, False, False, 16, -1, 0.0, torch.zeros(2))
+    for causal, model in ((True, (16, 0, 0.0, None)), (False, (-1, 4, 0.0, None)),
+                          (False, (-1, -1, 0.0, torch.zeros(2))), (True, (-1, 0, 0.0, None))):
+        with pytest.raises(TypeError, match="dout: CUDA tensor required"):
+            backward(q, q, q, q, q, lse, None, None, causal, False, *model)
+    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 yet"):
+        backward(q, q, q, q, q, lse, None, None, False, False, -1, -1, 30.0, None)
+    q = torch.zeros(1, 128, 2, 128, dtype=torch.float16)
     with pytest.raises(TypeError, match="dout: CUDA tensor required"):
-        backward(q, q, q, q, q, lse, None, None, True, False, -1, 0, 0.0, None)
+        backward(q, q, q, q, q, lse, None, None, False, False, 0, 0, 1.5, torch.zeros(2))
 
 
 @pytest.fixture
@@ -468,50 +538,67 @@ def host_qkv(torch, requires_grad=True):
     return [torch.zeros(1, 128, 2, 64, dtype=torch.bfloat16, requires_grad=requires_grad) for _ in range(3)]
 
 
-def test_torch_gradients_through_model_options_are_refused(torch, host_forward):
+@pytest.fixture
+def host_backward(torch, monkeypatch):
+    """_warpattn.backward replaced by a recorder of its keyword arguments that writes 5 into
+    dsinks (when given): with host_forward, autograd's whole wiring on CPU tensors."""
+    seen = []
+
+    def backward(*args, **options):
+        seen.append(options)
+        if options["dsinks"] is not None:
+            options["dsinks"].fill_(5.0)
+    monkeypatch.setattr(_warpattn, "backward", backward)
+    return seen
+
+
+def test_torch_gradients_flow_through_model_options(torch, host_forward, host_backward):
+    # The backward gets the forward's options (and dsinks to write), and the sinks' gradient goes
+    # to the sinks: learned sinks (requires_grad, gpt-oss style) train.
     q, k, v = host_qkv(torch)
-    sinks = torch.zeros(2)
-    cases = [(dict(window_size=(32, 0), causal=True), dict(window_left=32, window_right=0, softcap=0.0),
-              r"window_size=\(32, 0\) yet"),
-             (dict(softcap=50), dict(window_left=-1, window_right=-1, softcap=50.0), "softcap=50 yet"),
-             (dict(sinks=sinks, window_size=(7, 7)), dict(window_left=7, window_right=7, softcap=0.0),
-              r"window_size=\(7, 7\) and sinks yet")]
-    for options, reached, message in cases:
-        out = warpattn.flash_attn_func(q, k, v, **options)  # inputs that require grad: the forward runs
+    cases = [(dict(window_size=(32, 0), causal=True), dict(window_left=32, window_right=0, softcap=0.0)),
+             (dict(softcap=50), dict(window_left=-1, window_right=-1, softcap=50.0)),
+             (dict(sinks=torch.zeros(2), window_size=(7, 7)), dict(window_left=7, window_right=7, softcap=0.0))]
+    for options, reached in cases:
+        out = warpattn.flash_attn_func(q, k, v, **options)
         got = dict(host_forward[-1])
         assert got.pop("sinks") is options.get("sinks") and got == reached
-        with pytest.raises(NotImplementedError, match="the backward does not support " + message):
-            out.float().sum().backward()
-    with torch.no_grad():
-        warpattn.flash_attn_func(q, k, v, window_size=(32, 0))
-    # Sinks that require grad: a gradient asked for through them alone is refused too.
+        out.float().sum().backward()
+        got = dict(host_backward[-1])
+        assert got.pop("sinks") is options.get("sinks")
+        dsinks = got.pop("dsinks")
+        assert (dsinks is None) == ("sinks" not in options) and got == reached
     learned = torch.zeros(2, requires_grad=True)
     out = warpattn.flash_attn_func(*host_qkv(torch, False), sinks=learned)
-    with pytest.raises(NotImplementedError, match="the backward does not support sinks yet"):
-        out.float().sum().backward()
-    # Causal with window_size=(-1, 0) is causal: the backward kernel is called (and refuses host memory).
-    out = warpattn.flash_attn_func(q, k, v, causal=True, window_size=(-1, 0))
-    with pytest.raises(TypeError, match="dout: CUDA tensor required"):
-        out.float().sum().backward()
+    out.float().sum().backward()
+    assert torch.equal(learned.grad, torch.full((2,), 5.0))
+    assert host_backward[-1]["dsinks"].shape == (2,) and host_backward[-1]["dsinks"].dtype == torch.float32
 
 
-def test_torch_compile_traces_model_options_and_refuses_at_the_backward(torch, host_forward, op_recording_backend):
-    # torch.compile traces the backward graph with the forward's (AOTAutograd's joint trace, as soon
-    # as an input requires grad): that trace must not refuse, so that a compiled forward whose
-    # backward never runs works; the compiled backward, when it runs, refuses as the eager one does.
+def test_torch_softcap_at_head_dim_64_fails_in_the_backward(torch, host_forward):
+    # The forward runs; the backward is the library's ValueError (its kernels have no softcap at 64).
     q, k, v = host_qkv(torch)
-    sinks = torch.zeros(2)
+    out = warpattn.flash_attn_func(q, k, v, softcap=30.0)
+    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 yet"):
+        out.float().sum().backward()
+
+
+def test_torch_compile_traces_model_options_forward_and_backward(torch, host_forward, host_backward,
+                                                                 op_recording_backend):
+    # torch.compile(fullgraph) traces the backward with the forward's options and the sinks'
+    # gradient (no graph break, no host synchronisation), and the compiled backward hands them on.
+    q, k, v = host_qkv(torch)
+    sinks = torch.zeros(2, requires_grad=True)
     backend, ops = op_recording_backend
 
     def loss(q, k, v, sinks):
         return warpattn.flash_attn_func(q, k, v, window_size=(32, 8), softcap=20.0, sinks=sinks).float().square().sum()
-    result = torch.compile(loss, backend=backend, fullgraph=True)(q, k, v, sinks)
-    assert "warpattn.flash_attn_forward.default" in ops
-    got = dict(host_forward[-1])
-    assert got.pop("sinks").shape == (2,) and got == dict(window_left=32, window_right=8, softcap=20.0)
-    with pytest.raises(NotImplementedError, match=r"window_size=\(32, 8\), softcap=20 and sinks yet"):
-        result.backward()
-    assert "warpattn.flash_attn_backward.default" in ops  # compiled, then refused when it ran
+    torch.compile(loss, backend=backend, fullgraph=True)(q, k, v, sinks).backward()
+    assert "warpattn.flash_attn_forward.default" in ops and "warpattn.flash_attn_backward.default" in ops
+    got = dict(host_backward[-1])
+    assert got.pop("sinks").shape == (2,) and got.pop("dsinks").shape == (2,)
+    assert got == dict(window_left=32, window_right=8, softcap=20.0)
+    assert torch.equal(sinks.grad, torch.full((2,), 5.0)) and q.grad.shape == q.shape
 
 
 # -------------------------------------------------------------------- JAX, no GPU

@@ -605,8 +605,8 @@ def test_model_options_torch_compile_fullgraph():
         return warpattn.flash_attn_func(q, k, v, causal=True, window_size=(256, 0), softcap=30.0, sinks=sinks) * 2
     compiled = torch.compile(fn, fullgraph=True)
     torch.testing.assert_close(compiled(q, k, v, sinks), fn(q, k, v, sinks), rtol=0, atol=0)
-    # Inputs that require grad: the forward still compiles and runs (the backward is refused only
-    # when it runs, below).
+    # Inputs that require grad: the forward compiles with its backward (the gradients are held
+    # against eager ones in test_model_options_gradients_deterministic_compiled_and_explicit).
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     torch.testing.assert_close(compiled(*leaves, sinks).detach(), fn(q, k, v, sinks), rtol=0, atol=0)
 
@@ -627,34 +627,149 @@ def test_model_options_cuda_graph_capture(attention_reference):
     check_against_fp64(q, k, v, attention_reference, out, lse, options)
 
 
+# ------------------------------------------- gradients through window_size, softcap and sinks
+
+# dsinks' bound, per head: 1e-2 of the sum of its terms' magnitudes, sum_i exp(sink - lse_i) |D_i|
+# (D_i = rowsum(dout_i * out_i)), plus 1e-6 for heads whose sink the keys outweigh to nothing. The
+# kernel forms D_i from the 16-bit out (rounded at 2^-9, bf16, relative to each product) and the
+# forward's own error (TOL, 5e-3 at most in rel L2): each term is off by well under 1e-2 of its
+# magnitude, while a bound relative to dsinks itself would fail where the terms cancel.
+DSINKS_TOL = 1e-2
+
+
+def softcap_at_64(d, options):
+    """Whether this call's backward is the one the library refuses: softcap at head_dim 64."""
+    return d == 64 and options.get("softcap", 0.0) != 0.0
+
+
+def model_grads(q, k, v, dout, options, deterministic=False, fn=None):
+    """dq, dk, dv and the sinks' gradient (None without sinks) through autograd, the sinks a leaf
+    that requires grad (learned sinks, as gpt-oss's). fn: the loss function to use (torch.compile'd
+    or not) taking (q, k, v, sinks), default flash_attn_func's out against dout."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    sinks = options.get("sinks")
+    sinks = None if sinks is None else sinks.detach().clone().requires_grad_()
+    rest = {name: value for name, value in options.items() if name != "sinks"}
+    if fn is None:
+        def fn(q, k, v, sinks):
+            out = warpattn.flash_attn_func(q, k, v, sinks=sinks, deterministic=deterministic, **rest)
+            return (out.float() * dout.float()).sum()
+    fn(*leaves, sinks).backward()
+    return tuple(t.grad for t in leaves) + (None if sinks is None else sinks.grad,)
+
+
+def check_grads_against_fp64(q, k, v, dout, options, got, reference_grads):
+    """got = (dq, dk, dv, dsinks) against the float64 reference: dq, dk, dv within the backward's
+    bound (GRAD_TOL, rel L2, as test_gradients_against_fp64), dsinks within DSINKS_TOL per head."""
+    sinks = options.get("sinks")
+    want = reference_grads(*(t.double().cpu().numpy() for t in (q, k, v, dout)), options.get("causal", False),
+                           options.get("window_size", (-1, -1)), options.get("softcap", 0.0),
+                           None if sinks is None else sinks.detach().cpu().numpy(), options.get("softmax_scale"))
+    for name, g, t in zip(GRAD_NAMES, got, (q, k, v)):
+        assert g.shape == t.shape and g.dtype == t.dtype and not g.isnan().any(), name
+        err = rel_l2(g.cpu(), torch.from_numpy(want[name]))
+        assert err <= GRAD_TOL[q.dtype], (name, err)
+    if sinks is None:
+        assert got[3] is None
+        return
+    dsinks = got[3].detach().cpu().double()
+    assert got[3].shape == sinks.shape and got[3].dtype == torch.float32
+    bound = DSINKS_TOL * torch.from_numpy(want["sink_terms"]) + 1e-6
+    err = (dsinks - torch.from_numpy(want["dsinks"])).abs()
+    assert torch.all(err <= bound), (err / bound).max().item()
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ["causal_window", "softcap", "sinks", "causal_all_three"])
-def test_model_options_backward_is_refused(case):
-    # The backward does not support them yet: NotImplementedError naming the option, eagerly and
-    # compiled, never gradients computed without them; a forward without a gradient runs.
-    q, k, v = (torch.randn(1, 256, 8, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("case", sorted(MODEL_CASES))
+@pytest.mark.parametrize("sq,sk", [(300, 777), (777, 300)])
+def test_model_options_gradients_against_fp64(dtype, d, case, sq, sk, attention_reference_grads):
+    # dq, dk, dv and the sinks' gradient of every MODEL_CASES case against the float64 reference;
+    # softcap at head_dim 64 (no backward kernel yet) is the library's ValueError when the backward
+    # runs, after a forward that ran.
+    heads_kv = {"window": 8, "softcap": 1}.get(case, 2)
+    torch.manual_seed(zlib.crc32(repr(("grad", dtype, d, case, sq, sk)).encode()))
+    q = torch.randn(2, sq, 8, d, device="cuda", dtype=dtype)
+    k = torch.randn(2, sk, heads_kv, d, device="cuda", dtype=dtype)
+    v = torch.randn(2, sk, heads_kv, d, device="cuda", dtype=dtype)
+    dout = torch.randn_like(q)
     options = model_options(case, 8)
-    out = warpattn.flash_attn_func(q, k, v, **options)
-    name = {"causal_window": "window_size", "softcap": "softcap", "sinks": "sinks", "causal_all_three": "window_size"}
-    with pytest.raises(NotImplementedError, match="the backward does not support .*%s" % name[case]):
-        out.float().sum().backward()
-    assert q.grad is None and k.grad is None and v.grad is None
+    if softcap_at_64(d, options):
+        with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 yet"):
+            model_grads(q, k, v, dout, options)
+        return
+    check_grads_against_fp64(q, k, v, dout, options, model_grads(q, k, v, dout, options), attention_reference_grads)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [128, 256])
+def test_model_options_gradients_deterministic_compiled_and_explicit(d, attention_reference_grads):
+    # The deterministic backward with all three: the same bits on every run (dsinks included),
+    # under torch.compile(fullgraph) as eagerly, and from warpattn.flash_attn_backward (which
+    # returns dsinks fourth); within the float64 bounds.
+    torch.manual_seed(d)
+    q = torch.randn(2, 700, 8, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 900, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    dout = torch.randn_like(q)
+    options = dict(causal=True, window_size=(200, 0), softcap=30.0, sinks=head_sinks(8))
+    first = model_grads(q, k, v, dout, options, deterministic=True)
+    second = model_grads(q, k, v, dout, options, deterministic=True)
+    for name, a, b in zip(GRAD_NAMES + ("dsinks",), first, second):
+        assert torch.equal(a, b), name
+    check_grads_against_fp64(q, k, v, dout, options, first, attention_reference_grads)
+    rest = {name: value for name, value in options.items() if name != "sinks"}
+
+    def loss(q, k, v, sinks):
+        return (warpattn.flash_attn_func(q, k, v, sinks=sinks, deterministic=True, **rest).float() * dout).sum()
+    compiled = model_grads(q, k, v, dout, options, fn=torch.compile(loss, fullgraph=True))
+    for name, a, b in zip(GRAD_NAMES + ("dsinks",), compiled, first):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    out, lse = warpattn.flash_attn_func(q, k, v, return_lse=True, **options)
+    explicit = warpattn.flash_attn_backward(dout, q, k, v, out, lse, deterministic=True, **options)
+    assert len(explicit) == 4
+    for name, a, b in zip(GRAD_NAMES + ("dsinks",), explicit, first):
+        assert torch.equal(a, b), name
+    assert len(warpattn.flash_attn_backward(dout, q, k, v, out, lse, causal=True, window_size=(200, 0))) == 3
+
+
+@pytest.mark.gpu
+def test_model_options_cuda_graph_capture_of_forward_and_backward():
+    # Forward and backward with a window, softcap and learned sinks captured in a CUDA graph (no
+    # host synchronisation anywhere: the workspace is PyTorch's), replayed on new data: the bits
+    # of the eager deterministic call.
+    q, k, v, dout = backward_case(torch.bfloat16, 128, True, 2, 700, 900)
+    sinks = head_sinks(8)
+    for t in (q, k, v, sinks):
+        t.requires_grad_()
+    options = dict(causal=True, window_size=(128, 0), softcap=20.0)
+
+    def step():
+        for t in (q, k, v, sinks):
+            t.grad = None
+        out = warpattn.flash_attn_func(q, k, v, sinks=sinks, deterministic=True, **options)
+        out.backward(dout)
+        return out
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    for t in (q, k, v, sinks):
+        t.grad = None
+    with torch.cuda.graph(graph):
+        step()
     with torch.no_grad():
-        warpattn.flash_attn_func(q, k, v, **options)
-    compiled = torch.compile(lambda q, k, v: warpattn.flash_attn_func(q, k, v, **options).float().sum(),
-                             fullgraph=True)
-    loss = compiled(q, k, v)
-    with pytest.raises(NotImplementedError, match="the backward does not support .*%s" % name[case]):
-        loss.backward()
-    # Learned sinks (a parameter, as gpt-oss's): a gradient asked for through them alone is refused too.
-    learned = head_sinks(8).requires_grad_()
-    out = warpattn.flash_attn_func(*(t.detach() for t in (q, k, v)), sinks=learned)
-    with pytest.raises(NotImplementedError, match="the backward does not support sinks"):
-        out.float().sum().backward()
-    # Causal with window_size=(-1, 0) is causal itself: its gradients are computed.
-    out = warpattn.flash_attn_func(q, k, v, causal=True, window_size=(-1, 0))
-    out.float().sum().backward()
-    assert q.grad is not None and not q.grad.isnan().any()
+        for t in (q, k, v, dout):
+            t.copy_(torch.randn_like(t))
+        sinks.copy_(head_sinks(8).flip(0))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = model_grads(q, k, v, dout, dict(options, sinks=sinks), deterministic=True)
+    for name, got, expected in zip(GRAD_NAMES + ("dsinks",), (q.grad, k.grad, v.grad, sinks.grad), want):
+        assert torch.equal(got, expected), name
 
 
 @pytest.mark.gpu
@@ -707,10 +822,19 @@ def test_model_options_cupy_inputs(attention_reference):
     cupy.cuda.get_current_stream().synchronize()
     check_against_fp64(q, k, v, attention_reference, torch.from_dlpack(out), torch.from_dlpack(lse),
                        dict(options, sinks=sinks))
-    with pytest.raises(NotImplementedError, match=r"the backward does not support window_size=\(64, 0\), softcap=4 "
-                                                  "and sinks"):
-        warpattn.flash_attn_backward(*(cupy.from_dlpack(t) for t in (q, q, k, v)), out, lse,
-                                     sinks=cupy.from_dlpack(sinks), **options)
+    # The explicit backward on CuPy arrays: dsinks fourth, a CuPy array, the autograd's bits
+    # (deterministic), and softcap at head_dim 64 the library's ValueError.
+    dout = torch.randn_like(q)
+    grads = warpattn.flash_attn_backward(*(cupy.from_dlpack(t) for t in (dout, q, k, v)), out, lse,
+                                         sinks=cupy.from_dlpack(sinks), deterministic=True, **options)
+    assert len(grads) == 4 and all(isinstance(g, cupy.ndarray) for g in grads)
+    cupy.cuda.get_current_stream().synchronize()
+    want = model_grads(q, k, v, dout, dict(options, sinks=sinks), deterministic=True)
+    for name, got, expected in zip(GRAD_NAMES + ("dsinks",), grads, want):
+        assert torch.equal(torch.from_dlpack(got), expected), name
+    q64, k64, v64 = (cupy.from_dlpack(t[..., :64].contiguous()) for t in (q, k, v))
+    with pytest.raises(ValueError, match="options.softcap: the backward has no softcap at head_dim 64 yet"):
+        warpattn.flash_attn_backward(q64, q64, k64, v64, q64, lse, **options)
 
 
 # ---------------------------------------------------------------- two GPUs

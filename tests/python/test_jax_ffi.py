@@ -251,6 +251,19 @@ def host_check_cases():
         "forward_fp8_window_sinks": (lambda s, *ops: jax_ffi.flash_attn_fp8(ops, causal=True, window_size=(64, 0),
                                                                             sinks=s),
                                      jnp.zeros(8, jnp.float32), *fp8_arrays(fp8_specs())),
+        # The backward calls with them: the sinks operand and the dsinks result decoded too.
+        "backward_window_sinks": (lambda q, k, l, s: jax_ffi.flash_attn_backward(
+            q, q, k, k, q, l, causal=True, window_size=(32, 0), sinks=s), q, kv, lse, sinks),
+        "backward_softcap_128": (lambda p, l: jax_ffi.flash_attn_backward(
+            p[None], p[None], p[None], p[None], p[None], l[None], softcap=5.0), packed, packed_lse),
+        "varlen_backward_sinks_alone": (lambda p, k, l, a, b, s: jax_ffi.flash_attn_varlen_backward(
+            p, p, k, k, p, l, a, b, 100, 100, window_size=(16, 16), softcap=3.0, sinks=s), packed, packed_kv,
+            packed_lse, cu_q, cu_k, packed_sinks),
+        "varlen_backward_seqused_and_sinks": (lambda p, k, l, a, b, s: jax_ffi.flash_attn_varlen_backward(
+            p, p, k, k, p, l, a, b, 100, 100, seqused_k=b[1:], causal=True, window_size=(8, 0), sinks=s), packed,
+            packed_kv, packed_lse, cu_q, cu_k, packed_sinks),
+        "vmap_backward_sinks": (jax.vmap(lambda q, l, s: jax_ffi.flash_attn_backward(q, q, q, q, q, l, sinks=s)),
+                                mapped, jnp.zeros((3,) + lse.shape, jnp.float32), jnp.zeros((3, 2), jnp.float32)),
     }
 
 
@@ -298,8 +311,33 @@ def test_handlers_on_the_host_controls(host_check):
     need = _warpattn_jax.jax_ffi_workspace_bytes("warpattn_backward", ((1, 128, 2, 64), "bfloat16"), 0, {})
     results = [jax.ShapeDtypeStruct(q.shape, q.dtype)] * 3 + [jax.ShapeDtypeStruct((need - 256 - 1,), jnp.uint8)]
     short = host_check(lambda q, l: jax.ffi.ffi_call("warpattn_backward", results)(
-        q, q, q, q, q, l, deterministic=False, **attrs), q, lse)
+        q, q, q, q, q, l, deterministic=False, **attrs, **model), q, lse)
     assert "workspace: expected at least" in short, short
+    # The backward calls' sinks and dsinks: sinks without a dsinks result are the library's error;
+    # backward_varlen's has_sinks places its optional operands as forward_varlen's does.
+    need = _warpattn_jax.jax_ffi_workspace_bytes("warpattn_backward", ((1, 128, 2, 64), "bfloat16"), 0,
+                                                 {"has_sinks": True})
+    results = [jax.ShapeDtypeStruct(q.shape, q.dtype)] * 3 + [jax.ShapeDtypeStruct((need,), jnp.uint8)]
+    no_dsinks = host_check(lambda q, l, s: jax.ffi.ffi_call("warpattn_backward", results)(
+        q, q, q, q, q, l, s, deterministic=False, **attrs, **model), q, lse, jnp.zeros(2, jnp.float32))
+    assert no_dsinks == "INVALID_ARGUMENT: dsinks: expected a (heads_q) float32 tensor for the sinks' gradient, " \
+        "got none", no_dsinks
+    packed_lse = jnp.zeros((4, 128), jnp.float32)
+    need = _warpattn_jax.jax_ffi_workspace_bytes("warpattn_backward_varlen", (packed.shape, "bfloat16"), 2,
+                                                 {"has_sinks": True})
+    varlen_results = [packed_out] * 3 + [jax.ShapeDtypeStruct((need,), jnp.uint8),
+                                         jax.ShapeDtypeStruct((4,), jnp.float32)]
+
+    def varlen_backward(has_sinks, *optional):
+        return host_check(lambda p, l, c, *o: jax.ffi.ffi_call("warpattn_backward_varlen", varlen_results)(
+            p, p, p, p, p, l, c, c, *o, has_sinks=np.bool_(has_sinks), deterministic=False, **varlen), packed,
+            packed_lse, cu, *optional)
+    sinks_message = "INVALID_ARGUMENT: sinks: expected shape (4) (one per query head), got (3)"  # the backward's
+    assert varlen_backward(True, short_sinks) == sinks_message
+    assert varlen_backward(True, cu[1:], short_sinks) == sinks_message
+    # Without has_sinks the operand is seqused_k, and the dsinks result then has no sinks.
+    assert varlen_backward(False, short_sinks) == \
+        "INVALID_ARGUMENT: dsinks: given without sinks (the forward call's sinks), expected none"
 
 
 def test_trace_time_errors():
@@ -495,38 +533,79 @@ def test_model_option_errors_are_the_librarys_messages():
         jax_ffi.flash_attn(*qkv_specs(), window_size=(0.5, 1))
 
 
-def test_gradients_through_model_options_are_refused_when_traced():
-    q, k, v = qkv_specs(hkv=2)
+def test_gradients_through_model_options_lowering():
+    # The backward calls take window_size and softcap as attributes (as the forward's), the sinks as
+    # an operand after the others and the sinks' gradient as a result after the workspace, which is
+    # larger with sinks (their partial sums); jax.grad gives the sinks that gradient.
+    q, k, v = qkv_specs(sq=300, sk=500, hkv=2, d=128)
     sinks = SDS((8,), jnp.float32)
 
-    def grad_of(**options):
-        def loss(q, k, v, s):
-            return jax_ffi.flash_attn(q, k, v, sinks=s if options.pop("with_sinks", False) else None,
-                                      **options).astype(jnp.float32).sum()
-        return lower_for_cuda(jax.grad(loss, argnums=(0, 1, 2)), q, k, v, sinks)
-    for options, message in [(dict(window_size=(64, 0), causal=True), r"window_size=\(64, 0\) yet"),
-                             (dict(window_size=(-1, 0)), r"window_size=\(-1, 0\) yet"),  # not causal: a band
-                             (dict(softcap=50.0), "softcap=50 yet"), (dict(with_sinks=True), "sinks yet")]:
-        with pytest.raises(NotImplementedError, match="warpattn: the backward does not support " + message +
-                           ".* apply jax.lax.stop_gradient"):
-            grad_of(**options)
-    assert custom_calls(grad_of(window_size=(-1, 0), causal=True), "warpattn_backward")  # causal itself
-    # Forward only: the options pass where no gradient flows through the call.
-    text = lower_for_cuda(jax.value_and_grad(lambda q, k, v, s: (
-        jax_ffi.flash_attn(*map(jax.lax.stop_gradient, (q, k, v)), window_size=(8, 8), sinks=s).astype(jnp.float32)
-        .sum() + q.astype(jnp.float32).sum())), q, k, v, sinks)
-    assert custom_calls(text, "warpattn_forward") and not custom_calls(text, "warpattn_backward")
+    def loss(q, k, v, s):
+        return jax_ffi.flash_attn(q, k, v, causal=True, window_size=(64, 0), softcap=20.0,
+                                  sinks=s).astype(jnp.float32).sum()
+    text = lower_for_cuda(jax.grad(loss, argnums=(0, 1, 2, 3)), q, k, v, sinks)
+    (backward,) = custom_calls(text, "warpattn_backward")
+    assert "window_left = 64 : i32" in backward and "window_right = 0 : i32" in backward
+    assert "softcap = 2.000000e+01 : f32" in backward and "has_sinks" not in backward  # one optional: no need
+    need = _warpattn.backward_workspace_bytes(np.empty((2, 300, 8, 128), np.float16), None, True, False,
+                                              sinks=np.zeros(8, np.float32))
+    assert need > _warpattn.backward_workspace_bytes(np.empty((2, 300, 8, 128), np.float16), None, True, False)
+    assert "tensor<2x8x300xf32>, tensor<8xf32>) -> (tensor<2x300x8x128xbf16>, tensor<2x500x2x128xbf16>, " \
+        "tensor<2x500x2x128xbf16>, tensor<%dxui8>, tensor<8xf32>)" % (need + 256) in backward
+    grads = jax.eval_shape(jax.grad(loss, argnums=(0, 1, 2, 3)), q, k, v, sinks)
+    assert grads[3].shape == (8,) and grads[3].dtype == jnp.float32
+    # Without sinks: the defaults, neither operand nor result.
+    text = lower_for_cuda(jax.grad(lambda q, k, v: jax_ffi.flash_attn(q, k, v).astype(jnp.float32).sum()), q, k, v)
+    (backward,) = custom_calls(text, "warpattn_backward")
+    assert "window_left = -1 : i32" in backward and "softcap = 0.000000e+00 : f32" in backward
+    assert "tensor<2x8x300xf32>) -> (" in backward and "ui8>)" in backward
+    # Packed: has_sinks places the optional operands, with seqused_k or without.
+    packed, cu, used = SDS((1000, 8, 128), BF16), SDS((4,), jnp.int32), SDS((3,), jnp.int32)
+    for with_used in (False, True):
+        def packed_loss(q, c, u, s):
+            return jax_ffi.flash_attn_varlen(q, q, q, c, c, 500, 500, window_size=(32, 32), softcap=3.0,
+                                             seqused_k=u if with_used else None, sinks=s).astype(jnp.float32).sum()
+        text = lower_for_cuda(jax.grad(packed_loss, argnums=(0, 3)), packed, cu, used, sinks)
+        (backward,) = custom_calls(text, "warpattn_backward_varlen")
+        assert "has_sinks = true" in backward and "window_left = 32 : i32" in backward and "softcap = 3." in backward
+        operands = "tensor<4xi32>, tensor<4xi32>, %stensor<8xf32>) ->" % ("tensor<3xi32>, " if with_used else "")
+        assert operands in backward and "ui8>, tensor<8xf32>)" in backward
+    # vmap with sinks: one backward call per example (as the forward), folded without.
+    mapped = [SDS((3,) + t.shape, t.dtype) for t in (q, k, v)]
+    text = lower_for_cuda(jax.vmap(jax.grad(loss, argnums=(0, 3)), in_axes=(0, 0, 0, None)), *mapped, sinks)
+    (backward,) = custom_calls(text, "warpattn_backward")
+    assert "(tensor<2x300x8x128xbf16>" in backward  # per example, inside a loop
+
+
+def test_model_option_gradient_errors_are_the_librarys_messages():
+    # What the backward refuses is refused when the gradient is traced, with the library's message
+    # (softcap at head_dim 64, sinks of the wrong shape), as the NumPy path gives it.
+    q, k, v = qkv_specs(hkv=2)
+    lse = SDS((2, 8, 256), jnp.float32)
+    with pytest.raises(ValueError) as numpy_error:
+        warpattn.flash_attn_backward(*(np.zeros(t.shape, np.float16) for t in (q, q, k, v, q)),
+                                     np.zeros(lse.shape, np.float32), softcap=2.0)
+    assert str(numpy_error.value).startswith("options.softcap: the backward has no softcap at head_dim 64 yet")
+    with pytest.raises(ValueError) as ffi_error:
+        lower_for_cuda(jax.grad(lambda q, k, v: jax_ffi.flash_attn(q, k, v, softcap=2.0).astype(jnp.float32).sum()),
+                       q, k, v)
+    assert first_line(ffi_error.value) == str(numpy_error.value)
+    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 yet"):
+        jax_ffi.flash_attn_backward(q, q, k, v, q, lse, softcap=2.0)
+    with pytest.raises(ValueError, match=r"^sinks: expected shape \(8\)"):
+        jax_ffi.flash_attn_backward(q, q, k, v, q, lse, sinks=SDS((3,), jnp.float32))
+    # The forward alone (no gradient through the call) runs at head_dim 64 with softcap.
     lower_for_cuda(lambda q, k, v: jax.vjp(lambda q: jax_ffi.flash_attn(q, k, v, softcap=5.0), q)[0], q, k, v)
-    # Packed batches, and the backward calls driven by hand.
-    packed, cu = SDS((1000, 8, 64), BF16), SDS((4,), jnp.int32)
-    with pytest.raises(NotImplementedError, match=r"window_size=\(32, 32\) and sinks yet"):
-        lower_for_cuda(jax.grad(lambda q, c, s: jax_ffi.flash_attn_varlen(
-            q, q, q, c, c, 500, 500, window_size=(32, 32), sinks=s).astype(jnp.float32).sum()), packed, cu, sinks)
-    with pytest.raises(NotImplementedError, match="softcap=2 yet"):
-        jax_ffi.flash_attn_backward(q, q, k, v, q, SDS((2, 8, 256), jnp.float32), softcap=2.0)
-    with pytest.raises(NotImplementedError, match="sinks yet"):
-        jax_ffi.flash_attn_varlen_backward(packed, packed, packed, packed, packed, SDS((8, 1000), jnp.float32), cu, cu,
-                                           500, 500, sinks=sinks)
+    text = lower_for_cuda(jax.value_and_grad(lambda q, k, v: (
+        jax_ffi.flash_attn(*map(jax.lax.stop_gradient, (q, k, v)), softcap=5.0).astype(jnp.float32).sum()
+        + q.astype(jnp.float32).sum())), q, k, v)
+    assert custom_calls(text, "warpattn_forward") and not custom_calls(text, "warpattn_backward")
+    # The public functions: the explicit backward's fourth result with sinks.
+    packed, cu = SDS((1000, 8, 128), BF16), SDS((4,), jnp.int32)
+    grads = jax.eval_shape(lambda *a: jax_ffi.flash_attn_varlen_backward(*a[:8], 500, 500, sinks=a[8]),
+                           packed, packed, packed, packed, packed, SDS((8, 1000), jnp.float32), cu, cu,
+                           SDS((8,), jnp.float32))
+    assert len(grads) == 4 and grads[3].shape == (8,)
 
 
 # ---------------------------------------------------------------------------- FP8, no GPU
@@ -1179,24 +1258,119 @@ def test_model_options_vmap_with_sinks_per_example():
         assert np.array_equal(np.asarray(shared[i]), np.asarray(alone)), i
 
 
+# The gradients through them against the float64 reference (conftest.py): dq, dk, dv within
+# GRAD_TOL (test_gpu.py's backward bounds, rel L2) and dsinks per head within 1e-2 of the sum of
+# its terms' magnitudes, sum_i exp(sink - lse_i) |D_i| (test_gpu.py's DSINKS_TOL, which says why).
+DSINKS_TOL = 1e-2
+
+
+def model_vjp(fn, q, k, v, sinks, dout):
+    """(dq, dk, dv, dsinks) of fn(q, k, v, sinks) against dout, jitted (dsinks None without sinks)."""
+    def grads(q, k, v, sinks, dout):
+        out, pull = jax.vjp(fn, q, k, v, sinks)
+        return pull(dout.astype(out.dtype))
+    return jax.jit(grads)(q, k, v, sinks, dout)
+
+
+def check_model_grads(got, want, dtype):
+    for name, g in zip(("dq", "dk", "dv"), got):
+        assert not np.isnan(np.asarray(g.astype(jnp.float32))).any(), name
+        err = rel_l2(g.astype(jnp.float32), want[name])
+        assert err <= GRAD_TOL[dtype], (name, err)
+    if want["dsinks"] is None:
+        assert got[3] is None
+        return
+    assert got[3].dtype == jnp.float32
+    err = np.abs(np.asarray(got[3], np.float64) - want["dsinks"])
+    bound = DSINKS_TOL * want["sink_terms"] + 1e-6
+    assert np.all(err <= bound), (err / bound).max()
+
+
+def fp64(*arrays):
+    return [np.asarray(t.astype(jnp.float32), np.float64) for t in arrays]
+
+
 @gpu
-def test_model_options_gradients_are_refused():
-    q, k, v, _ = random_case(64, BF16, 1, 256, 256, 8, 2, 64)
-    sinks = jnp.zeros(8, jnp.float32)
-    for options, message in [(dict(causal=True, window_size=(64, 0)), r"window_size=\(64, 0\)"),
-                             (dict(softcap=20.0), "softcap=20"), (dict(sinks=sinks), "sinks")]:
-        def loss(q, k, v):
-            return jax_ffi.flash_attn(q, k, v, **options).astype(jnp.float32).sum()
-        with pytest.raises(NotImplementedError, match="the backward does not support " + message):
-            jax.grad(loss)(q, k, v)
-        with pytest.raises(NotImplementedError, match="the backward does not support " + message):
-            jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
-        with pytest.raises(NotImplementedError, match="the backward does not support " + message):
-            jax.grad(lambda q: warpattn.jax_flash_attn(q, k, v, **options).astype(jnp.float32).sum())(q)
-        jax.block_until_ready(jax.jit(loss)(q, k, v))  # the forward alone runs
-    # Sinks differentiated alone (a learned parameter): refused too.
-    with pytest.raises(NotImplementedError, match="the backward does not support sinks"):
-        jax.grad(lambda s: jax_ffi.flash_attn(q, k, v, sinks=s).astype(jnp.float32).sum())(sinks)
+@pytest.mark.parametrize("dtype", [BF16, jnp.float16])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("case", sorted(JAX_MODEL_CASES))
+def test_model_options_gradients_against_fp64(dtype, d, case, attention_reference_grads):
+    # jax.jit(jax.vjp) in q, k, v and the sinks, every case; softcap at head_dim 64 is the
+    # library's ValueError when the gradient is traced (the forward alone runs).
+    q, k, v, dout = random_case(70 + d + len(case), dtype, 2, 300, 500, 8, 2, d)
+    options = jax_model_options(case, 8)
+    sinks = options.pop("sinks", None)
+
+    def fn(q, k, v, s):
+        return jax_ffi.flash_attn(q, k, v, sinks=s, **options)
+    if d == 64 and options.get("softcap"):
+        with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 yet"):
+            model_vjp(fn, q, k, v, sinks, dout)
+        jax.block_until_ready(jax.jit(fn)(q, k, v, sinks))
+        return
+    got = model_vjp(fn, q, k, v, sinks, dout)
+    want = attention_reference_grads(*fp64(q, k, v, dout), options.get("causal", False),
+                                     options.get("window_size", (-1, -1)), options.get("softcap", 0.0),
+                                     None if sinks is None else np.asarray(sinks), options.get("softmax_scale"))
+    check_model_grads(got, want, dtype)
+
+
+@gpu
+def test_model_options_gradients_deterministic_and_the_dlpack_path():
+    # Deterministic: the same bits twice, from jax_ffi.flash_attn_backward (dsinks fourth), and
+    # from the DLPack path's custom VJP (warpattn.jax_flash_attn without the handlers).
+    q, k, v, dout = random_case(71, BF16, 2, 700, 900, 8, 4, 128)
+    sinks = jnp.linspace(-2.0, 8.0, 8, dtype=jnp.float32)
+    options = dict(causal=True, window_size=(200, 0), softcap=30.0)
+
+    def fn(q, k, v, s):
+        return jax_ffi.flash_attn(q, k, v, sinks=s, deterministic=True, **options)
+    first = model_vjp(fn, q, k, v, sinks, dout)
+    second = model_vjp(fn, q, k, v, sinks, dout)
+    for a, b in zip(first, second):
+        assert np.array_equal(bits(a), bits(b))
+    out, lse = jax_ffi.flash_attn(q, k, v, sinks=sinks, return_lse=True, **options)
+    explicit = jax_ffi.flash_attn_backward(dout, q, k, v, out, lse, deterministic=True, sinks=sinks, **options)
+    assert len(explicit) == 4
+    for a, b in zip(explicit, first):
+        assert np.array_equal(bits(a), bits(b))
+    need_dlpack_memory()
+    with dlpack_fallback():
+        out, pull = jax.vjp(lambda q, k, v, s: warpattn.jax_flash_attn(q, k, v, sinks=s, deterministic=True,
+                                                                        **options), q, k, v, sinks)
+        fallback = pull(dout)
+    for a, b in zip(fallback, first):
+        assert np.array_equal(bits(a), bits(b))
+
+
+@gpu
+def test_model_options_varlen_gradients_against_fp64(attention_reference_grads):
+    # Packed: sequences with rows that see only the sink, an empty one, rows no sequence covers;
+    # with seqused_k too (the sinks then the second optional operand). dsinks sums over them all.
+    lengths_q, lengths_k = [1, 0, 300, 129, 400, 50], [5, 3, 300, 400, 129, 0]
+    q, k, v, dout, cu_q, cu_k = packed_case(72, BF16, lengths_q, lengths_k, 8, 2, 128, extra_rows=37)
+    sinks = jnp.linspace(-2.0, 8.0, 8, dtype=jnp.float32)
+    options = dict(causal=True, window_size=(64, 0), softcap=10.0)
+    oq, ok = np.asarray(cu_q), np.asarray(cu_k)
+    for used in (None, jnp.array([5, 3, 200, 400, 100, 0], jnp.int32)):
+        def fn(q, k, v, s):
+            return jax_ffi.flash_attn_varlen(q, k, v, cu_q, cu_k, 400, 400, sinks=s, seqused_k=used, **options)
+        got = model_vjp(fn, q, k, v, sinks, dout)
+        want = dict(dq=np.zeros(q.shape), dk=np.zeros(k.shape), dv=np.zeros(v.shape), dsinks=np.zeros(8),
+                    sink_terms=np.zeros(8))
+        for b in range(len(lengths_q)):
+            n = lengths_k[b] if used is None else int(used[b])
+            rows, keys = slice(oq[b], oq[b + 1]), slice(ok[b], ok[b] + n)
+            if lengths_q[b] == 0:
+                continue
+            g = attention_reference_grads(*(t[None] for t in fp64(q[rows], k[keys], v[keys], dout[rows])),
+                                          options["causal"], options["window_size"], options["softcap"],
+                                          np.asarray(sinks))
+            want["dq"][rows], want["dk"][keys], want["dv"][keys] = g["dq"][0], g["dk"][0], g["dv"][0]
+            want["dsinks"] += g["dsinks"]
+            want["sink_terms"] += g["sink_terms"]
+        check_model_grads(got, want, BF16)
+        assert not np.asarray(got[0][oq[-1]:].astype(jnp.float32)).any()  # rows no sequence covers
 
 
 @gpu

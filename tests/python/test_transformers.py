@@ -118,24 +118,32 @@ class FakeKernels:
             if lse is not None:
                 lse[:, rows].copy_(l)
 
-    def backward(self, dout, q, k, v, out, lse, dq, dk, dv, scale, causal, deterministic, workspace, stream):
+    def backward(self, dout, q, k, v, out, lse, dq, dk, dv, scale, causal, deterministic, workspace, stream,
+                 dsinks=None, **model_options):
         self._count("backward")
+        self._no_model_options(**model_options)
+        assert dsinks is None
         for b in range(q.shape[0]):
             for g, x in zip((dq, dk, dv), _attend_backward(dout[b], q[b], k[b], v[b], scale, causal)):
                 g[b].copy_(x)
 
     def backward_varlen(self, dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, seqused_k, max_q, max_k, scale,
-                        causal, deterministic, workspace, stream):
+                        causal, deterministic, workspace, stream, dsinks=None, **model_options):
         self._count("backward_varlen")
+        self._no_model_options(**model_options)
+        assert dsinks is None
         for rows, keys in self._sequences(q, k, out, lse, cu_q, cu_k, seqused_k):
             for g, x, idx in zip((dq, dk, dv), _attend_backward(dout[rows], q[rows], k[keys], v[keys], scale, causal),
                                  (rows, keys, keys)):
                 g[idx].copy_(x)  # rows and keys outside every sequence stay as allocated
 
-    def backward_workspace_bytes(self, q, softmax_scale=None, causal=False, deterministic=False):
+    def backward_workspace_bytes(self, q, softmax_scale=None, causal=False, deterministic=False, **model_options):
+        self._no_model_options(**model_options)
         return 0
 
-    def backward_varlen_workspace_bytes(self, q, batch, softmax_scale=None, causal=False, deterministic=False):
+    def backward_varlen_workspace_bytes(self, q, batch, softmax_scale=None, causal=False, deterministic=False,
+                                        **model_options):
+        self._no_model_options(**model_options)
         return 0
 
 

@@ -171,11 +171,32 @@ def test_model_options_reach_the_library():
     with pytest.raises(TypeError, match="q: CUDA tensor required"):
         call(*args, causal=True, window_size=(10, 0), softcap=5.0, sinks=np.zeros(8, np.float32),
              seqused_k=np.full(3, 5, np.int32))
+    # The backward takes them too (issue 19), with the library's rules: softcap at head_dim 128
+    # and 256 only, the sinks' shape; a valid call is refused at the host memory.
     q, k, v, cu_q, cu_k = args
     lse = np.zeros((8, 40), np.float32)
-    with pytest.raises(NotImplementedError, match=r"the backward does not support window_size=\(10, 0\) and sinks"):
-        warpattn.flash_attn_varlen_backward(q, q, k, v, q, lse, cu_q, cu_k, 20, 20, window_size=(10, 0),
-                                            sinks=np.zeros(8, np.float32))
+    if not hasattr(_warpattn, "backward_varlen"):
+        return
+    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 yet"):
+        warpattn.flash_attn_varlen_backward(q, q, k, v, q, lse, cu_q, cu_k, 20, 20, softcap=5.0)
+    q, k, v, cu_q, cu_k = packed(d=128)
+    with pytest.raises(TypeError, match="dout: CUDA tensor required"):
+        warpattn.flash_attn_varlen_backward(q, q, k, v, q, lse, cu_q, cu_k, 20, 20, window_size=(10, 0), causal=True,
+                                            softcap=5.0, sinks=np.zeros(8, np.float32),
+                                            seqused_k=np.full(3, 5, np.int32))
+    with pytest.raises(ValueError, match=r"^sinks: expected shape \(8\)"):
+        warpattn.flash_attn_varlen_backward(q, q, k, v, q, lse, cu_q, cu_k, 20, 20, sinks=np.zeros(2, np.float32))
+
+
+def test_backward_workspace_grows_with_sinks():
+    # The sinks' gradient takes workspace of its own (its partial sums): sized with the sinks given.
+    if not hasattr(_warpattn, "backward_varlen"):
+        pytest.skip("this build has no backward_varlen")
+    q = np.zeros((1000, 8, 128), np.float16)
+    plain = _warpattn.backward_varlen_workspace_bytes(q, 3, None, True, False)
+    assert _warpattn.backward_varlen_workspace_bytes(q, 3, None, True, False, window_left=64, window_right=0,
+                                                     softcap=5.0) == plain
+    assert _warpattn.backward_varlen_workspace_bytes(q, 3, None, True, False, sinks=np.zeros(8, np.float32)) > plain
 
 
 # ---------------------------------------------------------------- PyTorch on meta tensors (CPU)
@@ -201,7 +222,7 @@ def test_torch_fake_implementations(meta):
     assert lse.shape == (8, 100) and lse.dtype == torch.float32
     grads = torch.ops.warpattn.flash_attn_varlen_backward(out, q, k, v, out, lse, None, cu_q, cu_k, cu_k[:4], 30, 30,
                                                           0.1, True, True)
-    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape, (0,)]  # no sinks: an empty dsinks
 
 
 def test_torch_opcheck(meta):
@@ -237,31 +258,49 @@ def test_torch_ops_take_the_model_options(meta):
     assert out.shape == q.shape and lse.shape == (8, 100)
     grads = torch.ops.warpattn.flash_attn_varlen_backward(out, q, k, v, out, lse, None, cu_q, cu_k, None, 30, 30,
                                                           None, True, False, 64, 0, 30.0, sinks)
-    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]  # meta: the fake, which refuses nothing
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape, (8,)]  # dsinks shaped as the sinks
+    assert grads[3].dtype == torch.float32
+    from warpattn.torch_op import flash_attn_varlen_backward
+    torch.library.opcheck(flash_attn_varlen_backward, (out, q, k, v, out, lse, None, cu_q, cu_k, None, 30, 30, None,
+                                                       True, False, 64, 0, 30.0, sinks))
 
 
-def test_torch_gradients_through_model_options_are_refused(meta, op_recording_backend, monkeypatch):
-    # forward_varlen replaced by a no-op on CPU tensors: the custom ops run their real
-    # implementations, and the backward op refuses what the forward used, eagerly and compiled.
-    seen = []
+def test_torch_gradients_flow_through_model_options(meta, op_recording_backend, monkeypatch):
+    # forward_varlen and backward_varlen replaced by recorders on CPU tensors: the custom ops run
+    # their real implementations, the backward gets the forward's options (and dsinks, which it
+    # writes), and the sinks' gradient reaches the sinks, eagerly and compiled.
+    seen, backward_seen = [], []
     monkeypatch.setattr(_warpattn, "forward_varlen", lambda *args, **options: seen.append(options))
+
+    def backward_varlen(*args, **options):
+        backward_seen.append(options)
+        if options["dsinks"] is not None:
+            options["dsinks"].fill_(7.0)
+    monkeypatch.setattr(_warpattn, "backward_varlen", backward_varlen)
     q, k, v = (torch.zeros(n, 2, 64, dtype=torch.bfloat16, requires_grad=True) for n in (40, 50, 50))
     cu_q, cu_k = torch.tensor([0, 10, 40], dtype=torch.int32), torch.tensor([0, 20, 50], dtype=torch.int32)
-    sinks = torch.zeros(2)
+    sinks = torch.zeros(2, requires_grad=True)
     out = warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 30, 30, window_size=(16, 16), softcap=3.0,
                                           sinks=sinks)
     assert seen[-1]["window_left"] == 16 and seen[-1]["softcap"] == 3.0 and seen[-1]["sinks"] is sinks
-    with pytest.raises(NotImplementedError, match=r"window_size=\(16, 16\), softcap=3 and sinks yet"):
-        out.float().sum().backward()
+    out.float().sum().backward()
+    got = backward_seen[-1]
+    assert (got["window_left"], got["window_right"], got["softcap"]) == (16, 16, 3.0) and got["sinks"] is sinks
+    assert got["dsinks"].shape == (2,) and got["dsinks"].dtype == torch.float32
+    assert torch.equal(sinks.grad, torch.full((2,), 7.0)) and q.grad.shape == q.shape
     backend, ops = op_recording_backend
+    sinks.grad = None
 
-    def loss(q, k, v):
-        return warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 30, 30, causal=True,
-                                               window_size=(8, 0)).float().square().sum()
-    result = torch.compile(loss, backend=backend, fullgraph=True)(q, k, v)
-    with pytest.raises(NotImplementedError, match=r"window_size=\(8, 0\) yet"):
-        result.backward()
+    def loss(q, k, v, sinks):
+        return warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 30, 30, causal=True, window_size=(8, 0),
+                                               sinks=sinks).float().square().sum()
+    torch.compile(loss, backend=backend, fullgraph=True)(q, k, v, sinks).backward()
     assert "warpattn.flash_attn_varlen_backward.default" in ops
+    assert backward_seen[-1]["window_left"] == 8 and torch.equal(sinks.grad, torch.full((2,), 7.0))
+    # Without sinks no dsinks is passed, and the backward op's empty one goes nowhere.
+    out = warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 30, 30, window_size=(4, 4))
+    out.float().sum().backward()
+    assert backward_seen[-1]["dsinks"] is None and backward_seen[-1]["sinks"] is None
 
 
 def test_torch_out_argument_is_not_differentiable(meta):
@@ -659,25 +698,129 @@ def test_model_options_torch_compile_fullgraph():
     torch.testing.assert_close(compiled(q, k, v, cu_q, cu_k, sinks), fn(q, k, v, cu_q, cu_k, sinks), rtol=0, atol=0)
 
 
-@gpu
-@pytest.mark.gpu
-def test_model_options_backward_is_refused():
-    q, k, v, cu_q, cu_k = make_batch([(300, 300), (1, 1), (700, 900)], 8, 2, 64, torch.bfloat16, seed=53)
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    for options, message in [(dict(causal=True, window_size=(64, 0)), r"window_size=\(64, 0\)"),
-                             (dict(softcap=20.0), "softcap=20"), (dict(sinks=torch.zeros(8, device="cuda")), "sinks")]:
-        out = warpattn.flash_attn_varlen_func(*leaves, cu_q, cu_k, 700, 900, **options)
-        with pytest.raises(NotImplementedError, match="the backward does not support " + message):
-            out.float().sum().backward()
-        with torch.no_grad():
-            warpattn.flash_attn_varlen_func(*leaves, cu_q, cu_k, 700, 900, **options)
-    compiled = torch.compile(lambda q, k, v: warpattn.flash_attn_varlen_func(
-        q, k, v, cu_q, cu_k, 700, 900, window_size=(32, 32)).float().sum(), fullgraph=True)
-    loss = compiled(*leaves)
-    with pytest.raises(NotImplementedError, match=r"window_size=\(32, 32\)"):
-        loss.backward()
-    assert all(t.grad is None for t in leaves)
+# The gradients through window_size, softcap and sinks against the float64 reference on each
+# sequence alone: test_gpu.py's backward bounds (rel L2 of dq, dk, dv against float64) and its
+# dsinks bound (1e-2 of the sum of the terms' magnitudes per head, there explained), the sinks'
+# gradient and its terms summed over the sequences.
+FP64_GRAD_TOL = {"bfloat16": 3e-2, "float16": 5e-3}
 
+
+def model_reference_grads(q, k, v, cu_q, cu_k, dout, options, reference_grads, seqused=None):
+    """dq, dk, dv (packed, zero where no sequence reaches) and dsinks, sink_terms (summed over the
+    sequences; None without sinks) from the float64 reference on each sequence alone."""
+    sinks = options.get("sinks")
+    sinks = None if sinks is None else sinks.detach().cpu().numpy()
+    dq, dk, dv = (np.zeros(t.shape) for t in (q, k, v))
+    dsinks = sink_terms = None if sinks is None else np.zeros(q.shape[1])
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(cq) - 1):
+        n = ck[b + 1] - ck[b] if seqused is None else int(seqused[b])
+        rows, keys = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b] + n)
+        if cq[b + 1] == cq[b]:
+            continue
+        g = reference_grads(*(t[None].double().cpu().numpy() for t in (q[rows], k[keys], v[keys], dout[rows])),
+                            options.get("causal", False), options.get("window_size", (-1, -1)),
+                            options.get("softcap", 0.0), sinks, options.get("softmax_scale"))
+        dq[rows], dk[keys], dv[keys] = g["dq"][0], g["dk"][0], g["dv"][0]
+        if sinks is not None:
+            dsinks += g["dsinks"]
+            sink_terms += g["sink_terms"]
+    return dq, dk, dv, dsinks, sink_terms
+
+
+def model_varlen_grads(q, k, v, cu_q, cu_k, dout, lengths, options, deterministic=False, seqused=None, fn=None):
+    """dq, dk, dv and the sinks' gradient (None without) of flash_attn_varlen_func through autograd,
+    the sinks a leaf that requires grad; fn: a (torch.compile'd) loss of (q, k, v, sinks)."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    sinks = options.get("sinks")
+    sinks = None if sinks is None else sinks.detach().clone().requires_grad_()
+    rest = {name: value for name, value in options.items() if name != "sinks"}
+    if fn is None:
+        def fn(q, k, v, sinks):
+            out = warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, *lengths, sinks=sinks, seqused_k=seqused,
+                                                  deterministic=deterministic, **rest)
+            return (out.float() * dout.float()).sum()
+    fn(*leaves, sinks).backward()
+    return tuple(t.grad for t in leaves) + (None if sinks is None else sinks.grad,)
+
+
+def check_model_grads(got, want, dtype):
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert not g.isnan().any(), name
+        err = rel_l2(g.cpu(), torch.from_numpy(w))
+        assert err <= FP64_GRAD_TOL[dtype], (name, err)
+    if want[3] is None:
+        assert got[3] is None
+        return
+    err = (got[3].detach().cpu().double() - torch.from_numpy(want[3])).abs()
+    bound = 1e-2 * torch.from_numpy(want[4]) + 1e-6
+    assert torch.all(err <= bound), (err / bound).max().item()
+
+
+VARLEN_MODEL_GRAD_CASES = {
+    "causal_window": (64, dict(causal=True, window_size=(64, 0))),
+    "window_and_sinks": (64, dict(window_size=(100, 30), sinks=True)),
+    "causal_all_three": (128, dict(causal=True, window_size=(96, -1), softcap=30.0, sinks=True)),
+    "softcap_and_sinks": (256, dict(softcap=5.0, sinks=True, softmax_scale=0.1)),
+}
+
+
+@gpu
+@has_backward
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", sorted(VARLEN_MODEL_GRAD_CASES))
+def test_model_options_gradients_against_fp64(dtype, case, attention_reference_grads):
+    # Sequences with rows that see no key (in the window, or Sq > Sk causal: the sink alone) and
+    # an empty one; softcap at head_dims 128 and 256 (64 has no softcap backward yet).
+    lengths = [(300, 300), (1, 1), (0, 30), (400, 129), (129, 700)]
+    d, options = VARLEN_MODEL_GRAD_CASES[case]
+    options = dict(options)
+    if options.pop("sinks", False):
+        options["sinks"] = torch.linspace(-2.0, 8.0, 8, device="cuda")
+    q, k, v, cu_q, cu_k = make_batch(lengths, 8, 2, d, getattr(torch, dtype), seed=len(case) + d)
+    dout = torch.randn_like(q)
+    got = model_varlen_grads(q, k, v, cu_q, cu_k, dout, (400, 700), options)
+    check_model_grads(got, model_reference_grads(q, k, v, cu_q, cu_k, dout, options, attention_reference_grads),
+                      dtype)
+
+
+@gpu
+@has_backward
+@pytest.mark.gpu
+def test_model_options_gradients_seqused_k_compiled_and_explicit(attention_reference_grads):
+    # With seqused_k (the sinks then come after it), deterministic: the same bits twice, under
+    # torch.compile(fullgraph), and from warpattn.flash_attn_varlen_backward (dsinks fourth); softcap
+    # at head_dim 64 refused by the library's ValueError when the backward runs.
+    lengths = [(50, 300), (1, 1), (20, 0), (129, 1000)]
+    q, k, v, cu_q, cu_k = make_batch(lengths, 8, 2, 128, torch.bfloat16, capacity=32, seed=54)
+    used = torch.tensor([b for _, b in lengths], device="cuda", dtype=torch.int32)
+    dout = torch.randn_like(q)
+    options = dict(causal=True, window_size=(64, 0), softcap=10.0, sinks=torch.linspace(-2.0, 8.0, 8, device="cuda"))
+    first = model_varlen_grads(q, k, v, cu_q, cu_k, dout, (129, 1032), options, True, used)
+    second = model_varlen_grads(q, k, v, cu_q, cu_k, dout, (129, 1032), options, True, used)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    check_model_grads(first, model_reference_grads(q, k, v, cu_q, cu_k, dout, options, attention_reference_grads,
+                                                   seqused=used), "bfloat16")
+    rest = {name: value for name, value in options.items() if name != "sinks"}
+
+    def loss(q, k, v, sinks):
+        out = warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 129, 1032, sinks=sinks, seqused_k=used,
+                                              deterministic=True, **rest)
+        return (out.float() * dout.float()).sum()
+    compiled = model_varlen_grads(q, k, v, cu_q, cu_k, dout, None, options, fn=torch.compile(loss, fullgraph=True))
+    for name, a, b in zip(("dq", "dk", "dv", "dsinks"), compiled, first):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    out, lse = warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 129, 1032, seqused_k=used, return_lse=True,
+                                               **options)
+    explicit = warpattn.flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, 129, 1032,
+                                                   seqused_k=used, deterministic=True, **options)
+    assert len(explicit) == 4
+    for name, a, b in zip(("dq", "dk", "dv", "dsinks"), explicit, first):
+        assert torch.equal(a, b), name
+    q64, k64, v64 = (t[..., :64].contiguous() for t in (q, k, v))
+    with pytest.raises(ValueError, match="options.softcap: the backward has no softcap at head_dim 64 yet"):
+        model_varlen_grads(q64, k64, v64, cu_q, cu_k, dout[..., :64], (129, 1032), options, seqused=used)
 
 
 # rel L2, varlen against dense gradients (run 104: bitwise in the deterministic mode, within 2e-3
