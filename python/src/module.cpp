@@ -87,6 +87,14 @@ struct ModelOptions {
   std::optional<AnyArray> sinks;
 };
 
+// The sinks as the library takes them. Converted like every other tensor: a dtype the binding
+// does not know is a TypeError naming sinks (and the one dtype they may have: float64 logits
+// are the likely mistake); their shape, dtype and layout are the library's rules (p).
+std::optional<warpattn::TensorView> sinks_view(const ModelOptions& model) {
+  if (!model.sinks) return std::nullopt;
+  return view_as(*model.sinks, "sinks", dtype_of(*model.sinks, "sinks", "a float32 tensor"));
+}
+
 warpattn::ForwardOptions forward_options(std::optional<float> softmax_scale, bool causal, bool batch_invariant,
                                          const ModelOptions& model) {
   warpattn::ForwardOptions options;
@@ -96,13 +104,7 @@ warpattn::ForwardOptions forward_options(std::optional<float> softmax_scale, boo
   options.window_left = model.window_left;
   options.window_right = model.window_right;
   options.softcap = model.softcap;
-  // Converted like every other tensor: a dtype the binding does not know is a TypeError naming
-  // sinks (and the one dtype they may have: float64 logits are the likely mistake); their shape,
-  // dtype and layout are the library's rules (p).
-  if (model.sinks) {
-    const AnyArray& sinks = *model.sinks;
-    options.sinks = view_as(sinks, "sinks", dtype_of(sinks, "sinks", "a float32 tensor"));
-  }
+  options.sinks = sinks_view(model);
   return options;
 }
 
@@ -120,10 +122,7 @@ warpattn::BackwardOptions backward_options(std::optional<float> softmax_scale, b
   options.window_left = model.window_left;
   options.window_right = model.window_right;
   options.softcap = model.softcap;
-  if (model.sinks) {
-    const AnyArray& sinks = *model.sinks;
-    options.sinks = view_as(sinks, "sinks", dtype_of(sinks, "sinks", "a float32 tensor"));
-  }
+  options.sinks = sinks_view(model);
   if (dsinks) options.dsinks = view_as(*dsinks, "dsinks", dtype_of(*dsinks, "dsinks", "a float32 tensor"));
   return options;
 }

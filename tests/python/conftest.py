@@ -20,6 +20,22 @@ def op_recording_backend():
     return backend, ops
 
 
+def visible_keys(sq, sk, causal, window_size):
+    """(sq, sk) booleans: query i sees key j (bottom-right aligned: row i's diagonal is key
+    i + sk - sq; causal is right = 0; a window side of -1 is unbounded)."""
+    diagonal = np.arange(sq)[:, None] + sk - sq
+    key = np.arange(sk)[None, :]
+    keep = np.ones((sq, sk), bool)
+    left, right = window_size
+    if causal:
+        keep &= key <= diagonal
+    if left >= 0:
+        keep &= key >= diagonal - left
+    if right >= 0:
+        keep &= key <= diagonal + right
+    return keep
+
+
 def _attention_reference(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0, sinks=None, softmax_scale=None):
     """Attention in float64 on the CPU with the forward's model options (issue 19), from arrays
     NumPy can read, in (batch, seqlen, heads, head_dim) layout: P = softmax(mask(softcap(scale
@@ -36,16 +52,7 @@ def _attention_reference(q, k, v, causal=False, window_size=(-1, -1), softcap=0.
     scores = q.transpose(0, 2, 1, 3) @ k.transpose(0, 1, 3, 2) * scale  # (B, Hq, Sq, Sk)
     if softcap:
         scores = softcap * np.tanh(scores / softcap)
-    diagonal = np.arange(sq)[:, None] + sk - sq
-    key = np.arange(sk)[None, :]
-    keep = np.ones((sq, sk), bool)
-    left, right = window_size
-    if causal:
-        keep &= key <= diagonal
-    if left >= 0:
-        keep &= key >= diagonal - left
-    if right >= 0:
-        keep &= key <= diagonal + right
+    keep = visible_keys(sq, sk, causal, window_size)
     scores = np.where(keep, scores, -np.inf)
     logits = scores
     if sinks is not None:
@@ -86,16 +93,7 @@ def _attention_reference_grads(q, k, v, dout, causal=False, window_size=(-1, -1)
     do, o = dout.transpose(0, 2, 1, 3), out.transpose(0, 2, 1, 3)
     x = qt @ kt.transpose(0, 1, 3, 2) * scale
     scores = softcap * np.tanh(x / softcap) if softcap else x
-    diagonal = np.arange(sq)[:, None] + sk - sq
-    key = np.arange(sk)[None, :]
-    keep = np.ones((sq, sk), bool)
-    left, right = window_size
-    if causal:
-        keep &= key <= diagonal
-    if left >= 0:
-        keep &= key >= diagonal - left
-    if right >= 0:
-        keep &= key <= diagonal + right
+    keep = visible_keys(sq, sk, causal, window_size)
     with np.errstate(invalid="ignore", over="ignore"):
         p = np.where(keep, np.exp(np.where(keep, scores, 0.0) - lse[..., None]), 0.0)
     dv = p.transpose(0, 1, 3, 2) @ do
