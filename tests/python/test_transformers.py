@@ -597,9 +597,10 @@ def test_model_options_training_step(env, name, padding):
         assert sinks["ref"].abs().max() > 0 and err <= RATIO * err_other, (err, err_other)
 
 
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("padding", ["none", "left"])
-def test_sliding_window_generate(env, padding):
-    """Greedy decoding past the window (a DynamicCache whose sliding layers keep the last keys only):
+def test_sliding_window_generate(env, padding, cache):
+    """Greedy decoding past the window (a cache whose sliding layers keep the last keys only):
     the step logits against the fp32 model's, as test_greedy_generate."""
     device, calls = env
     ref, warp, sdpa = mistral(device)
@@ -608,7 +609,7 @@ def test_sliding_window_generate(env, padding):
     ids, mask = padded_batch(device, lengths if padding == "left" else [total] * 4, total, "left", seed=23)
     errors = {}
     for name, model in (("warpattn", warp), ("sdpa", sdpa)):
-        new, scores = _greedy(model, ids, mask, steps, "dynamic")
+        new, scores = _greedy(model, ids, mask, steps, cache)
         full = torch.cat([ids, new], 1)
         with torch.no_grad():
             want = ref(full, attention_mask=torch.cat([mask, torch.ones_like(new)], 1)).logits[:, total - 1:-1]
@@ -618,6 +619,23 @@ def test_sliding_window_generate(env, padding):
     # keys, so with the new one there are W (not more), all in the window (transformers' rule too).
     w = window_for(device)
     assert set(calls.model_options()) == {((w - 1, 0), 0.0, False), ((-1, -1), 0.0, False)}, calls.model_options()
+
+
+@pytest.mark.parametrize("name", list(OPTION_MODELS))
+def test_model_options_compile_fullgraph(env, name):
+    # The options under torch.compile(fullgraph=True) too (the sinks' cast, the window's ints).
+    device, calls = env
+    ref, warp, other = OPTION_MODELS[name][0](device)
+    total, lengths = lengths_for(device)
+    ids, mask = padded_batch(device, lengths, total, "right", seed=24)
+    torch._dynamo.reset()
+    compiled = torch.compile(warp, fullgraph=True, backend="aot_eager" if device == "cpu" else "inductor")
+    with torch.no_grad():
+        want = ref(ids, attention_mask=mask).logits
+        got = compiled(ids, attention_mask=mask).logits
+        theirs = other(ids, attention_mask=mask).logits
+    err, err_other = rel_err(got, want, mask.bool()), rel_err(theirs, want, mask.bool())
+    assert err <= RATIO * err_other, (err, err_other)
 
 
 def _recording(monkeypatch):
