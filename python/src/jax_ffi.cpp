@@ -504,14 +504,15 @@ ffi::Error quantize_fp8_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
 ffi::Error forward_fp8_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer vt,
                             ffi::AnyBuffer q_descale, ffi::AnyBuffer k_descale, ffi::AnyBuffer v_descale,
                             OptionalIn sinks, Out out, OptionalOut lse, bool causal, bool has_scale,
-                            float softmax_scale, int32_t window_left, int32_t window_right, float softcap) {
+                            float softmax_scale, bool batch_invariant, int32_t window_left, int32_t window_right,
+                            float softcap) {
   return guarded([&] {
     const Buf operands[6] = {buf_of(q),         buf_of(k),         buf_of(vt),
                              buf_of(q_descale), buf_of(k_descale), buf_of(v_descale)};
     const Buf lse_buf = lse ? buf_of(**lse) : Buf{};
     Buf sinks_buf;
-    const Attrs a =
-        with_model_options(scale_attrs(causal, has_scale, softmax_scale, false), window_left, window_right, softcap);
+    const Attrs a = with_model_options(scale_attrs(causal, has_scale, softmax_scale, batch_invariant), window_left,
+                                       window_right, softcap);
     const ForwardFp8 f = forward_fp8_call(operands, buf_of(*out), lse ? &lse_buf : nullptr,
                                           optional_buf(sinks, sinks_buf), a, Extra::fold);
     // Descales unchecked here: checking reads them back and waits for the stream, which a
@@ -656,6 +657,7 @@ auto bind_forward_fp8(B b) {
       .template Attr<bool>("causal")
       .template Attr<bool>("has_scale")
       .template Attr<float>("softmax_scale")
+      .template Attr<bool>("batch_invariant")
       .template Attr<int32_t>("window_left")
       .template Attr<int32_t>("window_right")
       .template Attr<float>("softcap");

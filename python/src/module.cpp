@@ -201,12 +201,13 @@ void quantize_fp8(const AnyArray& q, const AnyArray& k, const AnyArray& v, const
 void forward_fp8(const AnyArray& fq, const AnyArray& fk, const AnyArray& fvt, const AnyArray& qs, const AnyArray& ks,
                  const AnyArray& vs, const AnyArray& out, const std::optional<AnyArray>& lse,
                  std::optional<float> softmax_scale, bool causal, uintptr_t stream, bool check_descales,
-                 int window_left, int window_right, float softcap, const std::optional<AnyArray>& sinks) {
+                 int window_left, int window_right, float softcap, const std::optional<AnyArray>& sinks,
+                 bool batch_invariant) {
   const ModelOptions model{window_left, window_right, softcap, sinks};
   const warpattn::Fp8Operands f = fp8_operands(fq, fk, fvt, qs, ks, vs);
   const warpattn::TensorView vo = view_of(out, "out");
   const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
-  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal, false, model);
+  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal, batch_invariant, model);
   checked_launch([&] { warpattn::validate_forward_fp8(f, vo, vl, options); },
                  {{&fq, "q"}, {&fk, "k"}, {&fvt, "vt"}, {&qs, "q_descale"}, {&ks, "k_descale"}, {&vs, "v_descale"},
                   {&out, "out"}, {lse ? &*lse : nullptr, "lse"}, {sinks_of(model), "sinks"}},
@@ -283,13 +284,14 @@ void forward_fp8_varlen(const AnyArray& fq, const AnyArray& fk, const AnyArray& 
                         const AnyArray& cu_seqlens_q, const AnyArray& cu_seqlens_k,
                         const std::optional<AnyArray>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                         std::optional<float> softmax_scale, bool causal, uintptr_t stream, bool check_descales,
-                        int window_left, int window_right, float softcap, const std::optional<AnyArray>& sinks) {
+                        int window_left, int window_right, float softcap, const std::optional<AnyArray>& sinks,
+                        bool batch_invariant) {
   const ModelOptions model{window_left, window_right, softcap, sinks};
   const warpattn::Fp8Operands f = fp8_operands(fq, fk, fvt, qs, ks, vs);
   const warpattn::TensorView vo = view_of(out, "out");
   const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
   const warpattn::VarlenBatch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
-  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal, false, model);
+  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal, batch_invariant, model);
   checked_launch([&] { warpattn::validate_forward_fp8_varlen(f, vo, vl, batch, options); },
                  {{&fq, "q"}, {&fk, "k"}, {&fvt, "vt"}, {&qs, "q_descale"}, {&ks, "k_descale"}, {&vs, "v_descale"},
                   {&out, "out"}, {lse ? &*lse : nullptr, "lse"}, {&cu_seqlens_q, "cu_seqlens_q"},
@@ -440,9 +442,9 @@ NB_MODULE(_warpattn, m) {
         nb::arg("k_descale"), nb::arg("v_descale"), nb::arg("out"), nb::arg("lse").none(),
         nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("stream"), nb::arg("check_descales") = true,
         nb::kw_only(), nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("softcap") = 0.0f,
-        nb::arg("sinks").none() = nb::none(),
-        "FP8 attention on quantize_fp8's operands; out fp16 or bf16. window_left, window_right and sinks as "
-        "forward's; softcap is refused (the 16-bit forward only).");
+        nb::arg("sinks").none() = nb::none(), nb::arg("batch_invariant") = false,
+        "FP8 attention on quantize_fp8's operands; out fp16 or bf16. window_left, window_right, sinks and "
+        "batch_invariant as forward's; softcap is refused (the 16-bit forward only).");
   m.attr("fp8_head_dims") = nb::make_tuple(64, 128, 256);
   m.def("quantize_fp8_varlen", &quantize_fp8_varlen, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("fp8_q"),
         nb::arg("fp8_k"), nb::arg("vt"), nb::arg("q_descale"), nb::arg("k_descale"), nb::arg("v_descale"),
@@ -453,6 +455,6 @@ NB_MODULE(_warpattn, m) {
         nb::arg("cu_seqlens_k"), nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
         nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("stream"), nb::arg("check_descales") = true,
         nb::kw_only(), nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("softcap") = 0.0f,
-        nb::arg("sinks").none() = nb::none(),
+        nb::arg("sinks").none() = nb::none(), nb::arg("batch_invariant") = false,
         "forward_fp8 on a packed batch; out (total_q, heads, head_dim), lse (heads, total_q).");
 }

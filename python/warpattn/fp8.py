@@ -152,14 +152,15 @@ def quantize_fp8(q, k, v, rotate=True, seed=0, per_tensor=False, qk_dtype="e4m3"
 
 def flash_attn_fp8_func(ops: Fp8Operands, softmax_scale: Optional[float] = None, causal=False,
                         out_dtype="bfloat16", return_lse=False, out=None, check_descales=True, window_size=(-1, -1),
-                        softcap=0.0, sinks=None):
+                        softcap=0.0, sinks=None, batch_invariant=False):
     """softmax(softmax_scale q k^T [+ causal mask, bottom-right]) v on FP8 operands; out is
     (batch, seqlen_q, heads, head_dim) in out_dtype (bfloat16 or float16, as a string or the
     framework's dtype; CuPy: float16). With check_descales the descales are read back and
     checked (finite, > 0) before the launch (one synchronisation); quantize_fp8's operands
     are valid by construction. window_size and sinks as warpattn.flash_attn_func takes them;
     softcap is refused by the library (the FP8 kernel scales scores per block inside the
-    softmax's exponent, where a tanh does not fit), as is anything but its default of 0."""
+    softmax's exponent, where a tanh does not fit), as is anything but its default of 0.
+    batch_invariant as warpattn.flash_attn_func's (README: modes)."""
     fw = framework_of(ops.q, "q")
     _check_sinks(sinks, fw)
     kind = _dtype_name(out_dtype, "out_dtype", {"bfloat16", "float16"})
@@ -170,7 +171,8 @@ def flash_attn_fp8_func(ops: Fp8Operands, softmax_scale: Optional[float] = None,
     def run(empty, stream, args):
         o = out if out is not None else empty((b, sq, hq, d), kind)
         lse = empty((b, hq, sq), "float32") if return_lse else None
-        _warpattn.forward_fp8(*args, o, lse, scale, bool(causal), stream, bool(check_descales), **model)
+        _warpattn.forward_fp8(*args, o, lse, scale, bool(causal), stream, bool(check_descales),
+                              batch_invariant=bool(batch_invariant), **model)
         return o, lse
 
     if fw == "torch":
@@ -183,7 +185,7 @@ def flash_attn_fp8_func(ops: Fp8Operands, softmax_scale: Optional[float] = None,
         if ffi is not None:
             return ffi.flash_attn_fp8(ops, softmax_scale, causal, kind, return_lse, check_descales,
                                       window_size=(model["window_left"], model["window_right"]),
-                                      softcap=model["softcap"], sinks=sinks)
+                                      softcap=model["softcap"], sinks=sinks, batch_invariant=bool(batch_invariant))
         # concrete arrays on a GPU (TypeError otherwise)
         _wait_for_jax_arrays(q=ops.q, k=ops.k, vt=ops.vt, **_jax_sinks(sinks))
         args = (_jax_bytes(ops.q), _jax_bytes(ops.k), _jax_bytes(ops.vt), ops.q_descale, ops.k_descale,
@@ -254,7 +256,7 @@ def quantize_fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, rotate=True, seed=0
 def flash_attn_fp8_varlen_func(ops: Fp8Operands, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                softmax_scale: Optional[float] = None, causal=False, out_dtype="bfloat16",
                                return_lse=False, out=None, seqused_k=None, check_descales=True, window_size=(-1, -1),
-                               softcap=0.0, sinks=None):
+                               softcap=0.0, sinks=None, batch_invariant=False):
     """flash_attn_fp8_func on a packed batch (quantize_fp8_varlen's operands): out (total_q,
     heads, head_dim) in out_dtype, lse (heads, total_q); the offsets and max_seqlen_* as
     flash_attn_varlen_func takes them; window_size and sinks as flash_attn_fp8_func (softcap
@@ -270,7 +272,8 @@ def flash_attn_fp8_varlen_func(ops: Fp8Operands, cu_seqlens_q, cu_seqlens_k, max
         o = out if out is not None else empty((tq, hq, d), kind)
         lse = empty((hq, tq), "float32") if return_lse else None
         _warpattn.forward_fp8_varlen(*args, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
-                                     int(max_seqlen_k), scale, bool(causal), stream, bool(check_descales), **model)
+                                     int(max_seqlen_k), scale, bool(causal), stream, bool(check_descales),
+                                     batch_invariant=bool(batch_invariant), **model)
         return o, lse
 
     if fw == "torch":

@@ -430,13 +430,14 @@ def _check_descales(ops):
                              % (name, float(host[at]), ", ".join(str(i) for i in at)))
 
 
-def _forward_fp8(ops, scale, causal, out_dtype, return_lse, check_descales, sinks=None, model=_model()):
+def _forward_fp8(ops, scale, causal, out_dtype, return_lse, check_descales, sinks=None, model=_model(),
+                 batch_invariant=False):
     b, sq, hq, d = ops.q.shape
     results = [_like(ops.q, out_dtype, (b, sq, hq, d))]
     if return_lse:
         results.append(_like(ops.q, jnp.float32, (b, hq, sq)))
     operands = _with_sinks(ops, sinks)
-    attrs = _attrs(scale, causal, model=model)
+    attrs = _attrs(scale, causal, batch_invariant=batch_invariant, model=model)
     _validate(FORWARD_FP8, operands, results, attrs)
     if check_descales and b and sq and hq:  # an empty problem launches nothing, and reads none
         _check_descales(ops)
@@ -474,7 +475,7 @@ def quantize_fp8(q, k, v, rotate=True, seed=0, per_tensor=False, qk_dtype="e4m3"
 
 
 def flash_attn_fp8(ops, softmax_scale=None, causal=False, out_dtype="bfloat16", return_lse=False,
-                   check_descales=True, window_size=(-1, -1), softcap=0.0, sinks=None):
+                   check_descales=True, window_size=(-1, -1), softcap=0.0, sinks=None, batch_invariant=False):
     """warpattn.flash_attn_fp8_func under jax.jit: attention on FP8 operands (quantize_fp8's, or
     an Fp8Operands built by hand in fp8.hpp's layout, e4m3 as jnp.float8_e4m3fn). out (batch,
     seqlen_q, heads, head_dim) in out_dtype ("bfloat16" or "float16", or the jnp dtype); lse
@@ -482,7 +483,8 @@ def flash_attn_fp8(ops, softmax_scale=None, causal=False, out_dtype="bfloat16", 
     return_lse and check_descales are static. check_descales: descales that are concrete
     arrays are read back and checked (finite, > 0) before the call, as the library does;
     traced ones (under jax.jit) are not. Forward only (FP8 has no backward). window_size and
-    sinks as flash_attn's; softcap is refused by the library (16-bit forward only)."""
+    sinks as flash_attn's; softcap is refused by the library (16-bit forward only). batch_invariant
+    as flash_attn's (static)."""
     if not isinstance(ops, Fp8Operands):
         ops = Fp8Operands(*ops)
     _check_rank(ops.q)
@@ -492,4 +494,4 @@ def flash_attn_fp8(ops, softmax_scale=None, causal=False, out_dtype="bfloat16", 
     ops = Fp8Operands(*(_no_gradient(t) for t in ops))
     sinks = None if sinks is None else _no_gradient(sinks)
     return _forward_fp8(ops, _scale(softmax_scale), bool(causal), jnp.dtype(kind), bool(return_lse),
-                        bool(check_descales), sinks, _model(window_size, softcap))
+                        bool(check_descales), sinks, _model(window_size, softcap), bool(batch_invariant))

@@ -244,6 +244,11 @@ def test_fp8_model_options_reach_the_library():
         call_packed(sinks=np.zeros(4, np.float16))
     with pytest.raises(TypeError, match="q: CUDA tensor required"):
         call_packed(window_left=16, window_right=16, sinks=np.zeros(4, np.float32))
+    # Issue 18's mode is a keyword of both FP8 calls (every rule passes; only the device is missing).
+    with pytest.raises(TypeError, match="q: CUDA tensor required"):
+        call(batch_invariant=True)
+    with pytest.raises(TypeError, match="q: CUDA tensor required"):
+        call_packed(batch_invariant=True)
 
 
 def test_backward_takes_model_options(monkeypatch):

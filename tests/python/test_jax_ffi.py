@@ -620,8 +620,13 @@ def test_fp8_lowering():
             "(tensor<2x300x8x128xf8E4M3FN>, tensor<2x500x2x128xf8E4M3FN>, tensor<2x2x128x512xf8E4M3FN>, "
             "tensor<2x8x3xf32>, tensor<2x2x4xf32>, tensor<2x2x4xf32>)") in quantize
     (forward,) = custom_calls(text, "warpattn_forward_fp8")
-    assert "causal = true" in forward and "has_scale = false" in forward
+    assert "causal = true" in forward and "has_scale = false" in forward and "batch_invariant = false" in forward
     assert ("tensor<2x2x4xf32>, tensor<2x2x4xf32>) -> (tensor<2x300x8x128xbf16>, tensor<2x8x300xf32>)") in forward
+    # Issue 18's mode reaches the FP8 call as an attribute.
+    text = lower_for_cuda(lambda q, k, v: jax_ffi.flash_attn_fp8(jax_ffi.quantize_fp8(q, k, v), batch_invariant=True),
+                          q, k, v)
+    (forward,) = custom_calls(text, "warpattn_forward_fp8")
+    assert "batch_invariant = true" in forward
     # INT8 Q and K, per-tensor scales, float16 out, no lse.
     q, k, v = qkv_specs(dtype=jnp.float16)
     text = lower_for_cuda(lambda q, k, v: jax_ffi.flash_attn_fp8(jax_ffi.quantize_fp8(
