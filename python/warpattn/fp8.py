@@ -106,6 +106,49 @@ def _jax_sinks(sinks):
 
 # -------------------------------------------------------------------------------- the API
 
+def _inputs_framework(q, k, v):
+    """The framework of q, which k and v must share (TypeError naming the one that does not)."""
+    fw = framework_of(q, "q")
+    for name, t in (("k", k), ("v", v)):
+        if framework_of(t, name) != fw:
+            raise TypeError("%s: expected a %s tensor like q, got %s" % (name, fw, type(t).__module__))
+    return fw
+
+
+def _run_quantize(fw, q, k, v, int8, run, **jax_offsets):
+    """quantize_fp8's launch on q's framework: run(empty, stream, inputs, call_args) makes the
+    operands and calls the module. JAX: eagerly, on concrete arrays (the offsets too), its
+    results viewed as float8_e4m3fn where they are E4M3."""
+    if fw == "torch":
+        return run(_torch_empty(q.device.index), _current_stream(fw, q), (q, k, v))
+    if fw == "cupy":
+        return run(_cupy_empty(q.device.id), _current_stream(fw, q), (q, k, v))
+    if fw == "jax":
+        _wait_for_jax_arrays(q=q, k=k, v=v, **jax_offsets)
+        ops = Fp8Operands(*_jax_run(q.devices().pop().id, lambda empty: run(empty, 0, (q, k, v), tuple)))
+        if int8:
+            return ops._replace(vt=_jax_e4m3(ops.vt))
+        return ops._replace(q=_jax_e4m3(ops.q), k=_jax_e4m3(ops.k), vt=_jax_e4m3(ops.vt))
+    raise TypeError("q: FP8 needs a CUDA tensor (PyTorch, CuPy or JAX), got a %s array" % fw)
+
+
+def _run_forward(fw, ops, out, run, wait_for_jax):
+    """forward_fp8's launch on the operands' framework: run(empty, stream, args) makes out and
+    lse and calls the module; returns (out, lse). JAX: eagerly, once wait_for_jax() has waited
+    for the arrays the call reads (and refused those it cannot: first, for a clear message)."""
+    if fw == "torch":
+        return run(_torch_empty(ops.q.device.index), _current_stream(fw, ops.q), _call_args(ops))
+    if fw == "cupy":
+        return run(_cupy_empty(ops.q.device.id), _current_stream(fw, ops.q), _call_args(ops))
+    if fw == "jax":
+        _no_out(out)
+        wait_for_jax()
+        args = (_jax_bytes(ops.q), _jax_bytes(ops.k), _jax_bytes(ops.vt), ops.q_descale, ops.k_descale,
+                ops.v_descale)
+        return _jax_run(ops.q.devices().pop().id, lambda empty: run(empty, 0, args))
+    raise TypeError("q: FP8 needs a CUDA tensor (PyTorch, CuPy or JAX), got a %s array" % fw)
+
+
 def quantize_fp8(q, k, v, rotate=True, seed=0, per_tensor=False, qk_dtype="e4m3"):
     """FP8 operands of q, k, v (float16 or bfloat16 CUDA tensors, (batch, seqlen, heads,
     head_dim); PyTorch, CuPy or JAX). rotate: incoherent processing of Q and K (random signs from
@@ -113,10 +156,7 @@ def quantize_fp8(q, k, v, rotate=True, seed=0, per_tensor=False, qk_dtype="e4m3"
     instead of one per block of 128 rows; qk_dtype: "e4m3" (or torch.float8_e4m3fn), or "int8"
     (torch.int8, ...) for INT8 Q and K (best with rotate; P and V stay e4m3, same speed). Runs on
     the current stream (PyTorch, CuPy)."""
-    fw = framework_of(q, "q")
-    for name, t in (("k", k), ("v", v)):
-        if framework_of(t, name) != fw:
-            raise TypeError("%s: expected a %s tensor like q, got %s" % (name, fw, type(t).__module__))
+    fw = _inputs_framework(q, k, v)
     int8 = _qk_int8(qk_dtype)
     if len(q.shape) != 4 or len(k.shape) != 4:
         raise ValueError("q, k: expected rank 4 (batch, seqlen, heads, head_dim)")
@@ -134,20 +174,10 @@ def quantize_fp8(q, k, v, rotate=True, seed=0, per_tensor=False, qk_dtype="e4m3"
         _warpattn.quantize_fp8(*inputs, *call_args(ops), bool(rotate), int(seed), bool(per_tensor), stream)
         return ops
 
-    if fw == "torch":
-        return run(_torch_empty(q.device.index), _current_stream(fw, q), (q, k, v))
-    if fw == "cupy":
-        return run(_cupy_empty(q.device.id), _current_stream(fw, q), (q, k, v))
-    if fw == "jax":
-        ffi = _jax_ffi()
-        if ffi is not None:
-            return ffi.quantize_fp8(q, k, v, rotate, seed, per_tensor, qk_dtype)
-        _wait_for_jax_arrays(q=q, k=k, v=v)
-        ops = Fp8Operands(*_jax_run(q.devices().pop().id, lambda empty: run(empty, 0, (q, k, v), tuple)))
-        if int8:
-            return ops._replace(vt=_jax_e4m3(ops.vt))
-        return ops._replace(q=_jax_e4m3(ops.q), k=_jax_e4m3(ops.k), vt=_jax_e4m3(ops.vt))
-    raise TypeError("q: FP8 needs a CUDA tensor (PyTorch, CuPy or JAX), got a %s array" % fw)
+    ffi = _jax_ffi() if fw == "jax" else None
+    if ffi is not None:
+        return ffi.quantize_fp8(q, k, v, rotate, seed, per_tensor, qk_dtype)
+    return _run_quantize(fw, q, k, v, int8, run)
 
 
 def flash_attn_fp8_func(ops: Fp8Operands, softmax_scale: Optional[float] = None, causal=False,
@@ -175,26 +205,21 @@ def flash_attn_fp8_func(ops: Fp8Operands, softmax_scale: Optional[float] = None,
                               batch_invariant=bool(batch_invariant), **model)
         return o, lse
 
-    if fw == "torch":
-        o, lse = run(_torch_empty(ops.q.device.index), _current_stream(fw, ops.q), _call_args(ops))
-    elif fw == "cupy":
-        o, lse = run(_cupy_empty(ops.q.device.id), _current_stream(fw, ops.q), _call_args(ops))
-    elif fw == "jax":
+    if fw == "jax":
         _no_out(out)
         ffi = _jax_ffi()
         if ffi is not None:
             return ffi.flash_attn_fp8(ops, softmax_scale, causal, kind, return_lse, check_descales,
                                       window_size=(model["window_left"], model["window_right"]),
                                       softcap=model["softcap"], sinks=sinks, batch_invariant=bool(batch_invariant))
+
+    def wait_for_jax():
         # concrete arrays on a GPU (TypeError otherwise)
         _wait_for_jax_arrays(q=ops.q, k=ops.k, vt=ops.vt, **_jax_sinks(sinks))
-        args = (_jax_bytes(ops.q), _jax_bytes(ops.k), _jax_bytes(ops.vt), ops.q_descale, ops.k_descale,
-                ops.v_descale)
-        for t in args[3:]:
+        for t in (ops.q_descale, ops.k_descale, ops.v_descale):
             t.block_until_ready()
-        o, lse = _jax_run(ops.q.devices().pop().id, lambda empty: run(empty, 0, args))
-    else:
-        raise TypeError("q: FP8 needs a CUDA tensor (PyTorch, CuPy or JAX), got a %s array" % fw)
+
+    o, lse = _run_forward(fw, ops, out, run, wait_for_jax)
     return (o, lse) if return_lse else o
 
 
@@ -217,10 +242,7 @@ def quantize_fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, rotate=True, seed=0
     only). The operands (fp8.hpp): q and k packed like the inputs; vt (heads_kv, head_dim,
     fp8_varlen_rows(total_k, B)) and the descales over the padded row space, so that no block
     spans two sequences. PyTorch, CuPy and JAX (eager)."""
-    fw = framework_of(q, "q")
-    for name, t in (("k", k), ("v", v)):
-        if framework_of(t, name) != fw:
-            raise TypeError("%s: expected a %s tensor like q, got %s" % (name, fw, type(t).__module__))
+    fw = _inputs_framework(q, k, v)
     int8 = _qk_int8(qk_dtype)
     if len(q.shape) != 3 or len(k.shape) != 3:
         raise ValueError("q, k: expected rank 3 (total, heads, head_dim)")
@@ -240,17 +262,7 @@ def quantize_fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, rotate=True, seed=0
                                       bool(per_tensor), stream)
         return ops
 
-    if fw == "torch":
-        return run(_torch_empty(q.device.index), _current_stream(fw, q), (q, k, v))
-    if fw == "cupy":
-        return run(_cupy_empty(q.device.id), _current_stream(fw, q), (q, k, v))
-    if fw == "jax":
-        _wait_for_jax_arrays(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
-        ops = Fp8Operands(*_jax_run(q.devices().pop().id, lambda empty: run(empty, 0, (q, k, v), tuple)))
-        if int8:
-            return ops._replace(vt=_jax_e4m3(ops.vt))
-        return ops._replace(q=_jax_e4m3(ops.q), k=_jax_e4m3(ops.k), vt=_jax_e4m3(ops.vt))
-    raise TypeError("q: FP8 needs a CUDA tensor (PyTorch, CuPy or JAX), got a %s array" % fw)
+    return _run_quantize(fw, q, k, v, int8, run, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
 
 
 def flash_attn_fp8_varlen_func(ops: Fp8Operands, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -276,17 +288,9 @@ def flash_attn_fp8_varlen_func(ops: Fp8Operands, cu_seqlens_q, cu_seqlens_k, max
                                      batch_invariant=bool(batch_invariant), **model)
         return o, lse
 
-    if fw == "torch":
-        o, lse = run(_torch_empty(ops.q.device.index), _current_stream(fw, ops.q), _call_args(ops))
-    elif fw == "cupy":
-        o, lse = run(_cupy_empty(ops.q.device.id), _current_stream(fw, ops.q), _call_args(ops))
-    elif fw == "jax":
-        _no_out(out)
-        args = (_jax_bytes(ops.q), _jax_bytes(ops.k), _jax_bytes(ops.vt), ops.q_descale, ops.k_descale,
-                ops.v_descale)
+    def wait_for_jax():
         _wait_for_jax_arrays(q_descale=ops.q_descale, k_descale=ops.k_descale, v_descale=ops.v_descale,
                              cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, **_jax_sinks(sinks))
-        o, lse = _jax_run(ops.q.devices().pop().id, lambda empty: run(empty, 0, args))
-    else:
-        raise TypeError("q: FP8 needs a CUDA tensor (PyTorch, CuPy or JAX), got a %s array" % fw)
+
+    o, lse = _run_forward(fw, ops, out, run, wait_for_jax)
     return (o, lse) if return_lse else o
