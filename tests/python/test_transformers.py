@@ -492,8 +492,11 @@ def gemma2(device, head_dim=128, softcap=1.0):
 
 
 def _gpt_oss_sinks(model):
+    # A sink that takes a good share, as trained ones do: about the weight of a window of keys
+    # (scores ~ 0 at this init). Sinks near 1 against a window of 128 keys changed the logits by
+    # only ~1.5x the bf16 noise (run 116), too little to show that the option matters.
     for layer in model.model.layers:
-        layer.self_attn.sinks.normal_(1.0, 1.0)  # a sink that takes a good share (trained ones do)
+        layer.self_attn.sinks.normal_(math.log(model.config.sliding_window), 1.0)
 
 
 def gpt_oss(device):
@@ -557,7 +560,8 @@ def test_model_options_logits(env, name, padding):
     valid = mask.bool()
     err, err_other = rel_err(got, want, valid), rel_err(theirs, want, valid)
     assert err <= RATIO * err_other, (err, err_other)
-    assert rel_err(without, want, valid) > 5 * err, (rel_err(without, want, valid), err)  # the option matters
+    # The option matters: a kernel that ignored it would fail the bound above by 2x.
+    assert rel_err(without, want, valid) > 2 * RATIO * err_other, (rel_err(without, want, valid), err_other)
     layers = warp.config.num_hidden_layers
     used = "flash_attn_func" if padding == "none" else "flash_attn_varlen_func"
     assert calls.get(used) == layers, calls
@@ -593,8 +597,13 @@ def test_model_options_training_step(env, name, padding):
     err, err_other = rel_err(grads["warpattn"], grads["ref"]), rel_err(grads["other"], grads["ref"])
     assert err <= RATIO * err_other, (err, err_other)
     if name == "gpt_oss":
-        err, err_other = rel_err(sinks["warpattn"], sinks["ref"]), rel_err(sinks["other"], sinks["ref"])
-        assert sinks["ref"].abs().max() > 0 and err <= RATIO * err_other, (err, err_other)
+        # A handful of numbers (one per head and layer) whose bf16 error is pure noise: the fp32
+        # fake's was 1.4x eager's on one seed and 0.4x on the next (run 116). So the bound is
+        # twice the larger noise level of the bf16 eager model (its sinks' and its whole
+        # gradient's); a sinks gradient left out or of the wrong sign errs by ~1 or 2.
+        err_s, err_s_other = rel_err(sinks["warpattn"], sinks["ref"]), rel_err(sinks["other"], sinks["ref"])
+        assert sinks["ref"].abs().max() > 0 and err_s <= 2 * max(err_s_other, err_other), \
+            (err_s, err_s_other, err_other)
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
