@@ -667,7 +667,14 @@ def check_grads_against_fp64(q, k, v, dout, options, got, reference_grads):
                            None if sinks is None else sinks.detach().cpu().numpy(), options.get("softmax_scale"))
     for name, g, t in zip(GRAD_NAMES, got, (q, k, v)):
         assert g.shape == t.shape and g.dtype == t.dtype and not g.isnan().any(), name
-        err = rel_l2(g.cpu(), torch.from_numpy(want[name]))
+        w = torch.from_numpy(want[name])
+        if w.norm() <= 1e-9 * torch.from_numpy(want["dv"]).norm():
+            # Zero in exact arithmetic (a window of one key: each row's softmax is the constant 1,
+            # so dS = 0 and dq = dk = 0), the reference's 1e-17 no scale to be relative to (run
+            # 117: 4e25 "relative"). The kernel's dS is rounding noise there: held on dv's scale.
+            err = g.cpu().double().norm().item() / torch.from_numpy(want["dv"]).norm().item()
+        else:
+            err = rel_l2(g.cpu(), w)
         assert err <= GRAD_TOL[q.dtype], (name, err)
     if sinks is None:
         assert got[3] is None

@@ -711,7 +711,9 @@ def model_reference_grads(q, k, v, cu_q, cu_k, dout, options, reference_grads, s
     sinks = options.get("sinks")
     sinks = None if sinks is None else sinks.detach().cpu().numpy()
     dq, dk, dv = (np.zeros(t.shape) for t in (q, k, v))
-    dsinks = sink_terms = None if sinks is None else np.zeros(q.shape[1])
+    dsinks = sink_terms = None
+    if sinks is not None:  # two arrays (one shared by both names summed each sequence's terms into dsinks)
+        dsinks, sink_terms = np.zeros(q.shape[1]), np.zeros(q.shape[1])
     cq, ck = cu_q.tolist(), cu_k.tolist()
     for b in range(len(cq) - 1):
         n = ck[b + 1] - ck[b] if seqused is None else int(seqused[b])
