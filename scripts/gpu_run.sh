@@ -7,7 +7,8 @@ set -u -o pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 STAGES=${STAGES:-"ctest cli bench"}  # also: primitives, forward, fp8, devices, sanitize, python, bench_backward, ncu, ncu_fp8
-# python: PY_PARTS (default gpu cpu training varlen transformers jax_ffi), VARLEN_BENCH=1 for the varlen mixes
+# python: PY_PARTS (default gpu cpu training varlen transformers jax_ffi), VARLEN_BENCH=1 for the varlen mixes,
+#   JAX_BENCH=1 for warpattn under jax.jit beside cuDNN (python -m warpattn.bench_jax; JAX_BENCH_ARGS)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 # The first half of the README's test command: scripts/build.sh (every core).
 if ! bash scripts/build.sh > "$OUT/build.log" 2>&1; then
@@ -125,6 +126,11 @@ if stage python; then
       (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 -m warpattn.bench_fp8 --out "$OUT" \
         ${FP8_BENCH_ARGS:-} > "$OUT/fp8bench.log" 2> "$OUT/fp8bench.err")
       echo "fp8 bench rc=$?"; tail -3 "$OUT/fp8bench.err"; cat "$OUT/fp8bench.log"
+    fi
+    if [ -n "${JAX_BENCH:-}" ]; then  # warpattn.jax_ffi in jax.jit beside jax.nn.dot_product_attention's cuDNN
+      (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${JAX_BENCH_TIMEOUT:-600} python3 -m warpattn.bench_jax \
+        --out "$OUT/bench-jax.json" ${JAX_BENCH_ARGS:-} > "$OUT/jax-bench.log" 2> "$OUT/jax-bench.err")
+      echo "jax bench rc=$?"; tail -3 "$OUT/jax-bench.err"; cat "$OUT/jax-bench.log"
     fi
   else
     echo "pip install failed"; tail -20 "$OUT/pip.log"

@@ -61,6 +61,21 @@ struct ForwardOptions {
   // depends on how many tiles the whole batch has) and, for packed batches, choose the tile
   // height from the longest sequence; this mode does neither. See the README's table of modes.
   bool batch_invariant = false;
+  // Sliding window (local attention), FlashAttention's window_size = (left, right): query row i
+  // sees key j iff diagonal - window_left <= j <= diagonal + window_right, where diagonal =
+  // i + seqlen_k - seqlen_q (aligned bottom-right, as causal); -1 leaves that side unbounded.
+  // With causal, window_right must be -1 or 0 (causal is right = 0). Key tiles wholly outside
+  // the window are skipped: the work grows with seqlen x window, not seqlen².
+  int window_left = -1, window_right = -1;
+  // Softcap (Gemma 2): scores become softcap · tanh(softmax_scale · q·k / softcap) before the
+  // mask and the softmax. 0: off; otherwise finite and > 0. The 16-bit forward only (not
+  // forward_fp8).
+  float softcap = 0;
+  // Attention sinks (gpt-oss): an optional fp32 tensor of shape (heads_q,), one logit per query
+  // head (natural log; neither scaled nor softcapped), device memory of the call's device. Each
+  // joins its head's softmax denominator as a key without a value: a row's weights sum to less
+  // than 1, lse includes the sink, and a row that sees no key gets out = 0 and lse = its sink.
+  std::optional<TensorView> sinks;
 };
 
 // Thrown for every invalid argument (before any launch) and for CUDA failures.
@@ -117,6 +132,14 @@ struct BackwardOptions {
   // Batch-invariant (as ForwardOptions'): implies deterministic, whose order of dQ's sums
   // depends only on each sequence's own lengths.
   bool batch_invariant = false;
+  // The forward call's sliding window and softcap (as ForwardOptions').
+  int window_left = -1, window_right = -1;
+  float softcap = 0;
+  // The forward call's sinks (its lse includes them), and their gradient: dsinks, an fp32
+  // (heads_q,) tensor the call writes (required with sinks, refused without): dL/dsink_h =
+  // -sum over the batch's rows i of head h of exp(sink_h - lse_i) · rowsum(dout_i ∘ out_i),
+  // summed in a fixed order (the same bits every run).
+  std::optional<TensorView> sinks, dsinks;
 };
 
 // Device memory the backward uses between its launches (dQ's fp32 accumulator, the row terms):

@@ -71,6 +71,40 @@ WARPATTN_C_API int warpattn_forward(const warpattn_tensor* q, const warpattn_ten
                                     float softmax_scale, int causal, void* stream, char* err,
                                     size_t err_len);
 
+/* Every option of the forward calls (warpattn::ForwardOptions), for warpattn_forward_ex and
+ * warpattn_forward_varlen_ex. Fill it with warpattn_forward_options_init (the defaults: the
+ * scale 1/sqrt(head_dim), no mask, no window: window_left = window_right = -1, since 0 would be
+ * a window of one key), then change what you need. struct_size is how the library knows which
+ * fields the caller's version has: later versions add fields at the end only. */
+typedef struct {
+  size_t struct_size;       /* sizeof(warpattn_forward_options), set by the init function */
+  int has_scale;            /* 0: 1/sqrt(head_dim); otherwise softmax_scale */
+  float softmax_scale;
+  int causal;               /* bottom-right aligned */
+  int batch_invariant;      /* a row's bits independent of the rest of the batch (README: modes) */
+  int window_left;          /* sliding window, FlashAttention's window_size: -1 unbounded */
+  int window_right;         /* with causal: -1 or 0 */
+  float softcap;            /* 0: off; > 0: softcap * tanh(score / softcap) (16-bit forward only) */
+  const warpattn_tensor* sinks; /* NULL, or (Hq) fp32 logits joining each head's denominator */
+} warpattn_forward_options;
+
+/* The defaults, with struct_size set. */
+WARPATTN_C_API void warpattn_forward_options_init(warpattn_forward_options* options);
+
+/* warpattn_forward and warpattn_forward_varlen with every option (options may not be NULL).
+ * Other arguments and the return value as theirs. */
+WARPATTN_C_API int warpattn_forward_ex(const warpattn_tensor* q, const warpattn_tensor* k,
+                                       const warpattn_tensor* v, const warpattn_tensor* out,
+                                       const warpattn_tensor* lse, const warpattn_forward_options* options,
+                                       void* stream, char* err, size_t err_len);
+WARPATTN_C_API int warpattn_forward_varlen_ex(const warpattn_tensor* q, const warpattn_tensor* k,
+                                              const warpattn_tensor* v, const warpattn_tensor* out,
+                                              const warpattn_tensor* lse, const warpattn_tensor* cu_seqlens_q,
+                                              const warpattn_tensor* cu_seqlens_k, const warpattn_tensor* seqused_k,
+                                              int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                              const warpattn_forward_options* options, void* stream, char* err,
+                                              size_t err_len);
+
 /* The gradients of warpattn_forward(q, k, v) -> out, given dout = dL/d(out): dq, dk and dv.
  *   lse:              the forward's log-sum-exp (not optional here).
  *   has_scale, softmax_scale, causal: those of the forward call.
@@ -92,6 +126,25 @@ WARPATTN_C_API int warpattn_backward(const warpattn_tensor* dout, const warpattn
                                      float softmax_scale, int causal, int deterministic,
                                      void* workspace, size_t workspace_bytes, void* stream,
                                      char* err, size_t err_len);
+
+/* warpattn_backward for a forward call made with warpattn_forward_ex's options (its scale,
+ * causal, batch_invariant, window, softcap and sinks). dsinks: the sinks' gradient, (Hq) fp32,
+ * written (required with sinks, NULL without). deterministic: as warpattn_backward's
+ * (batch_invariant implies it). The workspace: NULL, or warpattn_backward_ex_workspace_bytes.
+ * Other arguments and the return value as warpattn_backward's. */
+WARPATTN_C_API int warpattn_backward_ex(const warpattn_tensor* dout, const warpattn_tensor* q,
+                                        const warpattn_tensor* k, const warpattn_tensor* v,
+                                        const warpattn_tensor* out, const warpattn_tensor* lse,
+                                        const warpattn_tensor* dq, const warpattn_tensor* dk,
+                                        const warpattn_tensor* dv, const warpattn_tensor* dsinks,
+                                        const warpattn_forward_options* options, int deterministic, void* workspace,
+                                        size_t workspace_bytes, void* stream, char* err, size_t err_len);
+
+/* Stores in *bytes the workspace warpattn_backward_ex needs for q (B, Sq, Hq, D) and these
+ * options. Returns as warpattn_backward_workspace_bytes. */
+WARPATTN_C_API int warpattn_backward_ex_workspace_bytes(const warpattn_tensor* q,
+                                                        const warpattn_forward_options* options, int deterministic,
+                                                        size_t* bytes, char* err, size_t err_len);
 
 /* Stores in *bytes the workspace warpattn_backward needs for q (B, Sq, Hq, D) and these options.
  * Only q's rank and sizes are checked (rank 4, sizes >= 0; q's dtype code must still be one of

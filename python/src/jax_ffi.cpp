@@ -1,7 +1,8 @@
 // warpattn as XLA FFI custom calls: JAX runs them inside jax.jit on XLA's own stream, with XLA's
-// buffers (nothing copied, no host synchronisation). Each handler builds warpattn::TensorView s
-// from the buffers (dense, row-major), calls the C++ API on the stream XLA passes, and returns
-// a warpattn::Error as an InvalidArgument error with the same message.
+// buffers (nothing copied, no host synchronisation). Six calls: the forward and backward, dense
+// and packed, and FP8's pair (quantize_fp8, forward_fp8). Each handler builds
+// warpattn::TensorView s from the buffers (dense, row-major), calls the C++ API on the stream XLA
+// passes, and returns a warpattn::Error as an InvalidArgument error with the same message.
 //
 // The same view-building code serves trace-time validation (jax_ffi_validate): there the
 // buffers are shapes and dtypes with made-up addresses, and the library's validate_* functions
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "warpattn/fp8.hpp"
 #include "warpattn/warpattn.hpp"
 #include "xla/ffi/api/ffi.h"
 
@@ -34,6 +36,8 @@ constexpr const char* kForward = "warpattn_forward";
 constexpr const char* kBackward = "warpattn_backward";
 constexpr const char* kForwardVarlen = "warpattn_forward_varlen";
 constexpr const char* kBackwardVarlen = "warpattn_backward_varlen";
+constexpr const char* kQuantizeFp8 = "warpattn_quantize_fp8";
+constexpr const char* kForwardFp8 = "warpattn_forward_fp8";
 
 // The backward's uint8 workspace result is this many bytes larger than the library asks for:
 // XLA aligns its buffers to less than the 256 bytes the library wants, so the handler starts
@@ -41,6 +45,8 @@ constexpr const char* kBackwardVarlen = "warpattn_backward_varlen";
 constexpr size_t kWorkspaceAlign = 256;
 
 constexpr const char* k16Bit = "float16 or bfloat16";
+constexpr const char* kFp8Codes = "float8_e4m3fn or int8";  // FP8 Q and K: e4m3, or INT8 codes
+constexpr const char* kE4m3 = "float8_e4m3fn";
 
 struct NamedType {
   ffi::DataType type;
@@ -131,27 +137,57 @@ TensorView view_of(const Buf& b, const char* name, int rank, const char* expecte
   return warpattn::make_contiguous_view(b.data, *dtype, view_rank, shape);
 }
 
-// The attributes of the four calls (each binds the ones it has, by these names).
+// The attributes of the calls (each binds the ones it has, by these names).
 struct Attrs {
   float softmax_scale = 0.0f;
   bool has_scale = false;  // false: the library's default scale, 1/sqrt(head_dim)
   bool causal = false;
   bool deterministic = false;
+  bool batch_invariant = false;
   int64_t max_seqlen_q = 0, max_seqlen_k = 0;
+  // The model options of the forward calls and of the backward ones (the sinks are an operand,
+  // dsinks a result). has_sinks says which of a varlen call's two optional operands came: XLA
+  // decodes them by position, so sinks without seqused_k would otherwise land in seqused_k's
+  // place.
+  int32_t window_left = -1, window_right = -1;
+  float softcap = 0.0f;
+  bool has_sinks = false;
+  // quantize_fp8's
+  bool rotate = true;
+  uint64_t seed = 0;
+  bool per_tensor = false;
 };
 
+// The sinks, when given, are set by the call's builder from their buffer.
 warpattn::ForwardOptions forward_options(const Attrs& a) {
   warpattn::ForwardOptions o;
   if (a.has_scale) o.softmax_scale = a.softmax_scale;
   o.causal = a.causal;
+  o.batch_invariant = a.batch_invariant;
+  o.window_left = a.window_left;
+  o.window_right = a.window_right;
+  o.softcap = a.softcap;
   return o;
 }
 
+// The sinks operand: (heads_q,) float32, never folded (the calls that take it run one per
+// example under vmap: warpattn.jax_ffi asks for "sequential" batching when sinks are given, since
+// sinks mapped with the examples could not be folded into the batch).
+std::optional<TensorView> sinks_view(const Buf* sinks) {
+  if (!sinks) return std::nullopt;
+  return view_of(*sinks, "sinks", 1, "float32", Extra::refuse);
+}
+
+// The sinks and dsinks, when given, are set by the call's builder from their buffers.
 warpattn::BackwardOptions backward_options(const Attrs& a) {
   warpattn::BackwardOptions o;
   if (a.has_scale) o.softmax_scale = a.softmax_scale;
   o.causal = a.causal;
   o.deterministic = a.deterministic;
+  o.batch_invariant = a.batch_invariant;
+  o.window_left = a.window_left;
+  o.window_right = a.window_right;
+  o.softcap = a.softcap;
   return o;
 }
 
@@ -164,13 +200,64 @@ struct Forward {
 
 // Dense: q, out (B, Sq, Hq, D); k, v (B, Sk, Hkv, D); lse (B, Hq, Sq).
 // Packed (varlen): q, out (total_q, Hq, D); k, v (total_k, Hkv, D); lse (Hq, total_q).
-Forward forward_call(const Buf& q, const Buf& k, const Buf& v, const Buf& out, const Buf* lse, const Attrs& a,
-                     bool varlen, Extra extra) {
+Forward forward_call(const Buf& q, const Buf& k, const Buf& v, const Buf& out, const Buf* lse, const Buf* sinks,
+                     const Attrs& a, bool varlen, Extra extra) {
   const int rank = varlen ? 3 : 4;
   Forward f{view_of(q, "q", rank, k16Bit, extra), view_of(k, "k", rank, k16Bit, extra),
             view_of(v, "v", rank, k16Bit, extra), view_of(out, "out", rank, k16Bit, extra), std::nullopt,
             forward_options(a)};
   if (lse) f.lse = view_of(*lse, "lse", rank - 1, "float32", extra);
+  f.options.sinks = sinks_view(sinks);
+  return f;
+}
+
+// FP8 operands (fp8.hpp): q, k (B, S, H, D) e4m3 or int8, vt (B, Hkv, D, Sk rounded up to 16)
+// e4m3, the descales (B, H, blocks) float32. `prefix` names them as the library does where
+// they are what quantize_fp8 writes ("fp8.").
+warpattn::Fp8Operands fp8_operands(const Buf* six, const std::string& prefix, Extra extra) {
+  const std::string names[6] = {prefix + "q",         prefix + "k",         prefix + "vt",
+                                prefix + "q_descale", prefix + "k_descale", prefix + "v_descale"};
+  const char* types[6] = {kFp8Codes, kFp8Codes, kE4m3, "float32", "float32", "float32"};
+  TensorView v[6];
+  for (int i = 0; i < 6; ++i) v[i] = view_of(six[i], names[i].c_str(), i < 3 ? 4 : 3, types[i], extra);
+  return {v[0], v[1], v[2], v[3], v[4], v[5]};
+}
+
+warpattn::QuantizeOptions quantize_options(const Attrs& a) {
+  warpattn::QuantizeOptions o;
+  o.rotate = a.rotate;
+  o.seed = a.seed;
+  o.scaling = a.per_tensor ? warpattn::Fp8Scaling::per_tensor : warpattn::Fp8Scaling::per_block;
+  return o;
+}
+
+struct Quantize {
+  TensorView q, k, v;
+  warpattn::Fp8Operands fp8;
+  warpattn::QuantizeOptions options;
+};
+
+// operands: q, k, v; results: the six FP8 operands.
+Quantize quantize_call(const Buf* operands, const Buf* results, const Attrs& a, Extra extra) {
+  return {view_of(operands[0], "q", 4, k16Bit, extra), view_of(operands[1], "k", 4, k16Bit, extra),
+          view_of(operands[2], "v", 4, k16Bit, extra), fp8_operands(results, "fp8.", extra), quantize_options(a)};
+}
+
+struct ForwardFp8 {
+  warpattn::Fp8Operands fp8;
+  TensorView out;
+  std::optional<TensorView> lse;
+  warpattn::ForwardOptions options;
+};
+
+// operands: the six FP8 operands (then the sinks, if given); results: out (B, Sq, Hq, D) float16
+// or bfloat16, lse.
+ForwardFp8 forward_fp8_call(const Buf* operands, const Buf& out, const Buf* lse, const Buf* sinks, const Attrs& a,
+                            Extra extra) {
+  ForwardFp8 f{fp8_operands(operands, "", extra), view_of(out, "out", 4, k16Bit, extra), std::nullopt,
+               forward_options(a)};
+  if (lse) f.lse = view_of(*lse, "lse", 3, "float32", extra);
+  f.options.sinks = sinks_view(sinks);
   return f;
 }
 
@@ -191,23 +278,30 @@ warpattn::Workspace workspace_of(const Buf& w) {
 }
 
 // operands: dout, q, k, v, out, lse (then the offsets, for varlen); results: dq, dk, dv, workspace.
-Backward backward_call(const Buf* operands, const Buf* results, const Attrs& a, bool varlen, Extra extra) {
+// sinks, dsinks: the forward's sinks (an operand) and their gradient (a (heads_q,) float32
+// result), or nullptr; never folded (with sinks the calls run one per example under vmap, as the
+// forward's).
+Backward backward_call(const Buf* operands, const Buf* results, const Buf* sinks, const Buf* dsinks, const Attrs& a,
+                       bool varlen, Extra extra) {
   const int rank = varlen ? 3 : 4;
   const char* names[6] = {"dout", "q", "k", "v", "out", "lse"};
   TensorView views[6];
   for (int i = 0; i < 6; ++i)
     views[i] = view_of(operands[i], names[i], i == 5 ? rank - 1 : rank, i == 5 ? "float32" : k16Bit, extra);
-  return Backward{views[0],
-                  views[1],
-                  views[2],
-                  views[3],
-                  views[4],
-                  views[5],
-                  view_of(results[0], "dq", rank, k16Bit, extra),
-                  view_of(results[1], "dk", rank, k16Bit, extra),
-                  view_of(results[2], "dv", rank, k16Bit, extra),
-                  backward_options(a),
-                  workspace_of(results[3])};
+  Backward b{views[0],
+             views[1],
+             views[2],
+             views[3],
+             views[4],
+             views[5],
+             view_of(results[0], "dq", rank, k16Bit, extra),
+             view_of(results[1], "dk", rank, k16Bit, extra),
+             view_of(results[2], "dv", rank, k16Bit, extra),
+             backward_options(a),
+             workspace_of(results[3])};
+  b.options.sinks = sinks_view(sinks);
+  if (dsinks) b.options.dsinks = view_of(*dsinks, "dsinks", 1, "float32", Extra::refuse);
+  return b;
 }
 
 warpattn::VarlenBatch varlen_batch(const Buf& cu_seqlens_q, const Buf& cu_seqlens_k, const Buf* seqused_k,
@@ -263,74 +357,124 @@ size_t bytes_of(const TensorView& t) {
   return static_cast<size_t>(t.numel()) * static_cast<size_t>(warpattn::dtype_size(t.dtype));
 }
 
-Attrs scale_attrs(bool causal, bool has_scale, float softmax_scale) {
+Attrs scale_attrs(bool causal, bool has_scale, float softmax_scale, bool batch_invariant) {
   Attrs a;
   a.causal = causal;
   a.has_scale = has_scale;
   a.softmax_scale = softmax_scale;
+  a.batch_invariant = batch_invariant;
   return a;
+}
+
+Attrs with_model_options(Attrs a, int32_t window_left, int32_t window_right, float softcap) {
+  a.window_left = window_left;
+  a.window_right = window_right;
+  a.softcap = softcap;
+  return a;
+}
+
+using OptionalIn = std::optional<ffi::AnyBuffer>;
+
+// A handler's optional operand as a Buf (nullptr: not given), stored in `storage`.
+const Buf* optional_buf(const OptionalIn& b, Buf& storage) {
+  if (!b) return nullptr;
+  storage = buf_of(*b);
+  return &storage;
 }
 
 using Out = ffi::Result<ffi::AnyBuffer>;
 using OptionalOut = std::optional<ffi::Result<ffi::AnyBuffer>>;
 
-ffi::Error forward_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, Out out,
-                        OptionalOut lse, bool causal, bool has_scale, float softmax_scale) {
+// The varlen calls' optional operands in the order they come, seqused_k (if given) then sinks (if
+// has_sinks): the one XLA decoded into seqused_k's place is the sinks when it came alone.
+struct VarlenOptionals {
+  const Buf* seqused_k;
+  const Buf* sinks;
+};
+VarlenOptionals varlen_optionals(const Buf* first, const Buf* second, bool has_sinks) {
+  if (has_sinks && !first) fail("sinks: has_sinks is set but the call has no sinks operand");
+  if (!has_sinks && second) fail("sinks: a second optional operand (the sinks) without has_sinks");
+  if (!has_sinks) return {first, nullptr};
+  return second ? VarlenOptionals{first, second} : VarlenOptionals{nullptr, first};
+}
+
+ffi::Error forward_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, OptionalIn sinks,
+                        Out out, OptionalOut lse, bool causal, bool has_scale, float softmax_scale,
+                        bool batch_invariant, int32_t window_left, int32_t window_right, float softcap) {
   return guarded([&] {
     const Buf lse_buf = lse ? buf_of(**lse) : Buf{};
+    Buf sinks_buf;
+    const Attrs a =
+        with_model_options(scale_attrs(causal, has_scale, softmax_scale, batch_invariant), window_left, window_right,
+                           softcap);
     const Forward f = forward_call(buf_of(q), buf_of(k), buf_of(v), buf_of(*out), lse ? &lse_buf : nullptr,
-                                   scale_attrs(causal, has_scale, softmax_scale), false, Extra::fold);
+                                   optional_buf(sinks, sinks_buf), a, false, Extra::fold);
     warpattn::forward(f.q, f.k, f.v, f.out, f.lse, f.options, stream);
   });
 }
 
 ffi::Error backward_impl(cudaStream_t stream, ffi::AnyBuffer dout, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                         ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, Out dq, Out dk, Out dv,
-                         Out workspace, bool causal, bool has_scale, float softmax_scale, bool deterministic) {
+                         ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, OptionalIn sinks, Out dq, Out dk,
+                         Out dv, Out workspace, OptionalOut dsinks, bool causal, bool has_scale, float softmax_scale,
+                         bool deterministic, bool batch_invariant, int32_t window_left, int32_t window_right,
+                         float softcap) {
   return guarded([&] {
     const Buf operands[6] = {buf_of(dout), buf_of(q), buf_of(k), buf_of(v), buf_of(out), buf_of(lse)};
     const Buf results[4] = {buf_of(*dq), buf_of(*dk), buf_of(*dv), buf_of(*workspace)};
-    Attrs a = scale_attrs(causal, has_scale, softmax_scale);
+    Attrs a = with_model_options(scale_attrs(causal, has_scale, softmax_scale, batch_invariant), window_left,
+                                 window_right, softcap);
     a.deterministic = deterministic;
-    const Backward b = backward_call(operands, results, a, false, Extra::fold);
+    Buf sinks_buf;
+    const Buf dsinks_buf = dsinks ? buf_of(**dsinks) : Buf{};
+    const Backward b = backward_call(operands, results, optional_buf(sinks, sinks_buf), dsinks ? &dsinks_buf : nullptr,
+                                     a, false, Extra::fold);
     warpattn::backward(b.dout, b.q, b.k, b.v, b.out, b.lse, b.dq, b.dk, b.dv, b.options, b.workspace, stream);
   });
 }
 
 ffi::Error forward_varlen_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                               ffi::AnyBuffer cu_seqlens_q, ffi::AnyBuffer cu_seqlens_k,
-                               std::optional<ffi::AnyBuffer> seqused_k, Out out, OptionalOut lse, bool causal,
-                               bool has_scale, float softmax_scale, int64_t max_seqlen_q, int64_t max_seqlen_k) {
+                               ffi::AnyBuffer cu_seqlens_q, ffi::AnyBuffer cu_seqlens_k, OptionalIn optional_1,
+                               OptionalIn optional_2, Out out, OptionalOut lse, bool causal, bool has_scale,
+                               float softmax_scale, bool batch_invariant, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                               int32_t window_left, int32_t window_right, float softcap, bool has_sinks) {
   return guarded([&] {
-    Attrs a = scale_attrs(causal, has_scale, softmax_scale);
+    Attrs a = with_model_options(scale_attrs(causal, has_scale, softmax_scale, batch_invariant), window_left,
+                                 window_right, softcap);
     a.max_seqlen_q = max_seqlen_q;
     a.max_seqlen_k = max_seqlen_k;
     const Buf lse_buf = lse ? buf_of(**lse) : Buf{};
-    const Buf used = seqused_k ? buf_of(*seqused_k) : Buf{};
-    const Forward f = forward_call(buf_of(q), buf_of(k), buf_of(v), buf_of(*out), lse ? &lse_buf : nullptr, a, true,
-                                   Extra::fold);
-    const warpattn::VarlenBatch batch =
-        varlen_batch(buf_of(cu_seqlens_q), buf_of(cu_seqlens_k), seqused_k ? &used : nullptr, a);
+    Buf storage_1, storage_2;
+    const VarlenOptionals given =
+        varlen_optionals(optional_buf(optional_1, storage_1), optional_buf(optional_2, storage_2), has_sinks);
+    const Forward f = forward_call(buf_of(q), buf_of(k), buf_of(v), buf_of(*out), lse ? &lse_buf : nullptr,
+                                   given.sinks, a, true, Extra::fold);
+    const warpattn::VarlenBatch batch = varlen_batch(buf_of(cu_seqlens_q), buf_of(cu_seqlens_k), given.seqused_k, a);
     warpattn::forward_varlen(f.q, f.k, f.v, f.out, f.lse, batch, f.options, stream);
   });
 }
 
 ffi::Error backward_varlen_impl(cudaStream_t stream, ffi::AnyBuffer dout, ffi::AnyBuffer q, ffi::AnyBuffer k,
                                 ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer cu_seqlens_q,
-                                ffi::AnyBuffer cu_seqlens_k, std::optional<ffi::AnyBuffer> seqused_k, Out dq, Out dk,
-                                Out dv, Out workspace, bool causal, bool has_scale, float softmax_scale,
-                                bool deterministic, int64_t max_seqlen_q, int64_t max_seqlen_k) {
+                                ffi::AnyBuffer cu_seqlens_k, OptionalIn optional_1, OptionalIn optional_2, Out dq,
+                                Out dk, Out dv, Out workspace, OptionalOut dsinks, bool causal, bool has_scale,
+                                float softmax_scale, bool deterministic, bool batch_invariant, int64_t max_seqlen_q,
+                                int64_t max_seqlen_k, int32_t window_left, int32_t window_right, float softcap,
+                                bool has_sinks) {
   return guarded([&] {
     const Buf operands[6] = {buf_of(dout), buf_of(q), buf_of(k), buf_of(v), buf_of(out), buf_of(lse)};
     const Buf results[4] = {buf_of(*dq), buf_of(*dk), buf_of(*dv), buf_of(*workspace)};
-    Attrs a = scale_attrs(causal, has_scale, softmax_scale);
+    Attrs a = with_model_options(scale_attrs(causal, has_scale, softmax_scale, batch_invariant), window_left,
+                                 window_right, softcap);
     a.deterministic = deterministic;
     a.max_seqlen_q = max_seqlen_q;
     a.max_seqlen_k = max_seqlen_k;
-    const Buf used = seqused_k ? buf_of(*seqused_k) : Buf{};
-    const Backward b = backward_call(operands, results, a, true, Extra::fold);
-    const warpattn::VarlenBatch batch =
-        varlen_batch(buf_of(cu_seqlens_q), buf_of(cu_seqlens_k), seqused_k ? &used : nullptr, a);
+    Buf storage_1, storage_2;
+    const VarlenOptionals given =
+        varlen_optionals(optional_buf(optional_1, storage_1), optional_buf(optional_2, storage_2), has_sinks);
+    const Buf dsinks_buf = dsinks ? buf_of(**dsinks) : Buf{};
+    const Backward b =
+        backward_call(operands, results, given.sinks, dsinks ? &dsinks_buf : nullptr, a, true, Extra::fold);
+    const warpattn::VarlenBatch batch = varlen_batch(buf_of(cu_seqlens_q), buf_of(cu_seqlens_k), given.seqused_k, a);
     warpattn::validate_backward_varlen(b.dout, b.q, b.k, b.v, b.out, b.lse, b.dq, b.dk, b.dv, batch, b.options,
                                        b.workspace);
     // XLA's results start uninitialised; the kernels write only the rows and keys the sequences
@@ -338,6 +482,43 @@ ffi::Error backward_varlen_impl(cudaStream_t stream, ffi::AnyBuffer dout, ffi::A
     zero_async({{b.dq.data, bytes_of(b.dq)}, {b.dk.data, bytes_of(b.dk)}, {b.dv.data, bytes_of(b.dv)}}, stream);
     warpattn::backward_varlen(b.dout, b.q, b.k, b.v, b.out, b.lse, b.dq, b.dk, b.dv, batch, b.options, b.workspace,
                               stream);
+  });
+}
+
+ffi::Error quantize_fp8_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, Out fp8_q,
+                             Out fp8_k, Out vt, Out q_descale, Out k_descale, Out v_descale, bool rotate,
+                             int64_t seed_bits, bool per_tensor) {
+  return guarded([&] {
+    const Buf operands[3] = {buf_of(q), buf_of(k), buf_of(v)};
+    const Buf results[6] = {buf_of(*fp8_q),     buf_of(*fp8_k),     buf_of(*vt),
+                            buf_of(*q_descale), buf_of(*k_descale), buf_of(*v_descale)};
+    Attrs a;
+    a.rotate = rotate;
+    a.seed = static_cast<uint64_t>(seed_bits);
+    a.per_tensor = per_tensor;
+    const Quantize c = quantize_call(operands, results, a, Extra::fold);
+    warpattn::quantize_fp8(c.q, c.k, c.v, c.fp8, c.options, stream);
+  });
+}
+
+ffi::Error forward_fp8_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer vt,
+                            ffi::AnyBuffer q_descale, ffi::AnyBuffer k_descale, ffi::AnyBuffer v_descale,
+                            OptionalIn sinks, Out out, OptionalOut lse, bool causal, bool has_scale,
+                            float softmax_scale, bool batch_invariant, int32_t window_left, int32_t window_right,
+                            float softcap) {
+  return guarded([&] {
+    const Buf operands[6] = {buf_of(q),         buf_of(k),         buf_of(vt),
+                             buf_of(q_descale), buf_of(k_descale), buf_of(v_descale)};
+    const Buf lse_buf = lse ? buf_of(**lse) : Buf{};
+    Buf sinks_buf;
+    const Attrs a = with_model_options(scale_attrs(causal, has_scale, softmax_scale, batch_invariant), window_left,
+                                       window_right, softcap);
+    const ForwardFp8 f = forward_fp8_call(operands, buf_of(*out), lse ? &lse_buf : nullptr,
+                                          optional_buf(sinks, sinks_buf), a, Extra::fold);
+    // Descales unchecked here: checking reads them back and waits for the stream, which a
+    // custom call must not do (XLA's stream runs ahead of the host). warpattn.jax_ffi checks
+    // concrete descales before the call instead.
+    warpattn::forward_fp8(f.fp8, f.out, f.lse, f.options, stream, /*check_descales=*/false);
   });
 }
 
@@ -350,11 +531,16 @@ auto bind_forward(B b) {
       .template Arg<ffi::AnyBuffer>()          // q
       .template Arg<ffi::AnyBuffer>()          // k
       .template Arg<ffi::AnyBuffer>()          // v
+      .template OptionalArg<ffi::AnyBuffer>()  // sinks (float32, heads_q)
       .template Ret<ffi::AnyBuffer>()          // out
       .template OptionalRet<ffi::AnyBuffer>()  // lse
       .template Attr<bool>("causal")
       .template Attr<bool>("has_scale")
-      .template Attr<float>("softmax_scale");
+      .template Attr<float>("softmax_scale")
+      .template Attr<bool>("batch_invariant")
+      .template Attr<int32_t>("window_left")
+      .template Attr<int32_t>("window_right")
+      .template Attr<float>("softcap");
 }
 
 template <class B>
@@ -365,15 +551,21 @@ auto bind_backward(B b) {
       .template Arg<ffi::AnyBuffer>()  // k
       .template Arg<ffi::AnyBuffer>()  // v
       .template Arg<ffi::AnyBuffer>()  // out
-      .template Arg<ffi::AnyBuffer>()  // lse
-      .template Ret<ffi::AnyBuffer>()  // dq
-      .template Ret<ffi::AnyBuffer>()  // dk
-      .template Ret<ffi::AnyBuffer>()  // dv
-      .template Ret<ffi::AnyBuffer>()  // workspace (uint8)
+      .template Arg<ffi::AnyBuffer>()          // lse
+      .template OptionalArg<ffi::AnyBuffer>()  // the forward's sinks (float32, heads_q)
+      .template Ret<ffi::AnyBuffer>()          // dq
+      .template Ret<ffi::AnyBuffer>()          // dk
+      .template Ret<ffi::AnyBuffer>()          // dv
+      .template Ret<ffi::AnyBuffer>()          // workspace (uint8)
+      .template OptionalRet<ffi::AnyBuffer>()  // dsinks (float32, heads_q), with the sinks
       .template Attr<bool>("causal")
       .template Attr<bool>("has_scale")
       .template Attr<float>("softmax_scale")
-      .template Attr<bool>("deterministic");
+      .template Attr<bool>("deterministic")
+      .template Attr<bool>("batch_invariant")
+      .template Attr<int32_t>("window_left")
+      .template Attr<int32_t>("window_right")
+      .template Attr<float>("softcap");
 }
 
 template <class B>
@@ -384,14 +576,20 @@ auto bind_forward_varlen(B b) {
       .template Arg<ffi::AnyBuffer>()          // v
       .template Arg<ffi::AnyBuffer>()          // cu_seqlens_q
       .template Arg<ffi::AnyBuffer>()          // cu_seqlens_k
-      .template OptionalArg<ffi::AnyBuffer>()  // seqused_k
+      .template OptionalArg<ffi::AnyBuffer>()  // seqused_k, or the sinks (see varlen_optionals)
+      .template OptionalArg<ffi::AnyBuffer>()  // the sinks after seqused_k
       .template Ret<ffi::AnyBuffer>()          // out
       .template OptionalRet<ffi::AnyBuffer>()  // lse
       .template Attr<bool>("causal")
       .template Attr<bool>("has_scale")
       .template Attr<float>("softmax_scale")
+      .template Attr<bool>("batch_invariant")
       .template Attr<int64_t>("max_seqlen_q")
-      .template Attr<int64_t>("max_seqlen_k");
+      .template Attr<int64_t>("max_seqlen_k")
+      .template Attr<int32_t>("window_left")
+      .template Attr<int32_t>("window_right")
+      .template Attr<float>("softcap")
+      .template Attr<bool>("has_sinks");
 }
 
 template <class B>
@@ -405,17 +603,64 @@ auto bind_backward_varlen(B b) {
       .template Arg<ffi::AnyBuffer>()          // lse
       .template Arg<ffi::AnyBuffer>()          // cu_seqlens_q
       .template Arg<ffi::AnyBuffer>()          // cu_seqlens_k
-      .template OptionalArg<ffi::AnyBuffer>()  // seqused_k
+      .template OptionalArg<ffi::AnyBuffer>()  // seqused_k, or the sinks (see varlen_optionals)
+      .template OptionalArg<ffi::AnyBuffer>()  // the sinks after seqused_k
       .template Ret<ffi::AnyBuffer>()          // dq
       .template Ret<ffi::AnyBuffer>()          // dk
       .template Ret<ffi::AnyBuffer>()          // dv
       .template Ret<ffi::AnyBuffer>()          // workspace (uint8)
+      .template OptionalRet<ffi::AnyBuffer>()  // dsinks (float32, heads_q), with the sinks
       .template Attr<bool>("causal")
       .template Attr<bool>("has_scale")
       .template Attr<float>("softmax_scale")
       .template Attr<bool>("deterministic")
+      .template Attr<bool>("batch_invariant")
       .template Attr<int64_t>("max_seqlen_q")
-      .template Attr<int64_t>("max_seqlen_k");
+      .template Attr<int64_t>("max_seqlen_k")
+      .template Attr<int32_t>("window_left")
+      .template Attr<int32_t>("window_right")
+      .template Attr<float>("softcap")
+      .template Attr<bool>("has_sinks");
+}
+
+template <class B>
+auto bind_quantize_fp8(B b) {
+  return std::move(b)
+      .template Arg<ffi::AnyBuffer>()  // q
+      .template Arg<ffi::AnyBuffer>()  // k
+      .template Arg<ffi::AnyBuffer>()  // v
+      .template Ret<ffi::AnyBuffer>()  // fp8 q (float8_e4m3fn or int8)
+      .template Ret<ffi::AnyBuffer>()  // fp8 k
+      .template Ret<ffi::AnyBuffer>()  // vt (float8_e4m3fn)
+      .template Ret<ffi::AnyBuffer>()  // q_descale (float32)
+      .template Ret<ffi::AnyBuffer>()  // k_descale
+      .template Ret<ffi::AnyBuffer>()  // v_descale
+      .template Attr<bool>("rotate")
+      // The uint64 seed's bits as an int64: JAX builds integer attributes through int64, which
+      // seeds from 2^63 on overflow.
+      .template Attr<int64_t>("seed")
+      .template Attr<bool>("per_tensor");
+}
+
+template <class B>
+auto bind_forward_fp8(B b) {
+  return std::move(b)
+      .template Arg<ffi::AnyBuffer>()          // q
+      .template Arg<ffi::AnyBuffer>()          // k
+      .template Arg<ffi::AnyBuffer>()          // vt
+      .template Arg<ffi::AnyBuffer>()          // q_descale
+      .template Arg<ffi::AnyBuffer>()          // k_descale
+      .template Arg<ffi::AnyBuffer>()          // v_descale
+      .template OptionalArg<ffi::AnyBuffer>()  // sinks (float32, heads_q)
+      .template Ret<ffi::AnyBuffer>()          // out
+      .template OptionalRet<ffi::AnyBuffer>()  // lse
+      .template Attr<bool>("causal")
+      .template Attr<bool>("has_scale")
+      .template Attr<float>("softmax_scale")
+      .template Attr<bool>("batch_invariant")
+      .template Attr<int32_t>("window_left")
+      .template Attr<int32_t>("window_right")
+      .template Attr<float>("softcap");
 }
 
 auto on_gpu() { return ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>(); }
@@ -424,6 +669,8 @@ XLA_FFI_DEFINE_HANDLER(kForwardHandler, forward_impl, bind_forward(on_gpu()));
 XLA_FFI_DEFINE_HANDLER(kBackwardHandler, backward_impl, bind_backward(on_gpu()));
 XLA_FFI_DEFINE_HANDLER(kForwardVarlenHandler, forward_varlen_impl, bind_forward_varlen(on_gpu()));
 XLA_FFI_DEFINE_HANDLER(kBackwardVarlenHandler, backward_varlen_impl, bind_backward_varlen(on_gpu()));
+XLA_FFI_DEFINE_HANDLER(kQuantizeFp8Handler, quantize_fp8_impl, bind_quantize_fp8(on_gpu()));
+XLA_FFI_DEFINE_HANDLER(kForwardFp8Handler, forward_fp8_impl, bind_forward_fp8(on_gpu()));
 
 // The host check: the same handlers without a stream, to be registered for XLA's CPU platform by
 // tests on machines without a GPU. They decode the call frame, build the views (folding vmap's
@@ -434,10 +681,14 @@ constexpr auto forward_on_host = [](auto... a) { return forward_impl(nullptr, a.
 constexpr auto backward_on_host = [](auto... a) { return backward_impl(nullptr, a...); };
 constexpr auto forward_varlen_on_host = [](auto... a) { return forward_varlen_impl(nullptr, a...); };
 constexpr auto backward_varlen_on_host = [](auto... a) { return backward_varlen_impl(nullptr, a...); };
+constexpr auto quantize_fp8_on_host = [](auto... a) { return quantize_fp8_impl(nullptr, a...); };
+constexpr auto forward_fp8_on_host = [](auto... a) { return forward_fp8_impl(nullptr, a...); };
 XLA_FFI_DEFINE_HANDLER(kForwardHostCheck, forward_on_host, bind_forward(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER(kBackwardHostCheck, backward_on_host, bind_backward(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER(kForwardVarlenHostCheck, forward_varlen_on_host, bind_forward_varlen(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER(kBackwardVarlenHostCheck, backward_varlen_on_host, bind_backward_varlen(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER(kQuantizeFp8HostCheck, quantize_fp8_on_host, bind_quantize_fp8(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER(kForwardFp8HostCheck, forward_fp8_on_host, bind_forward_fp8(ffi::Ffi::Bind()));
 
 // ---- trace-time validation from Python
 
@@ -483,8 +734,16 @@ Attrs attrs_of(const nb::dict& d) {
   a.has_scale = attr<bool>(d, "has_scale", false);
   a.causal = attr<bool>(d, "causal", false);
   a.deterministic = attr<bool>(d, "deterministic", false);
+  a.batch_invariant = attr<bool>(d, "batch_invariant", false);
+  a.rotate = attr<bool>(d, "rotate", true);
+  a.seed = static_cast<uint64_t>(attr<int64_t>(d, "seed", 0));
+  a.per_tensor = attr<bool>(d, "per_tensor", false);
   a.max_seqlen_q = attr<int64_t>(d, "max_seqlen_q", 0);
   a.max_seqlen_k = attr<int64_t>(d, "max_seqlen_k", 0);
+  a.window_left = attr<int32_t>(d, "window_left", -1);
+  a.window_right = attr<int32_t>(d, "window_right", -1);
+  a.softcap = attr<float>(d, "softcap", 0.0f);
+  a.has_sinks = attr<bool>(d, "has_sinks", false);
   return a;
 }
 
@@ -502,28 +761,54 @@ void validate(const std::string& target, nb::handle operand_specs, nb::handle re
   try {
     if (target == kForward || target == kForwardVarlen) {
       const bool varlen = target == kForwardVarlen;
-      expect_count(target, "operands", ops.size(), varlen ? 5 : 3, varlen ? 6 : 3);
+      // Dense: q, k, v[, sinks]. Packed: q, k, v, cu_seqlens_q, cu_seqlens_k[, seqused_k][, sinks].
+      expect_count(target, "operands", ops.size(), varlen ? 5 : 3, varlen ? 7 : 4);
       expect_count(target, "results", res.size(), 1, 2);
-      const Forward f = forward_call(ops[0], ops[1], ops[2], res[0], res.size() > 1 ? &res[1] : nullptr, a, varlen,
-                                     Extra::refuse);
+      const size_t required = varlen ? 5 : 3;
+      const Buf* first = ops.size() > required ? &ops[required] : nullptr;
+      const Buf* second = ops.size() > required + 1 ? &ops[required + 1] : nullptr;
+      const VarlenOptionals given =
+          varlen ? varlen_optionals(first, second, a.has_sinks) : VarlenOptionals{nullptr, first};
+      const Forward f = forward_call(ops[0], ops[1], ops[2], res[0], res.size() > 1 ? &res[1] : nullptr, given.sinks,
+                                     a, varlen, Extra::refuse);
       if (!varlen) {
         warpattn::validate_forward(f.q, f.k, f.v, f.out, f.lse, f.options);
       } else {
-        const warpattn::VarlenBatch batch = varlen_batch(ops[3], ops[4], ops.size() > 5 ? &ops[5] : nullptr, a);
+        const warpattn::VarlenBatch batch = varlen_batch(ops[3], ops[4], given.seqused_k, a);
         warpattn::validate_forward_varlen(f.q, f.k, f.v, f.out, f.lse, batch, f.options);
       }
     } else if (target == kBackward || target == kBackwardVarlen) {
       const bool varlen = target == kBackwardVarlen;
-      expect_count(target, "operands", ops.size(), varlen ? 8 : 6, varlen ? 9 : 6);
-      expect_count(target, "results", res.size(), 4, 4);
-      const Backward b = backward_call(ops.data(), res.data(), a, varlen, Extra::refuse);
+      // Dense: dout, q, k, v, out, lse[, sinks]. Packed: those (without the sinks), cu_seqlens_q,
+      // cu_seqlens_k[, seqused_k][, sinks]. Results: dq, dk, dv, workspace[, dsinks].
+      expect_count(target, "operands", ops.size(), varlen ? 8 : 6, varlen ? 10 : 7);
+      expect_count(target, "results", res.size(), 4, 5);
+      const size_t required = varlen ? 8 : 6;
+      const Buf* first = ops.size() > required ? &ops[required] : nullptr;
+      const Buf* second = ops.size() > required + 1 ? &ops[required + 1] : nullptr;
+      const VarlenOptionals given =
+          varlen ? varlen_optionals(first, second, a.has_sinks) : VarlenOptionals{nullptr, first};
+      const Backward b =
+          backward_call(ops.data(), res.data(), given.sinks, res.size() > 4 ? &res[4] : nullptr, a, varlen,
+                        Extra::refuse);
       if (!varlen) {
         warpattn::validate_backward(b.dout, b.q, b.k, b.v, b.out, b.lse, b.dq, b.dk, b.dv, b.options, b.workspace);
       } else {
-        const warpattn::VarlenBatch batch = varlen_batch(ops[6], ops[7], ops.size() > 8 ? &ops[8] : nullptr, a);
+        const warpattn::VarlenBatch batch = varlen_batch(ops[6], ops[7], given.seqused_k, a);
         warpattn::validate_backward_varlen(b.dout, b.q, b.k, b.v, b.out, b.lse, b.dq, b.dk, b.dv, batch, b.options,
                                            b.workspace);
       }
+    } else if (target == kQuantizeFp8) {
+      expect_count(target, "operands", ops.size(), 3, 3);
+      expect_count(target, "results", res.size(), 6, 6);
+      const Quantize c = quantize_call(ops.data(), res.data(), a, Extra::refuse);
+      warpattn::validate_quantize_fp8(c.q, c.k, c.v, c.fp8, c.options);
+    } else if (target == kForwardFp8) {
+      expect_count(target, "operands", ops.size(), 6, 7);
+      expect_count(target, "results", res.size(), 1, 2);
+      const ForwardFp8 f = forward_fp8_call(ops.data(), res[0], res.size() > 1 ? &res[1] : nullptr,
+                                            ops.size() > 6 ? &ops[6] : nullptr, a, Extra::refuse);
+      warpattn::validate_forward_fp8(f.fp8, f.out, f.lse, f.options);
     } else {
       throw nb::value_error(("jax_ffi_validate: no warpattn FFI target named " + target).c_str());
     }
@@ -532,9 +817,16 @@ void validate(const std::string& target, nb::handle operand_specs, nb::handle re
   }
 }
 
+// has_sinks in attrs: the call has sinks, whose gradient's partial sums take workspace too (the
+// library sizes it by whether sinks are given, not by their values: a made-up address will do).
 size_t workspace_bytes(const std::string& target, nb::handle q_spec, int64_t batch, const nb::dict& attrs) {
   const Specs q(nb::make_tuple(q_spec), "q", 0);
-  const warpattn::BackwardOptions options = backward_options(attrs_of(attrs));
+  const Attrs a = attrs_of(attrs);
+  warpattn::BackwardOptions options = backward_options(a);
+  if (a.has_sinks) {
+    const int64_t heads = q[0].rank >= 2 ? q[0].dims[q[0].rank - 2] : 0;
+    options.sinks = warpattn::make_contiguous_view(reinterpret_cast<void*>(uintptr_t{1} << 52), DType::f32, 1, &heads);
+  }
   try {
     if (target == kBackward)
       return warpattn::backward_workspace_bytes(view_of(q[0], "q", 4, k16Bit, Extra::refuse), options) +
@@ -550,13 +842,9 @@ size_t workspace_bytes(const std::string& target, nb::handle q_spec, int64_t bat
 
 nb::capsule capsule_of(XLA_FFI_Handler* handler) { return nb::capsule(reinterpret_cast<void*>(handler)); }
 
-nb::dict targets_of(XLA_FFI_Handler* forward, XLA_FFI_Handler* backward, XLA_FFI_Handler* forward_varlen,
-                    XLA_FFI_Handler* backward_varlen) {
+nb::dict targets_of(std::initializer_list<std::pair<const char*, XLA_FFI_Handler*>> handlers) {
   nb::dict targets;
-  targets[kForward] = capsule_of(forward);
-  targets[kBackward] = capsule_of(backward);
-  targets[kForwardVarlen] = capsule_of(forward_varlen);
-  targets[kBackwardVarlen] = capsule_of(backward_varlen);
+  for (const auto& [name, handler] : handlers) targets[name] = capsule_of(handler);
   return targets;
 }
 
@@ -565,12 +853,24 @@ nb::dict targets_of(XLA_FFI_Handler* forward, XLA_FFI_Handler* backward, XLA_FFI
 void add_jax_ffi(nb::module_& m) {
   m.def(
       "jax_ffi_targets",
-      [] { return targets_of(kForwardHandler, kBackwardHandler, kForwardVarlenHandler, kBackwardVarlenHandler); },
+      [] {
+        return targets_of({{kForward, kForwardHandler},
+                           {kBackward, kBackwardHandler},
+                           {kForwardVarlen, kForwardVarlenHandler},
+                           {kBackwardVarlen, kBackwardVarlenHandler},
+                           {kQuantizeFp8, kQuantizeFp8Handler},
+                           {kForwardFp8, kForwardFp8Handler}});
+      },
       "{XLA FFI target name: PyCapsule of its handler}, for jax.ffi.register_ffi_target(..., platform='CUDA').");
   m.def(
       "jax_ffi_host_check_targets",
       [] {
-        return targets_of(kForwardHostCheck, kBackwardHostCheck, kForwardVarlenHostCheck, kBackwardVarlenHostCheck);
+        return targets_of({{kForward, kForwardHostCheck},
+                           {kBackward, kBackwardHostCheck},
+                           {kForwardVarlen, kForwardVarlenHostCheck},
+                           {kBackwardVarlen, kBackwardVarlenHostCheck},
+                           {kQuantizeFp8, kQuantizeFp8HostCheck},
+                           {kForwardFp8, kForwardFp8HostCheck}});
       },
       "For tests without a GPU: the same names and handlers without a stream, for platform='cpu'. Each decodes "
       "its call, builds the views and checks every argument rule, then fails at the library's device check "
@@ -582,7 +882,7 @@ void add_jax_ffi(nb::module_& m) {
   m.def("jax_ffi_workspace_bytes", &workspace_bytes, nb::arg("target"), nb::arg("q"), nb::arg("batch"),
         nb::arg("attrs"),
         "Bytes of the uint8 workspace result of the backward target for q = (shape, dtype name) and `batch` "
-        "sequences (varlen).");
+        "sequences (varlen); attrs as the call's, and has_sinks when it has sinks.");
 }
 
 }  // namespace warpattn_python

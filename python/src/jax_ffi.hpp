@@ -1,5 +1,6 @@
-// warpattn's XLA FFI handlers (JAX under jax.jit), built into the _warpattn module when jaxlib's
-// FFI headers are found at build time (CMake: WARPATTN_JAX_INCLUDE_DIR).
+// warpattn's XLA FFI handlers (JAX under jax.jit), built into the module _warpattn_jax
+// (jax_module.cpp) when jaxlib's FFI headers are found at build time (CMake:
+// WARPATTN_JAX_INCLUDE_DIR).
 #pragma once
 
 #include <nanobind/nanobind.h>

@@ -20,8 +20,9 @@ namespace {
 
 using AnyArray = nb::ndarray<nb::ro>;  // any device, dtype, shape and strides
 
-// The dtype warpattn calls it, or a TypeError naming the argument.
-warpattn::DType dtype_of(const AnyArray& a, const char* name) {
+// The dtype warpattn calls it, or a TypeError naming the argument and what it takes (`expected`).
+warpattn::DType dtype_of(const AnyArray& a, const char* name,
+                         const char* expected = "a float16, bfloat16 or float32 tensor") {
   const nb::dlpack::dtype t = a.dtype();
   if (t.bits == 16 && t.lanes == 1) {
     if (t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float)) return warpattn::DType::f16;
@@ -29,7 +30,7 @@ warpattn::DType dtype_of(const AnyArray& a, const char* name) {
   }
   if (t.bits == 32 && t.lanes == 1 && t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float))
     return warpattn::DType::f32;
-  throw nb::type_error((std::string(name) + ": expected a float16, bfloat16 or float32 tensor, got DLPack dtype code " +
+  throw nb::type_error((std::string(name) + ": expected " + expected + ", got DLPack dtype code " +
                         std::to_string(t.code) + " with " + std::to_string(t.bits) + " bits")
                            .c_str());
 }
@@ -78,19 +79,51 @@ warpattn::TensorView fp8_view_of(const AnyArray& a, const char* name) {
                            .c_str());
 }
 
-warpattn::ForwardOptions forward_options(std::optional<float> softmax_scale, bool causal, bool batch_invariant = false) {
+// The model options of the forward calls (ForwardOptions' sliding window, softcap and sinks), as
+// the Python side passes them: keyword arguments after the others, whose defaults change nothing.
+struct ModelOptions {
+  int window_left = -1, window_right = -1;
+  float softcap = 0.0f;
+  std::optional<AnyArray> sinks;
+};
+
+// The sinks as the library takes them. Converted like every other tensor: a dtype the binding
+// does not know is a TypeError naming sinks (and the one dtype they may have: float64 logits
+// are the likely mistake); their shape, dtype and layout are the library's rules (p).
+std::optional<warpattn::TensorView> sinks_view(const ModelOptions& model) {
+  if (!model.sinks) return std::nullopt;
+  return view_as(*model.sinks, "sinks", dtype_of(*model.sinks, "sinks", "a float32 tensor"));
+}
+
+warpattn::ForwardOptions forward_options(std::optional<float> softmax_scale, bool causal, bool batch_invariant,
+                                         const ModelOptions& model) {
   warpattn::ForwardOptions options;
   options.softmax_scale = softmax_scale;
   options.causal = causal;
   options.batch_invariant = batch_invariant;
+  options.window_left = model.window_left;
+  options.window_right = model.window_right;
+  options.softcap = model.softcap;
+  options.sinks = sinks_view(model);
   return options;
 }
 
-warpattn::BackwardOptions backward_options(std::optional<float> softmax_scale, bool causal, bool deterministic) {
+// The sinks among a call's arrays for require_cuda (nullptr: none given).
+const AnyArray* sinks_of(const ModelOptions& model) { return model.sinks ? &*model.sinks : nullptr; }
+
+// The backward's: the forward call's model options, and dsinks, the sinks' gradient the backward
+// writes (required with sinks, refused without: the library's rule).
+warpattn::BackwardOptions backward_options(std::optional<float> softmax_scale, bool causal, bool deterministic,
+                                           const ModelOptions& model, const std::optional<AnyArray>& dsinks) {
   warpattn::BackwardOptions options;
   options.softmax_scale = softmax_scale;
   options.causal = causal;
   options.deterministic = deterministic;
+  options.window_left = model.window_left;
+  options.window_right = model.window_right;
+  options.softcap = model.softcap;
+  options.sinks = sinks_view(model);
+  if (dsinks) options.dsinks = view_as(*dsinks, "dsinks", dtype_of(*dsinks, "dsinks", "a float32 tensor"));
   return options;
 }
 
@@ -167,14 +200,17 @@ void quantize_fp8(const AnyArray& q, const AnyArray& k, const AnyArray& v, const
 
 void forward_fp8(const AnyArray& fq, const AnyArray& fk, const AnyArray& fvt, const AnyArray& qs, const AnyArray& ks,
                  const AnyArray& vs, const AnyArray& out, const std::optional<AnyArray>& lse,
-                 std::optional<float> softmax_scale, bool causal, uintptr_t stream, bool check_descales) {
+                 std::optional<float> softmax_scale, bool causal, uintptr_t stream, bool check_descales,
+                 int window_left, int window_right, float softcap, const std::optional<AnyArray>& sinks,
+                 bool batch_invariant) {
+  const ModelOptions model{window_left, window_right, softcap, sinks};
   const warpattn::Fp8Operands f = fp8_operands(fq, fk, fvt, qs, ks, vs);
   const warpattn::TensorView vo = view_of(out, "out");
   const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
-  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal);
+  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal, batch_invariant, model);
   checked_launch([&] { warpattn::validate_forward_fp8(f, vo, vl, options); },
                  {{&fq, "q"}, {&fk, "k"}, {&fvt, "vt"}, {&qs, "q_descale"}, {&ks, "k_descale"}, {&vs, "v_descale"},
-                  {&out, "out"}, {lse ? &*lse : nullptr, "lse"}},
+                  {&out, "out"}, {lse ? &*lse : nullptr, "lse"}, {sinks_of(model), "sinks"}},
                  [&] {
                    warpattn::forward_fp8(f, vo, vl, options, reinterpret_cast<cudaStream_t>(stream), check_descales);
                  });
@@ -182,13 +218,16 @@ void forward_fp8(const AnyArray& fq, const AnyArray& fk, const AnyArray& fvt, co
 
 void forward(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& out,
              const std::optional<AnyArray>& lse, std::optional<float> softmax_scale, bool causal,
-             uintptr_t stream, bool batch_invariant) {
+             uintptr_t stream, bool batch_invariant, int window_left, int window_right, float softcap,
+             const std::optional<AnyArray>& sinks) {
+  const ModelOptions model{window_left, window_right, softcap, sinks};
   const warpattn::TensorView vq = view_of(q, "q"), vk = view_of(k, "k"), vv = view_of(v, "v"),
                              vo = view_of(out, "out");
   const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
-  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal, batch_invariant);
+  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal, batch_invariant, model);
   checked_launch([&] { warpattn::validate_forward(vq, vk, vv, vo, vl, options); },
-                 {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {lse ? &*lse : nullptr, "lse"}},
+                 {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {lse ? &*lse : nullptr, "lse"},
+                  {sinks_of(model), "sinks"}},
                  [&] { warpattn::forward(vq, vk, vv, vo, vl, options, reinterpret_cast<cudaStream_t>(stream)); });
 }
 
@@ -207,16 +246,18 @@ warpattn::VarlenBatch varlen_batch(const AnyArray& cu_seqlens_q, const AnyArray&
 void forward_varlen(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& out,
                     const std::optional<AnyArray>& lse, const AnyArray& cu_seqlens_q, const AnyArray& cu_seqlens_k,
                     const std::optional<AnyArray>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                    std::optional<float> softmax_scale, bool causal, uintptr_t stream, bool batch_invariant) {
+                    std::optional<float> softmax_scale, bool causal, uintptr_t stream, bool batch_invariant,
+                    int window_left, int window_right, float softcap, const std::optional<AnyArray>& sinks) {
+  const ModelOptions model{window_left, window_right, softcap, sinks};
   const warpattn::TensorView vq = view_of(q, "q"), vk = view_of(k, "k"), vv = view_of(v, "v"),
                              vo = view_of(out, "out");
   const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
   const warpattn::VarlenBatch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
-  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal, batch_invariant);
+  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal, batch_invariant, model);
   checked_launch([&] { warpattn::validate_forward_varlen(vq, vk, vv, vo, vl, batch, options); },
                  {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {lse ? &*lse : nullptr, "lse"},
                   {&cu_seqlens_q, "cu_seqlens_q"}, {&cu_seqlens_k, "cu_seqlens_k"},
-                  {seqused_k ? &*seqused_k : nullptr, "seqused_k"}},
+                  {seqused_k ? &*seqused_k : nullptr, "seqused_k"}, {sinks_of(model), "sinks"}},
                  [&] { warpattn::forward_varlen(vq, vk, vv, vo, vl, batch, options, reinterpret_cast<cudaStream_t>(stream)); });
 }
 
@@ -242,16 +283,20 @@ void forward_fp8_varlen(const AnyArray& fq, const AnyArray& fk, const AnyArray& 
                         const AnyArray& ks, const AnyArray& vs, const AnyArray& out, const std::optional<AnyArray>& lse,
                         const AnyArray& cu_seqlens_q, const AnyArray& cu_seqlens_k,
                         const std::optional<AnyArray>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                        std::optional<float> softmax_scale, bool causal, uintptr_t stream, bool check_descales) {
+                        std::optional<float> softmax_scale, bool causal, uintptr_t stream, bool check_descales,
+                        int window_left, int window_right, float softcap, const std::optional<AnyArray>& sinks,
+                        bool batch_invariant) {
+  const ModelOptions model{window_left, window_right, softcap, sinks};
   const warpattn::Fp8Operands f = fp8_operands(fq, fk, fvt, qs, ks, vs);
   const warpattn::TensorView vo = view_of(out, "out");
   const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
   const warpattn::VarlenBatch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
-  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal);
+  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal, batch_invariant, model);
   checked_launch([&] { warpattn::validate_forward_fp8_varlen(f, vo, vl, batch, options); },
                  {{&fq, "q"}, {&fk, "k"}, {&fvt, "vt"}, {&qs, "q_descale"}, {&ks, "k_descale"}, {&vs, "v_descale"},
                   {&out, "out"}, {lse ? &*lse : nullptr, "lse"}, {&cu_seqlens_q, "cu_seqlens_q"},
-                  {&cu_seqlens_k, "cu_seqlens_k"}, {seqused_k ? &*seqused_k : nullptr, "seqused_k"}},
+                  {&cu_seqlens_k, "cu_seqlens_k"}, {seqused_k ? &*seqused_k : nullptr, "seqused_k"},
+                  {sinks_of(model), "sinks"}},
                  [&] {
                    warpattn::forward_fp8_varlen(f, vo, vl, batch, options, reinterpret_cast<cudaStream_t>(stream),
                                                 check_descales);
@@ -261,15 +306,18 @@ void forward_fp8_varlen(const AnyArray& fq, const AnyArray& fk, const AnyArray& 
 void backward(const AnyArray& dout, const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& out,
               const AnyArray& lse, const AnyArray& dq, const AnyArray& dk, const AnyArray& dv,
               std::optional<float> softmax_scale, bool causal, bool deterministic,
-              const std::optional<AnyArray>& workspace, uintptr_t stream) {
+              const std::optional<AnyArray>& workspace, uintptr_t stream, int window_left, int window_right,
+              float softcap, const std::optional<AnyArray>& sinks, const std::optional<AnyArray>& dsinks) {
+  const ModelOptions model{window_left, window_right, softcap, sinks};
   const warpattn::TensorView vdout = view_of(dout, "dout"), vq = view_of(q, "q"), vk = view_of(k, "k"),
                              vv = view_of(v, "v"), vo = view_of(out, "out"), vl = view_of(lse, "lse"),
                              vdq = view_of(dq, "dq"), vdk = view_of(dk, "dk"), vdv = view_of(dv, "dv");
   const std::optional<warpattn::Workspace> w = workspace_of(workspace);
-  const warpattn::BackwardOptions options = backward_options(softmax_scale, causal, deterministic);
+  const warpattn::BackwardOptions options = backward_options(softmax_scale, causal, deterministic, model, dsinks);
   checked_launch([&] { warpattn::validate_backward(vdout, vq, vk, vv, vo, vl, vdq, vdk, vdv, options, w); },
                  {{&dout, "dout"}, {&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&lse, "lse"}, {&dq, "dq"},
-                  {&dk, "dk"}, {&dv, "dv"}, {workspace ? &*workspace : nullptr, "workspace"}},
+                  {&dk, "dk"}, {&dv, "dv"}, {workspace ? &*workspace : nullptr, "workspace"},
+                  {sinks_of(model), "sinks"}, {dsinks ? &*dsinks : nullptr, "dsinks"}},
                  [&] {
                    warpattn::backward(vdout, vq, vk, vv, vo, vl, vdq, vdk, vdv, options, w,
                                       reinterpret_cast<cudaStream_t>(stream));
@@ -281,18 +329,22 @@ void backward_varlen(const AnyArray& dout, const AnyArray& q, const AnyArray& k,
                      const AnyArray& dv, const AnyArray& cu_seqlens_q, const AnyArray& cu_seqlens_k,
                      const std::optional<AnyArray>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                      std::optional<float> softmax_scale, bool causal, bool deterministic,
-                     const std::optional<AnyArray>& workspace, uintptr_t stream) {
+                     const std::optional<AnyArray>& workspace, uintptr_t stream, int window_left,
+                     int window_right, float softcap, const std::optional<AnyArray>& sinks,
+                     const std::optional<AnyArray>& dsinks) {
+  const ModelOptions model{window_left, window_right, softcap, sinks};
   const warpattn::TensorView vdout = view_of(dout, "dout"), vq = view_of(q, "q"), vk = view_of(k, "k"),
                              vv = view_of(v, "v"), vo = view_of(out, "out"), vl = view_of(lse, "lse"),
                              vdq = view_of(dq, "dq"), vdk = view_of(dk, "dk"), vdv = view_of(dv, "dv");
   const warpattn::VarlenBatch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
   const std::optional<warpattn::Workspace> w = workspace_of(workspace);
-  const warpattn::BackwardOptions options = backward_options(softmax_scale, causal, deterministic);
+  const warpattn::BackwardOptions options = backward_options(softmax_scale, causal, deterministic, model, dsinks);
   checked_launch(
       [&] { warpattn::validate_backward_varlen(vdout, vq, vk, vv, vo, vl, vdq, vdk, vdv, batch, options, w); },
       {{&dout, "dout"}, {&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&lse, "lse"}, {&dq, "dq"}, {&dk, "dk"},
        {&dv, "dv"}, {&cu_seqlens_q, "cu_seqlens_q"}, {&cu_seqlens_k, "cu_seqlens_k"},
-       {seqused_k ? &*seqused_k : nullptr, "seqused_k"}, {workspace ? &*workspace : nullptr, "workspace"}},
+       {seqused_k ? &*seqused_k : nullptr, "seqused_k"}, {workspace ? &*workspace : nullptr, "workspace"},
+       {sinks_of(model), "sinks"}, {dsinks ? &*dsinks : nullptr, "dsinks"}},
       [&] {
         warpattn::backward_varlen(vdout, vq, vk, vv, vo, vl, vdq, vdk, vdv, batch, options, w,
                                   reinterpret_cast<cudaStream_t>(stream));
@@ -300,20 +352,27 @@ void backward_varlen(const AnyArray& dout, const AnyArray& q, const AnyArray& k,
 }
 
 size_t backward_varlen_workspace_bytes(const AnyArray& q, int64_t batch, std::optional<float> softmax_scale,
-                                       bool causal, bool deterministic) {
+                                       bool causal, bool deterministic, int window_left, int window_right,
+                                       float softcap, const std::optional<AnyArray>& sinks,
+                                       const std::optional<AnyArray>& dsinks) {
   const warpattn::TensorView vq = view_of(q, "q");
+  const ModelOptions model{window_left, window_right, softcap, sinks};
+  const warpattn::BackwardOptions options = backward_options(softmax_scale, causal, deterministic, model, dsinks);
   try {
-    return warpattn::backward_varlen_workspace_bytes(vq, batch, backward_options(softmax_scale, causal, deterministic));
+    return warpattn::backward_varlen_workspace_bytes(vq, batch, options);
   } catch (const warpattn::Error& e) {
     throw nb::value_error(e.what());
   }
 }
 
 size_t backward_workspace_bytes(const AnyArray& q, std::optional<float> softmax_scale, bool causal,
-                                bool deterministic) {
+                                bool deterministic, int window_left, int window_right, float softcap,
+                                const std::optional<AnyArray>& sinks, const std::optional<AnyArray>& dsinks) {
   const warpattn::TensorView vq = view_of(q, "q");
+  const ModelOptions model{window_left, window_right, softcap, sinks};
+  const warpattn::BackwardOptions options = backward_options(softmax_scale, causal, deterministic, model, dsinks);
   try {
-    return warpattn::backward_workspace_bytes(vq, backward_options(softmax_scale, causal, deterministic));
+    return warpattn::backward_workspace_bytes(vq, options);
   } catch (const warpattn::Error& e) {
     throw nb::value_error(e.what());
   }
@@ -325,15 +384,21 @@ NB_MODULE(_warpattn, m) {
   m.doc() = "warpattn: exact attention for NVIDIA Hopper (sm_90a). Use warpattn.flash_attn_func.";
   m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("stream"),
-        nb::arg("batch_invariant") = false,
+        nb::arg("batch_invariant") = false, nb::kw_only(), nb::arg("window_left") = -1, nb::arg("window_right") = -1,
+        nb::arg("softcap") = 0.0f, nb::arg("sinks").none() = nb::none(),
         "Writes softmax(scale q k^T) v into `out` (and the log-sum-exp into `lse`), on `stream` (a "
-        "cudaStream_t as an integer). All tensors in (batch, seqlen, heads, head_dim) layout.");
+        "cudaStream_t as an integer). All tensors in (batch, seqlen, heads, head_dim) layout. window_left, "
+        "window_right: a sliding window (-1: unbounded); softcap: softcap * tanh(score / softcap) (0: off); "
+        "sinks: (heads,) float32 logits joining each head's softmax denominator, or None (warpattn.hpp, "
+        "ForwardOptions).");
   m.def("forward_varlen", &forward_varlen, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse").none(), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("seqused_k").none(),
         nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("softmax_scale").none(), nb::arg("causal"),
-        nb::arg("stream"), nb::arg("batch_invariant") = false,
+        nb::arg("stream"), nb::arg("batch_invariant") = false, nb::kw_only(), nb::arg("window_left") = -1,
+        nb::arg("window_right") = -1, nb::arg("softcap") = 0.0f, nb::arg("sinks").none() = nb::none(),
         "forward on a packed batch: q, out (total_q, heads, head_dim); k, v (total_k, heads_kv, head_dim); lse "
-        "(heads, total_q); cu_seqlens_q/k (batch + 1) int32, seqused_k (batch) int32 or None, on the device.");
+        "(heads, total_q); cu_seqlens_q/k (batch + 1) int32, seqused_k (batch) int32 or None, on the device. "
+        "window_left, window_right, softcap, sinks: as forward's, per sequence.");
   m.attr("supported_head_dims") = nb::make_tuple(64, 128, 256);
   nb::list backward_head_dims;
   for (int d : warpattn::kBackwardHeadDims) backward_head_dims.append(d);
@@ -341,21 +406,32 @@ NB_MODULE(_warpattn, m) {
   m.def("backward", &backward, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("softmax_scale").none(),
         nb::arg("causal"), nb::arg("deterministic"), nb::arg("workspace").none(), nb::arg("stream"),
+        nb::kw_only(), nb::arg("window_left") = -1, nb::arg("window_right") = -1,
+        nb::arg("softcap") = 0.0f, nb::arg("sinks").none() = nb::none(), nb::arg("dsinks").none() = nb::none(),
         "Writes the gradients of forward(q, k, v) -> out, lse into dq, dk, dv, given dout = dL/d(out), on "
         "`stream`. workspace: a contiguous device array of at least backward_workspace_bytes bytes, 256-byte "
-        "aligned (None: taken from warpattn's memory pool, which is refused during CUDA graph capture).");
+        "aligned (None: taken from warpattn's memory pool, which is refused during CUDA graph capture). "
+        "window_left, window_right, softcap, sinks: the forward call's (softcap at head dims 128 and 256); "
+        "dsinks: with sinks, a (heads,) float32 tensor the call writes the sinks' gradient into.");
   m.def("backward_workspace_bytes", &backward_workspace_bytes, nb::arg("q"), nb::arg("softmax_scale").none() = nb::none(),
-        nb::arg("causal") = false, nb::arg("deterministic") = false,
-        "Bytes of workspace backward needs for q's shape and these options (only q's rank and sizes are checked).");
+        nb::arg("causal") = false, nb::arg("deterministic") = false, nb::kw_only(), nb::arg("window_left") = -1,
+        nb::arg("window_right") = -1, nb::arg("softcap") = 0.0f, nb::arg("sinks").none() = nb::none(),
+        nb::arg("dsinks").none() = nb::none(),
+        "Bytes of workspace backward needs for q's shape and these options (only q's rank and sizes are checked; "
+        "sinks need more).");
   m.def("backward_varlen", &backward_varlen, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("out"), nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("cu_seqlens_q"),
         nb::arg("cu_seqlens_k"), nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
         nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("deterministic"), nb::arg("workspace").none(),
-        nb::arg("stream"),
+        nb::arg("stream"), nb::kw_only(), nb::arg("window_left") = -1, nb::arg("window_right") = -1,
+        nb::arg("softcap") = 0.0f, nb::arg("sinks").none() = nb::none(), nb::arg("dsinks").none() = nb::none(),
         "backward on a packed batch (tensors as forward_varlen takes them; lse (heads, total_q)); workspace: at "
-        "least backward_varlen_workspace_bytes bytes, or None.");
+        "least backward_varlen_workspace_bytes bytes, or None. window_left, window_right, softcap, sinks, dsinks: "
+        "as backward's.");
   m.def("backward_varlen_workspace_bytes", &backward_varlen_workspace_bytes, nb::arg("q"), nb::arg("batch"),
         nb::arg("softmax_scale").none() = nb::none(), nb::arg("causal") = false, nb::arg("deterministic") = false,
+        nb::kw_only(), nb::arg("window_left") = -1, nb::arg("window_right") = -1,
+        nb::arg("softcap") = 0.0f, nb::arg("sinks").none() = nb::none(), nb::arg("dsinks").none() = nb::none(),
         "Bytes of workspace backward_varlen needs for q (total_q, heads, head_dim) and `batch` sequences.");
   m.def("quantize_fp8", &quantize_fp8, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("fp8_q"), nb::arg("fp8_k"),
         nb::arg("vt"), nb::arg("q_descale"), nb::arg("k_descale"), nb::arg("v_descale"), nb::arg("rotate"),
@@ -365,7 +441,10 @@ NB_MODULE(_warpattn, m) {
   m.def("forward_fp8", &forward_fp8, nb::arg("q"), nb::arg("k"), nb::arg("vt"), nb::arg("q_descale"),
         nb::arg("k_descale"), nb::arg("v_descale"), nb::arg("out"), nb::arg("lse").none(),
         nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("stream"), nb::arg("check_descales") = true,
-        "FP8 attention on quantize_fp8's operands; out fp16 or bf16.");
+        nb::kw_only(), nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("softcap") = 0.0f,
+        nb::arg("sinks").none() = nb::none(), nb::arg("batch_invariant") = false,
+        "FP8 attention on quantize_fp8's operands; out fp16 or bf16. window_left, window_right, sinks and "
+        "batch_invariant as forward's; softcap is refused (the 16-bit forward only).");
   m.attr("fp8_head_dims") = nb::make_tuple(64, 128, 256);
   m.def("quantize_fp8_varlen", &quantize_fp8_varlen, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("fp8_q"),
         nb::arg("fp8_k"), nb::arg("vt"), nb::arg("q_descale"), nb::arg("k_descale"), nb::arg("v_descale"),
@@ -375,5 +454,7 @@ NB_MODULE(_warpattn, m) {
         nb::arg("k_descale"), nb::arg("v_descale"), nb::arg("out"), nb::arg("lse").none(), nb::arg("cu_seqlens_q"),
         nb::arg("cu_seqlens_k"), nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
         nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("stream"), nb::arg("check_descales") = true,
+        nb::kw_only(), nb::arg("window_left") = -1, nb::arg("window_right") = -1, nb::arg("softcap") = 0.0f,
+        nb::arg("sinks").none() = nb::none(), nb::arg("batch_invariant") = false,
         "forward_fp8 on a packed batch; out (total_q, heads, head_dim), lse (heads, total_q).");
 }

@@ -6,7 +6,9 @@ FlashAttention-3 is built (TMA producer warpgroup, WGMMA consumers, ping-pong, o
 q, k, v are (batch, seqlen, heads, head_dim) CUDA tensors of PyTorch, JAX or CuPy (any DLPack
 tensor), float16 or bfloat16; nothing is copied and the result is the caller's framework's
 tensor. Gradients: PyTorch's autograd through flash_attn_func; warpattn.flash_attn_backward
-(CuPy, any framework); warpattn.jax_flash_attn (JAX, jax.grad). FP8 (PyTorch, CuPy, JAX):
+(CuPy, any framework); warpattn.jax_flash_attn (JAX, jax.grad). JAX arrays go through XLA FFI
+calls (warpattn.jax_ffi: on XLA's stream, under jax.jit too) where the build has them, else
+eagerly through DLPack; importing warpattn imports no JAX. FP8 (PyTorch, CuPy, JAX):
 ops = warpattn.quantize_fp8(q, k, v); warpattn.flash_attn_fp8_func(ops). Packed batches of
 sequences of different lengths: warpattn.flash_attn_varlen_func (FlashAttention's signature);
 FP8 on them: warpattn.quantize_fp8_varlen and warpattn.flash_attn_fp8_varlen_func.

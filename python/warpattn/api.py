@@ -1,6 +1,8 @@
 """flash_attn_func and flash_attn_backward for any DLPack tensor: PyTorch (torch.library custom
-ops, differentiable), CuPy, JAX (eager; warpattn.jax_flash_attn is the differentiable form)."""
+ops, differentiable), CuPy, JAX (through warpattn.jax_ffi, differentiable and jit-able, where
+this build has its XLA FFI handlers; else eagerly through DLPack)."""
 import contextlib
+import operator
 
 from . import _warpattn
 
@@ -39,8 +41,52 @@ def _lse_shape(q):
     return (q.shape[0], q.shape[2], q.shape[1])
 
 
+# ------------------------------------------------------------ window_size, softcap, sinks
+# The model options (ForwardOptions and BackwardOptions in warpattn.hpp). Python converts
+# window_size to the library's two ints and leaves every rule to the library (ValueError with its
+# message), so that each entry point reports a bad value the same way, the backward's included
+# (softcap at head_dim 64, which its kernels do not have yet, is its ValueError too). With sinks
+# the backward also writes their gradient, dsinks: fp32, one per query head.
+
+_INT32 = (-2 ** 31, 2 ** 31 - 1)
+
+
+def _window_side(x, name):
+    if isinstance(x, bool):
+        raise TypeError("window_size: expected a pair of ints, got bool for %s" % name)
+    try:
+        n = operator.index(x)
+    except TypeError:
+        raise TypeError("window_size: expected a pair of ints, got %s.%s for %s"
+                        % (type(x).__module__, type(x).__name__, name)) from None
+    # The library takes an int. Past 2^31 - 1 keys a side bounds nothing (sequences are shorter
+    # than 2^31, the kernels' coordinate rule), so clamping there changes no result; below -2^31
+    # the clamped value is as invalid as the given one and the library says so.
+    return min(max(n, _INT32[0]), _INT32[1])
+
+
+def _window(window_size):
+    """FlashAttention's window_size, (left, right) with -1 for an unbounded side, as the
+    library's (window_left, window_right)."""
+    try:
+        sides = tuple(window_size)
+    except TypeError:
+        raise TypeError("window_size: expected a pair of ints (left, right), got %s.%s"
+                        % (type(window_size).__module__, type(window_size).__name__)) from None
+    if len(sides) != 2:
+        raise ValueError("window_size: expected a pair of ints (left, right), got %d values" % len(sides))
+    return _window_side(sides[0], "left"), _window_side(sides[1], "right")
+
+
+def _model_options(window_size, softcap, sinks):
+    """The keyword arguments of the module's forward calls: window_left, window_right, softcap,
+    sinks (None or a tensor of the call's framework, checked by the library)."""
+    left, right = _window(window_size)
+    return {"window_left": left, "window_right": right, "softcap": float(softcap), "sinks": sinks}
+
+
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False, out=None, deterministic=False,
-                    batch_invariant=False):
+                    batch_invariant=False, window_size=(-1, -1), softcap=0.0, sinks=None):
     """Exact attention: softmax(softmax_scale * q k^T [+ causal mask]) v.
 
     q: (batch, seqlen_q, heads, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim) with
@@ -55,61 +101,98 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False,
     of lse is refused with NotImplementedError unless it is zero); deterministic=True makes the
     backward give the same bits on every run (slower). batch_invariant=True: a row's result
     depends only on its own sequence, never on the batch around it (no split of the last wave;
-    the backward deterministic). CuPy: see flash_attn_backward; JAX: warpattn.jax_flash_attn.
+    the backward deterministic). CuPy: see flash_attn_backward. JAX: warpattn.jax_ffi.flash_attn
+    (on XLA's stream; under jax.jit and jax.grad too), or without the FFI handlers the eager
+    DLPack path (warpattn.jax_flash_attn for gradients).
+    Model options, as FlashAttention takes them, differentiable too (PyTorch: sinks that require
+    grad get their gradient; softcap's backward needs head_dim 128 or 256, a ValueError at 64):
+    window_size=(left, right), a
+    sliding window in which query row i sees key j iff i + seqlen_k - seqlen_q - left <= j <=
+    i + seqlen_k - seqlen_q + right (-1: that side unbounded; with causal, right must be -1 or
+    0); softcap > 0: scores become softcap * tanh(score / softcap) before the mask and softmax
+    (0: off); sinks: a float32 (heads,) tensor of the call's framework, one logit per query head
+    joining its softmax denominator (a row's weights then sum to less than 1, lse includes the
+    sink, and a row that sees no key gets 0 and lse = its sink).
     """
-    fw = _common_framework(q, k=k, v=v, out=out)
+    fw = _common_framework(q, k=k, v=v, out=out, sinks=sinks)
     _check_rank(q)
     scale = _scale(softmax_scale)
+    model = _model_options(window_size, softcap, sinks)
     if fw == "torch":
         from .torch_op import flash_attn_torch
         return flash_attn_torch(q, k, v, scale, bool(causal), return_lse, out, bool(deterministic),
-                                bool(batch_invariant))
+                                bool(batch_invariant), **model)
     if fw == "jax":
-        return _flash_attn_jax(q, k, v, scale, bool(causal), return_lse, out, bool(batch_invariant))
+        ffi = _jax_ffi()
+        if ffi is None:
+            return _flash_attn_jax(q, k, v, scale, bool(causal), return_lse, out, bool(batch_invariant), model)
+        _no_out(out)
+        return ffi.flash_attn(q, k, v, scale, causal, return_lse, deterministic, batch_invariant,
+                              window_size=(model["window_left"], model["window_right"]), softcap=model["softcap"],
+                              sinks=sinks)
     xp = _array_module(fw)
     with device_of(q, fw):  # allocate on q's device and take that device's current stream
         if out is None:
             out = xp.empty(q.shape, dtype=q.dtype)
         lse = xp.empty(_lse_shape(q), dtype=xp.float32) if return_lse else None
-        _warpattn.forward(q, k, v, out, lse, scale, bool(causal), _current_stream(fw, q), bool(batch_invariant))
+        _warpattn.forward(q, k, v, out, lse, scale, bool(causal), _current_stream(fw, q), bool(batch_invariant),
+                          **model)
     return (out, lse) if return_lse else out
 
 
 def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, deterministic=False,
-                        dq=None, dk=None, dv=None):
-    """The gradients (dq, dk, dv) of out = flash_attn_func(q, k, v, softmax_scale, causal) with
-    respect to q, k and v, given dout = dL/d(out) and the forward's out and lse (return_lse=True).
+                        dq=None, dk=None, dv=None, window_size=(-1, -1), softcap=0.0, sinks=None):
+    """The gradients (dq, dk, dv) of out = flash_attn_func(q, k, v, softmax_scale, causal,
+    window_size=window_size, softcap=softcap, sinks=sinks) with respect to q, k and v, given
+    dout = dL/d(out) and the forward's out and lse (return_lse=True); with sinks, (dq, dk, dv,
+    dsinks), dsinks the gradient of the sinks: float32 (heads,), a new tensor of the call's
+    framework on the sinks' device.
 
     Tensors of one framework (PyTorch, CuPy, JAX), as in flash_attn_func; dout like out. dq, dk,
     dv: tensors to write (PyTorch and CuPy), shaped as q, k, v (dk and dv summed over the query
     heads of a group); each one not given is allocated. softmax_scale and causal must be those of
     the forward call. deterministic: the same bits on every run (dq's partial sums are added in
     a fixed order), slower. Head dims: warpattn.backward_head_dims (64, 128 and 256). Runs on the
-    current stream (PyTorch, CuPy) and returns without synchronising; JAX arrays are waited for
-    and the result handed back once computed. PyTorch users get this through autograd.
+    current stream (PyTorch, CuPy) and returns without synchronising; JAX arrays go through
+    warpattn.jax_ffi (XLA's stream), or without its handlers are waited for and the result
+    handed back once computed. PyTorch users get this through autograd. window_size, softcap and
+    sinks: those of the forward call (softcap at head dims 128 and 256: a ValueError at 64).
     """
-    fw = _common_framework(q, dout=dout, k=k, v=v, out=out, lse=lse, dq=dq, dk=dk, dv=dv)
+    fw = _common_framework(q, dout=dout, k=k, v=v, out=out, lse=lse, dq=dq, dk=dk, dv=dv, sinks=sinks)
+    model = _model_options(window_size, softcap, sinks)
     _check_rank(q)
     args = (dout, q, k, v, out, lse, _scale(softmax_scale), bool(causal), bool(deterministic))
     if fw == "jax":
         if any(g is not None for g in (dq, dk, dv)):
             raise ValueError("dq, dk, dv: JAX arrays are immutable; call without them")
-        _wait_for_jax_arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
+        ffi = _jax_ffi()
+        if ffi is not None:
+            return ffi.flash_attn_backward(*args, window_size=(model["window_left"], model["window_right"]),
+                                           softcap=model["softcap"], sinks=sinks)
+        _wait_for_jax_arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse,
+                             **({} if sinks is None else {"sinks": sinks}))
         return tuple(_jax_run(q.devices().pop().id, lambda empty: _backward_into(
-            *args, (None, None, None), lambda t: empty(t.shape, str(t.dtype)), lambda n: empty((n,), "uint8"), 0)))
+            *args, (None, None, None), lambda t: empty(t.shape, str(t.dtype)), lambda n: empty((n,), "uint8"), 0,
+            model)))
     with device_of(q, fw):  # allocate on q's device
-        return _backward_into(*args, (dq, dk, dv), *_backward_allocators(fw, q), _current_stream(fw, q))
+        return _backward_into(*args, (dq, dk, dv), *_backward_allocators(fw, q), _current_stream(fw, q), model)
 
 
-def _backward_into(dout, q, k, v, out, lse, scale, causal, deterministic, grads, new_like, new_workspace, stream):
+def _backward_into(dout, q, k, v, out, lse, scale, causal, deterministic, grads, new_like, new_workspace, stream,
+                   model):
     """Runs the backward on `stream` into `grads` (dq, dk, dv), allocating each one that is None
-    with new_like(the tensor it is the gradient of). The workspace is new_workspace(bytes) (None:
-    the library's own pool): memory of the caller's framework, so that it is stream-ordered and
-    may be taken during CUDA graph capture, where the library's pool may not."""
+    with new_like(the tensor it is the gradient of); with sinks (in model, _model_options'
+    keywords) also dsinks = new_like(sinks), returned fourth. The workspace is
+    new_workspace(bytes) (None: the library's own pool): memory of the caller's framework, so that
+    it is stream-ordered and may be taken during CUDA graph capture, where the library's pool may
+    not."""
     dq, dk, dv = (g if g is not None else new_like(t) for g, t in zip(grads, (q, k, v)))
-    workspace = new_workspace(_warpattn.backward_workspace_bytes(q, scale, causal, deterministic))
-    _warpattn.backward(dout, q, k, v, out, lse, dq, dk, dv, scale, causal, deterministic, workspace, stream)
-    return dq, dk, dv
+    sinks = model["sinks"]
+    dsinks = None if sinks is None else new_like(sinks)
+    workspace = new_workspace(_warpattn.backward_workspace_bytes(q, scale, causal, deterministic, **model))
+    _warpattn.backward(dout, q, k, v, out, lse, dq, dk, dv, scale, causal, deterministic, workspace, stream,
+                       dsinks=dsinks, **model)
+    return (dq, dk, dv) if sinks is None else (dq, dk, dv, dsinks)
 
 
 def _backward_allocators(fw, q):
@@ -165,10 +248,32 @@ def _current_stream(fw, x):
 
 
 # ---------------------------------------------------------------------------------- JAX
-# JAX arrays are immutable and JAX exposes no stream: the inputs are waited for, the results are
-# written into memory from PyTorch or CuPy (whichever is installed) on the legacy default stream
-# of the device, the device is synchronised, and the memory is handed to JAX without a copy. So
-# these calls run eagerly, on concrete arrays; under jax.jit they are refused (issue 17).
+# JAX arrays go to warpattn.jax_ffi where this build has its XLA FFI handlers: custom calls on
+# XLA's stream and buffers, eager or under jax.jit. What follows is the fallback for builds
+# without them (jax not importable at build time): JAX arrays are immutable and JAX exposes no
+# stream, so the inputs are waited for, the results are written into memory from PyTorch or CuPy
+# (whichever is installed) on the legacy default stream of the device, the device is
+# synchronised, and the memory is handed to JAX without a copy. Those calls run eagerly, on
+# concrete arrays; under jax.jit they are refused.
+
+# False: JAX arrays take the DLPack fallback even where the handlers exist (for tests that hold
+# the two paths against each other).
+_PREFER_JAX_FFI = True
+
+
+def _jax_ffi():
+    """warpattn.jax_ffi where this build has its handlers, else None (the DLPack fallback).
+    Imported here, on a call that got JAX arrays, so that importing warpattn imports no JAX."""
+    if not _PREFER_JAX_FFI:
+        return None
+    from . import jax_ffi
+    return jax_ffi if jax_ffi.available() else None
+
+
+def _no_out(out):
+    if out is not None:
+        raise ValueError("out: JAX arrays are immutable; call without out")
+
 
 def _wait_for_jax_arrays(**arrays):
     """Blocks until every array is computed. TypeError for an abstract (traced) array, which has
@@ -177,9 +282,10 @@ def _wait_for_jax_arrays(**arrays):
     tracer = getattr(jax.core, "Tracer", ())
     for name, a in arrays.items():
         if isinstance(a, tracer):
-            raise TypeError("%s: warpattn takes concrete JAX arrays only (it reads their memory through "
-                            "DLPack), not traced ones under jax.jit, vmap or the like; for gradients use "
-                            "warpattn.jax_flash_attn with jax.grad outside jax.jit" % name)
+            raise TypeError("%s: this build of warpattn takes concrete JAX arrays only (it reads their memory "
+                            "through DLPack), not traced ones under jax.jit, vmap or the like: it has no XLA FFI "
+                            "handlers (warpattn.jax_ffi.available() is False; rebuild with jax installed). For "
+                            "gradients use warpattn.jax_flash_attn with jax.grad outside jax.jit" % name)
         platform = a.devices().pop().platform
         if platform != "gpu":
             raise TypeError("%s: CUDA tensor required (warpattn runs on the GPU), got a JAX array on %s"
@@ -200,17 +306,19 @@ def _jax_run(device_index, run):
         return [None if r is None else jax.dlpack.from_dlpack(r) for r in results]
 
 
-def _flash_attn_jax(q, k, v, scale, causal, return_lse, out, batch_invariant=False):
-    """flash_attn_func on JAX arrays."""
-    if out is not None:
-        raise ValueError("out: JAX arrays are immutable; call without out")
-    _wait_for_jax_arrays(q=q, k=k, v=v)
+def _flash_attn_jax(q, k, v, scale, causal, return_lse, out, batch_invariant=False, model=None):
+    """flash_attn_func on JAX arrays through DLPack (the fallback: see above). model: the module's
+    model keyword arguments (_model_options), or None for none."""
+    _no_out(out)
+    model = model or {}
+    sinks = model.get("sinks")
+    _wait_for_jax_arrays(q=q, k=k, v=v, **({} if sinks is None else {"sinks": sinks}))
 
     def run(empty):
         o = empty(q.shape, str(q.dtype))
         lse = empty(_lse_shape(q), "float32") if return_lse else None
         # Stream 0: the legacy default stream of the tensors' device (the library runs there).
-        _warpattn.forward(q, k, v, o, lse, scale, causal, 0, batch_invariant)
+        _warpattn.forward(q, k, v, o, lse, scale, causal, 0, batch_invariant, **model)
         return o, lse
 
     o, lse = _jax_run(q.devices().pop().id, run)

@@ -12,11 +12,16 @@ of every 16-key group in warpattn.FP8_KEY_ORDER, and float32 descales per block 
 e4m3 tensors are torch.float8_e4m3fn with PyTorch and jnp.float8_e4m3fn with JAX; CuPy has no
 FP8 type, so there they are uint8 arrays holding the e4m3 bytes. CuPy has no bfloat16 either:
 its outputs are float16.
+
+JAX arrays go to warpattn.jax_ffi.quantize_fp8 and flash_attn_fp8 (XLA FFI calls on XLA's
+stream, under jax.jit too) where this build has the handlers; else, and for the packed forms,
+which have no FFI call yet, they run eagerly through DLPack.
 """
 from typing import Any, NamedTuple, Optional
 
 from . import _warpattn
-from .api import _current_stream, _cupy_empty, _jax_run, _torch_empty, _wait_for_jax_arrays, framework_of
+from .api import (_current_stream, _cupy_empty, _jax_ffi, _jax_run, _model_options, _no_out, _torch_empty,
+                  _wait_for_jax_arrays, framework_of)
 
 FP8_BLOCK_ROWS = 128
 FP8_KEY_ORDER = (0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)
@@ -87,6 +92,18 @@ def _jax_bytes(a):
     return a
 
 
+def _check_sinks(sinks, fw):
+    """sinks: None or a tensor of the operands' framework (its rules are the library's)."""
+    if sinks is not None and framework_of(sinks, "sinks") != fw:
+        raise TypeError("sinks: expected a %s tensor like q, got %s.%s" % (fw, type(sinks).__module__,
+                                                                            type(sinks).__name__))
+
+
+def _jax_sinks(sinks):
+    """The sinks for the DLPack path: computed, and named for _wait_for_jax_arrays."""
+    return {} if sinks is None else {"sinks": sinks}
+
+
 # -------------------------------------------------------------------------------- the API
 
 def _inputs_framework(q, k, v):
@@ -124,8 +141,7 @@ def _run_forward(fw, ops, out, run, wait_for_jax):
     if fw == "cupy":
         return run(_cupy_empty(ops.q.device.id), _current_stream(fw, ops.q), _call_args(ops))
     if fw == "jax":
-        if out is not None:
-            raise ValueError("out: JAX arrays are immutable; call without out")
+        _no_out(out)
         wait_for_jax()
         args = (_jax_bytes(ops.q), _jax_bytes(ops.k), _jax_bytes(ops.vt), ops.q_descale, ops.k_descale,
                 ops.v_descale)
@@ -158,28 +174,48 @@ def quantize_fp8(q, k, v, rotate=True, seed=0, per_tensor=False, qk_dtype="e4m3"
         _warpattn.quantize_fp8(*inputs, *call_args(ops), bool(rotate), int(seed), bool(per_tensor), stream)
         return ops
 
+    ffi = _jax_ffi() if fw == "jax" else None
+    if ffi is not None:
+        return ffi.quantize_fp8(q, k, v, rotate, seed, per_tensor, qk_dtype)
     return _run_quantize(fw, q, k, v, int8, run)
 
 
 def flash_attn_fp8_func(ops: Fp8Operands, softmax_scale: Optional[float] = None, causal=False,
-                        out_dtype="bfloat16", return_lse=False, out=None, check_descales=True):
+                        out_dtype="bfloat16", return_lse=False, out=None, check_descales=True, window_size=(-1, -1),
+                        softcap=0.0, sinks=None, batch_invariant=False):
     """softmax(softmax_scale q k^T [+ causal mask, bottom-right]) v on FP8 operands; out is
     (batch, seqlen_q, heads, head_dim) in out_dtype (bfloat16 or float16, as a string or the
     framework's dtype; CuPy: float16). With check_descales the descales are read back and
     checked (finite, > 0) before the launch (one synchronisation); quantize_fp8's operands
-    are valid by construction."""
+    are valid by construction. window_size and sinks as warpattn.flash_attn_func takes them;
+    softcap is refused by the library (the FP8 kernel scales scores per block inside the
+    softmax's exponent, where a tanh does not fit), as is anything but its default of 0.
+    batch_invariant as warpattn.flash_attn_func's (README: modes)."""
     fw = framework_of(ops.q, "q")
+    _check_sinks(sinks, fw)
     kind = _dtype_name(out_dtype, "out_dtype", {"bfloat16", "float16"})
     b, sq, hq, d = ops.q.shape
     scale = None if softmax_scale is None else float(softmax_scale)
+    model = _model_options(window_size, softcap, sinks)
 
     def run(empty, stream, args):
         o = out if out is not None else empty((b, sq, hq, d), kind)
         lse = empty((b, hq, sq), "float32") if return_lse else None
-        _warpattn.forward_fp8(*args, o, lse, scale, bool(causal), stream, bool(check_descales))
+        _warpattn.forward_fp8(*args, o, lse, scale, bool(causal), stream, bool(check_descales),
+                              batch_invariant=bool(batch_invariant), **model)
         return o, lse
 
+    if fw == "jax":
+        _no_out(out)
+        ffi = _jax_ffi()
+        if ffi is not None:
+            return ffi.flash_attn_fp8(ops, softmax_scale, causal, kind, return_lse, check_descales,
+                                      window_size=(model["window_left"], model["window_right"]),
+                                      softcap=model["softcap"], sinks=sinks, batch_invariant=bool(batch_invariant))
+
     def wait_for_jax():
+        # concrete arrays on a GPU (TypeError otherwise)
+        _wait_for_jax_arrays(q=ops.q, k=ops.k, vt=ops.vt, **_jax_sinks(sinks))
         for t in (ops.q_descale, ops.k_descale, ops.v_descale):
             t.block_until_ready()
 
@@ -231,25 +267,30 @@ def quantize_fp8_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, rotate=True, seed=0
 
 def flash_attn_fp8_varlen_func(ops: Fp8Operands, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                softmax_scale: Optional[float] = None, causal=False, out_dtype="bfloat16",
-                               return_lse=False, out=None, seqused_k=None, check_descales=True):
+                               return_lse=False, out=None, seqused_k=None, check_descales=True, window_size=(-1, -1),
+                               softcap=0.0, sinks=None, batch_invariant=False):
     """flash_attn_fp8_func on a packed batch (quantize_fp8_varlen's operands): out (total_q,
     heads, head_dim) in out_dtype, lse (heads, total_q); the offsets and max_seqlen_* as
-    flash_attn_varlen_func takes them."""
+    flash_attn_varlen_func takes them; window_size and sinks as flash_attn_fp8_func (softcap
+    refused)."""
     fw = framework_of(ops.q, "q")
+    _check_sinks(sinks, fw)
     kind = _dtype_name(out_dtype, "out_dtype", {"bfloat16", "float16"})
     tq, hq, d = ops.q.shape
     scale = None if softmax_scale is None else float(softmax_scale)
+    model = _model_options(window_size, softcap, sinks)
 
     def run(empty, stream, args):
         o = out if out is not None else empty((tq, hq, d), kind)
         lse = empty((hq, tq), "float32") if return_lse else None
         _warpattn.forward_fp8_varlen(*args, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
-                                     int(max_seqlen_k), scale, bool(causal), stream, bool(check_descales))
+                                     int(max_seqlen_k), scale, bool(causal), stream, bool(check_descales),
+                                     batch_invariant=bool(batch_invariant), **model)
         return o, lse
 
     def wait_for_jax():
         _wait_for_jax_arrays(q_descale=ops.q_descale, k_descale=ops.k_descale, v_descale=ops.v_descale,
-                             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+                             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, **_jax_sinks(sinks))
 
     o, lse = _run_forward(fw, ops, out, run, wait_for_jax)
     return (o, lse) if return_lse else o

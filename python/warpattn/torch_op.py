@@ -1,7 +1,16 @@
 """warpattn for PyTorch: torch.library custom ops for the forward and the backward (dense, and packed
 varlen batches), each pair joined by register_autograd, so that flash_attn_func and
 flash_attn_varlen_func are differentiable and work under torch.compile and CUDA graph capture, on
-PyTorch's current stream."""
+PyTorch's current stream.
+
+The forward ops take the model options (window_left, window_right, softcap, sinks), and so do
+the backward ops, which return the sinks' gradient too (dsinks, float32 (heads,); an empty (0,)
+tensor when there are no sinks, since an op's tuple of outputs cannot hold None): register_autograd
+hands it to the sinks input, so learned sinks (requires_grad) train. What the backward kernels do
+not have (softcap at head_dim 64) is the library's ValueError when the backward op runs, as every
+other argument error of the backward: not in the autograd formula, so that torch.compile can still
+trace the backward of such a call (it does so ahead of time whenever an input requires grad) and
+only a backward that actually runs fails, eagerly or compiled alike."""
 from typing import Optional, Tuple
 
 import torch
@@ -19,43 +28,57 @@ def _forward_outputs(q):
     return q.new_empty(q.shape), _lse_like(q)
 
 
-def _gradients_like(q, k, v):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+def _gradients_like(q, k, v, sinks):
+    """dq, dk, dv and dsinks as the backward ops return them (dsinks (0,) without sinks)."""
+    dsinks = q.new_empty((0,), dtype=torch.float32) if sinks is None else sinks.new_empty(sinks.shape)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
+
+
+def _with_dsinks(grads, q):
+    """The explicit backward's (dq, dk, dv[, dsinks]) as the ops return them."""
+    return tuple(grads) if len(grads) == 4 else tuple(grads) + (q.new_empty((0,), dtype=torch.float32),)
 
 
 @torch.library.custom_op("warpattn::flash_attn_forward", mutates_args=())
 def flash_attn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float],
-                       causal: bool, deterministic: bool,
-                       batch_invariant: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+                       causal: bool, deterministic: bool, batch_invariant: bool = False, window_left: int = -1,
+                       window_right: int = -1, softcap: float = 0.0,
+                       sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     # deterministic is the backward's: an input here because setup_context sees only the op's
     # inputs and outputs.
     out, lse = _forward_outputs(q)
-    _warpattn.forward(q, k, v, out, lse, softmax_scale, causal, _current_stream("torch", q), batch_invariant)
+    _warpattn.forward(q, k, v, out, lse, softmax_scale, causal, _current_stream("torch", q), batch_invariant,
+                      window_left=window_left, window_right=window_right, softcap=softcap, sinks=sinks)
     return out, lse
 
 
 @flash_attn_forward.register_fake
-def _(q, k, v, softmax_scale, causal, deterministic, batch_invariant=False):
+def _(q, k, v, softmax_scale, causal, deterministic, batch_invariant=False, window_left=-1, window_right=-1,
+      softcap=0.0, sinks=None):
     return _forward_outputs(q)
 
 
 @torch.library.custom_op("warpattn::flash_attn_backward", mutates_args=())
 def flash_attn_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         out: torch.Tensor, lse: torch.Tensor, dlse: Optional[torch.Tensor],
-                        softmax_scale: Optional[float], causal: bool,
-                        deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv of flash_attn_forward. dlse, the gradient of lse, must be None or zero: checked
-    here, where the tensors are real also under torch.compile."""
+                        softmax_scale: Optional[float], causal: bool, deterministic: bool, window_left: int = -1,
+                        window_right: int = -1, softcap: float = 0.0, sinks: Optional[torch.Tensor] = None
+                        ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv and dsinks of flash_attn_forward (dsinks: the sinks' gradient, float32 (heads,),
+    or an empty (0,) tensor without sinks). dlse, the gradient of lse, must be None or zero:
+    checked here, where the tensors are real also under torch.compile."""
     _refuse_lse_gradient(dlse)
     # The workspace is a tensor of PyTorch's caching allocator, freed in stream order: safe to
     # take during CUDA graph capture (from the graph's pool), where warpattn's own pool is not.
-    dq, dk, dv = _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, causal, deterministic)
-    return dq, dk, dv
+    grads = _flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, causal, deterministic,
+                                 window_size=(window_left, window_right), softcap=softcap, sinks=sinks)
+    return _with_dsinks(grads, q)
 
 
 @flash_attn_backward.register_fake
-def _(dout, q, k, v, out, lse, dlse, softmax_scale, causal, deterministic):
-    return _gradients_like(q, k, v)
+def _(dout, q, k, v, out, lse, dlse, softmax_scale, causal, deterministic, window_left=-1, window_right=-1,
+      softcap=0.0, sinks=None):
+    return _gradients_like(q, k, v, sinks)
 
 
 def _refuse_lse_gradient(dlse):
@@ -74,32 +97,45 @@ def _refuse_lse_gradient(dlse):
             "FlashAttention's does not; detach lse (lse.detach()) where it feeds what is differentiated")
 
 
+def _model_inputs(optional):
+    """(batch_invariant, window_left, window_right, softcap, sinks) from the forward op's inputs
+    after its required ones (whichever of them setup_context is given; defaults for the rest)."""
+    defaults = (False, -1, -1, 0.0, None)
+    return tuple(optional) + defaults[len(optional):]
+
+
 def _setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, causal, deterministic, *batch_invariant = inputs
+    q, k, v, softmax_scale, causal, deterministic, *optional = inputs
+    batch_invariant, *model = _model_inputs(optional)
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, out, lse, model[3])
     # A batch-invariant backward is a deterministic one (its dQ order depends on the sequence alone).
-    ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic or any(batch_invariant)
+    ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic or batch_invariant
+    ctx.window_left, ctx.window_right, ctx.softcap = model[:3]
     # Outputs without a gradient (lse, mostly) arrive as None rather than as zeros, which would
     # cost an allocation and the synchronisation that checks them.
     ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse = ctx.saved_tensors
+    q, k, v, out, lse, sinks = ctx.saved_tensors
     # contiguous(): sum() and expand() hand down stride-0 gradients, which the kernel cannot read.
     dout = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
-    dq, dk, dv = flash_attn_backward(dout, q, k, v, out, lse, grad_lse, ctx.softmax_scale, ctx.causal,
-                                     ctx.deterministic)
-    return dq, dk, dv, None, None, None, None
+    dq, dk, dv, dsinks = flash_attn_backward(dout, q, k, v, out, lse, grad_lse, ctx.softmax_scale, ctx.causal,
+                                             ctx.deterministic, ctx.window_left, ctx.window_right, ctx.softcap, sinks)
+    # The inputs after q, k, v: softmax_scale, causal, deterministic, batch_invariant, window_left,
+    # window_right, softcap (no gradient), then the sinks.
+    return (dq, dk, dv) + (None,) * 7 + (None if sinks is None else dsinks,)
 
 
 flash_attn_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
-def flash_attn_torch(q, k, v, softmax_scale, causal, return_lse, out, deterministic, batch_invariant=False):
+def flash_attn_torch(q, k, v, softmax_scale, causal, return_lse, out, deterministic, batch_invariant=False,
+                     window_left=-1, window_right=-1, softcap=0.0, sinks=None):
     if out is None:
-        o, lse = flash_attn_forward(q, k, v, softmax_scale, causal, deterministic, batch_invariant)
+        o, lse = flash_attn_forward(q, k, v, softmax_scale, causal, deterministic, batch_invariant, window_left,
+                                    window_right, softcap, sinks)
         return (o, lse) if return_lse else o
     # Writing into a caller's tensor is outside the custom op (a graph break under compile), and
     # outside autograd: refused where a gradient could be asked for, as PyTorch's own out= are.
@@ -107,7 +143,8 @@ def flash_attn_torch(q, k, v, softmax_scale, causal, return_lse, out, determinis
         raise RuntimeError("out: flash_attn_func(..., out=...) is not differentiable, but q, k or v "
                            "requires grad; call it without out=, or under torch.no_grad()")
     lse = _lse_like(q) if return_lse else None
-    _warpattn.forward(q, k, v, out, lse, softmax_scale, causal, _current_stream("torch", q), batch_invariant)
+    _warpattn.forward(q, k, v, out, lse, softmax_scale, causal, _current_stream("torch", q), batch_invariant,
+                      window_left=window_left, window_right=window_right, softcap=softcap, sinks=sinks)
     return (out, lse) if return_lse else out
 
 
@@ -127,16 +164,19 @@ def _varlen_outputs(q):
 def flash_attn_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                               cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
                               max_seqlen_k: int, softmax_scale: Optional[float], causal: bool,
-                              deterministic: bool, batch_invariant: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+                              deterministic: bool, batch_invariant: bool = False, window_left: int = -1,
+                              window_right: int = -1, softcap: float = 0.0,
+                              sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     out, lse = _varlen_outputs(q)
     _warpattn.forward_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                             softmax_scale, causal, _current_stream("torch", q), batch_invariant)
+                             softmax_scale, causal, _current_stream("torch", q), batch_invariant,
+                             window_left=window_left, window_right=window_right, softcap=softcap, sinks=sinks)
     return out, lse
 
 
 @flash_attn_varlen_forward.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-      deterministic, batch_invariant=False):
+      deterministic, batch_invariant=False, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
     return _varlen_outputs(q)
 
 
@@ -145,50 +185,60 @@ def flash_attn_varlen_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Ten
                                out: torch.Tensor, lse: torch.Tensor, dlse: Optional[torch.Tensor],
                                cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                                seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
-                               softmax_scale: Optional[float], causal: bool,
-                               deterministic: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                               softmax_scale: Optional[float], causal: bool, deterministic: bool,
+                               window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                               sinks: Optional[torch.Tensor] = None
+                               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv and dsinks (as flash_attn_backward's) of flash_attn_varlen_forward."""
     _refuse_lse_gradient(dlse)
     from .varlen import flash_attn_varlen_backward as backward
-    dq, dk, dv = backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                          softmax_scale, causal, deterministic, seqused_k=seqused_k)
-    return dq, dk, dv
+    grads = backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                     causal, deterministic, seqused_k=seqused_k, window_size=(window_left, window_right),
+                     softcap=softcap, sinks=sinks)
+    return _with_dsinks(grads, q)
 
 
 @flash_attn_varlen_backward.register_fake
 def _(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-      softmax_scale, causal, deterministic):
-    return _gradients_like(q, k, v)
+      softmax_scale, causal, deterministic, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
+    return _gradients_like(q, k, v, sinks)
 
 
 def _varlen_setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, det,
-     *batch_invariant) = inputs
-    ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k, seqused_k)
-    ctx.options = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, det or any(batch_invariant))
+     *optional) = inputs
+    batch_invariant, *model = _model_inputs(optional)
+    ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k, seqused_k, model[3])
+    ctx.options = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, det or batch_invariant)
+    ctx.model = tuple(model[:3])
     ctx.set_materialize_grads(False)
 
 
 def _varlen_backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k = ctx.saved_tensors
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks = ctx.saved_tensors
     dout = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
-    dq, dk, dv = flash_attn_varlen_backward(dout, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
-                                            *ctx.options)
-    return (dq, dk, dv) + (None,) * 9
+    dq, dk, dv, dsinks = flash_attn_varlen_backward(dout, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
+                                                    seqused_k, *ctx.options, *ctx.model, sinks)
+    # The inputs after q, k, v: the offsets and lengths, the options (no gradient), then the sinks.
+    return (dq, dk, dv) + (None,) * 12 + (None if sinks is None else dsinks,)
 
 
 flash_attn_varlen_forward.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
 
 
 def flash_attn_varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                            softmax_scale, causal, return_lse, out, deterministic, batch_invariant=False):
+                            softmax_scale, causal, return_lse, out, deterministic, batch_invariant=False,
+                            window_left=-1, window_right=-1, softcap=0.0, sinks=None):
     if out is None:
         o, lse = flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-                                           max_seqlen_k, softmax_scale, causal, deterministic, batch_invariant)
+                                           max_seqlen_k, softmax_scale, causal, deterministic, batch_invariant,
+                                           window_left, window_right, softcap, sinks)
         return (o, lse) if return_lse else o
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise RuntimeError("out: flash_attn_varlen_func(..., out=...) is not differentiable, but q, k or v "
                            "requires grad; call it without out=, or under torch.no_grad()")
     lse = _varlen_lse_like(q) if return_lse else None
     _warpattn.forward_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                             softmax_scale, causal, _current_stream("torch", q), batch_invariant)
+                             softmax_scale, causal, _current_stream("torch", q), batch_invariant,
+                             window_left=window_left, window_right=window_right, softcap=softcap, sinks=sinks)
     return (out, lse) if return_lse else out

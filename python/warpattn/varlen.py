@@ -1,14 +1,15 @@
 """flash_attn_varlen_func and flash_attn_varlen_backward: attention on packed variable-length
 batches, in FlashAttention's conventions, for any DLPack tensor (PyTorch: torch.library custom
-ops in torch_op.py, differentiable; CuPy; JAX, eager).
+ops in torch_op.py, differentiable; CuPy; JAX: warpattn.jax_ffi where this build has its XLA
+FFI handlers, else eagerly through DLPack).
 
 This module imports no framework: each is imported by the first call that takes its tensors.
 """
 import operator
 
 from . import _warpattn
-from .api import (_array_module, _common_framework, _current_stream, _jax_run, _scale, _wait_for_jax_arrays,
-                  device_of)
+from .api import (_array_module, _common_framework, _current_stream, _jax_ffi, _jax_run, _model_options, _no_out,
+                  _scale, _wait_for_jax_arrays, device_of)
 
 
 def _check_rank(q):
@@ -43,7 +44,7 @@ def _batch_size(cu_seqlens_q):
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
                            causal=False, return_lse=False, out=None, seqused_k=None, deterministic=False,
-                           batch_invariant=False):
+                           batch_invariant=False, window_size=(-1, -1), softcap=0.0, sinks=None):
     """Exact attention on a packed batch of B sequences of different lengths (FlashAttention's
     flash_attn_varlen_func).
 
@@ -65,31 +66,41 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     unwritten. Runs on the caller's current stream; argument errors raise ValueError (a message
     naming the argument), a tensor that is not on a CUDA device or not a tensor TypeError.
     PyTorch: differentiable in q, k and v (deterministic=True: the same bits on every backward);
-    CuPy, JAX: see flash_attn_varlen_backward. batch_invariant=True: each sequence's bits do not
-    depend on the other sequences (no tile height chosen from the longest; the backward
-    deterministic).
+    CuPy: see flash_attn_varlen_backward; JAX: warpattn.jax_ffi.flash_attn_varlen (differentiable,
+    under jax.jit too; max_seqlen_q and max_seqlen_k must then be Python ints), or without the
+    FFI handlers eagerly (flash_attn_varlen_backward for gradients). batch_invariant=True: each
+    sequence's bits do not depend on the other sequences (no tile height chosen from the longest;
+    the backward deterministic). window_size, softcap and sinks: as warpattn.flash_attn_func takes
+    them, the window aligned bottom-right within each sequence; differentiable as there (PyTorch:
+    sinks that require grad get their gradient; softcap's backward at head_dim 128 and 256).
     """
     fw = _common_framework(q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
-                           out=out)
+                           out=out, sinks=sinks)
     _check_rank(q)
     lengths = (_max_seqlen(max_seqlen_q, "max_seqlen_q"), _max_seqlen(max_seqlen_k, "max_seqlen_k"))
     scale, causal = _scale(softmax_scale), bool(causal)
+    model = _model_options(window_size, softcap, sinks)
     if fw == "torch":
         from .torch_op import flash_attn_varlen_torch
         return flash_attn_varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, *lengths, scale, causal,
-                                       return_lse, out, bool(deterministic), bool(batch_invariant))
+                                       return_lse, out, bool(deterministic), bool(batch_invariant), **model)
     if fw == "jax":
-        if out is not None:
-            raise ValueError("out: JAX arrays are immutable; call without out")
+        _no_out(out)
+        ffi = _jax_ffi()
+        if ffi is not None:
+            return ffi.flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *lengths, scale, causal, return_lse,
+                                         seqused_k, deterministic, batch_invariant,
+                                         window_size=(model["window_left"], model["window_right"]),
+                                         softcap=model["softcap"], sinks=sinks)
         _wait_for_jax_arrays(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                             **({} if seqused_k is None else {"seqused_k": seqused_k}))
+                             **{name: t for name, t in (("seqused_k", seqused_k), ("sinks", sinks)) if t is not None})
 
         def run(empty):
             o = empty(q.shape, str(q.dtype))
             lse = empty(_lse_shape(q), "float32") if return_lse else None
             # Stream 0: the legacy default stream of the tensors' device (see api._jax_run).
             _warpattn.forward_varlen(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, *lengths, scale, causal, 0,
-                                     bool(batch_invariant))
+                                     bool(batch_invariant), **model)
             return o, lse
 
         o, lse = _jax_run(q.devices().pop().id, run)
@@ -100,62 +111,79 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             out = xp.empty(q.shape, dtype=q.dtype)
         lse = xp.empty(_lse_shape(q), dtype=xp.float32) if return_lse else None
         _warpattn.forward_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, *lengths, scale, causal,
-                                 _current_stream(fw, q), bool(batch_invariant))
+                                 _current_stream(fw, q), bool(batch_invariant), **model)
     return (out, lse) if return_lse else out
 
 
 def flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                softmax_scale=None, causal=False, deterministic=False, dq=None, dk=None, dv=None,
-                               seqused_k=None):
+                               seqused_k=None, window_size=(-1, -1), softcap=0.0, sinks=None):
     """The gradients (dq, dk, dv) of out = flash_attn_varlen_func(q, k, v, cu_seqlens_q,
-    cu_seqlens_k, ..., seqused_k=seqused_k) with respect to q, k and v, given dout = dL/d(out)
-    and the forward's out and lse (return_lse=True, (heads, total_q)).
+    cu_seqlens_k, ..., seqused_k=seqused_k, window_size=window_size, softcap=softcap, sinks=sinks)
+    with respect to q, k and v, given dout = dL/d(out) and the forward's out and lse
+    (return_lse=True, (heads, total_q)); with sinks, (dq, dk, dv, dsinks), dsinks the gradient of
+    the sinks: float32 (heads,), summed over every sequence, a new tensor of the call's framework.
 
     Tensors of one framework (PyTorch, CuPy, JAX); the arguments as in flash_attn_varlen_func.
     dq, dk, dv: tensors to write (PyTorch, CuPy), shaped as q, k, v (dk and dv summed over the
     query heads of a group); each one not given is allocated zero-filled: the kernels write dk and
     dv only for the keys a sequence uses, so the keys no sequence uses (past seqused_k included:
     the padding of warpattn.integrations.transformers) keep a zero gradient. Head dims:
-    warpattn.backward_head_dims. Runs on the current stream (PyTorch, CuPy); JAX arrays are
-    waited for and the result handed back once computed. PyTorch users get this through autograd.
+    warpattn.backward_head_dims. Runs on the current stream (PyTorch, CuPy); JAX arrays go
+    through warpattn.jax_ffi (XLA's stream), or without its handlers are waited for and the
+    result handed back once computed. PyTorch users get this through autograd. window_size, softcap
+    and sinks: the forward's (softcap at head dims 128 and 256: a ValueError at 64).
     """
     fw = _common_framework(q, dout=dout, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q,
-                           cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, dq=dq, dk=dk, dv=dv)
+                           cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, dq=dq, dk=dk, dv=dv, sinks=sinks)
+    model = _model_options(window_size, softcap, sinks)
     _check_rank(q)
     args = (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, _max_seqlen(max_seqlen_q, "max_seqlen_q"),
             _max_seqlen(max_seqlen_k, "max_seqlen_k"), _scale(softmax_scale), bool(causal), bool(deterministic))
     if fw == "jax":
         if any(g is not None for g in (dq, dk, dv)):
             raise ValueError("dq, dk, dv: JAX arrays are immutable; call without them")
+        ffi = _jax_ffi()
+        if ffi is not None:
+            return ffi.flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                  max_seqlen_k, softmax_scale, causal, seqused_k, deterministic,
+                                                  window_size=(model["window_left"], model["window_right"]),
+                                                  softcap=model["softcap"], sinks=sinks)
         _wait_for_jax_arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q,
-                             cu_seqlens_k=cu_seqlens_k, **({} if seqused_k is None else {"seqused_k": seqused_k}))
+                             cu_seqlens_k=cu_seqlens_k,
+                             **{name: t for name, t in (("seqused_k", seqused_k), ("sinks", sinks)) if t is not None})
 
         def run(empty):
             def zeros(t):
                 z = empty(t.shape, str(t.dtype))
                 z.zero_() if hasattr(z, "zero_") else z.fill(0)  # torch or CuPy memory
                 return z
-            return _varlen_backward_into(*args, (None, None, None), zeros, lambda n: empty((n,), "uint8"), 0)
+            return _varlen_backward_into(*args, (None, None, None), zeros, lambda n: empty((n,), "uint8"), 0, model)
         return tuple(_jax_run(q.devices().pop().id, run))
     with device_of(q, fw):  # allocate on q's device
-        return _varlen_backward_into(*args, (dq, dk, dv), *_zeros_allocators(fw, q), _current_stream(fw, q))
+        return _varlen_backward_into(*args, (dq, dk, dv), *_zeros_allocators(fw, q), _current_stream(fw, q), model)
 
 
 def _varlen_backward_into(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                          scale, causal, deterministic, grads, new_zeros_like, new_workspace, stream):
+                          scale, causal, deterministic, grads, new_zeros_like, new_workspace, stream, model):
     """Runs the varlen backward on `stream` into `grads` (dq, dk, dv), allocating each one that is
-    None with new_zeros_like(the tensor it is the gradient of). The workspace comes from
-    new_workspace(bytes) (None: the library's own pool): the caller framework's memory, so that it
-    is stream-ordered and may be taken during CUDA graph capture (as api._backward_into)."""
+    None with new_zeros_like(the tensor it is the gradient of); with sinks (in model,
+    _model_options' keywords) also dsinks = new_zeros_like(sinks), returned fourth. The workspace
+    comes from new_workspace(bytes) (None: the library's own pool): the caller framework's memory,
+    so that it is stream-ordered and may be taken during CUDA graph capture (as
+    api._backward_into)."""
     native = getattr(_warpattn, "backward_varlen", None)
     if native is None:
         raise NotImplementedError("warpattn: this build of the extension has no backward on packed batches "
                                   "(_warpattn.backward_varlen); rebuild the package")
     dq, dk, dv = (g if g is not None else new_zeros_like(t) for g, t in zip(grads, (q, k, v)))
-    need = _warpattn.backward_varlen_workspace_bytes(q, _batch_size(cu_seqlens_q), scale, causal, deterministic)
+    sinks = model["sinks"]
+    dsinks = None if sinks is None else new_zeros_like(sinks)
+    need = _warpattn.backward_varlen_workspace_bytes(q, _batch_size(cu_seqlens_q), scale, causal, deterministic,
+                                                     **model)
     native(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-           scale, causal, deterministic, new_workspace(need), stream)
-    return dq, dk, dv
+           scale, causal, deterministic, new_workspace(need), stream, dsinks=dsinks, **model)
+    return (dq, dk, dv) if sinks is None else (dq, dk, dv, dsinks)
 
 
 def _zeros_allocators(fw, q):

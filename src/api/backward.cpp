@@ -8,6 +8,7 @@
 #include "api/problem.hpp"
 #include "common/stream_memory.hpp"
 #include "hopper/backward/launch_backward.hpp"
+#include "hopper/launch.hpp"
 #include "hopper/cuda_check.hpp"
 
 namespace warpattn {
@@ -38,9 +39,27 @@ bool is_capturing(cudaStream_t stream) {
 
 // The call's memory for the device check: the nine tensors (the caller's views: their memory is
 // what counts) and the workspace (or null).
-std::vector<detail::NamedView> named_views(const detail::BackwardTensors& t, const TensorView* workspace) {
-  return {{"dout", &t.dout}, {"q", &t.q},   {"k", &t.k},   {"v", &t.v},   {"out", &t.out},
-          {"lse", &t.lse},   {"dq", &t.dq}, {"dk", &t.dk}, {"dv", &t.dv}, {"workspace", workspace}};
+std::vector<detail::NamedView> named_views(const detail::BackwardTensors& t, const TensorView* workspace,
+                                           const BackwardOptions& o) {
+  return {{"dout", &t.dout},
+          {"q", &t.q},
+          {"k", &t.k},
+          {"v", &t.v},
+          {"out", &t.out},
+          {"lse", &t.lse},
+          {"dq", &t.dq},
+          {"dk", &t.dk},
+          {"dv", &t.dv},
+          {"workspace", workspace},
+          {"sinks", o.sinks ? &*o.sinks : nullptr},
+          {"dsinks", o.dsinks ? &*o.dsinks : nullptr}};
+}
+
+// A call with nothing to compute still owes dsinks its zeros (no row: no gradient).
+void zero_dsinks(const detail::BackwardProblem& p, const BackwardOptions& o, cudaStream_t stream) {
+  if (p.dsinks == nullptr || p.heads_q == 0) return;
+  const detail::DeviceScope on_device({{"sinks", &*o.sinks}, {"dsinks", &*o.dsinks}}, stream);
+  detail::zero_floats(p.dsinks, p.heads_q, p.dsinks_stride, stream);
 }
 
 // The launches with the caller's workspace, or with one from warpattn's pool in stream order.
@@ -78,9 +97,9 @@ void backward(const TensorView& dout, const TensorView& q, const TensorView& k, 
   // Nothing to compute when every gradient is empty (dv is shaped as dk): batch or heads 0, or
   // both sequences empty. With one sequence empty the launch still runs: it zeroes dk and dv (no
   // query rows) or dq (no keys).
-  if (detail::is_empty(dq) && detail::is_empty(dk)) return;
+  if (detail::is_empty(dq) && detail::is_empty(dk)) return zero_dsinks(p, options, stream);
   const TensorView workspace_view = workspace ? bytes_view(*workspace) : TensorView{};
-  const std::vector<detail::NamedView> views = named_views(t, workspace ? &workspace_view : nullptr);
+  const std::vector<detail::NamedView> views = named_views(t, workspace ? &workspace_view : nullptr, options);
   const detail::DeviceScope on_device(views, stream);
   launch_with_workspace(p, t, nullptr, workspace, stream);
 }
@@ -92,10 +111,10 @@ void backward_varlen(const TensorView& dout, const TensorView& q, const TensorVi
   const detail::VarlenBackwardCall c =
       detail::validate_backward_varlen({dout, q, k, v, out, lse, dq, dk, dv}, batch, options, workspace);
   // Nothing to compute without a sequence, a head, or any row at all.
-  if (c.problem.batch == 0 || (detail::is_empty(dq) && detail::is_empty(dk))) return;
+  if (c.problem.batch == 0 || (detail::is_empty(dq) && detail::is_empty(dk))) return zero_dsinks(c.problem, options, stream);
   const TensorView workspace_view = workspace ? bytes_view(*workspace) : TensorView{};
   const detail::BackwardTensors caller{dout, q, k, v, out, lse, dq, dk, dv};  // outlives the views
-  std::vector<detail::NamedView> views = named_views(caller, workspace ? &workspace_view : nullptr);
+  std::vector<detail::NamedView> views = named_views(caller, workspace ? &workspace_view : nullptr, options);
   views.insert(views.end(), {{"cu_seqlens_q", &batch.cu_seqlens_q},
                              {"cu_seqlens_k", &batch.cu_seqlens_k},
                              {"seqused_k", batch.seqused_k ? &*batch.seqused_k : nullptr}});

@@ -2,10 +2,12 @@
 // warpattn::forward or warpattn::backward, and turns exceptions into status codes, because an
 // exception must never cross an extern "C" boundary (ctypes would abort the whole Python process).
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <optional>
+#include <sstream>
 #include <string>
 
 #include "api/problem.hpp"
@@ -150,6 +152,100 @@ extern "C" int warpattn_forward_varlen(const warpattn_tensor* q, const warpattn_
     const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
     const warpattn::VarlenBatch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
     warpattn::forward_varlen(vq, vk, vv, vo, vl, batch, options, static_cast<cudaStream_t>(stream));
+  });
+}
+
+namespace {
+
+// The caller's options struct, as far as its version has fields (struct_size).
+warpattn::ForwardOptions forward_options(const warpattn_forward_options* o) {
+  if (o == nullptr) throw warpattn::Error("options: expected a warpattn_forward_options, got NULL");
+  constexpr size_t kFirstVersion = offsetof(warpattn_forward_options, sinks) + sizeof(o->sinks);
+  if (o->struct_size < kFirstVersion) {
+    std::ostringstream m;
+    m << "options: struct_size " << o->struct_size << " is smaller than any version of warpattn_forward_options ("
+      << kFirstVersion << " bytes): fill it with warpattn_forward_options_init first";
+    throw warpattn::Error(m.str());
+  }
+  warpattn::ForwardOptions options;
+  options.softmax_scale = scale_option(o->has_scale, o->softmax_scale);
+  options.causal = o->causal != 0;
+  options.batch_invariant = o->batch_invariant != 0;
+  options.window_left = o->window_left;
+  options.window_right = o->window_right;
+  options.softcap = o->softcap;
+  options.sinks = optional_view(o->sinks, "sinks");
+  return options;
+}
+
+// The backward's options for a forward call made with `o`, and the sinks' gradient.
+warpattn::BackwardOptions backward_options(const warpattn_forward_options* o, int deterministic,
+                                           const warpattn_tensor* dsinks) {
+  const warpattn::ForwardOptions f = forward_options(o);
+  warpattn::BackwardOptions b;
+  b.sinks = f.sinks;
+  b.dsinks = optional_view(dsinks, "dsinks");
+  b.softmax_scale = f.softmax_scale;
+  b.causal = f.causal;
+  b.deterministic = deterministic != 0;
+  b.batch_invariant = f.batch_invariant;
+  b.window_left = f.window_left, b.window_right = f.window_right;
+  b.softcap = f.softcap;
+  return b;
+}
+
+}  // namespace
+
+extern "C" int warpattn_backward_ex(const warpattn_tensor* dout, const warpattn_tensor* q, const warpattn_tensor* k,
+                                    const warpattn_tensor* v, const warpattn_tensor* out, const warpattn_tensor* lse,
+                                    const warpattn_tensor* dq, const warpattn_tensor* dk, const warpattn_tensor* dv,
+                                    const warpattn_tensor* dsinks, const warpattn_forward_options* options,
+                                    int deterministic, void* workspace, size_t workspace_bytes, void* stream,
+                                    char* err, size_t err_len) {
+  return run_entry("warpattn_backward_ex", err, err_len, [&] {
+    const warpattn::BackwardOptions b = backward_options(options, deterministic, dsinks);
+    const std::optional<warpattn::Workspace> given = workspace_of(workspace, workspace_bytes);
+    const warpattn::detail::BackwardTensors t = backward_tensors(dout, q, k, v, out, lse, dq, dk, dv);
+    warpattn::backward(t.dout, t.q, t.k, t.v, t.out, t.lse, t.dq, t.dk, t.dv, b, given,
+                       static_cast<cudaStream_t>(stream));
+  });
+}
+
+extern "C" int warpattn_backward_ex_workspace_bytes(const warpattn_tensor* q, const warpattn_forward_options* options,
+                                                    int deterministic, size_t* bytes, char* err, size_t err_len) {
+  return run_entry("warpattn_backward_ex_workspace_bytes", err, err_len, [&] {
+    if (bytes == nullptr) throw warpattn::Error("bytes: expected a pointer to receive the size, got NULL");
+    *bytes = warpattn::backward_workspace_bytes(to_view(q, "q"), backward_options(options, deterministic, nullptr));
+  });
+}
+
+extern "C" void warpattn_forward_options_init(warpattn_forward_options* o) {
+  if (o == nullptr) return;
+  *o = warpattn_forward_options{};
+  o->struct_size = sizeof(warpattn_forward_options);
+  o->window_left = o->window_right = -1;
+}
+
+extern "C" int warpattn_forward_ex(const warpattn_tensor* q, const warpattn_tensor* k, const warpattn_tensor* v,
+                                   const warpattn_tensor* out, const warpattn_tensor* lse,
+                                   const warpattn_forward_options* options, void* stream, char* err, size_t err_len) {
+  return run_entry("warpattn_forward_ex", err, err_len, [&] {
+    warpattn::forward(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"), to_view(out, "out"),
+                      optional_view(lse, "lse"), forward_options(options), static_cast<cudaStream_t>(stream));
+  });
+}
+
+extern "C" int warpattn_forward_varlen_ex(const warpattn_tensor* q, const warpattn_tensor* k, const warpattn_tensor* v,
+                                          const warpattn_tensor* out, const warpattn_tensor* lse,
+                                          const warpattn_tensor* cu_seqlens_q, const warpattn_tensor* cu_seqlens_k,
+                                          const warpattn_tensor* seqused_k, int64_t max_seqlen_q,
+                                          int64_t max_seqlen_k, const warpattn_forward_options* options,
+                                          void* stream, char* err, size_t err_len) {
+  return run_entry("warpattn_forward_varlen_ex", err, err_len, [&] {
+    const warpattn::VarlenBatch batch = varlen_batch(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
+    warpattn::forward_varlen(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"), to_view(out, "out"),
+                             optional_view(lse, "lse"), batch, forward_options(options),
+                             static_cast<cudaStream_t>(stream));
   });
 }
 

@@ -12,7 +12,13 @@ void forward(const TensorView& q, const TensorView& k, const TensorView& v, cons
   const detail::ForwardProblem p = detail::validate_forward(q, k, v, out, lse, options);
   if (p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0) return;  // nothing to compute
   const detail::DeviceScope on_device(
-      {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"lse", lse ? &*lse : nullptr}}, stream);
+      {{"q", &q},
+       {"k", &k},
+       {"v", &v},
+       {"out", &out},
+       {"lse", lse ? &*lse : nullptr},
+       {"sinks", options.sinks ? &*options.sinks : nullptr}},
+      stream);
   if (p.seqlen_k == 0)
     detail::fill_no_key_rows(p, out, lse, stream);
   else
@@ -38,7 +44,8 @@ void forward_varlen(const TensorView& q, const TensorView& k, const TensorView& 
                                        {"lse", lse ? &*lse : nullptr},
                                        {"cu_seqlens_q", &batch.cu_seqlens_q},
                                        {"cu_seqlens_k", &batch.cu_seqlens_k},
-                                       {"seqused_k", batch.seqused_k ? &*batch.seqused_k : nullptr}},
+                                       {"seqused_k", batch.seqused_k ? &*batch.seqused_k : nullptr},
+                                       {"sinks", options.sinks ? &*options.sinks : nullptr}},
                                       stream);
   if (p.seqlen_k == 0)  // no sequence has a key: every row's out is zero and lse -inf
     detail::fill_no_key_rows(p, c.out, c.lse, stream);

@@ -181,7 +181,8 @@ void forward_fp8(const Fp8Operands& fp8, const TensorView& out, const std::optio
   if (p.batch == 0 || p.seqlen_q == 0 || p.heads_q == 0) return;
   const detail::DeviceScope on_device({{"q", &fp8.q}, {"k", &fp8.k}, {"vt", &fp8.vt}, {"q_descale", &fp8.q_descale},
                                        {"k_descale", &fp8.k_descale}, {"v_descale", &fp8.v_descale}, {"out", &out},
-                                       {"lse", lse ? &*lse : nullptr}},
+                                       {"lse", lse ? &*lse : nullptr},
+                                       {"sinks", options.sinks ? &*options.sinks : nullptr}},
                                       stream);
   run_forward_fp8(p, fp8, out, lse, stream, check, nullptr);
 }
@@ -195,7 +196,8 @@ void forward_fp8_varlen(const Fp8Operands& fp8, const TensorView& out, const std
                                        {"k_descale", &fp8.k_descale}, {"v_descale", &fp8.v_descale}, {"out", &out},
                                        {"lse", lse ? &*lse : nullptr}, {"cu_seqlens_q", &batch.cu_seqlens_q},
                                        {"cu_seqlens_k", &batch.cu_seqlens_k},
-                                       {"seqused_k", batch.seqused_k ? &*batch.seqused_k : nullptr}},
+                                       {"seqused_k", batch.seqused_k ? &*batch.seqused_k : nullptr},
+                                       {"sinks", options.sinks ? &*options.sinks : nullptr}},
                                       stream);
   run_forward_fp8(p, c.f, c.out, c.lse, stream, check, &c.seqs);
 }

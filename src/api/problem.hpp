@@ -21,6 +21,13 @@ struct ForwardProblem : ProblemSizes {
   bool causal = false;
   bool has_lse = false;
   bool batch_invariant = false;  // no split tail; packed batches: no tile height from the longest sequence
+  // The keys each row sees (causal and window_size resolved, kUnbounded for an open side), and
+  // whether that is a band at all: then the banded kernels (Cfg::kCausal) run.
+  KeyBand band;
+  bool banded = false;
+  float softcap = 0;           // > 0: on
+  const float* sinks = nullptr;  // per query head, or null
+  int64_t sinks_stride = 1;
 };
 
 // Checks every rule of the API (see warpattn.hpp) on the host, without touching the GPU.
@@ -81,6 +88,14 @@ struct BackwardProblem : ProblemSizes {
   bool causal = false;
   bool deterministic = false;
   bool varlen = false;  // a packed batch: batch sequences, seqlen_q/k the packed lengths
+  KeyBand band;         // as ForwardProblem's
+  bool banded = false;
+  float softcap = 0;
+  // Sinks and their gradient (both or neither).
+  const float* sinks = nullptr;
+  int64_t sinks_stride = 1;
+  float* dsinks = nullptr;
+  int64_t dsinks_stride = 1;
 };
 
 // The tensors of one backward call, validated.

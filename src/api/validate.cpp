@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -419,7 +420,74 @@ ProblemSizes check_attention_tensors(std::span<const Operand> operands, const Ar
   return sizes;
 }
 
-// What dispatch needs of a validated call; the softmax scale resolved to its default.
+// ---- p. model options (ForwardOptions): the sliding window, softcap and sinks. `fp8`: the
+// call is forward_fp8's, which has no softcap (its scores are scaled per block in the softmax's
+// exponent, where a tanh does not fit).
+const char* const kSinksDimNames[1] = {"heads_q"};
+std::optional<Arg> sinks_arg(const ForwardOptions& o) {
+  if (!o.sinks) return std::nullopt;
+  return Arg{"sinks", *o.sinks, kSinksDimNames, 1};
+}
+// The window's sides; a window needs seqlen_q + seqlen_k < 2^30, which keeps the kernels'
+// 32-bit band arithmetic exact (kv_tiles.hpp).
+void check_window(int left, int right, bool causal, const ProblemSizes& sizes) {
+  for (const auto& [name, value] : {std::pair{"window_left", left}, std::pair{"window_right", right}}) {
+    if (value >= -1) continue;
+    Message m;
+    m << "options." << name << ": expected -1 (unbounded) or a key count >= 0, got " << value;
+    fail(m);
+  }
+  if (causal && right > 0) {
+    Message m;
+    m << "options.window_right: causal attention sees no key right of the diagonal, expected -1 or 0 with causal, got "
+      << right;
+    fail(m);
+  }
+  if ((left >= 0 || right >= 0) && sizes.seqlen_q + sizes.seqlen_k >= kUnbounded) {
+    Message m;
+    m << "options.window_left/right: a sliding window needs seqlen_q + seqlen_k below 2^30, got " << sizes.seqlen_q
+      << " + " << sizes.seqlen_k;
+    fail(m);
+  }
+}
+
+// The band of keys each row sees (kv_tiles.hpp) for causal and a window; a side wider than both
+// lengths bounds nothing: kUnbounded, so every value fits the kernels' int.
+KeyBand resolved_band(int left, int right, bool causal, const ProblemSizes& sizes) {
+  const auto side = [&](int w) {
+    return w < 0 || static_cast<int64_t>(w) >= sizes.seqlen_q + sizes.seqlen_k ? kUnbounded : w;
+  };
+  return {side(left), causal ? 0 : side(right)};
+}
+
+void check_softcap(float softcap) {
+  if (std::isfinite(softcap) && softcap >= 0.f) return;
+  Message m;
+  m << "options.softcap: expected 0 (off) or a finite value > 0, got " << softcap;
+  fail(m);
+}
+
+void check_model_options(const ForwardOptions& o, const ProblemSizes& sizes, bool fp8) {
+  check_window(o.window_left, o.window_right, o.causal, sizes);
+  check_softcap(o.softcap);
+  if (fp8 && o.softcap != 0.f) {
+    Message m;
+    m << "options.softcap: forward_fp8 has no softcap (16-bit forward only), got " << o.softcap;
+    fail(m);
+  }
+  if (const std::optional<Arg> a = sinks_arg(o)) {
+    check_rank(*a);
+    check_sizes_not_negative(*a);
+    check_not_null(*a);
+    check_dtype(*a, DType::f32);
+    const int64_t want[1] = {sizes.heads_q};
+    check_shape(*a, want, "(one logit per query head)");
+    check_fp32_layout(*a, 1);
+  }
+}
+
+// What dispatch needs of a validated call (rules a to p passed); the softmax scale resolved to
+// its default, the window and causal mask to the band of keys each row sees (kv_tiles.hpp).
 ForwardProblem forward_problem(const ProblemSizes& sizes, DType dtype, const ForwardOptions& options, bool has_lse) {
   ForwardProblem p;
   static_cast<ProblemSizes&>(p) = sizes;
@@ -428,7 +496,19 @@ ForwardProblem forward_problem(const ProblemSizes& sizes, DType dtype, const For
   p.causal = options.causal;
   p.has_lse = has_lse;
   p.batch_invariant = options.batch_invariant;
+  p.band = resolved_band(options.window_left, options.window_right, options.causal, sizes);
+  p.banded = p.band.left != kUnbounded || p.band.right != kUnbounded;
+  p.softcap = options.softcap;
+  if (options.sinks) {
+    p.sinks = static_cast<const float*>(options.sinks->data);
+    p.sinks_stride = options.sinks->stride[0];
+  }
   return p;
+}
+
+// The sinks among a call's tensors for the overlap rules (read, never written).
+void add_sinks(std::vector<const Arg*>& tensors, const std::optional<Arg>& sinks) {
+  if (sinks) tensors.push_back(&*sinks);
 }
 
 // ---- n. the backward's workspace.
@@ -498,12 +578,15 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
   // a to j
   const ProblemSizes sizes = check_attention_tensors(operands, aq, ak, lse ? &alse : nullptr);
 
-  // k. softmax scale
+  // k. softmax scale; p. window, softcap, sinks
   check_softmax_scale(options.softmax_scale);
+  check_model_options(options, sizes, false);
 
   // l. outputs must not alias anything else the call reads or writes; m. each written element
   // at its own address
   std::vector<const Arg*> tensors = {&aq, &ak, &av, &aout}, written = {&aout};
+  const std::optional<Arg> asinks = sinks_arg(options);
+  add_sinks(tensors, asinks);
   if (lse) {
     tensors.push_back(&alse);
     written.push_back(&alse);
@@ -660,6 +743,37 @@ BackwardProblem validate_backward_views(const BackwardTensors& t, const Backward
 
   // k. softmax scale
   check_softmax_scale(options.softmax_scale);
+  check_window(options.window_left, options.window_right, options.causal, sizes);
+  check_softcap(options.softcap);
+  if (options.softcap != 0.f && sizes.head_dim == 64) {
+    Message m;
+    m << "options.softcap: the backward has no softcap at head_dim 64 yet (128 and 256 have), got " << options.softcap;
+    fail(m);
+  }
+
+  // p, the sinks: as the forward's, and their gradient dsinks, written, shaped as them
+  const char* const* sink_names = kSinksDimNames;
+  std::optional<Arg> asinks, adsinks;
+  if (options.sinks) asinks.emplace(Arg{"sinks", *options.sinks, sink_names, 1});
+  if (options.dsinks) adsinks.emplace(Arg{"dsinks", *options.dsinks, sink_names, 1});
+  if (asinks.has_value() != adsinks.has_value()) {
+    Message m;
+    if (asinks)
+      m << "dsinks: expected a (heads_q) float32 tensor for the sinks' gradient, got none";
+    else
+      m << "dsinks: given without sinks (the forward call's sinks), expected none";
+    fail(m);
+  }
+  for (const std::optional<Arg>* a : {&asinks, &adsinks}) {
+    if (!*a) continue;
+    check_rank(**a);
+    check_sizes_not_negative(**a);
+    check_not_null(**a);
+    check_dtype(**a, DType::f32);
+    const int64_t want[1] = {sizes.heads_q};
+    check_shape(**a, want, "(one per query head)");
+    check_fp32_layout(**a, 1);
+  }
 
   // o1 to o6 for a packed batch: the backward's tiles are key blocks (of 64 keys at the
   // smallest) of each KV head
@@ -672,7 +786,12 @@ BackwardProblem validate_backward_views(const BackwardTensors& t, const Backward
   }
 
   // l, m. the gradients apart from every other argument and from one another
-  const Arg* const written[3] = {&adq, &adk, &adv};
+  std::vector<const Arg*> written = {&adq, &adk, &adv};
+  if (asinks) {
+    tensors.push_back(&*asinks);
+    tensors.push_back(&*adsinks);
+    written.push_back(&*adsinks);
+  }
   check_written_apart(tensors, written);
 
   BackwardProblem p;
@@ -682,6 +801,15 @@ BackwardProblem validate_backward_views(const BackwardTensors& t, const Backward
   p.causal = options.causal;
   p.deterministic = options.deterministic || options.batch_invariant;
   p.varlen = varlen != nullptr;
+  p.band = resolved_band(options.window_left, options.window_right, options.causal, sizes);
+  p.banded = p.band.left != kUnbounded || p.band.right != kUnbounded;
+  p.softcap = options.softcap;
+  if (asinks) {
+    p.sinks = static_cast<const float*>(options.sinks->data);
+    p.sinks_stride = options.sinks->stride[0];
+    p.dsinks = static_cast<float*>(options.dsinks->data);
+    p.dsinks_stride = options.dsinks->stride[0];
+  }
 
   // n. workspace
   const size_t needed = backward_workspace_bytes_of(aq, p);
@@ -723,6 +851,7 @@ BackwardProblem workspace_problem(const TensorView& q, int64_t batch, const Back
   p.causal = options.causal;
   p.deterministic = options.deterministic || options.batch_invariant;
   p.varlen = varlen;
+  if (options.sinks) p.sinks = static_cast<const float*>(options.sinks->data);  // their partial sums' room
   return p;
 }
 
@@ -904,6 +1033,7 @@ ForwardProblem check_forward_fp8(const Fp8Operands& f, const TensorView& out, co
   check_tma_layout(aout);
   if (lse) check_fp32_layout(alse, 3);
   check_softmax_scale(options.softmax_scale);
+  check_model_options(options, p, true);
   const char* const* vt_names = packed ? kPackedVtDimNames : kVtDimNames;
   const char* const* descale_names = packed ? kPackedDescaleDimNames : kDescaleDimNames;
   const Arg aq{"q", f.q, names, 4, hidden}, ak{"k", f.k, names, 4, hidden}, avt{"vt", f.vt, vt_names, 4, hidden},
@@ -911,6 +1041,8 @@ ForwardProblem check_forward_fp8(const Fp8Operands& f, const TensorView& out, co
       avs{"v_descale", f.v_descale, descale_names, 3, hidden};
   std::vector<const Arg*> tensors = {&aq, &ak, &avt, &aqs, &aks, &avs, &aout}, written = {&aout};
   tensors.insert(tensors.end(), extra.begin(), extra.end());
+  const std::optional<Arg> asinks = sinks_arg(options);
+  add_sinks(tensors, asinks);
   if (lse) {
     tensors.push_back(&alse);
     written.push_back(&alse);
@@ -1011,8 +1143,9 @@ VarlenCall validate_forward_varlen(const TensorView& q, const TensorView& k, con
   // a to j on the (1, total, heads, head_dim) views
   ProblemSizes sizes = check_attention_tensors(operands, aq, ak, lse ? &alse : nullptr);
 
-  // k. softmax scale
+  // k. softmax scale; p. window, softcap, sinks
   check_softmax_scale(options.softmax_scale);
+  check_model_options(options, sizes, false);
 
   // o1 to o6: the offsets (and seqused_k); the forward's tiles are query blocks of 128 rows
   const VarlenArgs va(batch);
@@ -1021,6 +1154,8 @@ VarlenCall validate_forward_varlen(const TensorView& q, const TensorView& k, con
   // l, m. written tensors apart from everything the call reads or writes
   std::vector<const Arg*> tensors = {&aq, &ak, &av, &aout}, written = {&aout};
   va.add_to(tensors);
+  const std::optional<Arg> asinks = sinks_arg(options);
+  add_sinks(tensors, asinks);
   if (lse) {
     tensors.push_back(&alse);
     written.push_back(&alse);

@@ -20,6 +20,7 @@
 #include "hopper/ptx/mbarrier.cuh"
 #include "hopper/ptx/warpgroup.cuh"
 #include "hopper/shared_storage.cuh"
+#include "hopper/softcap.cuh"
 #include "hopper/softmax.cuh"
 
 namespace warpattn::detail {
@@ -98,12 +99,13 @@ struct ConsumerTile {
   // The key tile visited at ordinal it (the last first).
   __device__ __forceinline__ int key_tile(int it) const { return t.n_end - 1 - it; }
 
-  // Scores of the key tile of ordinal it to log2 units: with FP8, times the tile's K descale.
+  // Scores of the key tile of ordinal it to log2 units: with FP8, times the tile's K descale;
+  // softcapped scores (tanh of the scaled score, softcap_scores) times softcap log2(e).
   __device__ __forceinline__ float score_scale(int it) const {
     if constexpr (Cfg::kFp8)
       return q_scale * k_descale_last[-it * params.k_descale.stride[2]];
     else
-      return q_scale;
+      return params.softcap_ex2 != 0.f ? params.softcap_log2 : q_scale;
   }
   // FP8: V's descale of ordinal it, as the softmax takes it (log2 into P's exponent, and its
   // inverse for the row sum); {0, 1} otherwise.
@@ -119,17 +121,37 @@ struct ConsumerTile {
     }
   }
 
+  // The band (params.band) exists only in the banded kernels (Cfg::kCausal: causal or a
+  // sliding window); the others bound keys by seqlen_k alone.
+  __device__ __forceinline__ KeyBand band() const { return Cfg::kCausal ? params.band : KeyBand{}; }
+  __device__ __forceinline__ MaskedTiles masked() const {
+    return masked_tiles(m_start, Cfg::kBlockM, Cfg::kBlockN, t.seqlen_q, t.seqlen_k, band());
+  }
+  // kLeftEdge: the tile may lie on a window's left edge (see run: never in the main loop).
+  template <bool kLeftEdge>
   __device__ __forceinline__ void mask_if_needed(float (&s)[Cfg::kBlockN / 2], int n) const {
-    if (kv_tile_needs_mask(n, Cfg::kBlockN, m_start, t.seqlen_q, t.seqlen_k, Cfg::kCausal))
-      mask_scores<Cfg::kCausal>(s, f, row0, n * Cfg::kBlockN, t.seqlen_q, t.seqlen_k);
+    const MaskedTiles m = masked();
+    if (kLeftEdge ? m.needs(n) : n >= m.right_from)
+      mask_scores<Cfg::kCausal, kLeftEdge && Cfg::kCausal>(s, f, row0, n * Cfg::kBlockN, t.seqlen_q, t.seqlen_k,
+                                                          band());
+  }
+  // How many of the tile's key tiles, the last visited, lie on a window's left edge.
+  __device__ __forceinline__ int left_edge_tiles() const {
+    if constexpr (!Cfg::kCausal) return 0;
+    const int n = masked().left_below - (t.n_end - t.n_tiles);
+    return n < 0 ? 0 : (n > t.n_tiles ? t.n_tiles : n);
   }
   // After the S GEMM of key tile `it` has completed: free its K slot (and after the tile's last
-  // S GEMM also the Q buffer), lift INT8 scores to floats, mask where the tile needs it.
+  // S GEMM also the Q buffer), lift INT8 scores to floats, softcap them (16-bit only: before the
+  // mask, whose -inf tanh would turn into -1), mask where the tile needs it.
+  template <bool kLeftEdge = true>
   __device__ __forceinline__ void scores_done(float (&s)[Cfg::kBlockN / 2], int it, int stage) const {
     release_slot(&ss.k_empty[stage]);
     if (it == t.n_tiles - 1) release_slot(&ss.q_empty[t.q_stage]);
     if constexpr (Cfg::kIntScores) lift_int_scores(s);
-    mask_if_needed(s, key_tile(it));
+    if constexpr (!Cfg::kFp8)
+      if (params.softcap_ex2 != 0.f) softcap_scores(s, params.softcap_ex2);
+    mask_if_needed<kLeftEdge>(s, key_tile(it));
   }
 
   // The masked scores of key tile `it` from an S GEMM issued alone in its own turn (nothing to
@@ -172,7 +194,28 @@ struct ConsumerTile {
     release_slot(&ss.v_empty[vs.stage]);
   }
 
-  // The overlapped main loop (FlashAttention-3's intra-warpgroup pipeline).
+  // Issues S_it = Q·K_itᵀ and O += P_{it-1}·V_{it-1} in this warpgroup's turn; returns V's slot.
+  __device__ __forceinline__ RingSlot issue_step(float (&o)[Cfg::kHeadDim / 2], uint32_t (&p)[Cfg::kPvSteps][4],
+                                                 float (&s)[Cfg::kBlockN / 2], int it, RingSlot ks) const {
+    using namespace ptx;
+    const RingSlot vs = ring_slot<Cfg::kStages>(t.kv_base + it - 1);
+    turns.wait_turn();
+    mbarrier_wait(smem_addr(&ss.k_full[ks.stage]), ks.phase);
+    pin(o);
+    pin(p);
+    issue_qk_gemm<Cfg>(s, q_rows, smem_addr(ss.k[ks.stage]));
+    wgmma_commit();
+    mbarrier_wait(smem_addr(&ss.v_full[vs.stage]), vs.phase);
+    issue_pv_gemm<Cfg>(o, p, smem_addr(ss.v[vs.stage]));
+    wgmma_commit();
+    turns.pass_turn();
+    return vs;
+  }
+
+  // The overlapped main loop (FlashAttention-3's intra-warpgroup pipeline), then the key tiles
+  // on a sliding window's left edge, if any: those come last (tiles are visited downwards) and
+  // wait for their P·V before their mask, whose per-row bounds do not fit in registers beside
+  // O, P and S in flight at d = 256 (the main loop masks the right edge only).
   __device__ __forceinline__ void run(float (&o)[Cfg::kHeadDim / 2], OnlineSoftmax& softmax) const {
     using namespace ptx;
     float s[Cfg::kBlockN / 2];
@@ -188,25 +231,16 @@ struct ConsumerTile {
     // Steady state: S_it with P_{it-1}·V_{it-1}. FP8's descales of tile it are loaded before
     // the GEMMs are issued, so their latency hides under them (a load after the wgmma wait
     // would stall the softmax).
-    for (int it = 1; it < t.n_tiles; ++it) {
+    const int left_edge = t.n_tiles - left_edge_tiles();
+    for (int it = 1; it < left_edge; ++it) {
       const float c = score_scale(it);
       const VTerms v = v_terms(it);
       const RingSlot ks = ring_slot<Cfg::kStages>(t.kv_base + it);
-      const RingSlot vs = ring_slot<Cfg::kStages>(t.kv_base + it - 1);
-      turns.wait_turn();
-      mbarrier_wait(smem_addr(&ss.k_full[ks.stage]), ks.phase);
-      pin(o);
-      pin(p);
-      issue_qk_gemm<Cfg>(s, q_rows, smem_addr(ss.k[ks.stage]));
-      wgmma_commit();
-      mbarrier_wait(smem_addr(&ss.v_full[vs.stage]), vs.phase);
-      issue_pv_gemm<Cfg>(o, p, smem_addr(ss.v[vs.stage]));
-      wgmma_commit();
-      turns.pass_turn();
+      const RingSlot vs = issue_step(o, p, s, it, ks);
 
       wgmma_wait<1>();  // S_it is done; P·V may still run
       pin(s);
-      scores_done(s, it, ks.stage);
+      scores_done<false>(s, it, ks.stage);
       if constexpr (Cfg::kSoftmaxRowsThenConvert) {
         // Cfg::kSoftmaxRowsThenConvert: the fence keeps the P·V wait below the first row's
         // exponentials and the second row's max; the first row's conversion then shares a
@@ -227,6 +261,20 @@ struct ConsumerTile {
       // Last: its branch ends the block, and the conversion of P belongs with the exponentials.
       rescale_if_needed(o, alpha);
     }
+    if constexpr (Cfg::kCausal) {
+      for (int it = left_edge > 1 ? left_edge : 1; it < t.n_tiles; ++it) {
+        const float c = score_scale(it);
+        const VTerms v = v_terms(it);
+        const RingSlot ks = ring_slot<Cfg::kStages>(t.kv_base + it);
+        const RingSlot vs = issue_step(o, p, s, it, ks);
+        wait_pv(o, vs, p);  // S_it and P_{it-1}·V_{it-1} done: P's registers are free
+        pin(s);
+        scores_done<true>(s, it, ks.stage);
+        softmax.step<false, Cfg::kIntScores>(s, alpha, c, v.log2, v.inv);
+        convert_to_operand<Cfg>(s, p);
+        rescale_if_needed(o, alpha);
+      }
+    }
 
     // Last P·V.
     pv_alone(o, ring_slot<Cfg::kStages>(t.kv_base + t.n_tiles - 1), p);
@@ -244,7 +292,7 @@ struct ConsumerTile {
       float s[Cfg::kBlockN / 2];
       scores_alone(s, it);
       float alpha[2];
-      softmax.step<false>(s, alpha, q_scale);  // from the initial -inf max, alpha = 0 and O = 0 stay exact
+      softmax.step<false>(s, alpha, score_scale(it));  // from the initial -inf max, alpha = 0 and O = 0 stay exact
       rescale_rows(o, alpha);
       uint32_t hi[Cfg::kPvSteps][4], lo[Cfg::kPvSteps][4];
       convert_to_split_operand<Cfg>(s, hi, lo);

@@ -1,4 +1,5 @@
-// The body of each forward_<dtype>_d<dim>.cu: one dtype and head dim, causal and not (for FP8,
+// The body of each forward_<dtype>_d<dim>.cu: one dtype and head dim, banded (causal or a
+// sliding window: ForwardProblem::banded, the kernels' kCausal) and not (for FP8,
 // both output dtypes; forward_fp8_int8qk_d<dim>.cu for INT8 Q and K), and where the head dim
 // has them the tall tiles for long sequences. One file per pair so that builds spread over
 // cores.
@@ -67,7 +68,7 @@ void run_fp8_varlen_causal(const ForwardProblem& p, const VarlenSequences& seqs,
   void run_forward_head_dim<Element, kHeadDim>(                                                   \
       const ForwardProblem& p, const TensorView& q, const TensorView& k, const TensorView& v,     \
       const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream) {         \
-    if (p.causal)                                                                                 \
+    if (p.banded)                                                                                 \
       run_forward_causal<Element, kHeadDim, true>(p, q, k, v, out, lse, stream);                  \
     else                                                                                          \
       run_forward_causal<Element, kHeadDim, false>(p, q, k, v, out, lse, stream);                 \
@@ -77,7 +78,7 @@ void run_fp8_varlen_causal(const ForwardProblem& p, const VarlenSequences& seqs,
       const ForwardProblem& p, const VarlenSequences& seqs, const TensorView& q, const TensorView& k, \
       const TensorView& v, const TensorView& out, const std::optional<TensorView>& lse,           \
       cudaStream_t stream) {                                                                      \
-    if (p.causal)                                                                                 \
+    if (p.banded)                                                                                 \
       run_forward_varlen_causal<Element, kHeadDim, true>(p, seqs, q, k, v, out, lse, stream);     \
     else                                                                                          \
       run_forward_varlen_causal<Element, kHeadDim, false>(p, seqs, q, k, v, out, lse, stream);    \
@@ -90,7 +91,7 @@ void run_fp8_varlen_causal(const ForwardProblem& p, const VarlenSequences& seqs,
   template <class Out>                                                                              \
   static void run_fp8_out(const ForwardProblem& p, const Fp8Operands& f, const TensorView& out,     \
                           const std::optional<TensorView>& lse, cudaStream_t stream) {              \
-    if (p.causal)                                                                                   \
+    if (p.banded)                                                                                   \
       run_fp8_causal<kHeadDim, true, Out, QKElement>(p, f, out, lse, stream);                       \
     else                                                                                            \
       run_fp8_causal<kHeadDim, false, Out, QKElement>(p, f, out, lse, stream);                      \
@@ -99,7 +100,7 @@ void run_fp8_varlen_causal(const ForwardProblem& p, const VarlenSequences& seqs,
   static void run_fp8_varlen_out(const ForwardProblem& p, const VarlenSequences& seqs,              \
                                  const Fp8Operands& f, const TensorView& out,                       \
                                  const std::optional<TensorView>& lse, cudaStream_t stream) {       \
-    if (p.causal)                                                                                   \
+    if (p.banded)                                                                                   \
       run_fp8_varlen_causal<kHeadDim, true, Out, QKElement>(p, seqs, f, out, lse, stream);          \
     else                                                                                            \
       run_fp8_varlen_causal<kHeadDim, false, Out, QKElement>(p, seqs, f, out, lse, stream);         \

@@ -8,6 +8,7 @@
 #include "hopper/epilogue.cuh"
 #include "hopper/forward_params.hpp"
 #include "hopper/kv_tiles.hpp"
+#include "hopper/log2e.hpp"
 #include "hopper/producer.cuh"
 #include "hopper/ptx/mbarrier.cuh"
 #include "hopper/ptx/tma.cuh"
@@ -71,7 +72,8 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
         // FP8 P has 3 mantissa bits; splitting it would not buy the 16-bit path's precision.
         tile.run(o, softmax);
       } else {
-        if (sees_few_keys(w.m_block * Cfg::kBlockM, seqlen_q, seqlen_k, Cfg::kCausal))
+        if (sees_few_keys(w.m_block * Cfg::kBlockM, Cfg::kBlockM, seqlen_q, seqlen_k,
+                          Cfg::kCausal ? params.band : KeyBand{}))
           tile.run_precise(o, softmax);
         else
           tile.run(o, softmax);
@@ -88,7 +90,11 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
       }
     }
     float lse[2];
-    softmax.finalize(o, lse);
+    // Read here rather than with the tile: a register held across the main loop costs more than
+    // one load's latency per tile.
+    const float sink_log2 = params.sinks != nullptr ? params.sinks[w.head * params.sinks_stride] * static_cast<float>(kLog2e)
+                                                  : -INFINITY;
+    softmax.finalize(o, lse, sink_log2);
     store_output<Cfg>(o, lse, params, f, warpgroup, w.m_block, w.head, w.batch, w.q_offset, seqlen_q);
   }
   turns.finish();

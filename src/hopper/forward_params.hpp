@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 
+#include "hopper/kv_tiles.hpp"
 #include "hopper/split_tail.hpp"
 
 namespace warpattn::detail {
@@ -30,6 +31,16 @@ struct ForwardParams {
   int m_blocks = 0;      // query blocks per (batch, head)
   int chunk_heads = 1;   // (batch, head) pairs whose K/V the scheduler keeps in L2 together
   float scale_log2 = 0;  // softmax_scale * log2(e): one FFMA + EX2 per score
+  // The banded kernels' (Cfg::kCausal: causal or a sliding window) keys per row (kv_tiles.hpp).
+  KeyBand band;
+  // Softcap (softcap > 0; 16-bit only): scores become softcap * tanh(scale * s / softcap),
+  // computed as tanh(x) = 1 - 2 / (2^(2 log2(e) x) + 1) with softcap_ex2 = 2 log2(e) scale /
+  // softcap (0: off), then taken to log2 units by softcap_log2 = softcap * log2(e).
+  float softcap_ex2 = 0, softcap_log2 = 0;
+  // Attention sinks: one logit per query head (natural log, unscaled) joining every row's
+  // softmax denominator, or null. Never with the split tail (its combine has no sink term).
+  const float* sinks = nullptr;
+  int64_t sinks_stride = 1;
   int* tile_counter = nullptr;  // [next tile, CTAs done], zero at launch; null: static order
   // The split tail (split_tail.hpp; split.tiles == 0: every tile whole) and its partial
   // states, 2 x grid slots of kConsumerWarpgroups x 128 threads x (head_dim / 2 + 4) floats.

@@ -8,29 +8,90 @@ namespace warpattn::detail {
 
 WARPATTN_HOST_DEVICE int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-// Number of key tiles [0, count) that hold at least one key visible to some row of query
-// block `m_block`. Causal attention is aligned bottom-right: query i sees key j iff
-// j <= i + seqlen_k - seqlen_q, so the block's last row bounds the last visible key; a block
-// whose rows all precede the first key gets 0 (its rows have no key: O = 0, LSE = -inf).
-WARPATTN_HOST_DEVICE int kv_tile_count(int m_block, int block_m, int block_n, int seqlen_q,
-                                       int seqlen_k, bool causal) {
-  const int all_tiles = ceil_div(seqlen_k, block_n);
-  if (!causal) return all_tiles;
-  const int last_row = (m_block + 1) * block_m < seqlen_q ? (m_block + 1) * block_m - 1 : seqlen_q - 1;
-  const int last_key = last_row + seqlen_k - seqlen_q;
-  if (last_key < 0) return 0;
-  const int tiles = last_key / block_n + 1;
-  return tiles < all_tiles ? tiles : all_tiles;
+// The keys a query row sees: a band around its diagonal. Row i's diagonal is key
+// i + seqlen_k - seqlen_q (aligned bottom-right, as FlashAttention 2 and 3); it sees keys
+// diagonal - left .. diagonal + right that exist. Causal attention is right = 0; a sliding
+// window (FlashAttention's window_size = (left, right)) bounds either side; kUnbounded leaves a
+// side open, and its arithmetic is skipped.
+//
+// 32-bit arithmetic, safe because validation keeps every bounded side below seqlen_q + seqlen_k
+// (a wider one bounds nothing: kUnbounded) and, where a window is set, seqlen_q + seqlen_k below
+// kUnbounded = 2^30; causal's right = 0 needs neither: row + seqlen_k - seqlen_q + 1 <= seqlen_k.
+inline constexpr int kUnbounded = 1 << 30;
+struct KeyBand {
+  int left = kUnbounded, right = kUnbounded;
+};
+WARPATTN_HOST_DEVICE KeyBand causal_band(bool causal) { return {kUnbounded, causal ? 0 : kUnbounded}; }
+
+// Row `row`'s visible keys: [band_key_begin, band_key_end), empty when end <= begin. Both are
+// non-decreasing in row, so a block of rows sees keys in [begin(first row), end(last row)).
+WARPATTN_HOST_DEVICE int band_key_begin(int row, int seqlen_q, int seqlen_k, const KeyBand& b) {
+  if (b.left == kUnbounded) return 0;
+  const int first = row + (seqlen_k - seqlen_q) - b.left;
+  return first > 0 ? first : 0;
+}
+WARPATTN_HOST_DEVICE int band_key_end(int row, int seqlen_q, int seqlen_k, const KeyBand& b) {
+  if (b.right == kUnbounded) return seqlen_k;
+  const int end = row + (seqlen_k - seqlen_q) + b.right + 1;
+  return end < seqlen_k ? end : seqlen_k;
+}
+// How many keys row `row` sees.
+WARPATTN_HOST_DEVICE int band_keys(int row, int seqlen_q, int seqlen_k, const KeyBand& b) {
+  const int n = band_key_end(row, seqlen_q, seqlen_k, b) - band_key_begin(row, seqlen_q, seqlen_k, b);
+  return n > 0 ? n : 0;
 }
 
-// True when some score of key tile n, for some row of the block starting at row m_start, must
-// be masked: keys past seqlen_k (TMA fills them with zeros, which are not -inf), or keys
-// above the causal diagonal. Tiles are visited from the last down, so these come first.
-WARPATTN_HOST_DEVICE bool kv_tile_needs_mask(int n, int block_n, int m_start, int seqlen_q,
-                                             int seqlen_k, bool causal) {
-  const int last_key = (n + 1) * block_n - 1;
-  if (last_key >= seqlen_k) return true;
-  return causal && last_key > m_start + seqlen_k - seqlen_q;
+// The key tiles [begin, end) that hold a key some row of query block `m_block` sees (begin ==
+// end: none, every row of the block is empty: O = 0, LSE = -inf). Tiles are visited from end - 1
+// down to begin.
+struct KeyTileRange {
+  int begin, end;
+  WARPATTN_HOST_DEVICE int count() const { return end - begin; }
+};
+WARPATTN_HOST_DEVICE KeyTileRange kv_tile_range(int m_block, int block_m, int block_n, int seqlen_q, int seqlen_k,
+                                                const KeyBand& band) {
+  const int first_row = m_block * block_m;
+  const int last_row = (first_row + block_m < seqlen_q ? first_row + block_m : seqlen_q) - 1;
+  const int begin = band_key_begin(first_row, seqlen_q, seqlen_k, band);
+  const int end = band_key_end(last_row, seqlen_q, seqlen_k, band);
+  if (end <= begin) return {0, 0};
+  return {begin / block_n, ceil_div(end, block_n)};
+}
+
+// Number of key tiles [0, count) that hold at least one key visible to some row of query
+// block `m_block`, without a left bound (the backward's ranges, key_block_work.hpp, and the
+// split tail's, where every tile starts at key 0).
+WARPATTN_HOST_DEVICE int kv_tile_count(int m_block, int block_m, int block_n, int seqlen_q,
+                                       int seqlen_k, bool causal) {
+  return kv_tile_range(m_block, block_m, block_n, seqlen_q, seqlen_k, causal_band(causal)).end;
+}
+
+// Which key tiles of the block of block_m rows starting at m_start need a mask: those at or
+// past right_from (keys past seqlen_k, which TMA fills with zeros, not -inf, or right of the
+// first row's band) and those below left_below (keys left of the last row's band). Worked out
+// once per work tile: two registers across the main loop rather than the band's terms.
+struct MaskedTiles {
+  int right_from, left_below;
+  WARPATTN_HOST_DEVICE bool needs(int n) const { return n >= right_from || n < left_below; }
+};
+WARPATTN_HOST_DEVICE MaskedTiles masked_tiles(int m_start, int block_m, int block_n, int seqlen_q, int seqlen_k,
+                                              const KeyBand& band) {
+  const int last_row = (m_start + block_m < seqlen_q ? m_start + block_m : seqlen_q) - 1;
+  // Tile n holds keys [n block_n, (n + 1) block_n): it passes the end E iff n >= E / block_n.
+  const int right_from = band_key_end(m_start, seqlen_q, seqlen_k, band) / block_n;
+  const int left_below = band.left == kUnbounded ? 0 : ceil_div(band_key_begin(last_row, seqlen_q, seqlen_k, band), block_n);
+  return {right_from, left_below};
+}
+// True when some score of key tile n, for some row of that block, must be masked.
+WARPATTN_HOST_DEVICE bool kv_tile_needs_mask(int n, int block_n, int m_start, int block_m, int seqlen_q,
+                                             int seqlen_k, const KeyBand& band) {
+  return masked_tiles(m_start, block_m, block_n, seqlen_q, seqlen_k, band).needs(n);
+}
+// The same without a left bound (the backward).
+WARPATTN_HOST_DEVICE bool kv_tile_needs_mask(int n, int block_n, int m_start, int seqlen_q, int seqlen_k,
+                                             bool causal) {
+  const int end_key = (n + 1) * block_n;
+  return end_key > seqlen_k || end_key > band_key_end(m_start, seqlen_q, seqlen_k, causal_band(causal));
 }
 
 // Rows that see fewer keys than this get P in two 16-bit parts (run_precise): an output row
@@ -41,11 +102,13 @@ WARPATTN_HOST_DEVICE bool kv_tile_needs_mask(int n, int block_n, int m_start, in
 // at N = 512 causal on the slower path.
 inline constexpr int kPreciseKeyLimit = 128;
 
-// True when the first row of the query block starting at m_start sees fewer keys than
-// kPreciseKeyLimit (the block's other rows see at least as many).
-WARPATTN_HOST_DEVICE bool sees_few_keys(int m_start, int seqlen_q, int seqlen_k, bool causal) {
-  const int keys = causal ? m_start + seqlen_k - seqlen_q + 1 : seqlen_k;
-  return keys < kPreciseKeyLimit;
+// True when some row of the query block of block_m rows starting at m_start sees fewer than
+// kPreciseKeyLimit keys. A row's count (band_keys) is concave in the row (the least of two
+// increasing lines minus the greatest of two), so the block's least is at its first or last row.
+WARPATTN_HOST_DEVICE bool sees_few_keys(int m_start, int block_m, int seqlen_q, int seqlen_k, const KeyBand& band) {
+  const int last_row = (m_start + block_m < seqlen_q ? m_start + block_m : seqlen_q) - 1;
+  const int first = band_keys(m_start, seqlen_q, seqlen_k, band), last = band_keys(last_row, seqlen_q, seqlen_k, band);
+  return (first < last ? first : last) < kPreciseKeyLimit;
 }
 
 }  // namespace warpattn::detail

@@ -37,4 +37,7 @@ void fill_no_key_rows(const ForwardProblem& p, const TensorView& out,
 // there is no query row).
 void zero_rows(const TensorView& t, cudaStream_t stream);
 
+// Writes +0 to n fp32 values `stride` apart (the backward's dsinks when there is no row).
+void zero_floats(float* data, int64_t n, int64_t stride, cudaStream_t stream);
+
 }  // namespace warpattn::detail

@@ -1,31 +1,36 @@
-// Score masking for the key tiles that need it (kv_tile_needs_mask): keys past seqlen_k and,
-// for causal attention, keys right of the bottom-right-aligned diagonal become -inf.
+// Score masking for the key tiles that need it (kv_tile_needs_mask): keys past seqlen_k and
+// keys outside each row's band (kv_tiles.hpp: right of the causal diagonal or of a sliding
+// window's right edge, left of a window's left edge) become -inf.
 #pragma once
 
 #include <cmath>
 
 #include "hopper/fragment.cuh"
+#include "hopper/kv_tiles.hpp"
 
 namespace warpattn::detail {
 
-// s: one thread's slice of a 64 x kBlockN score tile. row0: global query row of register
-// half 0; key0: global key index of the tile's first column.
-template <bool kCausal, int kRegs>
-__device__ __forceinline__ void mask_scores(float (&s)[kRegs], const FragmentCoords& f, int row0,
-                                            int key0, int seqlen_q, int seqlen_k) {
+// s: one thread's slice of a 64 x kBlockN score tile. row0: query row of register half 0 (in
+// the sequence); key0: key index of the tile's first column. kBanded: the launch has a band
+// (causal or a window); otherwise only seqlen_k bounds the keys.
+// kLeftEdge: also the left edge of a window (ConsumerTile::run masks it only in the tiles that
+// need it, after their P·V has completed: at d = 256 a bound per row does not fit beside O, P
+// and S in flight).
+template <bool kBanded, bool kLeftEdge, int kRegs>
+__device__ __forceinline__ void mask_scores(float (&s)[kRegs], const FragmentCoords& f, int row0, int key0,
+                                            int seqlen_q, int seqlen_k, const KeyBand& band) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    int limit = seqlen_k;  // first key index this row may not see
-    if constexpr (kCausal) {
-      const int diagonal = row0 + 8 * r + seqlen_k - seqlen_q + 1;
-      limit = diagonal < limit ? diagonal : limit;
-    }
-    limit -= key0;
+    // The row's first column of this tile it may not see, and (left edge) the first it sees.
+    const int end = (kBanded ? band_key_end(row0 + 8 * r, seqlen_q, seqlen_k, band) : seqlen_k) - key0;
+    const int begin = kLeftEdge ? band_key_begin(row0 + 8 * r, seqlen_q, seqlen_k, band) - key0 : 0;
 #pragma unroll
     for (int j = 0; j < kRegs / 4; ++j)
 #pragma unroll
-      for (int c = 0; c < 2; ++c)
-        if (f.col(j, c) >= limit) s[4 * j + 2 * r + c] = -INFINITY;
+      for (int c = 0; c < 2; ++c) {
+        const int col = f.col(j, c);
+        if (col >= end || (kLeftEdge && col < begin)) s[4 * j + 2 * r + c] = -INFINITY;
+      }
   }
 }
 

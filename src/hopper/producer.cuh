@@ -56,6 +56,10 @@ __device__ __forceinline__ ScheduledTile schedule_tile(const TileChooser& choose
     if (chooser.tile >= chooser.whole) return kEnd;
     const int4* entry = reinterpret_cast<const int4*>(params.varlen_tiles + chooser.tile);
     const int4 a = entry[0], b = entry[1];
+    if constexpr (Cfg::kCausal) {  // the plan has the count; a window's tiles need not start at 0
+      const int begin = band_key_begin(a.x * Cfg::kBlockM, b.y, b.w, params.band) / Cfg::kBlockN;
+      return {a.x, a.y, a.z, a.w, begin + a.w, -1, b.x, b.y, b.z, b.w};
+    }
     return {a.x, a.y, a.z, a.w, a.w, -1, b.x, b.y, b.z, b.w};
   } else if constexpr (Cfg::kCausal) {  // never split
     if (chooser.tile >= chooser.whole) return kEnd;
@@ -66,8 +70,9 @@ __device__ __forceinline__ ScheduledTile schedule_tile(const TileChooser& choose
     return {w.m_block, w.head, w.batch, pc.kv_end - pc.kv_begin, pc.kv_end, chooser.piece, 0, 0, 0, 0};
   }
   const WorkTile w = tile_coords(chooser.tile, params);
-  const int n = kv_tile_count(w.m_block, Cfg::kBlockM, Cfg::kBlockN, params.seqlen_q, params.seqlen_k, Cfg::kCausal);
-  return {w.m_block, w.head, w.batch, n, n, -1, 0, 0, 0, 0};
+  const KeyTileRange r = kv_tile_range(w.m_block, Cfg::kBlockM, Cfg::kBlockN, params.seqlen_q, params.seqlen_k,
+                                       Cfg::kCausal ? params.band : KeyBand{});
+  return {w.m_block, w.head, w.batch, r.count(), r.end, -1, 0, 0, 0, 0};
 }
 
 // Walks the same tiles as the consumers. The K/V ring ordinal and the Q phase run on across

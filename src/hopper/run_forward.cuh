@@ -64,6 +64,13 @@ ForwardParams base_forward_params(const ForwardProblem& p, const TensorView& out
   params.seqlen_k = static_cast<int>(p.seqlen_k);
   params.kv_group = static_cast<int>(p.heads_q / p.heads_kv);
   params.scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
+  params.band = p.band;
+  if (p.softcap > 0) {
+    params.softcap_ex2 = static_cast<float>(2 * kLog2e * p.softmax_scale / p.softcap);
+    params.softcap_log2 = static_cast<float>(p.softcap * kLog2e);
+  }
+  params.sinks = p.sinks;
+  params.sinks_stride = p.sinks_stride;
   return params;
 }
 
@@ -118,9 +125,10 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
   // time, and the partial states are this launch's own (scheduler_workspace.hpp).
   std::optional<SchedulerWorkspace> ws;
   if (blocks < tiles) {
-    // (not in the batch-invariant mode: which tiles split depends on the whole batch's count)
+    // (not in the batch-invariant mode: which tiles split depends on the whole batch's count;
+    // not with sinks, a term of the denominator the combine does not add)
     const SplitTail split =
-        !Cfg::kCausal && kSplitTailMinSaved > 0 && !p.batch_invariant
+        !Cfg::kCausal && kSplitTailMinSaved > 0 && !p.batch_invariant && p.sinks == nullptr
             ? plan_split_tail(static_cast<int>(tiles), ceil_div(params.seqlen_k, Cfg::kBlockN),
                               static_cast<int>(blocks), kSplitTailMinSaved)
             : SplitTail{};
@@ -160,6 +168,7 @@ void run_forward_varlen(const ForwardProblem& p, const VarlenSequences& seqs, co
     params.q_descale.stride[0] = params.k_descale.stride[0] = params.v_descale.stride[0] = 0;
   }
   VarlenGeometry g = varlen_geometry(Cfg::kBlockM, Cfg::kBlockN, params.heads_q, params.kv_group, Cfg::kCausal);
+  if constexpr (Cfg::kCausal) g.band = params.band;
   g.kv_bytes_per_key = 2LL * p.head_dim * Cfg::kElementBytes;
   g.l2_bytes = l2_cache_bytes();
   g.multiprocessors = multiprocessor_count();

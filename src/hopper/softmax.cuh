@@ -106,15 +106,25 @@ struct OnlineSoftmax {
   }
 
   // Normalises O by the full row sums and returns each row's natural-log LSE; rows with no
-  // visible key get O = 0 and LSE = -inf.
+  // visible key get O = 0 and LSE = -inf. sink_log2: an attention sink's logit in log2 units
+  // (-inf: none), one more term of the denominator with no value: l + 2^(sink - R + offset),
+  // rebased on max(R, sink) so that neither term overflows; then a row with no key gets O = 0
+  // and LSE = the sink.
   template <int kRegs>
-  __device__ __forceinline__ void finalize(float (&o)[kRegs], float (&lse)[2]) {
+  __device__ __forceinline__ void finalize(float (&o)[kRegs], float (&lse)[2], float sink_log2 = -INFINITY) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float l = quad_sum(row_sum[r]);
+      float l = quad_sum(row_sum[r]);
+      float ref = row_max[r], o_scale = 1.f;
+      if (sink_log2 != -INFINITY) {
+        const float top = fmaxf(ref, sink_log2);
+        o_scale = ptx::exp2_approx(ref - top);  // R = -inf (no key): 0, and l is 0 too
+        l = fmaf(l, o_scale, ptx::exp2_approx(sink_log2 - top + p_log2_offset));
+        ref = top;
+      }
       const bool empty = !(l > 0.f);  // also catches NaN
-      const float inv = empty ? 0.f : 1.f / l;
-      lse[r] = empty ? -INFINITY : (row_max[r] + ptx::log2_approx(l) - p_log2_offset) * 0.69314718055994531f;
+      const float inv = empty ? 0.f : o_scale / l;
+      lse[r] = empty ? -INFINITY : (ref + ptx::log2_approx(l) - p_log2_offset) * 0.69314718055994531f;
 #pragma unroll
       for (int j = 0; j < kRegs / 4; ++j) {
         o[4 * j + 2 * r] *= inv;

@@ -67,7 +67,7 @@ struct TileChooser {
 struct ScheduledTile {
   int m_block, head, batch;
   // Key tiles to visit: n_end - n_tiles .. n_end - 1 (n_tiles 0: every row of the block is
-  // empty).
+  // empty; a sliding window's tiles need not start at 0).
   int n_tiles, n_end;
   int piece;  // -1: a whole tile; 0 or 1: that piece of this CTA's range of the split tail
   // Packed batches only (dense: 0 and the launch's lengths, never read): the sequence's first
@@ -107,20 +107,16 @@ struct TileSlots {
     t.seqlen_k = v.seqlen_k;
     return t;
   }
-  // kSplits: false where the launch never splits (causal), so neither piece field is read;
-  // kVarlen: the sequence's offsets and lengths are read.
+  // kSplits: false where the launch never splits (causal, packed batches), so the piece field
+  // is not read; kVarlen: the sequence's offsets and lengths are read.
   template <bool kSplits, bool kVarlen>
   __device__ __forceinline__ ScheduledTile receive(int i) {
     const int s = i & 1;
     ptx::mbarrier_wait(ptx::smem_addr(&full[s]), (i >> 1) & 1);
     const volatile ScheduledTile& v = tile[s];
     ScheduledTile t;
-    t.m_block = v.m_block, t.head = v.head, t.batch = v.batch, t.n_tiles = v.n_tiles;
-    if constexpr (kSplits) {
-      t.n_end = v.n_end, t.piece = v.piece;
-    } else {
-      t.n_end = t.n_tiles, t.piece = -1;
-    }
+    t.m_block = v.m_block, t.head = v.head, t.batch = v.batch, t.n_tiles = v.n_tiles, t.n_end = v.n_end;
+    t.piece = kSplits ? v.piece : -1;
     if constexpr (kVarlen) {
       t.q_offset = v.q_offset, t.seqlen_q = v.seqlen_q, t.seqlen_k = v.seqlen_k, t.k_offset = v.k_offset;
     } else {

@@ -2,6 +2,8 @@
 // online rescaling, so that it shares none of the kernel's tricks (and none of its bugs).
 #include "reference/reference.hpp"
 
+#include "reference/logit.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -31,10 +33,13 @@ template <class Acc>
 void softmax_row(const AttentionShape& s, const float* q, const float* k, const float* v, int64_t b,
                  int64_t h, int64_t row, Acc* out_row, Acc* lse, Acc* spread = nullptr) {
   const int64_t d_count = s.head_dim;
-  const int64_t n = visible_keys(s, row);
-  if (n == 0) {
-    std::fill(out_row, out_row + d_count, Acc(0));
-    if (spread) std::fill(spread, spread + d_count, Acc(0));
+  const IndexRange keys = visible_key_range(s, row);
+  const Acc sink = sink_logit<Acc>(s, h);
+  std::fill(out_row, out_row + d_count, Acc(0));
+  if (spread) std::fill(spread, spread + d_count, Acc(0));
+  // No key and no sink: nothing to normalise. (A sink alone is a softmax over one logit with
+  // no value: O = 0 and L = sink, which the general path below gives.)
+  if (keys.size() == 0 && !(sink > -std::numeric_limits<Acc>::infinity())) {
     if (lse) *lse = -std::numeric_limits<Acc>::infinity();
     return;
   }
@@ -42,23 +47,22 @@ void softmax_row(const AttentionShape& s, const float* q, const float* k, const 
   const float* q_row = q + ((b * s.seqlen_q + row) * s.heads_q + h) * d_count;
   // Consecutive keys of one head are heads_kv * head_dim floats apart.
   const int64_t key_step = s.heads_kv * d_count;
-  const float* k_head = k + (b * s.seqlen_k * s.heads_kv + h_kv) * d_count;
-  const float* v_head = v + (b * s.seqlen_k * s.heads_kv + h_kv) * d_count;
-  const Acc scale = static_cast<Acc>(s.softmax_scale);
+  const float* k_head = k + (b * s.seqlen_k * s.heads_kv + h_kv) * d_count + keys.first * key_step;
+  const float* v_head = v + (b * s.seqlen_k * s.heads_kv + h_kv) * d_count + keys.first * key_step;
+  const int64_t n = keys.size();
 
   // Reused across rows of one thread: a 64K-key row would otherwise allocate on every call.
   thread_local std::vector<Acc> scores;
   scores.resize(static_cast<size_t>(n));
-  Acc max_score = -std::numeric_limits<Acc>::infinity();
+  // The sink takes part in the maximum like any logit (it may be the largest).
+  Acc max_score = sink;
   for (int64_t j = 0; j < n; ++j) {
-    scores[j] = scale * dot<Acc>(q_row, k_head + j * key_step, d_count);
+    scores[j] = logit<Acc>(s, dot<Acc>(q_row, k_head + j * key_step, d_count));
     max_score = std::max(max_score, scores[j]);
   }
 
   // Subtracting the row maximum keeps every exponential in (0, 1], so nothing overflows
   // however large the scaled scores are.
-  std::fill(out_row, out_row + d_count, Acc(0));
-  if (spread) std::fill(spread, spread + d_count, Acc(0));
   Acc denominator = 0;
   for (int64_t j = 0; j < n; ++j) {
     const Acc p = std::exp(scores[j] - max_score);
@@ -68,6 +72,8 @@ void softmax_row(const AttentionShape& s, const float* q, const float* k, const 
     if (spread)
       for (int64_t d = 0; d < d_count; ++d) spread[d] += (p * Acc(v_row[d])) * (p * Acc(v_row[d]));
   }
+  // The sink joins the denominator only, after the keys (exp(-inf) = 0 without one).
+  denominator += std::exp(sink - max_score);
   for (int64_t d = 0; d < d_count; ++d) out_row[d] /= denominator;
   if (spread)
     for (int64_t d = 0; d < d_count; ++d) spread[d] = std::sqrt(spread[d]) / denominator;
@@ -76,15 +82,41 @@ void softmax_row(const AttentionShape& s, const float* q, const float* k, const 
 
 }  // namespace
 
-int64_t visible_keys(const AttentionShape& s, int64_t row) {
-  if (!s.causal) return s.seqlen_k;
-  // Key j is visible iff j <= row + seqlen_k - seqlen_q; count them, clamped to [0, seqlen_k].
-  const int64_t last_visible = row + s.seqlen_k - s.seqlen_q;
-  return std::clamp<int64_t>(last_visible + 1, 0, s.seqlen_k);
+WindowBounds effective_window(const AttentionShape& s) {
+  // Any negative bound is unbounded; causal is a right bound of 0 whatever window_right says.
+  WindowBounds w;
+  w.left = s.window_left < 0 ? -1 : s.window_left;
+  w.right = s.causal ? 0 : (s.window_right < 0 ? -1 : s.window_right);
+  return w;
 }
 
+IndexRange visible_key_range(const AttentionShape& s, int64_t row) {
+  // Key j is visible iff diagonal - left <= j <= diagonal + right, diagonal = row + Sk - Sq.
+  const WindowBounds w = effective_window(s);
+  const int64_t diagonal = row + s.seqlen_k - s.seqlen_q;
+  IndexRange r{0, s.seqlen_k};
+  if (w.left >= 0) r.first = std::clamp<int64_t>(diagonal - w.left, 0, s.seqlen_k);
+  if (w.right >= 0) r.end = std::clamp<int64_t>(diagonal + w.right + 1, 0, s.seqlen_k);
+  r.end = std::max(r.end, r.first);  // a window wholly outside the keys
+  return r;
+}
+
+IndexRange visible_row_range(const AttentionShape& s, int64_t key) {
+  // The same inequalities solved for the row: key - offset - right <= row <= key - offset + left.
+  const WindowBounds w = effective_window(s);
+  const int64_t diagonal_row = key - (s.seqlen_k - s.seqlen_q);
+  IndexRange r{0, s.seqlen_q};
+  if (w.right >= 0) r.first = std::clamp<int64_t>(diagonal_row - w.right, 0, s.seqlen_q);
+  if (w.left >= 0) r.end = std::clamp<int64_t>(diagonal_row + w.left + 1, 0, s.seqlen_q);
+  r.end = std::max(r.end, r.first);
+  return r;
+}
+
+int64_t visible_keys(const AttentionShape& s, int64_t row) { return visible_key_range(s, row).size(); }
+
 double visible_pairs(const AttentionShape& s) {
-  if (!s.causal) return double(s.seqlen_q) * double(s.seqlen_k);
+  const WindowBounds w = effective_window(s);
+  if (w.left < 0 && w.right < 0) return double(s.seqlen_q) * double(s.seqlen_k);
   double pairs = 0;
   for (int64_t row = 0; row < s.seqlen_q; ++row) pairs += double(visible_keys(s, row));
   return pairs;
@@ -112,7 +144,7 @@ void attention(const AttentionShape& s, const float* q, const float* k, const fl
   const int64_t rows = s.batch * s.heads_q * s.seqlen_q;
   if (rows <= 0) return;
   // Rows are handed out in small chunks from a shared counter rather than split evenly up
-  // front, because causal rows differ in cost (row i sees about i keys).
+  // front, because masked rows differ in cost (a causal row i sees about i keys).
   constexpr int64_t kChunk = 16;
   std::atomic<int64_t> next{0};
   auto worker = [&] {

@@ -614,6 +614,52 @@ TEST(c_backward_valid_call_stops_at_the_device_checks) {
   CHECK(stopped_at_device_checks(err)) << err;
 }
 
+// warpattn_forward_ex's options through the backward: the window, softcap and sinks reach
+// validation (sinks need dsinks), a struct not filled by the init function is
+// refused before it is read further.
+TEST(c_backward_ex_takes_the_forward_options) {
+  const Call c = make_call();
+  const warpattn_tensor dout = to_c(c.dout), q = to_c(c.q), k = to_c(c.k), v = to_c(c.v), out = to_c(c.out),
+                        lse = to_c(c.lse), dq = to_c(c.dq), dk = to_c(c.dk), dv = to_c(c.dv);
+  warpattn_forward_options o;
+  warpattn_forward_options_init(&o);
+  CHECK(o.struct_size == sizeof o && o.window_left == -1 && o.window_right == -1 && o.sinks == nullptr);
+  char err[512];
+  const auto run = [&](const warpattn_forward_options* options) {
+    return warpattn_backward_ex(&dout, &q, &k, &v, &out, &lse, &dq, &dk, &dv, nullptr, options, 0, nullptr, 0,
+                                nullptr, err, sizeof err);
+  };
+  o.window_left = 64, o.window_right = 0;
+  CHECK(run(&o) == WARPATTN_INVALID);
+  CHECK(stopped_at_device_checks(err)) << err;  // every argument rule passed
+  o.window_left = -3;
+  CHECK(run(&o) == WARPATTN_INVALID);
+  CHECK(starts_with(err, "options.window_left: expected -1 (unbounded) or a key count >= 0, got -3")) << err;
+  o.window_left = 64, o.softcap = 30.f;
+  CHECK(run(&o) == WARPATTN_INVALID);
+  CHECK(stopped_at_device_checks(err)) << err;
+  o.softcap = -2.f;
+  CHECK(run(&o) == WARPATTN_INVALID);
+  CHECK(starts_with(err, "options.softcap: expected 0 (off) or a finite value > 0, got -2")) << err;
+  o.softcap = 0.f;
+  warpattn_tensor sinks{};
+  sinks.data = at(kQ - 4096), sinks.dtype = WARPATTN_DTYPE_F32, sinks.rank = 1, sinks.shape[0] = 8, sinks.stride[0] = 1;
+  o.sinks = &sinks;  // without dsinks
+  CHECK(run(&o) == WARPATTN_INVALID);
+  CHECK(starts_with(err, "dsinks: expected a (heads_q) float32 tensor for the sinks' gradient, got none")) << err;
+  // The workspace grows by the sinks' per-block sums.
+  size_t with = 0, without = 0;
+  CHECK(warpattn_backward_ex_workspace_bytes(&q, &o, 0, &with, err, sizeof err) == WARPATTN_OK) << err;
+  o.sinks = nullptr;
+  CHECK(warpattn_backward_ex_workspace_bytes(&q, &o, 0, &without, err, sizeof err) == WARPATTN_OK) << err;
+  CHECK(with > without && with - without <= 4 * 8 * 2 * 2 + 256) << with << " " << without;
+  CHECK(run(nullptr) == WARPATTN_INVALID);
+  CHECK(starts_with(err, "options: expected a warpattn_forward_options, got NULL")) << err;
+  warpattn_forward_options zeroed{};
+  CHECK(run(&zeroed) == WARPATTN_INVALID);
+  CHECK(starts_with(err, "options: struct_size 0 is smaller than any version")) << err;
+}
+
 TEST(c_backward_workspace_bytes) {
   Call c = make_call();
   c.options.deterministic = true;
@@ -633,4 +679,39 @@ TEST(c_backward_workspace_bytes) {
   CHECK(std::string(err) == "bytes: expected a pointer to receive the size, got NULL") << err;
   CHECK(warpattn_backward_workspace_bytes(nullptr, 0, 0, &bytes, err, sizeof err) == WARPATTN_INVALID);
   CHECK(std::string(err) == "q: expected a tensor, got NULL") << err;
+}
+
+// ---------------------------------------------------------------- the window and softcap
+
+TEST(backward_window_and_softcap_rules) {
+  Call c = make_call();
+  c.options.window_left = 64, c.options.window_right = 0, c.options.softcap = 30.f;
+  EXPECT_VALID(c);
+  c.options.window_right = -4;
+  EXPECT_REJECTED(c, "options.window_right", "expected -1 (unbounded) or a key count >= 0, got -4");
+  c.options.window_right = 0, c.options.causal = true, c.options.window_right = 2;
+  EXPECT_REJECTED(c, "options.window_right", "expected -1 or 0 with causal, got 2");
+  c.options.window_right = 0, c.options.softcap = -1.f;
+  EXPECT_REJECTED(c, "options.softcap", "expected 0 (off) or a finite value > 0, got -1");
+  Sizes d64;
+  d64.head_dim = 64;
+  Call c64 = make_call(d64);
+  c64.options.softcap = 30.f;
+  EXPECT_REJECTED(c64, "options.softcap", "no softcap at head_dim 64 yet");
+}
+
+TEST(backward_sinks_need_their_gradient) {
+  const int64_t shape[1] = {8};
+  Call c = make_call();
+  const TensorView sinks = warpattn::make_contiguous_view(at(kQ - 4096), DType::f32, 1, shape);
+  const TensorView dsinks = warpattn::make_contiguous_view(at(kQ - 8192), DType::f32, 1, shape);
+  c.options.dsinks = dsinks;
+  EXPECT_REJECTED(c, "dsinks", "given without sinks");
+  c.options.sinks = sinks;
+  EXPECT_VALID(c);
+  const int64_t two[1] = {2};
+  c.options.dsinks = warpattn::make_contiguous_view(at(kQ - 8192), DType::f32, 1, two);
+  EXPECT_REJECTED(c, "dsinks", "expected shape (8) (one per query head), got (2)");
+  c.options.dsinks = warpattn::make_contiguous_view(at(kQ), DType::f32, 1, shape);  // inside q
+  EXPECT_REJECTED(c, "dsinks", "must not overlap q");
 }

@@ -69,15 +69,76 @@ TEST(kv_tiles_rows_before_the_first_key_get_no_tiles) {
   CHECK(kv_tile_count(0, 128, 128, 17, 1000, true) == 8);  // bottom-right: row 16 sees all keys
 }
 
-TEST(few_key_blocks_are_those_whose_first_row_sees_under_the_limit) {
+TEST(few_key_blocks_are_those_with_a_row_under_the_limit) {
+  using warpattn::detail::causal_band;
   using warpattn::detail::kPreciseKeyLimit;
   using warpattn::detail::sees_few_keys;
-  CHECK(sees_few_keys(0, 65536, 65536, true));  // row 0 sees 1 key
-  CHECK(sees_few_keys(126, 65536, 65536, true));   // row 126 sees 127
-  CHECK(!sees_few_keys(128, 65536, 65536, true));  // row 128 sees 129
-  CHECK(sees_few_keys(0, 1000, kPreciseKeyLimit - 1, false));
-  CHECK(!sees_few_keys(0, 1000, kPreciseKeyLimit, false));
-  CHECK(sees_few_keys(0, 4097, 1000, true));  // seqlen_q > seqlen_k: early rows see no key
+  const auto causal = causal_band(true), all = causal_band(false);
+  CHECK(sees_few_keys(0, 128, 65536, 65536, causal));     // row 0 sees 1 key
+  CHECK(sees_few_keys(126, 128, 65536, 65536, causal));   // row 126 sees 127
+  CHECK(!sees_few_keys(128, 128, 65536, 65536, causal));  // row 128 sees 129
+  CHECK(sees_few_keys(0, 128, 1000, kPreciseKeyLimit - 1, all));
+  CHECK(!sees_few_keys(0, 128, 1000, kPreciseKeyLimit, all));
+  CHECK(sees_few_keys(0, 128, 4097, 1000, causal));  // seqlen_q > seqlen_k: early rows see no key
+  // A window of 100 keys: every row sees at most 101; of 300, none fewer once past the start.
+  CHECK(sees_few_keys(1024, 128, 4096, 4096, {100, 0}));
+  CHECK(!sees_few_keys(1024, 128, 4096, 4096, {300, 0}));
+  CHECK(sees_few_keys(0, 128, 4096, 4096, {300, 0}));  // rows 0..126 see 1..127
+}
+
+// The band functions against brute force over every (row, key) pair, windows included: the
+// visited range is exactly the tiles with a visible key, the masked tiles exactly those with a
+// hidden pair, and sees_few_keys exactly "some row of the block sees 1..limit-1 keys or fewer".
+TEST(band_tiles_match_brute_force) {
+  using warpattn::detail::band_keys;
+  using warpattn::detail::KeyBand;
+  using warpattn::detail::kPreciseKeyLimit;
+  using warpattn::detail::kUnbounded;
+  using warpattn::detail::kv_tile_range;
+  using warpattn::detail::sees_few_keys;
+  const int seqlens[] = {1, 17, 128, 129, 300, 513};
+  const int sides[] = {0, 1, 63, 200, kUnbounded};
+  const int tiles[][2] = {{128, 128}, {128, 80}, {192, 112}};
+  int bad = 0, checked = 0;
+  for (auto& t : tiles)
+    for (int sq : seqlens)
+      for (int sk : seqlens)
+        for (int left : sides)
+          for (int right : sides) {
+            const KeyBand band{left, right};
+            const auto visible = [&](long long row, long long key) {
+              const long long diagonal = row + sk - sq;
+              return key >= 0 && key < sk && (left == kUnbounded || key >= diagonal - left) &&
+                     (right == kUnbounded || key <= diagonal + right);
+            };
+            for (int m = 0; m * t[0] < sq; ++m) {
+              const int r0 = m * t[0], r1 = std::min(sq, r0 + t[0]);
+              int first = -1, last = -1, fewest = 1 << 30;
+              for (int r = r0; r < r1; ++r) {
+                int keys = 0;
+                for (int key = 0; key < sk; ++key)
+                  if (visible(r, key)) {
+                    ++keys;
+                    if (first < 0 || key / t[1] < first) first = key / t[1];
+                    last = std::max(last, key / t[1]);
+                  }
+                bad += keys != band_keys(r, sq, sk, band);
+                fewest = std::min(fewest, keys);
+              }
+              const auto range = kv_tile_range(m, t[0], t[1], sq, sk, band);
+              if (first < 0) bad += range.count() != 0;
+              else bad += range.begin != first || range.end != last + 1;
+              bad += sees_few_keys(r0, t[0], sq, sk, band) != (fewest < kPreciseKeyLimit);
+              for (int n = range.begin; n < range.end; ++n) {
+                bool any_hidden = false;
+                for (int r = r0; r < r1 && !any_hidden; ++r)
+                  for (int key = n * t[1]; key < (n + 1) * t[1]; ++key) any_hidden |= !visible(r, key);
+                bad += kv_tile_needs_mask(n, t[1], r0, t[0], sq, sk, band) != any_hidden;
+              }
+              ++checked;
+            }
+          }
+  CHECK(bad == 0) << bad << " mismatches over " << checked << " blocks";
 }
 
 #include <set>
@@ -226,5 +287,54 @@ TEST(backward_key_block_work_matches_brute_force) {
             }
           }
         }
+  CHECK(bad == 0) << bad << " mismatches over " << configs << " configurations";
+}
+
+// The same with sliding windows: the key blocks a query block meets are an interval (not from
+// key block 0 any more), and the deterministic turns count the later ones of it.
+TEST(backward_key_block_work_matches_brute_force_with_windows) {
+  using warpattn::detail::dq_turn;
+  using warpattn::detail::KeyBand;
+  using warpattn::detail::kUnbounded;
+  using warpattn::detail::last_key_block;
+  using warpattn::detail::query_block_range;
+  int bad = 0, configs = 0;
+  for (int block_m : {64, 128})
+    for (int left : {0, 50, 300, kUnbounded})
+      for (int right : {0, 7, 200, kUnbounded})
+        for (int sq : {1, 65, 200, 700})
+          for (int sk : {1, 129, 300, 900}) {
+            ++configs;
+            const KeyBand band{left, right};
+            const auto visible = [&](int row, int key) {
+              const long long diagonal = static_cast<long long>(row) + sk - sq;
+              return key < sk && (left == kUnbounded || key >= diagonal - left) &&
+                     (right == kUnbounded || key <= diagonal + right);
+            };
+            const int block_n = 128, m_blocks = (sq + block_m - 1) / block_m, n_blocks = (sk + block_n - 1) / block_n;
+            std::vector<std::vector<int>> visitors(m_blocks);
+            for (int n = 0; n < n_blocks; ++n) {
+              const auto range = query_block_range(n, block_n, block_m, sq, sk, band);
+              for (int m = 0; m < m_blocks; ++m) {
+                bool sees = false;
+                for (int r = m * block_m; r < std::min(sq, (m + 1) * block_m) && !sees; ++r)
+                  for (int key = n * block_n; key < std::min(sk, (n + 1) * block_n) && !sees; ++key)
+                    sees = visible(r, key);
+                const bool visited = m >= range.begin && m < range.end;
+                if (visited != sees) ++bad;
+                if (visited) visitors[m].push_back(n);
+              }
+            }
+            for (int m = 0; m < m_blocks; ++m) {
+              if (visitors[m].empty()) continue;
+              if (last_key_block(m, block_m, block_n, sq, sk, band) != visitors[m].back()) ++bad;
+              for (size_t i = 0; i < visitors[m].size(); ++i) {
+                const int n = visitors[m][i];
+                if (i > 0 && n != visitors[m][i - 1] + 1) ++bad;  // an interval
+                const int want = static_cast<int>(visitors[m].size() - 1 - i);
+                if (dq_turn(n, m, block_m, block_n, sq, sk, true, band) != want) ++bad;
+              }
+            }
+          }
   CHECK(bad == 0) << bad << " mismatches over " << configs << " configurations";
 }

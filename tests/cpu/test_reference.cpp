@@ -1,136 +1,31 @@
 // The CPU reference checked against attention written out from its definition, and the host
 // fp16/bf16 conversions checked against IEEE 754 rounding.
 //
-// The brute force below deliberately shares nothing with the reference: it expands grouped
-// key/value heads into full copies first, builds the whole score matrix in long double,
+// The brute force (reference_brute_force.hpp) deliberately shares nothing with the reference: it
+// expands grouped key/value heads into full copies first, computes every score in long double,
 // exponentiates without subtracting any maximum (long double's range makes that safe for
 // these sizes) and normalises by the explicit row sum.
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <random>
 #include <vector>
 
 #include "common/host_float16.hpp"
 #include "harness.hpp"
 #include "reference/reference.hpp"
+#include "reference_brute_force.hpp"
 
 namespace {
 
-using warpattn::reference::AttentionShape;
-using Real = long double;
-
-std::vector<float> random_values(int64_t n, uint64_t seed, float low = -1.f, float high = 1.f) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> dist(low, high);
-  std::vector<float> values(static_cast<size_t>(n));
-  for (float& x : values) x = dist(rng);
-  return values;
-}
-
-struct Inputs {
-  std::vector<float> q, k, v;
-};
-
-Inputs random_inputs(const AttentionShape& s, uint64_t seed) {
-  return {random_values(s.batch * s.seqlen_q * s.heads_q * s.head_dim, seed),
-          random_values(s.batch * s.seqlen_k * s.heads_kv * s.head_dim, seed + 1),
-          random_values(s.batch * s.seqlen_k * s.heads_kv * s.head_dim, seed + 2)};
-}
-
-struct Result {
-  std::vector<Real> out;  // [B][Sq][Hq][D]
-  std::vector<Real> lse;  // [B][Hq][Sq]
-};
-
-// softmax(scale · Q Kᵀ + mask) V from the definition.
-Result brute_force(const AttentionShape& s, const Inputs& in) {
-  const int64_t B = s.batch, Sq = s.seqlen_q, Sk = s.seqlen_k, Hq = s.heads_q, D = s.head_dim;
-  // GQA by definition: query head h reads key/value head h / (Hq / Hkv). Make full copies.
-  const int64_t group = Hq / s.heads_kv;
-  std::vector<Real> k(static_cast<size_t>(B * Sk * Hq * D)), v(k.size());
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t j = 0; j < Sk; ++j)
-      for (int64_t h = 0; h < Hq; ++h)
-        for (int64_t d = 0; d < D; ++d) {
-          const int64_t from = ((b * Sk + j) * s.heads_kv + h / group) * D + d;
-          const int64_t to = ((b * Sk + j) * Hq + h) * D + d;
-          k[to] = in.k[from];
-          v[to] = in.v[from];
-        }
-
-  Result r{std::vector<Real>(static_cast<size_t>(B * Sq * Hq * D)),
-           std::vector<Real>(static_cast<size_t>(B * Hq * Sq))};
-  std::vector<Real> weights(static_cast<size_t>(Sq * Sk));  // exp(scores), masked to 0
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < Hq; ++h) {
-      for (int64_t i = 0; i < Sq; ++i)
-        for (int64_t j = 0; j < Sk; ++j) {
-          const bool visible = !s.causal || j <= i + Sk - Sq;
-          Real score = 0;
-          for (int64_t d = 0; d < D; ++d)
-            score +=
-                Real(in.q[((b * Sq + i) * Hq + h) * D + d]) * k[((b * Sk + j) * Hq + h) * D + d];
-          weights[i * Sk + j] = visible ? std::exp(Real(s.softmax_scale) * score) : Real(0);
-        }
-      for (int64_t i = 0; i < Sq; ++i) {
-        Real sum = 0;
-        for (int64_t j = 0; j < Sk; ++j) sum += weights[i * Sk + j];
-        r.lse[(b * Hq + h) * Sq + i] =
-            sum > 0 ? std::log(sum) : -std::numeric_limits<Real>::infinity();
-        for (int64_t d = 0; d < D; ++d) {
-          Real acc = 0;
-          for (int64_t j = 0; j < Sk; ++j)
-            acc += weights[i * Sk + j] * v[((b * Sk + j) * Hq + h) * D + d];
-          r.out[((b * Sq + i) * Hq + h) * D + d] = sum > 0 ? acc / sum : Real(0);
-        }
-      }
-    }
-  return r;
-}
-
-struct Reference {
-  std::vector<double> out, lse;
-};
-
-Reference run_reference(const AttentionShape& s, const Inputs& in) {
-  Reference r{
-      std::vector<double>(static_cast<size_t>(s.batch * s.seqlen_q * s.heads_q * s.head_dim)),
-      std::vector<double>(static_cast<size_t>(s.batch * s.heads_q * s.seqlen_q))};
-  warpattn::reference::attention(s, in.q.data(), in.k.data(), in.v.data(), r.out.data(),
-                                 r.lse.data());
-  return r;
-}
-
-// |a - b| within `tolerance` relative to max(1, |b|); equal infinities match.
-bool close(double a, Real b, double tolerance) {
-  if (std::isinf(b)) return Real(a) == b;
-  return std::fabs(Real(a) - b) <= Real(tolerance) * std::max(Real(1), std::fabs(b));
-}
-
-// Checks the fp64 reference against the brute force on every output and lse value.
-void check_against_brute_force(const AttentionShape& s, uint64_t seed) {
-  const Inputs in = random_inputs(s, seed);
-  const Result want = brute_force(s, in);
-  const Reference got = run_reference(s, in);
-  constexpr double kTolerance = 1e-12;  // fp64 against long double, for these tiny sums
-  int reported = 0;
-  for (size_t i = 0; i < want.out.size() && reported < 5; ++i) {
-    const bool ok = close(got.out[i], want.out[i], kTolerance);
-    CHECK(ok) << "out[" << i << "] = " << got.out[i] << ", brute force " << double(want.out[i]);
-    reported += !ok;
-  }
-  for (size_t i = 0; i < want.lse.size() && reported < 5; ++i) {
-    const bool ok = close(got.lse[i], want.lse[i], kTolerance);
-    CHECK(ok) << "lse[" << i << "] = " << got.lse[i] << ", brute force " << double(want.lse[i]);
-    reported += !ok;
-  }
-}
-
-AttentionShape shape(int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d,
-                     double scale, bool causal) {
-  return AttentionShape{batch, sq, sk, hq, hkv, d, scale, causal};
-}
+// The brute force, the reference runner and their comparison are shared with the features'
+// tests (reference_brute_force.hpp); with no features they are the plain model's.
+using reference_test::AttentionShape;
+using reference_test::check_against_brute_force;
+using reference_test::Inputs;
+using reference_test::random_inputs;
+using reference_test::Reference;
+using reference_test::run_reference;
+using reference_test::shape;
 
 }  // namespace
 

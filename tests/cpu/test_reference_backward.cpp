@@ -6,8 +6,12 @@
 //      spreads and runs shapes too large or too ill-conditioned for finite differences;
 //   3. against identities every correct gradient satisfies.
 // The finite-difference comparison is shown to catch planted faults (D's sign, a dropped key, a
-// wrong GQA head, a missing scale, the wrong causal alignment) by feeding it the brute force
-// with each fault switched on.
+// wrong GQA head, a missing scale, the wrong causal alignment; for the features of issue 19 a
+// window one key too wide, the soft cap's 1 - tanh^2 left out of dS, the sink left out of the
+// LSE, dsinks' sign) by feeding it the brute force with each fault switched on. The features
+// (sliding window, soft cap, sinks and their dsinks) go through all of it: the brute force
+// writes the mask out from FlashAttention's definition, the cap as its formula, the sink as one
+// more term of the row sum, and the finite differences perturb each sink like any input.
 //
 // Why the finite differences can be tight: inputs are multiples of 2^-12 in [-1, 1] and the
 // steps are 2^-8 and 2^-9, so x +- step is exactly representable in float and the forward
@@ -15,10 +19,11 @@
 // evaluated in fp64 over only the rows the perturbed input reaches (the rest of L does not
 // move and would only add rounding); and two central differences are combined by Richardson
 // extrapolation, (4 c(h/2) - c(h)) / 3, which cancels the h^2 truncation term. What remains is
-// O(h^4) truncation and about 1e-16 / h rounding: measured 8e-13 to 1.2e-11 of each tensor's
-// largest gradient on these shapes (WARPATTN_PRINT_AGREEMENT=1 prints it), so a tolerance of
-// 1e-8 is robust by nearly 1000x, while the planted faults move gradients by 0.75 to 6.6 of
-// that size, 10^7 times the tolerance.
+// O(h^4) truncation and about 1e-16 / h rounding: measured 5e-13 to 1.2e-11 of each tensor's
+// largest gradient on these shapes (WARPATTN_PRINT_AGREEMENT=1 prints it), 1.8e-10 for a soft
+// cap of 0.6 on scores of several caps (tanh's higher derivatives swell the h^4 term), so a
+// tolerance of 1e-8 is robust by 50x at worst and nearly 1000x elsewhere, while the planted
+// faults move gradients by 0.49 to 6.6 of that size, 10^7 times the tolerance.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -31,16 +36,15 @@
 
 #include "harness.hpp"
 #include "reference/reference.hpp"
+#include "reference_brute_force.hpp"
 
 namespace {
 
-using warpattn::reference::AttentionShape;
-using Real = long double;
-
-AttentionShape shape(int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d,
-                     double scale, bool causal) {
-  return AttentionShape{batch, sq, sk, hq, hkv, d, scale, causal};
-}
+// Shapes with the features of issue 19 are built as in the forward tests
+// (reference_brute_force.hpp); the inputs here are the backward's own (grid values, dout).
+using reference_test::AttentionShape;
+using reference_test::Real;
+using reference_test::shape;
 
 // Multiples of 2^-12 in [-1, 1]: exact in float with room for a 2^-9 step either side.
 std::vector<float> grid_values(int64_t n, uint64_t seed) {
@@ -53,18 +57,29 @@ std::vector<float> grid_values(int64_t n, uint64_t seed) {
 
 struct Inputs {
   std::vector<float> q, k, v, dout;
+  std::vector<float> sinks;  // [Hq], empty for none
 };
 
 int64_t q_size(const AttentionShape& s) { return s.batch * s.seqlen_q * s.heads_q * s.head_dim; }
 int64_t kv_size(const AttentionShape& s) { return s.batch * s.seqlen_k * s.heads_kv * s.head_dim; }
 
-Inputs random_inputs(const AttentionShape& s, uint64_t seed) {
+Inputs random_inputs(const AttentionShape& s, uint64_t seed, bool with_sinks = false) {
   return {grid_values(q_size(s), seed), grid_values(kv_size(s), seed + 1),
-          grid_values(kv_size(s), seed + 2), grid_values(q_size(s), seed + 3)};
+          grid_values(kv_size(s), seed + 2), grid_values(q_size(s), seed + 3),
+          with_sinks ? grid_values(s.heads_q, seed + 4) : std::vector<float>{}};
+}
+
+// The shape the reference is given: s with its sinks pointing into `in` (none if it has none).
+// Tests pass shapes without sinks and bind them here, so a copy of the inputs (the finite
+// differences perturb one) carries its own.
+AttentionShape bound(AttentionShape s, const Inputs& in) {
+  s.sinks = in.sinks.empty() ? nullptr : in.sinks.data();
+  return s;
 }
 
 struct Grads {
   std::vector<double> dq, dk, dv;
+  std::vector<double> dsinks;                           // [Hq], empty without sinks
   std::vector<double> dq_spread, dk_spread, dv_spread;  // empty when not computed
 };
 
@@ -82,9 +97,11 @@ Grads run_reference(const AttentionShape& s, const Inputs& in, bool with_spreads
     g.dv_spread.assign(g.dv.size(), nan);
     spreads = {g.dq_spread.data(), g.dk_spread.data(), g.dv_spread.data()};
   }
-  warpattn::reference::attention_backward(s, in.q.data(), in.k.data(), in.v.data(),
+  // dsinks is asked for with sinks only; without them it must be zeros (a test below).
+  if (!in.sinks.empty()) g.dsinks.assign(size_t(s.heads_q), nan);
+  warpattn::reference::attention_backward(bound(s, in), in.q.data(), in.k.data(), in.v.data(),
                                           in.dout.data(), g.dq.data(), g.dk.data(), g.dv.data(),
-                                          spreads);
+                                          spreads, g.dsinks.empty() ? nullptr : g.dsinks.data());
   return g;
 }
 
@@ -97,14 +114,26 @@ enum class Fault {
   kGqaHeadModulo,   // query head h reads kv head h % Hkv instead of h / (Hq / Hkv)
   kUnscaledDq,      // dQ = dS K, the scale forgotten
   kTopLeftCausal,   // causal mask aligned top-left (j <= i) instead of bottom-right
+  kWideWindow,      // window_left one key wider than asked
+  kNoCapSlope,      // dS without the soft cap's factor 1 - tanh^2
+  kSinkOutsideLse,  // the sink left out of the backward's LSE (P normalised over the keys)
+  kSinkGradientSign,  // dsink = +sum exp(sink - L) D
 };
 
 Grads brute_force(const AttentionShape& s, const Inputs& in, Fault fault = Fault::kNone) {
   const int64_t B = s.batch, Sq = s.seqlen_q, Sk = s.seqlen_k, Hq = s.heads_q, Hkv = s.heads_kv;
   const int64_t D = s.head_dim, group = Hq / Hkv;
-  const Real scale = s.softmax_scale;
+  const Real scale = s.softmax_scale, cap = s.softcap;
   const Real dq_scale = fault == Fault::kUnscaledDq ? Real(1) : scale;
-  const int64_t diagonal = fault == Fault::kTopLeftCausal ? 0 : Sk - Sq;
+  // The mask from FlashAttention's definition: with the diagonal at j = i + offset, row i sees
+  // j iff j >= i + offset - left (left >= 0) and j <= i + offset + right (right >= 0), causal
+  // meaning right = 0.
+  const int64_t offset = fault == Fault::kTopLeftCausal ? 0 : Sk - Sq;
+  const int64_t left = s.window_left < 0 ? -1 : s.window_left + (fault == Fault::kWideWindow ? 1 : 0);
+  const int64_t right = s.causal ? 0 : s.window_right;
+  auto sees = [&](int64_t i, int64_t j) {
+    return (left < 0 || j >= i + offset - left) && (right < 0 || j <= i + offset + right);
+  };
   auto Q = [&](int64_t b, int64_t i, int64_t h, int64_t d) {
     return Real(in.q[((b * Sq + i) * Hq + h) * D + d]);
   };
@@ -115,20 +144,27 @@ Grads brute_force(const AttentionShape& s, const Inputs& in, Fault fault = Fault
 
   std::vector<Real> dq(size_t(q_size(s))), dq_sq(dq.size());
   std::vector<Real> dk(size_t(kv_size(s))), dv(dk.size()), dk_sq(dk.size()), dv_sq(dk.size());
-  std::vector<Real> P(size_t(Sq * Sk)), dP(P.size()), dS(P.size());
+  std::vector<Real> dsinks(in.sinks.size());
+  std::vector<Real> P(size_t(Sq * Sk)), dP(P.size()), dS(P.size()), slope(P.size());
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < Hq; ++h) {
       const int64_t hk = fault == Fault::kGqaHeadModulo ? h % Hkv : h / group;
       auto K = [&](int64_t j, int64_t d) { return Real(in.k[kv_index(b, j, hk, d)]); };
       auto V = [&](int64_t j, int64_t d) { return Real(in.v[kv_index(b, j, hk, d)]); };
+      const bool with_sink = !in.sinks.empty();
+      const Real sink_weight = with_sink ? std::exp(Real(in.sinks[h])) : Real(0);  // exp(sink)
       for (int64_t i = 0; i < Sq; ++i) {
-        // exp without a maximum subtracted: long double's range covers these scores.
-        Real sum = 0;
+        // exp without a maximum subtracted: long double's range covers these logits. The sink's
+        // exp(sink) joins the sum and takes the weight exp(sink - L) = exp(sink) / sum.
+        Real sum = fault == Fault::kSinkOutsideLse ? Real(0) : sink_weight;
         for (int64_t j = 0; j < Sk; ++j) {
-          Real score = 0;
-          for (int64_t d = 0; d < D; ++d) score += Q(b, i, h, d) * K(j, d);
-          const bool visible = !s.causal || j <= i + diagonal;
-          P[i * Sk + j] = visible ? std::exp(scale * score) : Real(0);
+          Real dot = 0;
+          for (int64_t d = 0; d < D; ++d) dot += Q(b, i, h, d) * K(j, d);
+          // t = cap tanh(scale x / cap), dt/d(scale x) = 1 - tanh^2; t = scale x, 1 without.
+          const Real tanh_arg = cap > 0 ? std::tanh(scale * dot / cap) : Real(0);
+          const Real t = cap > 0 ? cap * tanh_arg : scale * dot;
+          slope[i * Sk + j] = cap > 0 && fault != Fault::kNoCapSlope ? 1 - tanh_arg * tanh_arg : Real(1);
+          P[i * Sk + j] = sees(i, j) ? std::exp(t) : Real(0);
           sum += P[i * Sk + j];
         }
         for (int64_t j = 0; j < Sk; ++j) P[i * Sk + j] = sum > 0 ? P[i * Sk + j] / sum : Real(0);
@@ -139,8 +175,12 @@ Grads brute_force(const AttentionShape& s, const Inputs& in, Fault fault = Fault
           dP[i * Sk + j] = dp;
           delta += P[i * Sk + j] * dp;
         }
+        // dsink = -sum_i exp(sink - L_i) D_i: the sink's weight times the row's D.
+        if (with_sink && sum > 0)
+          dsinks[h] += (fault == Fault::kSinkGradientSign ? 1 : -1) * (sink_weight / sum) * delta;
         if (fault == Fault::kFlipDeltaSign) delta = -delta;
-        for (int64_t j = 0; j < Sk; ++j) dS[i * Sk + j] = P[i * Sk + j] * (dP[i * Sk + j] - delta);
+        for (int64_t j = 0; j < Sk; ++j)
+          dS[i * Sk + j] = P[i * Sk + j] * (dP[i * Sk + j] - delta) * slope[i * Sk + j];
       }
       const int64_t keys = fault == Fault::kDropLastKey ? Sk - 1 : Sk;
       for (int64_t i = 0; i < Sq; ++i)
@@ -170,8 +210,9 @@ Grads brute_force(const AttentionShape& s, const Inputs& in, Fault fault = Fault
     for (size_t i = 0; i < x.size(); ++i) y[i] = double(root ? std::sqrt(x[i]) : x[i]);
     return y;
   };
-  return {to_double(dq, false), to_double(dk, false), to_double(dv, false),
+  Grads g{to_double(dq, false), to_double(dk, false), to_double(dv, false), to_double(dsinks, false),
           to_double(dq_sq, true), to_double(dk_sq, true), to_double(dv_sq, true)};
+  return g;
 }
 
 // ---------------------------------------------------------------- finite differences
@@ -179,7 +220,7 @@ Grads brute_force(const AttentionShape& s, const Inputs& in, Fault fault = Fault
 // sum_d out_id dout_id for one row (b, h, i), out by the forward reference.
 double row_loss(const AttentionShape& s, const Inputs& in, int64_t b, int64_t h, int64_t i) {
   std::vector<double> out(size_t(s.head_dim));
-  warpattn::reference::attention_row(s, in.q.data(), in.k.data(), in.v.data(), b, h, i,
+  warpattn::reference::attention_row(bound(s, in), in.q.data(), in.k.data(), in.v.data(), b, h, i,
                                      out.data(), nullptr);
   const float* dout = in.dout.data() + ((b * s.seqlen_q + i) * s.heads_q + h) * s.head_dim;
   double loss = 0;
@@ -228,6 +269,15 @@ Grads finite_differences(const AttentionShape& s, Inputs in) {
     g.dk[e] = derivative(in.k[e], group_loss);
     g.dv[e] = derivative(in.v[e], group_loss);
   }
+  // sink h reaches every row of query head h, in every batch.
+  g.dsinks.resize(in.sinks.size());
+  for (int64_t h = 0; h < int64_t(in.sinks.size()); ++h)
+    g.dsinks[h] = derivative(in.sinks[h], [&] {
+      double loss = 0;
+      for (int64_t b = 0; b < s.batch; ++b)
+        for (int64_t i = 0; i < Sq; ++i) loss += row_loss(s, in, b, h, i);
+      return loss;
+    });
   return g;
 }
 
@@ -243,6 +293,11 @@ struct Agreement {
 
 void agree(const char* name, const std::vector<double>& got, const std::vector<double>& want,
            Agreement& a) {
+  if (got.size() != want.size()) {
+    a.worst = std::numeric_limits<double>::infinity();
+    a.where = std::string(name) + ": " + std::to_string(got.size()) + " values, want " + std::to_string(want.size());
+    return;
+  }
   double largest = 0;
   for (double w : want) largest = std::max(largest, std::fabs(w));
   if (largest == 0) largest = 1;  // all zero: then any nonzero got is an absolute error
@@ -261,6 +316,7 @@ Agreement agreement(const Grads& got, const Grads& want) {
   agree("dq", got.dq, want.dq, a);
   agree("dk", got.dk, want.dk, a);
   agree("dv", got.dv, want.dv, a);
+  agree("dsinks", got.dsinks, want.dsinks, a);
   return a;
 }
 
@@ -277,7 +333,8 @@ constexpr double kBruteForceTolerance = 1e-12;       // fp64 against long double
 
 // Gradients large enough that agreeing with them means something.
 void check_not_trivial(const Grads& g) {
-  for (const auto* t : {&g.dq, &g.dk, &g.dv}) {
+  for (const auto* t : {&g.dq, &g.dk, &g.dv, &g.dsinks}) {
+    if (t->empty()) continue;  // no sinks
     double largest = 0;
     for (double x : *t) largest = std::max(largest, std::fabs(x));
     CHECK(largest > 1e-2) << "a gradient tensor is (nearly) zero: " << largest;
@@ -285,8 +342,8 @@ void check_not_trivial(const Grads& g) {
 }
 
 // The full check of one shape: reference against finite differences and brute force.
-void check_shape(const AttentionShape& s, uint64_t seed) {
-  const Inputs in = random_inputs(s, seed);
+void check_shape(const AttentionShape& s, uint64_t seed, bool with_sinks = false) {
+  const Inputs in = random_inputs(s, seed, with_sinks);
   const Grads got = run_reference(s, in);
   check_not_trivial(got);
   const Agreement fd = agreement(got, finite_differences(s, in));
@@ -336,26 +393,88 @@ TEST(backward_matches_finite_differences_other_scales) {
   for (double scale : {1.3, -0.7, 0.05}) check_shape(shape(1, 4, 5, 2, 1, 16, scale, true), 110);
 }
 
+// ---------------------------------------------------------------- the features of issue 19
+
+TEST(backward_matches_finite_differences_window) {
+  check_shape(shape(2, 7, 7, 2, 2, 8, 0.5, false, {2, 1}), 180);
+  check_shape(shape(1, 5, 9, 4, 2, 8, 0.5, true, {3, -1}), 181);  // Sq < Sk, GQA
+  // Sq > Sk, both sides bounded: rows 0..2 see no key, the rest one or two.
+  check_shape(shape(2, 6, 2, 2, 1, 8, 0.5, false, {1, 1}), 182);
+  check_shape(shape(1, 6, 8, 2, 2, 8, 0.5, false, {1, 0}), 183);  // two keys per row
+}
+
+TEST(backward_window_0_0_routes_dout_to_the_diagonal_value) {
+  // One key per row: P_ii' = 1 whatever q and k are, so dq = dk = 0 exactly, and dv of the
+  // row's key is its dO (summed over the group's heads); keys no row sees get zeros.
+  const AttentionShape s = shape(1, 4, 6, 2, 1, 8, 0.5, false, {0, 0});  // row i sees key i + 2
+  const Inputs in = random_inputs(s, 188);
+  const Grads g = run_reference(s, in);
+  for (double x : g.dq) CHECK(x == 0.0) << x;
+  for (double x : g.dk) CHECK(x == 0.0) << x;
+  for (int64_t j = 0; j < 6; ++j)
+    for (int64_t d = 0; d < 8; ++d) {
+      const double want = j < 2 ? 0.0 : double(in.dout[((j - 2) * 2 + 0) * 8 + d]) + double(in.dout[((j - 2) * 2 + 1) * 8 + d]);
+      CHECK(g.dv[j * 8 + d] == want) << "key " << j << " d " << d << ": " << g.dv[j * 8 + d] << " vs " << want;
+    }
+}
+
+TEST(backward_matches_finite_differences_softcap) {
+  check_shape(shape(2, 5, 7, 2, 2, 8, 0.5, false, {-1, -1, 1.5}), 184);
+  // Raw scaled scores of several caps: tanh well into its bend, 1 - tanh^2 far from 1.
+  check_shape(shape(1, 6, 6, 4, 2, 16, 1.3, true, {-1, -1, 0.6}), 185);
+}
+
+TEST(backward_matches_finite_differences_sinks) {
+  check_shape(shape(2, 5, 7, 3, 3, 8, 0.5, false), 186, true);
+  check_shape(shape(1, 8, 3, 4, 2, 8, 0.5, true), 187, true);  // rows 0..4 see only the sink
+}
+
+TEST(backward_matches_finite_differences_all_features_with_gqa) {
+  // Soft cap, window, causal, sinks and GQA together, Sq < Sk and Sq > Sk (rows with no key),
+  // and a window on both sides without causal.
+  check_shape(shape(2, 5, 9, 4, 2, 8, 0.6, true, {2, -1, 1.2}), 190, true);
+  check_shape(shape(1, 9, 5, 4, 2, 8, 0.6, true, {1, -1, 1.2}), 191, true);
+  check_shape(shape(1, 7, 7, 6, 2, 8, -0.8, false, {1, 2, 0.9}), 192, true);
+}
+
+TEST(backward_without_sinks_gives_zero_dsinks) {
+  // Asked for without sinks (or with sinks of -inf: no weight), dsinks is zeros, and nothing
+  // else moves.
+  const AttentionShape s = shape(1, 6, 5, 2, 1, 8, 0.5, true, {1, -1, 2.0});
+  Inputs in = random_inputs(s, 195);
+  const Grads plain = run_reference(s, in, false);
+  std::vector<double> dq(plain.dq.size()), dk(plain.dk.size()), dv(plain.dv.size()), dsinks(2, 1.0);
+  warpattn::reference::attention_backward(s, in.q.data(), in.k.data(), in.v.data(), in.dout.data(), dq.data(),
+                                          dk.data(), dv.data(), {}, dsinks.data());
+  CHECK(dsinks[0] == 0.0 && dsinks[1] == 0.0) << dsinks[0] << " " << dsinks[1];
+  CHECK(dq == plain.dq && dk == plain.dk && dv == plain.dv);
+  in.sinks.assign(2, -std::numeric_limits<float>::infinity());
+  const Grads minus_inf = run_reference(s, in, false);
+  CHECK(minus_inf.dsinks == std::vector<double>(2, 0.0)) << minus_inf.dsinks[0] << " " << minus_inf.dsinks[1];
+  CHECK(minus_inf.dq == plain.dq && minus_inf.dk == plain.dk && minus_inf.dv == plain.dv);
+  // No rows at all: dsinks is still written, zeros.
+  const AttentionShape empty = shape(0, 6, 5, 2, 1, 8, 0.5, false);
+  dsinks.assign(2, 1.0);
+  warpattn::reference::attention_backward(empty, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, {},
+                                          dsinks.data());
+  CHECK(dsinks[0] == 0.0 && dsinks[1] == 0.0);
+}
+
 // ---------------------------------------------------------------- planted faults
 
 // The same comparison, fed gradients with a known bug, must fail, each by a wide margin; the
 // faultless brute force through the same path must pass (so it is the fault that fails).
-TEST(finite_difference_check_catches_planted_faults) {
-  // Causal, Sq > Sk (rows without keys, alignment matters), GQA with two kv heads (h / 2 and
-  // h % 2 differ), a non-default scale.
-  const AttentionShape s = shape(2, 6, 5, 4, 2, 8, 0.45, true);
-  const Inputs in = random_inputs(s, 111);
+namespace {
+struct NamedFault {
+  Fault fault;
+  const char* name;
+};
+
+// The faultless brute force against the finite differences first, then each fault in turn.
+void check_faults(const AttentionShape& s, const Inputs& in, const std::vector<NamedFault>& faults) {
   const Grads fd = finite_differences(s, in);
   const Agreement clean = agreement(brute_force(s, in), fd);
   CHECK(clean.worst <= kFiniteDifferenceTolerance) << clean.worst << " at " << clean.where;
-  const struct {
-    Fault fault;
-    const char* name;
-  } faults[] = {{Fault::kFlipDeltaSign, "D's sign flipped"},
-                {Fault::kDropLastKey, "last key dropped"},
-                {Fault::kGqaHeadModulo, "GQA head h % Hkv"},
-                {Fault::kUnscaledDq, "dQ without the scale"},
-                {Fault::kTopLeftCausal, "top-left causal"}};
   for (const auto& f : faults) {
     const Agreement bad = agreement(brute_force(s, in, f.fault), fd);
     // At least 1000 x the tolerance: the check does not pass such bugs by a hair.
@@ -363,6 +482,31 @@ TEST(finite_difference_check_catches_planted_faults) {
     if (std::getenv("WARPATTN_PRINT_AGREEMENT"))
       std::printf("    %s: worst %.3g\n", f.name, bad.worst);
   }
+}
+}  // namespace
+
+TEST(finite_difference_check_catches_planted_faults) {
+  // Causal, Sq > Sk (rows without keys, alignment matters), GQA with two kv heads (h / 2 and
+  // h % 2 differ), a non-default scale.
+  const AttentionShape s = shape(2, 6, 5, 4, 2, 8, 0.45, true);
+  const Inputs in = random_inputs(s, 111);
+  check_faults(s, in, {{Fault::kFlipDeltaSign, "D's sign flipped"},
+                       {Fault::kDropLastKey, "last key dropped"},
+                       {Fault::kGqaHeadModulo, "GQA head h % Hkv"},
+                       {Fault::kUnscaledDq, "dQ without the scale"},
+                       {Fault::kTopLeftCausal, "top-left causal"}});
+}
+
+TEST(finite_difference_check_catches_planted_feature_faults) {
+  // Every feature on, so each fault below has something to break: a left window (wider by
+  // one changes which keys rows see), a soft cap well into tanh's bend, sinks.
+  const AttentionShape s = shape(2, 6, 7, 4, 2, 8, 0.9, true, {2, -1, 1.0});
+  const Inputs in = random_inputs(s, 112, true);
+  check_faults(s, in, {{Fault::kWideWindow, "window_left one wider"},
+                       {Fault::kNoCapSlope, "no 1 - tanh^2 in dS"},
+                       {Fault::kSinkOutsideLse, "sink left out of the LSE"},
+                       {Fault::kSinkGradientSign, "dsinks' sign flipped"},
+                       {Fault::kTopLeftCausal, "top-left window"}});
 }
 
 // ---------------------------------------------------------------- against the brute force
@@ -477,9 +621,10 @@ TEST(backward_with_no_keys_or_no_queries_writes_zeros) {
 // around: partial blocks of 8 query rows, several 64-key chunks of values with a tail that is
 // not a multiple of 4 keys, a head dim that is not a multiple of 4, causal rows that see no key
 // or a different number of keys within one block, GQA and MQA.
-void check_sampled(const AttentionShape& s, uint64_t seed) {
-  const Inputs in = random_inputs(s, seed);
-  const Grads full = run_reference(s, in);
+void check_sampled(const AttentionShape& unbound, uint64_t seed, bool with_sinks = false) {
+  const Inputs in = random_inputs(unbound, seed, with_sinks);
+  const Grads full = run_reference(unbound, in);
+  const AttentionShape s = bound(unbound, in);
   check_not_trivial(full);
   const int64_t D = s.head_dim;
   const int64_t query_rows = s.batch * s.heads_q * s.seqlen_q, key_rows = s.batch * s.heads_kv * s.seqlen_k;
@@ -531,6 +676,15 @@ void check_sampled(const AttentionShape& s, uint64_t seed) {
     same("dk spread", dk_spread, int64_t(n), full.dk_spread, kv_offset(keys[n]));
     same("dv spread", dv_spread, int64_t(n), full.dv_spread, kv_offset(keys[n]));
   }
+  // dsinks from the sampled pass's row stats: the same bits as attention_backward's.
+  if (with_sinks) {
+    std::vector<double> dsinks(size_t(s.heads_q), nan);
+    warpattn::reference::attention_backward_dsinks(s, lse.data(), delta.data(), dsinks.data());
+    for (int64_t h = 0; h < s.heads_q; ++h)
+      if (!(dsinks[h] == full.dsinks[h]) && differ++ == 0)
+        first = "dsinks[" + std::to_string(h) + "]: " + std::to_string(dsinks[h]) + ", want " +
+                std::to_string(full.dsinks[h]);
+  }
   CHECK(differ == 0) << differ << " values differ from attention_backward's, first " << first;
 
   // The stats against the forward reference, row by row: LSE from attention_row, D = dO·O.
@@ -564,6 +718,17 @@ TEST(sampled_backward_matches_the_full_one_bitwise) {
   // A head dim that is not a multiple of 4 (the dot's tail lane), GQA, negative scale.
   check_sampled(shape(2, 19, 70, 4, 2, 6, -0.5, false), 163);
   check_sampled(shape(1, 19, 70, 2, 1, 7, 0.5, true), 164);
+}
+
+TEST(sampled_backward_with_the_features_matches_the_full_one_bitwise) {
+  // Each row's band of keys starts and ends at a different key within one block of 8 rows and
+  // across the 64-key chunks of values; rows with no key but a sink; the soft cap's slope in
+  // every dS.
+  check_sampled(shape(1, 70, 150, 2, 2, 16, 0.25, false, {40, 30, 1.5}), 165, true);
+  check_sampled(shape(2, 37, 133, 4, 2, 8, 0.3, true, {70, -1, 2.0}), 166, true);
+  check_sampled(shape(1, 45, 32, 3, 1, 8, 0.4, true, {5, -1, 1.0}), 167, true);  // rows 0..12: only the sink
+  check_sampled(shape(2, 19, 70, 4, 2, 6, -0.5, false, {0, 0, 0.8}), 168, true);  // one key per row
+  check_sampled(shape(1, 30, 9, 2, 1, 7, 0.5, false, {2, 3}), 169, false);       // window alone, Sq > Sk
 }
 
 TEST(sampled_backward_of_empty_sequences) {

@@ -777,3 +777,69 @@ TEST(rejected_call_writes_nothing) {
     }
   }
 }
+
+// ---------------------------------------------------------------- p. window, softcap, sinks
+
+constexpr uintptr_t kSinks = 0x60000000;
+
+TensorView sinks_view(int64_t heads, DType dtype = DType::f32, uintptr_t address = kSinks) {
+  const int64_t shape[1] = {heads};
+  return warpattn::make_contiguous_view(fake_device_pointer(address), dtype, 1, shape);
+}
+
+TEST(valid_window_softcap_and_sinks_pass_validation) {
+  Call c = make_call();
+  c.options.window_left = 128, c.options.window_right = 0;
+  EXPECT_VALID(c);
+  c.options.causal = true, c.options.window_right = -1;  // causal: right -1 or 0
+  EXPECT_VALID(c);
+  c.options.window_right = 0, c.options.softcap = 30.f, c.options.sinks = sinks_view(8);
+  EXPECT_VALID(c);
+  c.options.causal = false, c.options.window_left = -1, c.options.window_right = 1 << 30;  // wider than both: unbounded
+  EXPECT_VALID(c);
+}
+
+TEST(window_sides_must_be_minus_one_or_more) {
+  Call c = make_call();
+  c.options.window_left = -2;
+  EXPECT_REJECTED(c, "options.window_left", "expected -1 (unbounded) or a key count >= 0, got -2");
+  c.options.window_left = 3, c.options.window_right = -7;
+  EXPECT_REJECTED(c, "options.window_right", "got -7");
+}
+
+TEST(causal_window_may_not_reach_right_of_the_diagonal) {
+  Call c = make_call();
+  c.options.causal = true, c.options.window_left = 64, c.options.window_right = 3;
+  EXPECT_REJECTED(c, "options.window_right", "expected -1 or 0 with causal, got 3");
+}
+
+TEST(softcap_must_be_zero_or_finite_positive) {
+  Call c = make_call();
+  c.options.softcap = -1.f;
+  EXPECT_REJECTED(c, "options.softcap", "expected 0 (off) or a finite value > 0, got -1");
+  c.options.softcap = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_REJECTED(c, "options.softcap", "got nan");
+  c.options.softcap = std::numeric_limits<float>::infinity();
+  EXPECT_REJECTED(c, "options.softcap", "got inf");
+}
+
+TEST(sinks_must_be_fp32_one_per_query_head) {
+  Call c = make_call();
+  c.options.sinks = sinks_view(8, DType::bf16);
+  EXPECT_REJECTED(c, "sinks", "expected dtype float32, got bfloat16");
+  c.options.sinks = sinks_view(2);
+  EXPECT_REJECTED(c, "sinks", "expected shape (8) (one logit per query head), got (2)");
+  const int64_t shape[2] = {8, 1};
+  c.options.sinks = warpattn::make_contiguous_view(fake_device_pointer(kSinks), DType::f32, 2, shape);
+  EXPECT_REJECTED(c, "sinks", "expected rank 1 (heads_q), got rank 2");
+  c.options.sinks = sinks_view(8, DType::f32, 0);
+  EXPECT_REJECTED(c, "sinks", "data is null");
+  c.options.sinks = sinks_view(8, DType::f32, kSinks + 2);
+  EXPECT_REJECTED(c, "sinks", "must be 4-byte aligned");
+}
+
+TEST(sinks_must_not_overlap_out) {
+  Call c = make_call();
+  c.options.sinks = sinks_view(8, DType::f32, kOut + 64);
+  EXPECT_REJECTED(c, "out", "sinks");
+}

@@ -15,8 +15,7 @@ using namespace warpattn::detail;
 namespace {
 
 VarlenGeometry geometry(bool causal, int heads_q, int kv_group) {
-  VarlenGeometry g;
-  g.block_m = 128, g.block_n = 176, g.heads_q = heads_q, g.kv_group = kv_group, g.causal = causal;
+  VarlenGeometry g = varlen_geometry(128, 176, heads_q, kv_group, causal);
   g.kv_bytes_per_key = 2 * 128 * 2, g.l2_bytes = 50 << 20, g.multiprocessors = 132;
   return g;
 }

@@ -198,6 +198,16 @@ inline warpattn::TensorView contiguous(void* p, warpattn::DType t, std::initiali
 
 inline int64_t blocks_of(int64_t n) { return (n + 127) / 128; }
 
+// The model options of a test case (issue 19), for its description: empty when all are off.
+inline std::string describe_model_options(int window_left, int window_right, float softcap, bool sinks) {
+  std::string d;
+  if (window_left >= 0 || window_right >= 0)
+    d += " win=(" + std::to_string(window_left) + "," + std::to_string(window_right) + ")";
+  if (softcap > 0) d += " cap=" + std::to_string(static_cast<int>(softcap));
+  if (sinks) d += " sinks";
+  return d;
+}
+
 // The FP8 operands of one problem, in their own device buffers; Q and K in `qk` (e4m3 or s8).
 struct Fp8Buffers {
   DeviceBuffer q, k, vt, qs, ks, vs;

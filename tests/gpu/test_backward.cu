@@ -25,6 +25,9 @@ struct Case {
   bool padded = false;
   bool deterministic = false;
   std::optional<float> softmax_scale;
+  int window_left = -1, window_right = -1;  // a sliding window (issue 19)
+  float softcap = 0;                          // and a softcap (head dims 128 and 256)
+  bool sinks = false;                         // sinks N(1, 2^2) per query head, and their gradient
 };
 
 std::string describe(const Case& c) {
@@ -33,7 +36,7 @@ std::string describe(const Case& c) {
            c.dtype == DType::bf16 ? "bf16" : "fp16", c.head_dim, c.causal ? "causal" : "full", (long long)c.batch,
            (long long)c.seqlen_q, (long long)c.seqlen_k, (long long)c.heads_q, (long long)c.heads_kv,
            c.padded ? " strided" : "", c.deterministic ? " deterministic" : "");
-  return buf;
+  return buf + gpu_test::describe_model_options(c.window_left, c.window_right, c.softcap, c.sinks);
 }
 
 // Everything one run leaves behind: the inputs as the GPU saw them and the three gradients.
@@ -45,7 +48,8 @@ struct Run {
 
 struct Tensors {
   DeviceTensor q, k, v, out, dout, dq, dk, dv;
-  DeviceBuffer lse;
+  DeviceBuffer lse, sinks, dsinks;
+  std::vector<float> sinks_host;
   explicit Tensors(const Case& c)
       : q(c.dtype, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.padded),
         k(c.dtype, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.padded),
@@ -55,7 +59,17 @@ struct Tensors {
         dq(c.dtype, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.padded),
         dk(c.dtype, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.padded),
         dv(c.dtype, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.padded),
-        lse(static_cast<size_t>(c.batch * c.heads_q * c.seqlen_q) * 4) {}
+        lse(static_cast<size_t>(c.batch * c.heads_q * c.seqlen_q) * 4),
+        sinks(static_cast<size_t>(c.heads_q) * 4),
+        dsinks(static_cast<size_t>(c.heads_q) * 4) {}
+  std::optional<warpattn::TensorView> sinks_view(const Case& c) {
+    if (!c.sinks) return std::nullopt;
+    return gpu_test::contiguous(sinks.mem, DType::f32, {c.heads_q});
+  }
+  std::optional<warpattn::TensorView> dsinks_view(const Case& c) {
+    if (!c.sinks) return std::nullopt;
+    return gpu_test::contiguous(dsinks.mem, DType::f32, {c.heads_q});
+  }
   warpattn::TensorView lse_view(const Case& c) {
     return gpu_test::contiguous(lse.mem, DType::f32, {c.batch, c.heads_q, c.seqlen_q});
   }
@@ -68,10 +82,21 @@ void run_backward(const Case& c, Tensors& t, std::optional<uint64_t> seed) {
     t.k.fill_normal(*seed + 1);
     t.v.fill_normal(*seed + 2);
     t.dout.fill_normal(*seed + 3);
+    if (c.sinks) {
+      std::mt19937_64 draw(*seed + 4);
+      std::normal_distribution<float> normal(1.f, 2.f);
+      t.sinks_host.clear();
+      for (int64_t h = 0; h < c.heads_q; ++h) t.sinks_host.push_back(normal(draw));
+      cudaMemcpy(t.sinks.mem, t.sinks_host.data(), c.heads_q * 4, cudaMemcpyHostToDevice);
+    }
   }
+  cudaMemset(t.dsinks.mem, 0xFF, t.dsinks.bytes);  // NaN until written
   warpattn::ForwardOptions fo;
   fo.causal = c.causal;
   fo.softmax_scale = c.softmax_scale;
+  fo.window_left = c.window_left, fo.window_right = c.window_right;
+  fo.softcap = c.softcap;
+  fo.sinks = t.sinks_view(c);
   warpattn::forward(t.q.view, t.k.view, t.v.view, t.out.view, t.lse_view(c), fo);
   t.dq.poison();
   t.dk.poison();
@@ -80,6 +105,9 @@ void run_backward(const Case& c, Tensors& t, std::optional<uint64_t> seed) {
   bo.causal = c.causal;
   bo.softmax_scale = c.softmax_scale;
   bo.deterministic = c.deterministic;
+  bo.window_left = c.window_left, bo.window_right = c.window_right;
+  bo.softcap = c.softcap;
+  bo.sinks = t.sinks_view(c), bo.dsinks = t.dsinks_view(c);
   warpattn::backward(t.dout.view, t.q.view, t.k.view, t.v.view, t.out.view, t.lse_view(c), t.dq.view, t.dk.view,
                      t.dv.view, bo);
 }
@@ -148,8 +176,12 @@ constexpr double kModelMargin = 1.5;
 struct Outcome {
   GradientError dq, dk, dv;
   int64_t written_outside = 0;
+  // The sinks' gradient: the largest |got - want| over the heads, against 1e-2 of the sum of its
+  // terms' magnitudes (sum_i exp(sink - LSE_i) |D_i|), which D's 16-bit rounding stays well below.
+  double dsinks_err = 0, dsinks_bound = 1;
   bool within() const {
-    return dq.within(kModelMargin) && dk.within(kModelMargin) && dv.within(kModelMargin) && written_outside == 0;
+    return dq.within(kModelMargin) && dk.within(kModelMargin) && dv.within(kModelMargin) && written_outside == 0 &&
+           dsinks_err <= dsinks_bound;
   }
 };
 
@@ -160,6 +192,12 @@ Outcome run_and_compare(const Case& c, Fault fault = Fault::none) {
   t.k.fill_normal(seed + 1);
   t.v.fill_normal(seed + 2);
   t.dout.fill_normal(seed + 3);
+  if (c.sinks) {
+    std::mt19937_64 draw(seed + 4);
+    std::normal_distribution<float> normal(1.f, 2.f);
+    for (int64_t h = 0; h < c.heads_q; ++h) t.sinks_host.push_back(normal(draw));
+    cudaMemcpy(t.sinks.mem, t.sinks_host.data(), c.heads_q * 4, cudaMemcpyHostToDevice);
+  }
   const std::vector<float> q = t.q.logical(t.q.raw()), k = t.k.logical(t.k.raw()), v = t.v.logical(t.v.raw()),
                            dout = t.dout.logical(t.dout.raw());
   if (fault == Fault::skipped_query_block) {
@@ -179,6 +217,8 @@ Outcome run_and_compare(const Case& c, Fault fault = Fault::none) {
     warpattn::BackwardOptions bo;
     bo.causal = c.causal;
     bo.softmax_scale = c.softmax_scale;
+    bo.window_left = c.window_left, bo.window_right = c.window_right;
+    bo.softcap = c.softcap;
     t.dq.poison();
     t.dk.poison();
     t.dv.poison();
@@ -200,9 +240,14 @@ Outcome run_and_compare(const Case& c, Fault fault = Fault::none) {
   s.head_dim = c.head_dim;
   s.softmax_scale = c.softmax_scale ? *c.softmax_scale : 1.0 / std::sqrt(double(c.head_dim));
   s.causal = c.causal;
+  s.window_left = c.window_left, s.window_right = c.window_right;
+  s.softcap = c.softcap;
+  s.sinks = c.sinks ? t.sinks_host.data() : nullptr;
   std::vector<double> dq(q.size()), dk(k.size()), dv(v.size()), sq(q.size()), sk(k.size()), sv(v.size());
+  std::vector<double> dsinks_want(c.heads_q);
   warpattn::reference::attention_backward(s, q.data(), k.data(), v.data(), dout.data(), dq.data(), dk.data(),
-                                          dv.data(), {sq.data(), sk.data(), sv.data()});
+                                          dv.data(), {sq.data(), sk.data(), sv.data()},
+                                          c.sinks ? dsinks_want.data() : nullptr);
   const std::vector<float> out = t.out.logical(t.out.raw());
   gpu_test::parallel_for(c.batch * c.seqlen_q * c.heads_q, [&](int64_t r) {
     const int64_t h = r % c.heads_q, i = (r / c.heads_q) % c.seqlen_q, b = r / c.heads_q / c.seqlen_q;
@@ -214,14 +259,36 @@ Outcome run_and_compare(const Case& c, Fault fault = Fault::none) {
   o.dv = compare(c, t.dv, dv_raw, dv, sv);
   o.written_outside =
       t.dq.written_outside_view(dq_raw) + t.dk.written_outside_view(dk_raw) + t.dv.written_outside_view(dv_raw);
+  if (c.sinks) {
+    const std::vector<float> got = t.dsinks.get<float>();
+    std::vector<double> lse_ref(c.batch * c.heads_q * c.seqlen_q), delta(lse_ref.size());
+    warpattn::reference::attention_backward_row_stats(s, q.data(), k.data(), v.data(), dout.data(), lse_ref.data(),
+                                                      delta.data());
+    o.dsinks_err = 0, o.dsinks_bound = INFINITY;
+    for (int64_t h = 0; h < c.heads_q; ++h) {
+      double magnitude = 0;
+      for (int64_t b = 0; b < c.batch; ++b)
+        for (int64_t i = 0; i < c.seqlen_q; ++i) {
+          const int64_t r = (b * c.heads_q + h) * c.seqlen_q + i;
+          magnitude += std::exp(t.sinks_host[h] - lse_ref[r]) * std::fabs(delta[r]);
+        }
+      const double err = std::isnan(got[h]) ? INFINITY : std::fabs(got[h] - dsinks_want[h]);
+      // Each head against its own bound: the worst ratio is kept as err / bound.
+      o.dsinks_err = std::max(o.dsinks_err, err / (1e-2 * magnitude + 1e-6));
+    }
+    o.dsinks_bound = 1;
+    printf("  %-62s dsinks err/bound %.3f\n", describe(c).c_str(), o.dsinks_err);
+  }
   printf("  %-62s err/model dq %.2f dk %.2f dv %.2f%s (seed %llu)\n", describe(c).c_str(), o.dq.err / o.dq.model,
          o.dk.err / o.dk.model, o.dv.err / o.dv.model,
          fault == Fault::d_sign ? " [D sign fault]" : fault == Fault::skipped_query_block ? " [skipped block]" : "",
          (unsigned long long)seed);
   if (c.deterministic) {  // the same bits again, on the same inputs
+    const std::vector<float> dsinks_first = t.dsinks.get<float>();
     run_backward(c, t, std::nullopt);
     CUDA_OK(cudaDeviceSynchronize());
-    CHECK(t.dq.raw() == dq_raw && t.dk.raw() == dk_raw && t.dv.raw() == dv_raw)
+    CHECK(t.dq.raw() == dq_raw && t.dk.raw() == dk_raw && t.dv.raw() == dv_raw &&
+          std::memcmp(dsinks_first.data(), t.dsinks.get<float>().data(), t.dsinks.bytes) == 0)
         << describe(c) << ": deterministic mode gave different bits on a second run";
   }
   return o;
@@ -231,7 +298,8 @@ void check_case(const Case& c) {
   const Outcome o = run_and_compare(c);
   CHECK(o.within()) << describe(c) << ": err/model dq " << o.dq.err / o.dq.model << " dk " << o.dk.err / o.dk.model
                     << " dv " << o.dv.err / o.dv.model << " (NaN " << o.dq.nan + o.dk.nan + o.dv.nan
-                    << "), written outside the views " << o.written_outside << ", margin " << kModelMargin;
+                    << "), written outside the views " << o.written_outside << ", margin " << kModelMargin
+                    << ", dsinks err/bound " << o.dsinks_err;
 }
 
 void run_matrix(DType dtype, int head_dim, bool causal) {
@@ -256,7 +324,62 @@ void run_matrix(DType dtype, int head_dim, bool causal) {
   }
 }
 
+// A case of the model options (issue 19): the shape and options; dtype and head dim given apart.
+struct ModelCase {
+  int64_t sq, sk;
+  bool causal;
+  int left, right;
+  float softcap;
+  bool sinks, deterministic;
+};
+
+void run_model_cases(DType dtype, int head_dim, std::initializer_list<ModelCase> cases) {
+  for (const ModelCase& w : cases) {
+    Case c;
+    c.dtype = dtype, c.head_dim = head_dim, c.causal = w.causal, c.deterministic = w.deterministic;
+    c.seqlen_q = w.sq, c.seqlen_k = w.sk, c.batch = 2, c.heads_q = 4, c.heads_kv = 2, c.padded = w.sq % 2 == 1;
+    c.window_left = w.left, c.window_right = w.right, c.softcap = w.softcap, c.sinks = w.sinks;
+    check_case(c);
+  }
+}
+
+// Sliding windows: the key blocks meet query-block intervals that no longer start at block 0,
+// the mask has a left edge, and deterministic mode orders dQ's sums from each query block's last
+// key block. Windows narrower than a block and wider, causal and not, Sq != Sk.
+void run_window_matrix(DType dtype, int head_dim) {
+  REQUIRE_HOPPER();
+  run_model_cases(dtype, head_dim,
+                  {{1000, 1000, true, 256, -1, 0, false, false}, {1000, 1000, true, 100, 0, 0, false, true},
+                   {700, 700, false, 64, 64, 0, false, false},   {300, 900, false, -1, 50, 0, false, true},
+                   {900, 300, true, 500, 0, 0, false, false},    {513, 513, false, 0, 0, 0, false, true},
+                   {257, 1000, false, 200, -1, 0, false, false}});
+}
+
+// Softcap's gradient through tanh (d = 128 and 256; the backward refuses it at 64), alone and
+// with a window, causal and not, and deterministic.
+void run_softcap_matrix(DType dtype, int head_dim) {
+  REQUIRE_HOPPER();
+  run_model_cases(dtype, head_dim,
+                  {{1000, 1000, false, -1, -1, 30, false, false}, {1000, 1000, true, -1, -1, 50, false, true},
+                   {300, 900, true, 200, -1, 20, false, false},   {513, 257, false, 100, -1, 5, false, false}});
+}
+
 }  // namespace
+
+TEST(backward_window_bf16_d64) { run_window_matrix(DType::bf16, 64); }
+TEST(backward_window_bf16_d128) { run_window_matrix(DType::bf16, 128); }
+TEST(backward_window_bf16_d256) { run_window_matrix(DType::bf16, 256); }
+// Sinks and their gradient, with the other options; Sq > Sk causal leaves rows with only the sink.
+TEST(backward_sinks) {
+  REQUIRE_HOPPER();
+  run_model_cases(DType::bf16, 128, {{1000, 1000, false, -1, -1, 0, true, false}, {900, 300, true, -1, -1, 0, true, false}});
+  run_model_cases(DType::bf16, 64, {{700, 700, true, -1, -1, 0, true, true}});
+  run_model_cases(DType::bf16, 256, {{300, 900, true, 200, -1, 0, true, false}});
+  run_model_cases(DType::f16, 128, {{513, 257, false, 100, -1, 30, true, false}});
+}
+TEST(backward_softcap_bf16_d128) { run_softcap_matrix(DType::bf16, 128); }
+TEST(backward_softcap_bf16_d256) { run_softcap_matrix(DType::bf16, 256); }
+TEST(backward_softcap_f16_d128) { run_softcap_matrix(DType::f16, 128); }
 
 TEST(backward_bf16_d64_full) { run_matrix(DType::bf16, 64, false); }
 TEST(backward_bf16_d64_causal) { run_matrix(DType::bf16, 64, true); }

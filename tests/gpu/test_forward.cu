@@ -24,6 +24,14 @@ struct Case {
   std::optional<float> softmax_scale;  // default 1/sqrt(head_dim)
   int64_t first_rows = 4;  // rows 0 .. first_rows - 1 of every (b, h) are always checked
   bool score_jump = false;  // gpu_test::set_score_jump
+  // Model options (issue 19): FlashAttention's window_size, softcap, and per-head sinks
+  // (drawn N(sink_mean, 2^2) when on).
+  int window_left = -1, window_right = -1;
+  float softcap = 0;
+  bool sinks = false;
+  float sink_mean = 0;
+  // Planted faults, in the reference only: its window one key narrower on the left, no sinks.
+  bool fault_narrower_window = false, fault_no_sinks = false;
 };
 
 struct Outcome {
@@ -33,7 +41,7 @@ struct Outcome {
 };
 
 std::string describe(const Case& c) {
-  char buf[220];
+  char buf[200];
   char scale[32] = "";
   if (c.softmax_scale) snprintf(scale, sizeof scale, " scale=%g", *c.softmax_scale);
   snprintf(buf, sizeof buf, "%s d=%d %s B=%lld Sq=%lld Sk=%lld Hq=%lld Hkv=%lld%s%s%s%s",
@@ -41,7 +49,7 @@ std::string describe(const Case& c) {
            (long long)c.batch, (long long)c.seqlen_q, (long long)c.seqlen_k, (long long)c.heads_q,
            (long long)c.heads_kv, c.padded ? " strided" : "", c.with_lse ? "" : " no-lse", scale,
            c.score_jump ? " jump" : "");
-  return buf;
+  return buf + gpu_test::describe_model_options(c.window_left, c.window_right, c.softcap, c.sinks);
 }
 
 // The (b, h, row) triples to check: all of them when the reference is cheap, else the first
@@ -98,6 +106,17 @@ Outcome run_case(const Case& c, uint64_t seed) {
   warpattn::ForwardOptions options;
   options.causal = c.causal;
   options.softmax_scale = c.softmax_scale;
+  options.window_left = c.window_left, options.window_right = c.window_right;
+  options.softcap = c.softcap;
+  std::vector<float> sinks_host;
+  gpu_test::DeviceBuffer sinks_mem(c.heads_q * 4);
+  if (c.sinks) {
+    std::mt19937_64 draw(seed + 3);
+    std::normal_distribution<float> normal(c.sink_mean, 2.f);
+    for (int64_t h = 0; h < c.heads_q; ++h) sinks_host.push_back(normal(draw));
+    cudaMemcpy(sinks_mem.mem, sinks_host.data(), c.heads_q * 4, cudaMemcpyHostToDevice);
+    options.sinks = gpu_test::contiguous(sinks_mem.mem, DType::f32, {c.heads_q});
+  }
   warpattn::forward(q.view, k.view, v.view, out.view, lse, options, nullptr);
   const cudaError_t e = cudaDeviceSynchronize();
   if (e != cudaSuccess) throw std::runtime_error(std::string("kernel failed: ") + cudaGetErrorString(e));
@@ -114,6 +133,9 @@ Outcome run_case(const Case& c, uint64_t seed) {
                                             c.head_dim,
                                             c.softmax_scale ? double(*c.softmax_scale) : 1.0 / std::sqrt(double(c.head_dim)),
                                             c.causal};
+  shape.window_left = c.window_left - (c.fault_narrower_window ? 1 : 0), shape.window_right = c.window_right;
+  shape.softcap = c.softcap;
+  shape.sinks = c.sinks && !c.fault_no_sinks ? sinks_host.data() : nullptr;
   std::mt19937_64 rng(seed);
   const auto rows = rows_to_check(c, rng);  // index = (b * Hq + h) * Sq + row
   const int64_t D = c.head_dim;
@@ -195,6 +217,37 @@ void run_matrix(DType dtype, int head_dim, bool causal) {
       c.batch = std::max<int64_t>(s[0], s[1]) > 4096 ? 1 : 2;
       c.heads_q = 8, c.heads_kv = hkv;
       c.padded = hkv == 2;  // one ratio in three runs on non-contiguous strides
+      check_case(c);
+    }
+}
+
+// Sliding windows, softcap and sinks (issue 19) against the reference: windows on both sides
+// and one, wider and narrower than a key tile (the narrow ones take the precise path), causal
+// and not, Sq != Sk both ways (rows left with no key), GQA, strided views, each head dim (d = 64
+// from 4097 rows on: the tall tiles).
+void run_model_matrix(DType dtype, int head_dim) {
+  REQUIRE_HOPPER();
+  struct Shape {
+    int64_t sq, sk;
+    bool causal;
+    int left, right;
+    float softcap;
+    bool sinks;
+  };
+  const Shape shapes[] = {
+      {1000, 1000, true, 256, -1, 0, false},  {4097, 4097, true, 300, 0, 0, true},
+      {1000, 1000, false, 100, 50, 0, false}, {1000, 4097, false, -1, 64, 0, true},
+      {4097, 1000, true, 500, 0, 30, false},  {300, 300, false, 0, 0, 0, false},
+      {17, 300, false, 1000, 5, 0, true},     {1000, 1000, false, -1, -1, 30, true},
+      {1000, 1000, true, -1, -1, 50, true},   {129, 1000, false, 200, -1, 0, false},
+  };
+  for (const Shape& s : shapes)
+    for (int64_t hkv : {8, 2}) {
+      Case c;
+      c.dtype = dtype, c.head_dim = head_dim, c.causal = s.causal;
+      c.seqlen_q = s.sq, c.seqlen_k = s.sk, c.batch = 2, c.heads_q = 8, c.heads_kv = hkv;
+      c.padded = hkv == 2;
+      c.window_left = s.left, c.window_right = s.right, c.softcap = s.softcap, c.sinks = s.sinks;
       check_case(c);
     }
 }
@@ -435,5 +488,30 @@ void check_64k(bool causal) {
 }
 TEST(forward_64k_tokens_full) { check_64k(false); }
 TEST(forward_64k_tokens_causal) { check_64k(true); }
+
+TEST(forward_window_softcap_sinks_bf16_d64) { run_model_matrix(DType::bf16, 64); }
+TEST(forward_window_softcap_sinks_bf16_d128) { run_model_matrix(DType::bf16, 128); }
+TEST(forward_window_softcap_sinks_bf16_d256) { run_model_matrix(DType::bf16, 256); }
+TEST(forward_window_softcap_sinks_f16_d128) { run_model_matrix(DType::f16, 128); }
+
+// The features change what the kernel computes: the same comparison against a reference with
+// a planted mistake (a window one key narrower on the left, the sinks left out) must fail, so
+// the matrix above can.
+TEST(forward_window_and_sinks_planted_faults_fail) {
+  REQUIRE_HOPPER();
+  Case c;
+  c.seqlen_q = c.seqlen_k = 1000, c.window_left = 100, c.window_right = 20, c.sinks = true;
+  c.sink_mean = 4;  // exp(sink) ~ 55 against a denominator ~ 200: some head's LSE moves by > 0.01
+  const uint64_t seed = gpu_test::fresh_seed();
+  const Outcome right = run_case(c, seed);
+  CHECK(right.rel_l2 <= tolerance(c.dtype)) << right.rel_l2 << " seed " << seed;
+  c.fault_narrower_window = true;
+  const Outcome narrower = run_case(c, seed);
+  CHECK(narrower.rel_l2 > 3 * tolerance(c.dtype)) << narrower.rel_l2 << " seed " << seed;
+  c.fault_narrower_window = false, c.fault_no_sinks = true;
+  const Outcome no_sinks = run_case(c, seed);
+  CHECK(no_sinks.rel_l2 > 3 * tolerance(c.dtype) || no_sinks.lse_max_err > 1e-2)
+      << no_sinks.rel_l2 << " " << no_sinks.lse_max_err << " seed " << seed;
+}
 
 HARNESS_MAIN()

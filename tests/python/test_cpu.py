@@ -145,6 +145,189 @@ def test_fp8_arguments_without_a_gpu():
         warpattn.quantize_fp8(q, [1], v)
 
 
+# ------------------------------------------------- window_size, softcap and sinks (issue 19)
+
+# Every rule is the library's: each case reaches it through the binding's keywords and comes
+# back with its message (window_size's conversion to two ints is Python's alone).
+MODEL_OPTION_ERRORS = [
+    (dict(window_size=(-2, 0)), ValueError,
+     r"^options\.window_left: expected -1 \(unbounded\) or a key count >= 0, got -2$"),
+    (dict(window_size=(0, -7)), ValueError, r"^options\.window_right: expected -1 \(unbounded\) .* got -7$"),
+    (dict(window_size=(4, 1), causal=True), ValueError,
+     r"^options\.window_right: causal attention sees no key right of the diagonal, expected -1 or 0 with causal, "
+     r"got 1$"),
+    (dict(softcap=-1.0), ValueError, r"^options\.softcap: expected 0 \(off\) or a finite value > 0, got -1$"),
+    (dict(softcap=math.inf), ValueError, r"^options\.softcap: expected 0 \(off\) or a finite value > 0, got inf$"),
+    (dict(sinks=np.zeros(2, np.float32)), ValueError,
+     r"^sinks: expected shape \(8\) \(one logit per query head\), got \(2\)$"),
+    (dict(sinks=np.zeros(8, np.float16)), ValueError, r"^sinks: expected dtype float32, got float16$"),
+    (dict(sinks=np.zeros((1, 8), np.float32)), ValueError, r"^sinks: expected rank 1 \(heads_q\), got rank 2$"),
+    (dict(sinks=np.zeros(8)), TypeError, r"^sinks: expected a float32 tensor, got DLPack dtype code 2 with 64 bits$"),
+    (dict(sinks=[0.0] * 8), TypeError, r"^sinks: expected a DLPack tensor"),
+    (dict(window_size=(1, 2, 3)), ValueError, r"^window_size: expected a pair of ints \(left, right\), got 3 values$"),
+    (dict(window_size=5), TypeError, r"^window_size: expected a pair of ints \(left, right\), got builtins\.int$"),
+    (dict(window_size=(1.5, 2)), TypeError, r"^window_size: expected a pair of ints, got builtins\.float for left$"),
+    (dict(window_size=(0, True)), TypeError, r"^window_size: expected a pair of ints, got bool for right$"),
+]
+
+
+@pytest.mark.parametrize("options,error,message", MODEL_OPTION_ERRORS)
+def test_model_option_errors(options, error, message):
+    q, k, v = qkv(sq=128, sk=96, hq=8, hkv=2)
+    with pytest.raises(error, match=message):
+        warpattn.flash_attn_func(q, k, v, **options)
+
+
+@pytest.mark.parametrize("options", [
+    dict(window_size=(16, 0), causal=True, softcap=30.0, sinks=np.zeros(8, np.float32)),
+    dict(window_size=(0, 0)),  # one key per row: a valid window
+    dict(window_size=[np.int64(3), -1], softcap=1),  # any pair of integers; an int softcap
+    dict(window_size=(2 ** 40, 0)),  # wider than any sequence: clamped to the library's int
+])
+def test_model_options_valid_until_the_memory(options):
+    q, k, v = qkv(sq=128, sk=96, hq=8, hkv=2)
+    with pytest.raises(TypeError, match="q: CUDA tensor required"):
+        warpattn.flash_attn_func(q, k, v, **options)
+
+
+def test_window_beyond_int32_is_clamped():
+    # A side that negative is as invalid clamped as given, and the library says so.
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"^options\.window_right: .* got -2147483648$"):
+        warpattn.flash_attn_func(q, k, v, window_size=(2 ** 40, -(2 ** 40)))
+
+
+def test_model_options_rule_order():
+    # The window and softcap are reported after the tensors' own rules (rule p comes last).
+    q, k, v = qkv(d=96)
+    with pytest.raises(ValueError, match="q: head_dim"):
+        warpattn.flash_attn_func(q, k, v, window_size=(-5, -5), sinks=np.zeros(3, np.float32))
+
+
+def fp8_operands(b=1, sq=128, sk=200, hq=4, hkv=2, d=64):
+    """FP8 operands on NumPy arrays (e4m3 as its bytes, as the module takes them) and an out."""
+    blocks = lambda n: (n + 127) // 128  # noqa: E731
+    ops = (np.zeros((b, sq, hq, d), np.uint8), np.zeros((b, sk, hkv, d), np.uint8),
+           np.zeros((b, hkv, d, (sk + 15) // 16 * 16), np.uint8), np.ones((b, hq, blocks(sq)), np.float32),
+           np.ones((b, hkv, blocks(sk)), np.float32), np.ones((b, hkv, blocks(sk)), np.float32))
+    return ops, np.zeros((b, sq, hq, d), np.float16)
+
+
+def test_fp8_model_options_reach_the_library():
+    ops, out = fp8_operands()
+
+    def call(**options):
+        _warpattn.forward_fp8(*ops, out, None, None, False, 0, False, **options)
+    with pytest.raises(ValueError, match=r"^options\.softcap: forward_fp8 has no softcap \(16-bit forward only\), "
+                                         r"got 30$"):
+        call(softcap=30.0)
+    with pytest.raises(ValueError, match=r"^options\.window_left: .* got -3$"):
+        call(window_left=-3)
+    with pytest.raises(ValueError, match=r"^sinks: expected shape \(4\)"):
+        call(sinks=np.zeros(2, np.float32))
+    with pytest.raises(TypeError, match="q: CUDA tensor required"):  # a window and sinks: FP8 takes both
+        call(window_left=64, window_right=0, sinks=np.zeros(4, np.float32))
+    # The packed FP8 forward too.
+    tq, tk, n = 128, 200, 2
+    rows_q, rows_k = warpattn.fp8_varlen_rows(tq, n), warpattn.fp8_varlen_rows(tk, n)
+    packed = (np.zeros((tq, 4, 64), np.uint8), np.zeros((tk, 2, 64), np.uint8), np.zeros((2, 64, rows_k), np.uint8),
+              np.ones((4, rows_q // 128), np.float32), np.ones((2, rows_k // 128), np.float32),
+              np.ones((2, rows_k // 128), np.float32))
+    cu_q, cu_k = np.array([0, 100, tq], np.int32), np.array([0, 50, tk], np.int32)
+
+    def call_packed(**options):
+        _warpattn.forward_fp8_varlen(*packed, np.zeros((tq, 4, 64), np.float16), None, cu_q, cu_k, None, 100, 150,
+                                     None, False, 0, False, **options)
+    with pytest.raises(ValueError, match=r"^options\.softcap: forward_fp8 has no softcap"):
+        call_packed(softcap=1.0)
+    with pytest.raises(ValueError, match=r"^sinks: expected dtype float32, got float16$"):
+        call_packed(sinks=np.zeros(4, np.float16))
+    with pytest.raises(TypeError, match="q: CUDA tensor required"):
+        call_packed(window_left=16, window_right=16, sinks=np.zeros(4, np.float32))
+    # Issue 18's mode is a keyword of both FP8 calls (every rule passes; only the device is missing).
+    with pytest.raises(TypeError, match="q: CUDA tensor required"):
+        call(batch_invariant=True)
+    with pytest.raises(TypeError, match="q: CUDA tensor required"):
+        call_packed(batch_invariant=True)
+
+
+def test_backward_takes_model_options(monkeypatch):
+    # The explicit backward takes the forward's options (issue 19) with the library's rules and
+    # messages; softcap only at head_dim 128 and 256 (the library's ValueError at 64); a valid call
+    # is refused at the host memory.
+    args = backward_args(d=128)
+    sinks = np.zeros(8, np.float32)
+    with pytest.raises(TypeError, match="dout: CUDA tensor required"):
+        warpattn.flash_attn_backward(*args, causal=True, window_size=(8, 0), softcap=2.5, sinks=sinks)
+    cases = [(dict(window_size=(-4, 0)), r"^options\.window_left: .* got -4$"),
+             (dict(window_size=(0, 2), causal=True), r"^options\.window_right: causal attention"),
+             (dict(softcap=math.inf), r"^options\.softcap: expected 0 \(off\) or a finite value > 0"),
+             (dict(sinks=np.zeros(2, np.float32)), r"^sinks: expected shape \(8\)")]
+    for options, message in cases:
+        with pytest.raises(ValueError, match=message):
+            warpattn.flash_attn_backward(*args, **options)
+    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 yet"):
+        warpattn.flash_attn_backward(*backward_args(d=64), softcap=30.0)
+    with pytest.raises(TypeError, match="sinks: expected a DLPack tensor"):
+        warpattn.flash_attn_backward(*args, sinks=[0.0] * 8)
+    # What reaches the module: the options as keywords, and with sinks a dsinks to write (float32,
+    # shaped as the sinks), returned fourth.
+    seen = []
+
+    def backward(*call, **options):
+        seen.append(options)
+    monkeypatch.setattr(_warpattn, "backward", backward)
+    grads = warpattn.flash_attn_backward(*args, window_size=(16, 4), softcap=7.0, sinks=sinks)
+    assert len(grads) == 4 and grads[3] is seen[-1]["dsinks"] and grads[3].shape == (8,)
+    assert grads[3].dtype == np.float32 and seen[-1]["sinks"] is sinks
+    assert (seen[-1]["window_left"], seen[-1]["window_right"], seen[-1]["softcap"]) == (16, 4, 7.0)
+    assert len(warpattn.flash_attn_backward(*args, window_size=(16, 4))) == 3 and seen[-1]["dsinks"] is None
+
+
+def test_backward_workspace_grows_with_sinks():
+    # The sinks' gradient takes workspace of its own (its partial sums): sized with the sinks given;
+    # the window and softcap change nothing of it.
+    q = np.zeros((2, 1000, 8, 128), np.float16)
+    plain = _warpattn.backward_workspace_bytes(q, None, True, False)
+    assert _warpattn.backward_workspace_bytes(q, None, True, False, window_left=64, window_right=0,
+                                              softcap=5.0) == plain
+    assert _warpattn.backward_workspace_bytes(q, None, True, False, sinks=np.zeros(8, np.float32)) > plain
+    assert _warpattn.backward_workspace_bytes(q, None, True, True, sinks=np.zeros(8, np.float32)) > \
+        _warpattn.backward_workspace_bytes(q, None, True, True)
+
+
+def test_reference_gradients_against_central_differences(attention_reference, attention_reference_grads):
+    # The float64 gradient reference of the GPU tests (conftest.py: the chain rule written out)
+    # against central differences of the float64 forward reference, with every option at once and
+    # rows that see no key (Sq > Sk, causal: the sink alone) and a GQA group.
+    rng = np.random.default_rng(0)
+    b, sq, sk, hq, hkv, d = 2, 6, 4, 4, 2, 3
+    q, dout = rng.standard_normal((b, sq, hq, d)), rng.standard_normal((b, sq, hq, d))
+    k, v = rng.standard_normal((b, sk, hkv, d)), rng.standard_normal((b, sk, hkv, d))
+    sinks = rng.standard_normal(hq)
+    for options in (dict(causal=True, window_size=(1, 0), softcap=1.5, sinks=sinks, softmax_scale=0.8),
+                    dict(window_size=(1, 2), sinks=sinks), dict(softcap=0.7), dict()):
+        got = attention_reference_grads(q, k, v, dout, **options)
+
+        def loss(**change):
+            call = dict(dict(q=q, k=k, v=v), **{n: t for n, t in change.items() if n != "sinks"})
+            with np.errstate(all="ignore"):
+                out = attention_reference(call["q"], call["k"], call["v"], **dict(options, **(
+                    {"sinks": change["sinks"]} if "sinks" in change else {})))[0]
+            return (out * dout).sum()
+        inputs = dict(q=q, k=k, v=v, **({"sinks": sinks} if "sinks" in options else {}))
+        for name, t in inputs.items():
+            numeric = np.zeros_like(t)
+            for i in np.ndindex(t.shape):
+                up, down = t.copy(), t.copy()
+                up[i] += 1e-6
+                down[i] -= 1e-6
+                numeric[i] = (loss(**{name: up}) - loss(**{name: down})) / 2e-6
+            assert np.abs(numeric - got["d" + name]).max() <= 1e-7, (options, name)
+        if "sinks" not in options:
+            assert got["dsinks"] is None
+
+
 # ------------------------------------------------------------------------- backward
 
 def backward_args(b=2, sq=128, sk=96, hq=8, hkv=2, d=64):
@@ -243,8 +426,8 @@ def test_torch_fake_implementations(torch):
     assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
     assert lse.shape == (2, 8, 128) and lse.dtype == torch.float32
     grads = torch.ops.warpattn.flash_attn_backward(out, q, k, v, out, lse, None, 0.1, True, True)
-    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
-    assert all(g.dtype == q.dtype and g.is_contiguous() for g in grads)
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape, (0,)]  # no sinks: an empty dsinks
+    assert all(g.dtype == q.dtype and g.is_contiguous() for g in grads[:3]) and grads[3].dtype == torch.float32
 
 
 def test_torch_opcheck(torch):
@@ -300,6 +483,129 @@ def test_torch_backward_on_cpu_tensors(torch):
         warpattn.flash_attn_backward(dout, q, k, v, out, lse)
 
 
+def test_torch_ops_take_the_model_options(torch):
+    # The forward and backward ops take the options with schema types (ints, a float, an optional
+    # tensor); their fake implementations give the same shapes as without them, and the autograd
+    # registration passes opcheck with sinks that require grad too.
+    from warpattn.torch_op import flash_attn_backward, flash_attn_forward
+    q, k, v = meta_qkv(torch)
+    sinks = torch.zeros(8, device="meta")
+    torch.library.opcheck(flash_attn_forward, (q, k, v, None, True, False, False, 32, 0, 30.0, sinks))
+    torch.library.opcheck(flash_attn_forward, (q, k, v, None, True, False, False, 32, 0, 30.0,
+                                               sinks.clone().requires_grad_()))
+    q, k, v = (t.detach() for t in (q, k, v))
+    out, lse = torch.ops.warpattn.flash_attn_forward(q, k, v, None, False, False, False, 32, 8, 30.0, sinks)
+    assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == (2, 8, 128) and lse.dtype == torch.float32
+    grads = torch.ops.warpattn.flash_attn_backward(out, q, k, v, out, lse, None, None, False, False, 32, 8, 30.0, sinks)
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape, (8,)]  # meta tensors: the fake
+    assert grads[3].dtype == torch.float32
+    grads = torch.ops.warpattn.flash_attn_backward(out, q, k, v, out, lse, None, None, False, False)
+    assert grads[3].shape == (0,) and grads[3].dtype == torch.float32  # no sinks: an empty dsinks
+    torch.library.opcheck(flash_attn_backward, (out, q, k, v, out, lse, None, None, False, False, 32, 8, 30.0, sinks))
+
+
+def test_torch_backward_op_takes_model_options(torch):
+    # The real implementation hands them to the library: a valid call is refused at the host memory,
+    # softcap at head_dim 64 is the library's ValueError (as every argument error of the backward),
+    # and the lse gradient's refusal comes first, as without them.
+    q = torch.zeros(1, 128, 2, 64, dtype=torch.float16)
+    lse = torch.zeros(1, 2, 128)
+    backward = torch.ops.warpattn.flash_attn_backward
+    with pytest.raises(NotImplementedError, match="gradient of lse"):
+        backward(q, q, q, q, q, lse, lse + 1, None, False, False, 16, -1, 0.0, torch.zeros(2))
+    for causal, model in ((True, (16, 0, 0.0, None)), (False, (-1, 4, 0.0, None)),
+                          (False, (-1, -1, 0.0, torch.zeros(2))), (True, (-1, 0, 0.0, None))):
+        with pytest.raises(TypeError, match="dout: CUDA tensor required"):
+            backward(q, q, q, q, q, lse, None, None, causal, False, *model)
+    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 yet"):
+        backward(q, q, q, q, q, lse, None, None, False, False, -1, -1, 30.0, None)
+    q = torch.zeros(1, 128, 2, 128, dtype=torch.float16)
+    with pytest.raises(TypeError, match="dout: CUDA tensor required"):
+        backward(q, q, q, q, q, lse, None, None, False, False, 0, 0, 1.5, torch.zeros(2))
+
+
+@pytest.fixture
+def host_forward(torch, monkeypatch):
+    """_warpattn's 16-bit forwards replaced by no-ops that record the keyword arguments they get:
+    on CPU tensors the custom ops then run their real implementations around them, so autograd's
+    wiring (what reaches the backward op) is tested without a GPU. The backward stays the module's
+    own, which refuses host memory after every argument rule."""
+    seen = []
+
+    def forward(*args, **options):
+        seen.append(options)
+    monkeypatch.setattr(_warpattn, "forward", forward)
+    monkeypatch.setattr(_warpattn, "forward_varlen", forward)
+    return seen
+
+
+def host_qkv(torch, requires_grad=True):
+    return [torch.zeros(1, 128, 2, 64, dtype=torch.bfloat16, requires_grad=requires_grad) for _ in range(3)]
+
+
+@pytest.fixture
+def host_backward(torch, monkeypatch):
+    """_warpattn.backward replaced by a recorder of its keyword arguments that writes 5 into
+    dsinks (when given): with host_forward, autograd's whole wiring on CPU tensors."""
+    seen = []
+
+    def backward(*args, **options):
+        seen.append(options)
+        if options["dsinks"] is not None:
+            options["dsinks"].fill_(5.0)
+    monkeypatch.setattr(_warpattn, "backward", backward)
+    return seen
+
+
+def test_torch_gradients_flow_through_model_options(torch, host_forward, host_backward):
+    # The backward gets the forward's options (and dsinks to write), and the sinks' gradient goes
+    # to the sinks: learned sinks (requires_grad, gpt-oss style) train.
+    q, k, v = host_qkv(torch)
+    cases = [(dict(window_size=(32, 0), causal=True), dict(window_left=32, window_right=0, softcap=0.0)),
+             (dict(softcap=50), dict(window_left=-1, window_right=-1, softcap=50.0)),
+             (dict(sinks=torch.zeros(2), window_size=(7, 7)), dict(window_left=7, window_right=7, softcap=0.0))]
+    for options, reached in cases:
+        out = warpattn.flash_attn_func(q, k, v, **options)
+        got = dict(host_forward[-1])
+        assert got.pop("sinks") is options.get("sinks") and got == reached
+        out.float().sum().backward()
+        got = dict(host_backward[-1])
+        assert got.pop("sinks") is options.get("sinks")
+        dsinks = got.pop("dsinks")
+        assert (dsinks is None) == ("sinks" not in options) and got == reached
+    learned = torch.zeros(2, requires_grad=True)
+    out = warpattn.flash_attn_func(*host_qkv(torch, False), sinks=learned)
+    out.float().sum().backward()
+    assert torch.equal(learned.grad, torch.full((2,), 5.0))
+    assert host_backward[-1]["dsinks"].shape == (2,) and host_backward[-1]["dsinks"].dtype == torch.float32
+
+
+def test_torch_softcap_at_head_dim_64_fails_in_the_backward(torch, host_forward):
+    # The forward runs; the backward is the library's ValueError (its kernels have no softcap at 64).
+    q, k, v = host_qkv(torch)
+    out = warpattn.flash_attn_func(q, k, v, softcap=30.0)
+    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 yet"):
+        out.float().sum().backward()
+
+
+def test_torch_compile_traces_model_options_forward_and_backward(torch, host_forward, host_backward,
+                                                                 op_recording_backend):
+    # torch.compile(fullgraph) traces the backward with the forward's options and the sinks'
+    # gradient (no graph break, no host synchronisation), and the compiled backward hands them on.
+    q, k, v = host_qkv(torch)
+    sinks = torch.zeros(2, requires_grad=True)
+    backend, ops = op_recording_backend
+
+    def loss(q, k, v, sinks):
+        return warpattn.flash_attn_func(q, k, v, window_size=(32, 8), softcap=20.0, sinks=sinks).float().square().sum()
+    torch.compile(loss, backend=backend, fullgraph=True)(q, k, v, sinks).backward()
+    assert "warpattn.flash_attn_forward.default" in ops and "warpattn.flash_attn_backward.default" in ops
+    got = dict(host_backward[-1])
+    assert got.pop("sinks").shape == (2,) and got.pop("dsinks").shape == (2,)
+    assert got == dict(window_left=32, window_right=8, softcap=20.0)
+    assert torch.equal(sinks.grad, torch.full((2,), 5.0)) and q.grad.shape == q.shape
+
+
 # -------------------------------------------------------------------- JAX, no GPU
 
 def test_jax_refusals():
@@ -313,8 +619,17 @@ def test_jax_refusals():
     if not any(dev.platform == "gpu" for dev in jax.devices()):
         with pytest.raises(TypeError, match="q: CUDA tensor required .* got a JAX array on cpu"):
             jax.grad(loss)(q)
-    with pytest.raises(TypeError, match="not traced ones under jax.jit"):
-        jax.jit(jax.grad(loss))(q)
+    from warpattn import jax_ffi
+    if jax_ffi.available():
+        # Under jax.jit the call is an XLA custom call, which has a handler for CUDA alone: compiled
+        # for the CPU (q's platform here), XLA finds none (or, after test_jax_ffi.py registered its
+        # host check for the CPU in this process, that check stops at the library's device check).
+        with pytest.raises(jax.errors.JaxRuntimeError,
+                           match="No FFI handler registered for warpattn_forward|device memory|no CUDA device"):
+            jax.block_until_ready(jax.jit(jax.grad(loss))(jax.device_put(q, jax.devices("cpu")[0])))
+    else:
+        with pytest.raises(TypeError, match="not traced ones under jax.jit"):
+            jax.jit(jax.grad(loss))(q)
     with pytest.raises(ValueError, match="dq, dk, dv: JAX arrays are immutable"):
         warpattn.flash_attn_backward(q, q, q, q, q, lse, dq=q)
     with pytest.raises(ValueError, match="q: expected rank 4"):

@@ -501,8 +501,347 @@ def test_jax_custom_vjp():
     for name, got, t, want in zip(GRAD_NAMES, grads, (q, k, v), reference_grads(q, k, v, dout, True)):
         assert isinstance(got, jax.Array) and got.shape == t.shape and str(got.dtype) == "bfloat16", name
         assert rel_l2(torch.from_dlpack(got), want) <= GRAD_TOL[torch.bfloat16], name
-    with pytest.raises(TypeError, match="jax.jit"):
-        jax.jit(jax.grad(loss))(jq, jk, jv)
+    from warpattn import jax_ffi
+    if jax_ffi.available():  # the FFI path: under jax.jit too, the same bits (deterministic)
+        jitted = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(jq, jk, jv)
+        for name, got, want in zip(GRAD_NAMES, jitted, grads):
+            assert torch.equal(torch.from_dlpack(got), torch.from_dlpack(want)), name
+    else:  # the DLPack path reads concrete arrays only
+        with pytest.raises(TypeError, match="jax.jit"):
+            jax.jit(jax.grad(loss))(jq, jk, jv)
+
+
+# ---------------------------------------------------- window_size, softcap and sinks (issue 19)
+
+# Each case's options; sinks=True: one logit per query head, from -2 (a sink the keys outweigh)
+# to 8 (one that outweighs them), so that the denominator's sink term matters in most heads.
+MODEL_CASES = {
+    "window": dict(window_size=(128, 64)),
+    "window_of_one_key": dict(window_size=(0, 0)),
+    "window_left_only": dict(window_size=(300, -1)),
+    "window_right_only": dict(window_size=(-1, 50)),
+    "causal_window": dict(causal=True, window_size=(200, 0)),
+    "softcap": dict(softcap=2.0),
+    "sinks": dict(sinks=True),
+    "causal_all_three": dict(causal=True, window_size=(96, -1), softcap=30.0, sinks=True),
+    "all_three_and_a_scale": dict(window_size=(50, 300), softcap=5.0, sinks=True, softmax_scale=0.2),
+}
+MODEL_SHAPES = [(1000, 1000), (300, 777), (777, 300), (1, 1000)]
+
+
+def head_sinks(heads, device="cuda"):
+    return torch.linspace(-2.0, 8.0, heads, device=device, dtype=torch.float32)
+
+
+def model_options(case, heads):
+    """The case's keyword arguments, its sinks made (heads,) float32 on the GPU."""
+    options = dict(MODEL_CASES[case])
+    if options.pop("sinks", False):
+        options["sinks"] = head_sinks(heads)
+    return options
+
+
+def check_against_fp64(q, k, v, reference, out, lse, options):
+    """out and lse of a call with these options against the float64 reference: rel L2 within the
+    forward's bound (TOL), lse within 1e-4 where finite and -inf exactly where the reference's is
+    (rows with no key and no sink), out exactly 0 on rows that see no key."""
+    sinks = options.get("sinks")
+    want, want_lse, seen = reference(*(t.double().cpu().numpy() for t in (q, k, v)), options.get("causal", False),
+                                     options.get("window_size", (-1, -1)), options.get("softcap", 0.0),
+                                     None if sinks is None else sinks.cpu().numpy(), options.get("softmax_scale"))
+    want, want_lse, seen = torch.from_numpy(want), torch.from_numpy(want_lse), torch.from_numpy(seen)
+    out, lse = out.cpu(), lse.cpu()
+    assert not out.isnan().any() and not lse.isnan().any()
+    err = rel_l2(out, want)
+    assert err <= TOL[q.dtype], err
+    finite = want_lse.isfinite()
+    assert torch.equal(finite, lse.isfinite())  # -inf exactly where a row sees neither key nor sink
+    if finite.any():
+        assert (lse.double()[finite] - want_lse[finite]).abs().max().item() <= 1e-4
+    assert torch.all(out[:, ~seen] == 0)  # no key seen: 0 (and lse the sink, checked above)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("case", sorted(MODEL_CASES))
+@pytest.mark.parametrize("sq,sk", MODEL_SHAPES)
+def test_model_options_against_fp64(dtype, d, case, sq, sk, attention_reference):
+    # GQA 8/2 in most cases, MHA and MQA in one each; Sq != Sk both ways leaves rows with no key
+    # in a window (and under causal).
+    heads_kv = {"window": 8, "softcap": 1}.get(case, 2)
+    torch.manual_seed(zlib.crc32(repr((dtype, d, case, sq, sk)).encode()))
+    q = torch.randn(2, sq, 8, d, device="cuda", dtype=dtype)
+    k = torch.randn(2, sk, heads_kv, d, device="cuda", dtype=dtype)
+    v = torch.randn(2, sk, heads_kv, d, device="cuda", dtype=dtype)
+    options = model_options(case, 8)
+    out, lse = warpattn.flash_attn_func(q, k, v, return_lse=True, **options)
+    check_against_fp64(q, k, v, attention_reference, out, lse, options)
+
+
+@pytest.mark.gpu
+def test_model_options_strided_views_and_the_out_argument(attention_reference):
+    # Views of a packed qkv, sinks a strided view, out given and written on a side stream.
+    qkv = torch.randn(2, 513, 3, 4, 128, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    sinks = torch.randn(8, device="cuda")[::2]
+    options = dict(causal=True, window_size=(77, 0), softcap=10.0, sinks=sinks)
+    out = torch.full_like(q, float("nan"))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        result, lse = warpattn.flash_attn_func(q, k, v, out=out, return_lse=True, **options)
+    side.synchronize()
+    assert result is out
+    check_against_fp64(q, k, v, attention_reference, out, lse, options)
+
+
+@pytest.mark.gpu
+def test_model_options_torch_compile_fullgraph():
+    q, k, v = (torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    sinks = head_sinks(8)
+
+    def fn(q, k, v, sinks):
+        return warpattn.flash_attn_func(q, k, v, causal=True, window_size=(256, 0), softcap=30.0, sinks=sinks) * 2
+    compiled = torch.compile(fn, fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v, sinks), fn(q, k, v, sinks), rtol=0, atol=0)
+    # Inputs that require grad: the forward compiles with its backward (the gradients are held
+    # against eager ones in test_model_options_gradients_deterministic_compiled_and_explicit).
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    torch.testing.assert_close(compiled(*leaves, sinks).detach(), fn(q, k, v, sinks), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_model_options_cuda_graph_capture(attention_reference):
+    q, k, v = (torch.randn(2, 700, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    sinks = head_sinks(8)
+    options = dict(window_size=(100, 100), softcap=3.0, sinks=sinks)
+    warpattn.flash_attn_func(q, k, v, **options)  # warm-up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = warpattn.flash_attn_func(q, k, v, return_lse=True, **options)
+    q.copy_(torch.randn_like(q))
+    sinks.copy_(head_sinks(8).flip(0))  # the sinks are read at replay too
+    graph.replay()
+    torch.cuda.synchronize()
+    check_against_fp64(q, k, v, attention_reference, out, lse, options)
+
+
+# ------------------------------------------- gradients through window_size, softcap and sinks
+
+# dsinks' bound, per head: 1e-2 of the sum of its terms' magnitudes, sum_i exp(sink - lse_i) |D_i|
+# (D_i = rowsum(dout_i * out_i)), plus 1e-6 for heads whose sink the keys outweigh to nothing. The
+# kernel forms D_i from the 16-bit out (rounded at 2^-9, bf16, relative to each product) and the
+# forward's own error (TOL, 5e-3 at most in rel L2): each term is off by well under 1e-2 of its
+# magnitude, while a bound relative to dsinks itself would fail where the terms cancel.
+DSINKS_TOL = 1e-2
+
+
+def softcap_at_64(d, options):
+    """Whether this call's backward is the one the library refuses: softcap at head_dim 64."""
+    return d == 64 and options.get("softcap", 0.0) != 0.0
+
+
+def model_grads(q, k, v, dout, options, deterministic=False, fn=None):
+    """dq, dk, dv and the sinks' gradient (None without sinks) through autograd, the sinks a leaf
+    that requires grad (learned sinks, as gpt-oss's). fn: the loss function to use (torch.compile'd
+    or not) taking (q, k, v, sinks), default flash_attn_func's out against dout."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    sinks = options.get("sinks")
+    sinks = None if sinks is None else sinks.detach().clone().requires_grad_()
+    rest = {name: value for name, value in options.items() if name != "sinks"}
+    if fn is None:
+        def fn(q, k, v, sinks):
+            out = warpattn.flash_attn_func(q, k, v, sinks=sinks, deterministic=deterministic, **rest)
+            return (out.float() * dout.float()).sum()
+    fn(*leaves, sinks).backward()
+    return tuple(t.grad for t in leaves) + (None if sinks is None else sinks.grad,)
+
+
+def check_grads_against_fp64(q, k, v, dout, options, got, reference_grads):
+    """got = (dq, dk, dv, dsinks) against the float64 reference: dq, dk, dv within the backward's
+    bound (GRAD_TOL, rel L2, as test_gradients_against_fp64), dsinks within DSINKS_TOL per head."""
+    sinks = options.get("sinks")
+    want = reference_grads(*(t.double().cpu().numpy() for t in (q, k, v, dout)), options.get("causal", False),
+                           options.get("window_size", (-1, -1)), options.get("softcap", 0.0),
+                           None if sinks is None else sinks.detach().cpu().numpy(), options.get("softmax_scale"))
+    for name, g, t in zip(GRAD_NAMES, got, (q, k, v)):
+        assert g.shape == t.shape and g.dtype == t.dtype and not g.isnan().any(), name
+        w = torch.from_numpy(want[name])
+        if w.norm() <= 1e-9 * torch.from_numpy(want["dv"]).norm():
+            # Zero in exact arithmetic (a window of one key: each row's softmax is the constant 1,
+            # so dS = 0 and dq = dk = 0), the reference's 1e-17 no scale to be relative to (run
+            # 117: 4e25 "relative"). The kernel's dS is rounding noise there: held on dv's scale.
+            err = g.cpu().double().norm().item() / torch.from_numpy(want["dv"]).norm().item()
+        else:
+            err = rel_l2(g.cpu(), w)
+        assert err <= GRAD_TOL[q.dtype], (name, err)
+    if sinks is None:
+        assert got[3] is None
+        return
+    dsinks = got[3].detach().cpu().double()
+    assert got[3].shape == sinks.shape and got[3].dtype == torch.float32
+    bound = DSINKS_TOL * torch.from_numpy(want["sink_terms"]) + 1e-6
+    err = (dsinks - torch.from_numpy(want["dsinks"])).abs()
+    assert torch.all(err <= bound), (err / bound).max().item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("case", sorted(MODEL_CASES))
+@pytest.mark.parametrize("sq,sk", [(300, 777), (777, 300)])
+def test_model_options_gradients_against_fp64(dtype, d, case, sq, sk, attention_reference_grads):
+    # dq, dk, dv and the sinks' gradient of every MODEL_CASES case against the float64 reference;
+    # softcap at head_dim 64 (no backward kernel yet) is the library's ValueError when the backward
+    # runs, after a forward that ran.
+    heads_kv = {"window": 8, "softcap": 1}.get(case, 2)
+    torch.manual_seed(zlib.crc32(repr(("grad", dtype, d, case, sq, sk)).encode()))
+    q = torch.randn(2, sq, 8, d, device="cuda", dtype=dtype)
+    k = torch.randn(2, sk, heads_kv, d, device="cuda", dtype=dtype)
+    v = torch.randn(2, sk, heads_kv, d, device="cuda", dtype=dtype)
+    dout = torch.randn_like(q)
+    options = model_options(case, 8)
+    if softcap_at_64(d, options):
+        with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 yet"):
+            model_grads(q, k, v, dout, options)
+        return
+    check_grads_against_fp64(q, k, v, dout, options, model_grads(q, k, v, dout, options), attention_reference_grads)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [128, 256])
+def test_model_options_gradients_deterministic_compiled_and_explicit(d, attention_reference_grads):
+    # The deterministic backward with all three: the same bits on every run (dsinks included),
+    # under torch.compile(fullgraph) as eagerly, and from warpattn.flash_attn_backward (which
+    # returns dsinks fourth); within the float64 bounds.
+    torch.manual_seed(d)
+    q = torch.randn(2, 700, 8, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 900, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    dout = torch.randn_like(q)
+    options = dict(causal=True, window_size=(200, 0), softcap=30.0, sinks=head_sinks(8))
+    first = model_grads(q, k, v, dout, options, deterministic=True)
+    second = model_grads(q, k, v, dout, options, deterministic=True)
+    for name, a, b in zip(GRAD_NAMES + ("dsinks",), first, second):
+        assert torch.equal(a, b), name
+    check_grads_against_fp64(q, k, v, dout, options, first, attention_reference_grads)
+    rest = {name: value for name, value in options.items() if name != "sinks"}
+
+    def loss(q, k, v, sinks):
+        return (warpattn.flash_attn_func(q, k, v, sinks=sinks, deterministic=True, **rest).float() * dout).sum()
+    compiled = model_grads(q, k, v, dout, options, fn=torch.compile(loss, fullgraph=True))
+    for name, a, b in zip(GRAD_NAMES + ("dsinks",), compiled, first):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    out, lse = warpattn.flash_attn_func(q, k, v, return_lse=True, **options)
+    explicit = warpattn.flash_attn_backward(dout, q, k, v, out, lse, deterministic=True, **options)
+    assert len(explicit) == 4
+    for name, a, b in zip(GRAD_NAMES + ("dsinks",), explicit, first):
+        assert torch.equal(a, b), name
+    assert len(warpattn.flash_attn_backward(dout, q, k, v, out, lse, causal=True, window_size=(200, 0))) == 3
+
+
+@pytest.mark.gpu
+def test_model_options_cuda_graph_capture_of_forward_and_backward():
+    # Forward and backward with a window, softcap and learned sinks captured in a CUDA graph (no
+    # host synchronisation anywhere: the workspace is PyTorch's), replayed on new data: the bits
+    # of the eager deterministic call.
+    q, k, v, dout = backward_case(torch.bfloat16, 128, True, 2, 700, 900)
+    sinks = head_sinks(8)
+    for t in (q, k, v, sinks):
+        t.requires_grad_()
+    options = dict(causal=True, window_size=(128, 0), softcap=20.0)
+
+    def step():
+        for t in (q, k, v, sinks):
+            t.grad = None
+        out = warpattn.flash_attn_func(q, k, v, sinks=sinks, deterministic=True, **options)
+        out.backward(dout)
+        return out
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    for t in (q, k, v, sinks):
+        t.grad = None
+    with torch.cuda.graph(graph):
+        step()
+    with torch.no_grad():
+        for t in (q, k, v, dout):
+            t.copy_(torch.randn_like(t))
+        sinks.copy_(head_sinks(8).flip(0))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = model_grads(q, k, v, dout, dict(options, sinks=sinks), deterministic=True)
+    for name, got, expected in zip(GRAD_NAMES + ("dsinks",), (q.grad, k.grad, v.grad, sinks.grad), want):
+        assert torch.equal(got, expected), name
+
+
+@pytest.mark.gpu
+def test_model_options_argument_errors_on_cuda_tensors():
+    q, k, v = (torch.randn(1, 128, 4, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    with pytest.raises(TypeError, match="sinks: CUDA tensor required"):
+        warpattn.flash_attn_func(q, k, v, sinks=torch.zeros(4))
+    with pytest.raises(ValueError, match=r"sinks: expected shape \(4\)"):
+        warpattn.flash_attn_func(q, k, v, sinks=torch.zeros(2, device="cuda"))
+    with pytest.raises(ValueError, match="options.window_right: causal attention sees no key right of the diagonal"):
+        warpattn.flash_attn_func(q, k, v, causal=True, window_size=(10, 10))
+    ops = warpattn.quantize_fp8(q, k, v)
+    with pytest.raises(ValueError, match=r"options\.softcap: forward_fp8 has no softcap \(16-bit forward only\)"):
+        warpattn.flash_attn_fp8_func(ops, softcap=30.0)
+    with pytest.raises(TypeError, match="sinks: CUDA tensor required"):
+        warpattn.flash_attn_fp8_func(ops, sinks=torch.zeros(4))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("case", ["causal_window", "window", "sinks", "causal_window_and_sinks"])
+def test_fp8_model_options_against_fp64(d, case, attention_reference):
+    # FP8 takes a window and sinks (not softcap): within test_fp8_against_sdpa's bounds of the
+    # float64 reference on the unquantised inputs.
+    torch.manual_seed(zlib.crc32(repr((d, case)).encode()))
+    q, k, v = (torch.randn(2, 300, 8, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    options = {"causal_window": dict(causal=True, window_size=(128, 0)), "window": dict(window_size=(100, 30)),
+               "sinks": dict(sinks=head_sinks(8)),
+               "causal_window_and_sinks": dict(causal=True, window_size=(64, -1), sinks=head_sinks(8))}[case]
+    out, lse = warpattn.flash_attn_fp8_func(warpattn.quantize_fp8(q, k, v), return_lse=True, **options)
+    sinks = options.get("sinks")
+    want, want_lse, seen = attention_reference(*(t.double().cpu().numpy() for t in (q, k, v)),
+                                               options.get("causal", False), options.get("window_size", (-1, -1)),
+                                               0.0, None if sinks is None else sinks.cpu().numpy())
+    assert not out.isnan().any()
+    assert rel_l2(out.cpu(), torch.from_numpy(want)) < 6e-2
+    assert (lse.cpu().double() - torch.from_numpy(want_lse)).abs().max().item() < 0.2
+    assert seen.all()  # every row sees a key in these cases
+
+
+@pytest.mark.gpu
+def test_model_options_cupy_inputs(attention_reference):
+    cupy = pytest.importorskip("cupy", reason="CuPy is not installed")
+    q, k, v = (torch.randn(2, 333, 4, 128, device="cuda", dtype=torch.float16) for _ in range(3))
+    sinks = head_sinks(4)
+    options = dict(causal=True, window_size=(64, 0), softcap=4.0)
+    out, lse = warpattn.flash_attn_func(*(cupy.from_dlpack(t) for t in (q, k, v)), sinks=cupy.from_dlpack(sinks),
+                                        return_lse=True, **options)
+    assert isinstance(out, cupy.ndarray)
+    cupy.cuda.get_current_stream().synchronize()
+    check_against_fp64(q, k, v, attention_reference, torch.from_dlpack(out), torch.from_dlpack(lse),
+                       dict(options, sinks=sinks))
+    # The explicit backward on CuPy arrays: dsinks fourth, a CuPy array, the autograd's bits
+    # (deterministic), and softcap at head_dim 64 the library's ValueError.
+    dout = torch.randn_like(q)
+    grads = warpattn.flash_attn_backward(*(cupy.from_dlpack(t) for t in (dout, q, k, v)), out, lse,
+                                         sinks=cupy.from_dlpack(sinks), deterministic=True, **options)
+    assert len(grads) == 4 and all(isinstance(g, cupy.ndarray) for g in grads)
+    cupy.cuda.get_current_stream().synchronize()
+    want = model_grads(q, k, v, dout, dict(options, sinks=sinks), deterministic=True)
+    for name, got, expected in zip(GRAD_NAMES + ("dsinks",), grads, want):
+        assert torch.equal(torch.from_dlpack(got), expected), name
+    q64, k64, v64 = (cupy.from_dlpack(t[..., :64].contiguous()) for t in (q, k, v))
+    with pytest.raises(ValueError, match="options.softcap: the backward has no softcap at head_dim 64 yet"):
+        warpattn.flash_attn_backward(q64, q64, k64, v64, q64, lse, **options)
 
 
 # ---------------------------------------------------------------- two GPUs
@@ -547,6 +886,16 @@ def test_tensors_on_two_gpus_are_refused():
     out = torch.empty(1, 256, 2, 64, device="cuda:0", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="out: on device 0, but q is on device 1"):
         warpattn.flash_attn_func(q, q, q, out=out)
+
+
+@pytest.mark.gpu
+def test_sinks_on_another_gpu_are_refused():
+    dev = _second_gpu()
+    q = torch.randn(1, 256, 2, 64, device=dev, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="sinks: on device 0, but q is on device 1"):
+        warpattn.flash_attn_func(q, q, q, sinks=torch.zeros(2, device="cuda:0"))
+    with pytest.raises(ValueError, match="sinks: on device 0, but q is on device 1"):
+        warpattn.flash_attn_fp8_func(warpattn.quantize_fp8(q, q, q), sinks=torch.zeros(2, device="cuda:0"))
 
 
 @pytest.mark.gpu

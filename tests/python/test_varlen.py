@@ -156,6 +156,49 @@ def test_backward_arguments_without_a_gpu():
             warpattn.flash_attn_varlen_backward(q, q, k, v, np.zeros_like(q), lse, cu_q, cu_k, 20, 20)
 
 
+def test_model_options_reach_the_library():
+    # window_size, softcap and sinks (issue 19): the library's rules and messages, as for the dense call.
+    args = packed()
+    cases = [(dict(window_size=(-4, 0)), ValueError, r"^options\.window_left: .* got -4$"),
+             (dict(window_size=(0, 2), causal=True), ValueError, r"^options\.window_right: causal attention"),
+             (dict(softcap=math.nan), ValueError, r"^options\.softcap: expected 0 \(off\) or a finite value > 0"),
+             (dict(sinks=np.zeros(2, np.float32)), ValueError, r"^sinks: expected shape \(8\)"),
+             (dict(sinks=np.zeros(8, np.int32)), TypeError, r"^sinks: expected a float32 tensor"),
+             (dict(window_size=(1,)), ValueError, r"^window_size: expected a pair")]
+    for options, error, message in cases:
+        with pytest.raises(error, match=message):
+            call(*args, **options)
+    with pytest.raises(TypeError, match="q: CUDA tensor required"):
+        call(*args, causal=True, window_size=(10, 0), softcap=5.0, sinks=np.zeros(8, np.float32),
+             seqused_k=np.full(3, 5, np.int32))
+    # The backward takes them too (issue 19), with the library's rules: softcap at head_dim 128
+    # and 256 only, the sinks' shape; a valid call is refused at the host memory.
+    q, k, v, cu_q, cu_k = args
+    lse = np.zeros((8, 40), np.float32)
+    if not hasattr(_warpattn, "backward_varlen"):
+        return
+    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 yet"):
+        warpattn.flash_attn_varlen_backward(q, q, k, v, q, lse, cu_q, cu_k, 20, 20, softcap=5.0)
+    q, k, v, cu_q, cu_k = packed(d=128)
+    with pytest.raises(TypeError, match="dout: CUDA tensor required"):
+        warpattn.flash_attn_varlen_backward(q, q, k, v, q, lse, cu_q, cu_k, 20, 20, window_size=(10, 0), causal=True,
+                                            softcap=5.0, sinks=np.zeros(8, np.float32),
+                                            seqused_k=np.full(3, 5, np.int32))
+    with pytest.raises(ValueError, match=r"^sinks: expected shape \(8\)"):
+        warpattn.flash_attn_varlen_backward(q, q, k, v, q, lse, cu_q, cu_k, 20, 20, sinks=np.zeros(2, np.float32))
+
+
+def test_backward_workspace_grows_with_sinks():
+    # The sinks' gradient takes workspace of its own (its partial sums): sized with the sinks given.
+    if not hasattr(_warpattn, "backward_varlen"):
+        pytest.skip("this build has no backward_varlen")
+    q = np.zeros((1000, 8, 128), np.float16)
+    plain = _warpattn.backward_varlen_workspace_bytes(q, 3, None, True, False)
+    assert _warpattn.backward_varlen_workspace_bytes(q, 3, None, True, False, window_left=64, window_right=0,
+                                                     softcap=5.0) == plain
+    assert _warpattn.backward_varlen_workspace_bytes(q, 3, None, True, False, sinks=np.zeros(8, np.float32)) > plain
+
+
 # ---------------------------------------------------------------- PyTorch on meta tensors (CPU)
 
 @pytest.fixture
@@ -179,7 +222,7 @@ def test_torch_fake_implementations(meta):
     assert lse.shape == (8, 100) and lse.dtype == torch.float32
     grads = torch.ops.warpattn.flash_attn_varlen_backward(out, q, k, v, out, lse, None, cu_q, cu_k, cu_k[:4], 30, 30,
                                                           0.1, True, True)
-    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape, (0,)]  # no sinks: an empty dsinks
 
 
 def test_torch_opcheck(meta):
@@ -202,6 +245,62 @@ def test_torch_autograd_and_compile_trace(meta, op_recording_backend):
     assert "warpattn.flash_attn_varlen_forward.default" in ops
     assert "warpattn.flash_attn_varlen_backward.default" in ops
     assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+
+
+def test_torch_ops_take_the_model_options(meta):
+    from warpattn.torch_op import flash_attn_varlen_forward
+    q, k, v, cu_q, cu_k = meta()
+    sinks = torch.zeros(8, device="meta")
+    options = (False, 64, 0, 30.0, sinks)  # batch_invariant, window_left, window_right, softcap, sinks
+    torch.library.opcheck(flash_attn_varlen_forward, (q, k, v, cu_q, cu_k, None, 30, 30, None, True, False) + options)
+    q, k, v = (t.detach() for t in (q, k, v))
+    out, lse = flash_attn_varlen_forward(q, k, v, cu_q, cu_k, None, 30, 30, None, True, False, *options)
+    assert out.shape == q.shape and lse.shape == (8, 100)
+    grads = torch.ops.warpattn.flash_attn_varlen_backward(out, q, k, v, out, lse, None, cu_q, cu_k, None, 30, 30,
+                                                          None, True, False, 64, 0, 30.0, sinks)
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape, (8,)]  # dsinks shaped as the sinks
+    assert grads[3].dtype == torch.float32
+    from warpattn.torch_op import flash_attn_varlen_backward
+    torch.library.opcheck(flash_attn_varlen_backward, (out, q, k, v, out, lse, None, cu_q, cu_k, None, 30, 30, None,
+                                                       True, False, 64, 0, 30.0, sinks))
+
+
+def test_torch_gradients_flow_through_model_options(meta, op_recording_backend, monkeypatch):
+    # forward_varlen and backward_varlen replaced by recorders on CPU tensors: the custom ops run
+    # their real implementations, the backward gets the forward's options (and dsinks, which it
+    # writes), and the sinks' gradient reaches the sinks, eagerly and compiled.
+    seen, backward_seen = [], []
+    monkeypatch.setattr(_warpattn, "forward_varlen", lambda *args, **options: seen.append(options))
+
+    def backward_varlen(*args, **options):
+        backward_seen.append(options)
+        if options["dsinks"] is not None:
+            options["dsinks"].fill_(7.0)
+    monkeypatch.setattr(_warpattn, "backward_varlen", backward_varlen)
+    q, k, v = (torch.zeros(n, 2, 64, dtype=torch.bfloat16, requires_grad=True) for n in (40, 50, 50))
+    cu_q, cu_k = torch.tensor([0, 10, 40], dtype=torch.int32), torch.tensor([0, 20, 50], dtype=torch.int32)
+    sinks = torch.zeros(2, requires_grad=True)
+    out = warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 30, 30, window_size=(16, 16), softcap=3.0,
+                                          sinks=sinks)
+    assert seen[-1]["window_left"] == 16 and seen[-1]["softcap"] == 3.0 and seen[-1]["sinks"] is sinks
+    out.float().sum().backward()
+    got = backward_seen[-1]
+    assert (got["window_left"], got["window_right"], got["softcap"]) == (16, 16, 3.0) and got["sinks"] is sinks
+    assert got["dsinks"].shape == (2,) and got["dsinks"].dtype == torch.float32
+    assert torch.equal(sinks.grad, torch.full((2,), 7.0)) and q.grad.shape == q.shape
+    backend, ops = op_recording_backend
+    sinks.grad = None
+
+    def loss(q, k, v, sinks):
+        return warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 30, 30, causal=True, window_size=(8, 0),
+                                               sinks=sinks).float().square().sum()
+    torch.compile(loss, backend=backend, fullgraph=True)(q, k, v, sinks).backward()
+    assert "warpattn.flash_attn_varlen_backward.default" in ops
+    assert backward_seen[-1]["window_left"] == 8 and torch.equal(sinks.grad, torch.full((2,), 7.0))
+    # Without sinks no dsinks is passed, and the backward op's empty one goes nowhere.
+    out = warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 30, 30, window_size=(4, 4))
+    out.float().sum().backward()
+    assert backward_seen[-1]["dsinks"] is None and backward_seen[-1]["sinks"] is None
 
 
 def test_torch_out_argument_is_not_differentiable(meta):
@@ -500,7 +599,231 @@ def test_jax_inputs():
     check_sequences(q, k, v, cu_q, cu_k, torch.from_dlpack(out), torch.from_dlpack(lse), False)
 
 
-# --------------------------------------------------------------------------- GPU: backward
+# ------------------------------------------------ GPU: window_size, softcap and sinks (issue 19)
+
+# Each case's options; sinks=True: one logit per query head from -2 to 8 (test_gpu.py's).
+VARLEN_MODEL_CASES = {
+    "causal_window": dict(causal=True, window_size=(100, 0)),
+    "window": dict(window_size=(64, 200)),
+    "softcap": dict(softcap=2.0),
+    "sinks": dict(sinks=True),
+    "all_three": dict(causal=True, window_size=(256, -1), softcap=20.0, sinks=True),
+}
+MODEL_RAGGED = [(0, 0), (1, 1), (0, 37), (37, 0), (1, 700), (700, 1), (129, 129), (333, 1027), (1027, 333),
+                (2049, 2049), (64, 64)]
+
+
+def model_options(case, heads):
+    options = dict(VARLEN_MODEL_CASES[case])
+    if options.pop("sinks", False):
+        options["sinks"] = torch.linspace(-2.0, 8.0, heads, device="cuda", dtype=torch.float32)
+    return options
+
+
+def check_model_sequences(q, k, v, cu_q, cu_k, out, lse, options, attention_reference, seqused=None):
+    """Each sequence of a varlen result with model options against the float64 reference on that
+    sequence alone (the forward's bounds: rel L2 within tol, lse within 1e-4 where finite, -inf
+    exactly where the reference's is) and against the dense kernel with the same options on it
+    (the same bounds, as check_sequences); rows that see no key are 0, with lse their sink."""
+    sinks = options.get("sinks")
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(cq) - 1):
+        n = ck[b + 1] - ck[b] if seqused is None else int(seqused[b])
+        rows, keys = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b] + n)
+        if cq[b + 1] == cq[b]:
+            continue
+        o, l = out[rows].cpu(), lse[:, rows].cpu()
+        what = "sequence %d (Sq %d, Sk %d)" % (b, cq[b + 1] - cq[b], n)
+        want, want_lse, seen = attention_reference(
+            *(t[None].double().cpu().numpy() for t in (q[rows], k[keys], v[keys])), options.get("causal", False),
+            options.get("window_size", (-1, -1)), options.get("softcap", 0.0),
+            None if sinks is None else sinks.cpu().numpy())
+        want, want_lse, seen = torch.from_numpy(want[0]), torch.from_numpy(want_lse[0]), torch.from_numpy(seen)
+        assert not o.isnan().any(), what + ": NaN"
+        assert torch.equal(want_lse.isfinite(), l.isfinite()), what + ": -inf lse exactly where the reference's is"
+        assert torch.all(o[~seen] == 0), what + ": rows without keys must be 0"
+        finite = want_lse.isfinite()
+        if finite.any():
+            assert (l.double()[finite] - want_lse[finite]).abs().max().item() <= 1e-4, what + ": lse against fp64"
+        if seen.any():
+            err = rel_l2(o, want)
+            assert err <= tol(q.dtype), what + ": rel L2 %.2e against fp64" % err
+        if n == 0:
+            continue
+        do, dl = warpattn.flash_attn_func(q[None, rows], k[None, keys], v[None, keys], return_lse=True, **options)
+        if seen.any():
+            err = rel_l2(o, do[0].cpu())
+            assert err <= tol(q.dtype), what + ": rel L2 %.2e against the dense kernel" % err
+        assert torch.equal(dl[0].cpu().isfinite(), l.isfinite()), what + ": dense and varlen agree on -inf rows"
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("case", sorted(VARLEN_MODEL_CASES))
+def test_model_options_against_fp64(dtype, d, case, attention_reference):
+    q, k, v, cu_q, cu_k = make_batch(MODEL_RAGGED, 8, 2, d, getattr(torch, dtype), seed=d + len(case))
+    options = model_options(case, 8)
+    out, lse = warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 2049, 2049, return_lse=True, **options)
+    check_model_sequences(q, k, v, cu_q, cu_k, out, lse, options, attention_reference)
+
+
+@gpu
+@pytest.mark.gpu
+def test_model_options_with_seqused_k(attention_reference):
+    # A window and sinks over the keys each sequence uses, past them 64 unused rows (a KV cache).
+    lengths = [(1, 300), (50, 50), (20, 0), (129, 1000), (1, 1)]
+    q, k, v, cu_q, cu_k = make_batch(lengths, 8, 2, 128, torch.bfloat16, capacity=64, seed=51)
+    used = torch.tensor([b for _, b in lengths], device="cuda", dtype=torch.int32)
+    options = dict(causal=True, window_size=(32, 0), sinks=torch.linspace(-2.0, 8.0, 8, device="cuda"))
+    out, lse = warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 129, 1064, return_lse=True, seqused_k=used,
+                                               **options)
+    check_model_sequences(q, k, v, cu_q, cu_k, out, lse, options, attention_reference, seqused=used)
+    # The sequence using no key: 0, and lse each head's sink.
+    assert torch.all(out[51:71] == 0)
+    assert torch.allclose(lse[:, 51:71], options["sinks"][:, None].expand(8, 20), rtol=0, atol=1e-4)
+
+
+@gpu
+@pytest.mark.gpu
+def test_model_options_torch_compile_fullgraph():
+    q, k, v, cu_q, cu_k = make_batch([(300, 300), (1, 1), (700, 900)], 8, 2, 128, torch.bfloat16, seed=52)
+    sinks = torch.linspace(-2.0, 8.0, 8, device="cuda")
+
+    def fn(q, k, v, cu_q, cu_k, sinks):
+        return warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 700, 900, causal=True, window_size=(128, 0),
+                                               softcap=30.0, sinks=sinks) * 2
+    compiled = torch.compile(fn, fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v, cu_q, cu_k, sinks), fn(q, k, v, cu_q, cu_k, sinks), rtol=0, atol=0)
+
+
+# The gradients through window_size, softcap and sinks against the float64 reference on each
+# sequence alone: test_gpu.py's backward bounds (rel L2 of dq, dk, dv against float64) and its
+# dsinks bound (1e-2 of the sum of the terms' magnitudes per head, there explained), the sinks'
+# gradient and its terms summed over the sequences.
+FP64_GRAD_TOL = {"bfloat16": 3e-2, "float16": 5e-3}
+
+
+def model_reference_grads(q, k, v, cu_q, cu_k, dout, options, reference_grads, seqused=None):
+    """dq, dk, dv (packed, zero where no sequence reaches) and dsinks, sink_terms (summed over the
+    sequences; None without sinks) from the float64 reference on each sequence alone."""
+    sinks = options.get("sinks")
+    sinks = None if sinks is None else sinks.detach().cpu().numpy()
+    dq, dk, dv = (np.zeros(t.shape) for t in (q, k, v))
+    dsinks = sink_terms = None
+    if sinks is not None:  # two arrays (one shared by both names summed each sequence's terms into dsinks)
+        dsinks, sink_terms = np.zeros(q.shape[1]), np.zeros(q.shape[1])
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(cq) - 1):
+        n = ck[b + 1] - ck[b] if seqused is None else int(seqused[b])
+        rows, keys = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b] + n)
+        if cq[b + 1] == cq[b]:
+            continue
+        g = reference_grads(*(t[None].double().cpu().numpy() for t in (q[rows], k[keys], v[keys], dout[rows])),
+                            options.get("causal", False), options.get("window_size", (-1, -1)),
+                            options.get("softcap", 0.0), sinks, options.get("softmax_scale"))
+        dq[rows], dk[keys], dv[keys] = g["dq"][0], g["dk"][0], g["dv"][0]
+        if sinks is not None:
+            dsinks += g["dsinks"]
+            sink_terms += g["sink_terms"]
+    return dq, dk, dv, dsinks, sink_terms
+
+
+def model_varlen_grads(q, k, v, cu_q, cu_k, dout, lengths, options, deterministic=False, seqused=None, fn=None):
+    """dq, dk, dv and the sinks' gradient (None without) of flash_attn_varlen_func through autograd,
+    the sinks a leaf that requires grad; fn: a (torch.compile'd) loss of (q, k, v, sinks)."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    sinks = options.get("sinks")
+    sinks = None if sinks is None else sinks.detach().clone().requires_grad_()
+    rest = {name: value for name, value in options.items() if name != "sinks"}
+    if fn is None:
+        def fn(q, k, v, sinks):
+            out = warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, *lengths, sinks=sinks, seqused_k=seqused,
+                                                  deterministic=deterministic, **rest)
+            return (out.float() * dout.float()).sum()
+    fn(*leaves, sinks).backward()
+    return tuple(t.grad for t in leaves) + (None if sinks is None else sinks.grad,)
+
+
+def check_model_grads(got, want, dtype):
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert not g.isnan().any(), name
+        err = rel_l2(g.cpu(), torch.from_numpy(w))
+        assert err <= FP64_GRAD_TOL[dtype], (name, err)
+    if want[3] is None:
+        assert got[3] is None
+        return
+    err = (got[3].detach().cpu().double() - torch.from_numpy(want[3])).abs()
+    bound = 1e-2 * torch.from_numpy(want[4]) + 1e-6
+    assert torch.all(err <= bound), (err / bound).max().item()
+
+
+VARLEN_MODEL_GRAD_CASES = {
+    "causal_window": (64, dict(causal=True, window_size=(64, 0))),
+    "window_and_sinks": (64, dict(window_size=(100, 30), sinks=True)),
+    "causal_all_three": (128, dict(causal=True, window_size=(96, -1), softcap=30.0, sinks=True)),
+    "softcap_and_sinks": (256, dict(softcap=5.0, sinks=True, softmax_scale=0.1)),
+}
+
+
+@gpu
+@has_backward
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", sorted(VARLEN_MODEL_GRAD_CASES))
+def test_model_options_gradients_against_fp64(dtype, case, attention_reference_grads):
+    # Sequences with rows that see no key (in the window, or Sq > Sk causal: the sink alone) and
+    # an empty one; softcap at head_dims 128 and 256 (64 has no softcap backward yet).
+    lengths = [(300, 300), (1, 1), (0, 30), (400, 129), (129, 700)]
+    d, options = VARLEN_MODEL_GRAD_CASES[case]
+    options = dict(options)
+    if options.pop("sinks", False):
+        options["sinks"] = torch.linspace(-2.0, 8.0, 8, device="cuda")
+    q, k, v, cu_q, cu_k = make_batch(lengths, 8, 2, d, getattr(torch, dtype), seed=len(case) + d)
+    dout = torch.randn_like(q)
+    got = model_varlen_grads(q, k, v, cu_q, cu_k, dout, (400, 700), options)
+    check_model_grads(got, model_reference_grads(q, k, v, cu_q, cu_k, dout, options, attention_reference_grads),
+                      dtype)
+
+
+@gpu
+@has_backward
+@pytest.mark.gpu
+def test_model_options_gradients_seqused_k_compiled_and_explicit(attention_reference_grads):
+    # With seqused_k (the sinks then come after it), deterministic: the same bits twice, under
+    # torch.compile(fullgraph), and from warpattn.flash_attn_varlen_backward (dsinks fourth); softcap
+    # at head_dim 64 refused by the library's ValueError when the backward runs.
+    lengths = [(50, 300), (1, 1), (20, 0), (129, 1000)]
+    q, k, v, cu_q, cu_k = make_batch(lengths, 8, 2, 128, torch.bfloat16, capacity=32, seed=54)
+    used = torch.tensor([b for _, b in lengths], device="cuda", dtype=torch.int32)
+    dout = torch.randn_like(q)
+    options = dict(causal=True, window_size=(64, 0), softcap=10.0, sinks=torch.linspace(-2.0, 8.0, 8, device="cuda"))
+    first = model_varlen_grads(q, k, v, cu_q, cu_k, dout, (129, 1032), options, True, used)
+    second = model_varlen_grads(q, k, v, cu_q, cu_k, dout, (129, 1032), options, True, used)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    check_model_grads(first, model_reference_grads(q, k, v, cu_q, cu_k, dout, options, attention_reference_grads,
+                                                   seqused=used), "bfloat16")
+    rest = {name: value for name, value in options.items() if name != "sinks"}
+
+    def loss(q, k, v, sinks):
+        out = warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 129, 1032, sinks=sinks, seqused_k=used,
+                                              deterministic=True, **rest)
+        return (out.float() * dout.float()).sum()
+    compiled = model_varlen_grads(q, k, v, cu_q, cu_k, dout, None, options, fn=torch.compile(loss, fullgraph=True))
+    for name, a, b in zip(("dq", "dk", "dv", "dsinks"), compiled, first):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    out, lse = warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 129, 1032, seqused_k=used, return_lse=True,
+                                               **options)
+    explicit = warpattn.flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, 129, 1032,
+                                                   seqused_k=used, deterministic=True, **options)
+    assert len(explicit) == 4
+    for name, a, b in zip(("dq", "dk", "dv", "dsinks"), explicit, first):
+        assert torch.equal(a, b), name
+    q64, k64, v64 = (t[..., :64].contiguous() for t in (q, k, v))
+    with pytest.raises(ValueError, match="options.softcap: the backward has no softcap at head_dim 64 yet"):
+        model_varlen_grads(q64, k64, v64, cu_q, cu_k, dout[..., :64], (129, 1032), options, seqused=used)
+
 
 # rel L2, varlen against dense gradients (run 104: bitwise in the deterministic mode, within 2e-3
 # in the default one, whose dQ sums run in any order); a wrong sequence or mask moves them by O(1).
@@ -640,3 +963,39 @@ def test_fp8_varlen_equals_fp8_per_sequence(qk_dtype, causal):
         want = warpattn.flash_attn_fp8_func(dense, causal=causal)[0]
         err = rel_l2(out[rows], want)
         assert err <= tol(q.dtype), "sequence %d: rel L2 %.2e against the dense FP8 kernel" % (b, err)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("qk_dtype", ["e4m3", "int8"])
+def test_fp8_varlen_model_options_equal_fp8_per_sequence(qk_dtype):
+    """A window and sinks on packed FP8 (softcap is refused): each sequence against the dense FP8
+    kernel with the same options on that sequence alone, as test_fp8_varlen_equals_fp8_per_sequence."""
+    torch.manual_seed(4)
+    lengths = [(300, 300), (1, 200), (129, 1000), (700, 0), (1000, 1000)]
+    sq, sk = [a for a, _ in lengths], [b for _, b in lengths]
+    h, hkv, d = 8, 2, 128
+    q = torch.randn(sum(sq), h, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(sk), hkv, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    cu_q = torch.tensor([0] + np.cumsum(sq).tolist(), device="cuda", dtype=torch.int32)
+    cu_k = torch.tensor([0] + np.cumsum(sk).tolist(), device="cuda", dtype=torch.int32)
+    sinks = torch.linspace(-2.0, 8.0, h, device="cuda")
+    options = dict(causal=True, window_size=(200, 0), sinks=sinks)
+    ops = warpattn.quantize_fp8_varlen(q, k, v, cu_q, cu_k, qk_dtype=qk_dtype, seed=5)
+    out, lse = warpattn.flash_attn_fp8_varlen_func(ops, cu_q, cu_k, max(sq), max(sk), return_lse=True, **options)
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for b, (lq, lk) in enumerate(lengths):
+        rows = slice(cq[b], cq[b + 1])
+        if lk == 0:  # no key: 0, and lse each head's sink
+            assert torch.all(out[rows] == 0)
+            assert torch.allclose(lse[:, rows], sinks[:, None].expand(h, lq), rtol=0, atol=1e-4)
+            continue
+        dense = warpattn.quantize_fp8(q[None, rows], k[None, ck[b]:ck[b + 1]], v[None, ck[b]:ck[b + 1]],
+                                      qk_dtype=qk_dtype, seed=5)
+        want, want_lse = warpattn.flash_attn_fp8_func(dense, return_lse=True, **options)
+        err = rel_l2(out[rows], want[0])
+        assert err <= tol(q.dtype), "sequence %d: rel L2 %.2e against the dense FP8 kernel" % (b, err)
+        assert (lse[:, rows] - want_lse[0]).abs().max().item() <= 1e-4, b
+    with pytest.raises(ValueError, match="options.softcap: forward_fp8 has no softcap"):
+        warpattn.flash_attn_fp8_varlen_func(ops, cu_q, cu_k, max(sq), max(sk), softcap=5.0)

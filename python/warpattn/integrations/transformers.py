@@ -24,12 +24,24 @@ bottom-right, which is what a KV cache needs (prefill and one-token decode alike
 - Packed sequences in one row (padding-free training: position_ids restarting, or cu_seq_lens_q/k
   passed as FlashAttention kwargs): warpattn.flash_attn_varlen_func on those offsets.
 
+The model options pass through as transformers' own FlashAttention path
+(modeling_flash_attention_utils._process_flash_attention_kwargs) hands them to flash_attn:
+- sliding_window=W (Mistral, Gemma 2/3, gpt-oss ... sliding layers: the last W keys, the current one
+  included) becomes window_size=(W - 1, 0) with causal ((W - 1, W - 1) without: transformers' own
+  symmetric choice for non-causal layers), and only where the keys outrun the window (key length
+  > W), as there;
+- softcap (Gemma 2's attn_logit_softcapping) passes as softcap;
+- s_aux (gpt-oss's learned attention sinks, the module's `sinks` parameter, (heads,)) becomes
+  sinks, in float32: differentiable, their gradient flows back to the parameter.
+Padded batches and packed sequences get the same options (each packed sequence its own window).
+
 What warpattn does not do is refused with NotImplementedError naming it, never done by another
-implementation behind the caller's back: a sliding window shorter than the keys, logit softcapping,
-attention sinks, position biases, dropout > 0, attention weights (output_attentions), head dims
-other than warpattn.supported_head_dims, a value head dim different from the query's, float32
-inputs outside autocast, masks other than a 2-D padding mask (4-D or float masks, padding masks
-with holes, masks overlaid with or_mask_function/and_mask_function).
+implementation behind the caller's back: logit softcapping at a head dim whose backward warpattn
+lacks (64) while gradients are wanted, position biases, dropout > 0, attention weights
+(output_attentions), head dims other than warpattn.supported_head_dims, a value head dim
+different from the query's, float32 inputs outside autocast, masks other than a 2-D padding mask
+(4-D or float masks, padding masks with holes, masks overlaid with
+or_mask_function/and_mask_function).
 """
 import weakref
 
@@ -80,17 +92,19 @@ def warpattn_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask
 # ------------------------------------------------------------------------ the attention function
 
 def warpattn_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
-                               sliding_window=None, softcap=None, is_causal=None, **kwargs):
+                               sliding_window=None, softcap=None, is_causal=None, s_aux=None, **kwargs):
     """The attention function of "warpattn" (AttentionInterface): query (batch, heads, seq_q,
     head_dim), key and value (batch, heads_kv, seq_k, head_dim), attention_mask from warpattn_mask;
+    sliding_window, softcap and s_aux (attention sinks, (heads,)) as transformers' models pass them;
     returns (attn_output (batch, seq_q, heads, head_dim), None)."""
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     kv_length = attention_mask.shape[-1] if isinstance(attention_mask, torch.Tensor) else key.shape[2]
-    _refuse_what_warpattn_lacks(query, key, value, attention_mask, dropout, sliding_window, softcap, kv_length, kwargs)
+    _refuse_what_warpattn_lacks(query, key, value, attention_mask, dropout, softcap, kwargs)
     # (batch, seq, heads, head_dim) views of the same memory: no copy.
     q, k, v = (t.transpose(1, 2) for t in _half_precision(query, key, value))
     deterministic = bool(kwargs.get("deterministic") or torch.are_deterministic_algorithms_enabled())
-    options = dict(softmax_scale=scaling, causal=causal, deterministic=deterministic)
+    options = dict(softmax_scale=scaling, causal=causal, deterministic=deterministic,
+                   **_model_options(sliding_window, softcap, s_aux, causal, kv_length, q))
 
     if attention_mask is not None:
         out = _padded_attention(q, k, v, attention_mask, options)
@@ -105,19 +119,42 @@ def warpattn_attention_forward(module, query, key, value, attention_mask, dropou
     return out, None
 
 
-def _refuse_what_warpattn_lacks(query, key, value, mask, dropout, sliding_window, softcap, kv_length, kwargs):
+def _model_options(sliding_window, softcap, s_aux, causal, kv_length, q):
+    """warpattn's window_size, softcap and sinks keywords (only those in use) from transformers'
+    sliding_window, softcap and s_aux, mapped as transformers' _process_flash_attention_kwargs
+    (modeling_flash_attention_utils.py, 5.x) maps them for flash_attn:
+        if sliding_window is not None and key_length > sliding_window:
+            flash_kwargs["window_size"] = (sliding_window - 1, sliding_window - 1)
+    i.e. the last `sliding_window` keys including the current one (masking_utils'
+    sliding_window_overlay: kv_idx > q_idx - sliding_window). With causal the right side is 0 here
+    (warpattn takes only -1 or 0 there with causal; the future keys are masked either way). The
+    sinks: flash_attention_forward passes s_aux (gpt-oss: s_aux=self.sinks); warpattn takes them
+    as a float32 (heads,) tensor on q's device (a differentiable cast: the parameter gets dsinks)."""
+    options = {}
+    if sliding_window is not None and kv_length > sliding_window:
+        if sliding_window < 1:
+            raise ValueError("warpattn: sliding_window must be at least 1, got %d" % sliding_window)
+        options["window_size"] = (sliding_window - 1, 0 if causal else sliding_window - 1)
+    if softcap is not None and softcap != 0:
+        options["softcap"] = float(softcap)
+    if s_aux is not None:
+        options["sinks"] = s_aux.reshape(-1).to(device=q.device, dtype=torch.float32)
+    return options
+
+
+# Head dims with softcap's backward (python/warpattn/api.py: a ValueError at 64 when it runs).
+_SOFTCAP_BACKWARD_HEAD_DIMS = (128, 256)
+
+
+def _refuse_what_warpattn_lacks(query, key, value, mask, dropout, softcap, kwargs):
     def refuse(what):
         raise NotImplementedError("warpattn: %s; use another attn_implementation for this model" % what)
     if dropout:
         refuse("attention dropout is not supported (dropout=%g)" % dropout)
-    if softcap is not None:
-        refuse("logit softcapping is not supported (softcap=%g)" % softcap)
-    # As FlashAttention in transformers: a window at least as long as the keys changes nothing.
-    if sliding_window is not None and kv_length > sliding_window:
-        refuse("sliding-window attention is not supported (sliding_window=%d, %d keys)" % (sliding_window, kv_length))
-    for name in ("s_aux", "sinks", "position_bias"):
-        if kwargs.get(name) is not None:
-            refuse("%s is not supported" % name)
+    if kwargs.get("position_bias") is not None:
+        refuse("position_bias is not supported")
+    if kwargs.get("sinks") is not None:
+        refuse("a `sinks` keyword is not understood (transformers passes attention sinks as s_aux)")
     if kwargs.get("output_attentions"):
         refuse("output_attentions=True: warpattn never forms the attention weights")
     d = query.shape[-1]
@@ -125,6 +162,11 @@ def _refuse_what_warpattn_lacks(query, key, value, mask, dropout, sliding_window
         refuse("head_dim %d is not supported (supported: %s)" % (d, ", ".join(map(str, warpattn.supported_head_dims))))
     if key.shape[-1] != d or value.shape[-1] != d:
         refuse("key/value head dims (%d, %d) differ from the query's (%d)" % (key.shape[-1], value.shape[-1], d))
+    # Refused here, in the forward, rather than left to the backward's ValueError mid-step.
+    if (softcap and d not in _SOFTCAP_BACKWARD_HEAD_DIMS and torch.is_grad_enabled()
+            and any(t.requires_grad for t in (query, key, value))):
+        refuse("logit softcapping (softcap=%g) in training at head_dim %d: warpattn's backward has softcap at head "
+               "dims %s only" % (softcap, d, ", ".join(map(str, _SOFTCAP_BACKWARD_HEAD_DIMS))))
     if mask is not None and not (isinstance(mask, torch.Tensor) and mask.dim() == 2
                                  and not mask.dtype.is_floating_point):
         what = type(mask).__name__

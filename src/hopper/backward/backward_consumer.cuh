@@ -26,6 +26,7 @@
 #include "hopper/ptx/warpgroup.cuh"
 #include "hopper/ptx/wgmma_ops.cuh"
 #include "hopper/ring_slot.cuh"
+#include "hopper/softcap.cuh"
 
 namespace warpattn::detail {
 
@@ -52,44 +53,68 @@ struct BackwardConsumer {
         key0(work_.n_block * kN + (Cfg::kSplitHeadDim ? 0 : 64 * warpgroup_)) {}
 
   // Pᵀ from Sᵀ in place. Query rows past seqlen_q have LSE_log2 = +inf (P = 0 by itself); keys
-  // past seqlen_k (zero-filled by TMA) and above the causal diagonal are masked.
+  // past seqlen_k (zero-filled by TMA) and outside a query's band (right of the causal diagonal
+  // or a window, left of a window) are masked.
+  // Softcap: S becomes tanh(scale S / softcap) first (softcap.cuh), then P = 2^(tanh ·
+  // softcap log2(e) - LSE log2(e)).
   __device__ __forceinline__ void probabilities(float (&s)[kM / 2], int stage, int q0) const {
     const float* lse = ss.lse_log2[stage];
+    if (kBackwardHasSoftcap<kD> && p.softcap_ex2 != 0.f) softcap_scores(s, p.softcap_ex2);
+    const float c = p.probability_log2;
 #pragma unroll
     for (int j = 0; j < kM / 8; ++j) {
       const float2 l = *reinterpret_cast<const float2*>(lse + f.col(j, 0));
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        s[4 * j + 2 * r] = ptx::exp2_approx(fmaf(s[4 * j + 2 * r], p.scale_log2, -l.x));
-        s[4 * j + 2 * r + 1] = ptx::exp2_approx(fmaf(s[4 * j + 2 * r + 1], p.scale_log2, -l.y));
+        s[4 * j + 2 * r] = ptx::exp2_approx(fmaf(s[4 * j + 2 * r], c, -l.x));
+        s[4 * j + 2 * r + 1] = ptx::exp2_approx(fmaf(s[4 * j + 2 * r + 1], c, -l.y));
       }
     }
-    if (!kv_tile_needs_mask(work.n_block, kN, q0, work.seqlen_q, work.seqlen_k, Cfg::kCausal)) return;
+    const KeyBand band = Cfg::kCausal ? p.band : KeyBand{};
+    if (!kv_tile_needs_mask(work.n_block, kN, q0, kM, work.seqlen_q, work.seqlen_k, band)) return;
+    // Element (j, c) of row half r pairs key key0 + f.row(r) with query q0 + f.col(j, c). Query i
+    // sees key k iff -(offset + right) <= i - k <= left - offset (kv_tiles.hpp's band), and
+    // i - k = base + e with e = f.col(j, c) - f.row(r) - (f.col(0, 0) - f.row(0)) = 8j + c - 8r,
+    // a constant of the element. So three thresholds per thread cover every bound: fewer
+    // registers than a bound per row (the d = 64 kernel spilled with those).
+    const int offset = work.seqlen_k - work.seqlen_q;
+    const int base = q0 - key0 + f.col(0, 0) - f.row(0);
+    const int lo = band.right == kUnbounded ? -kM : -(offset + band.right) - base;  // hidden below
+    const int hi = band.left == kUnbounded ? kM : band.left - offset - base;       // hidden above
+    const int key_end = work.seqlen_k - key0 - f.row(0);  // keys past seqlen_k: 8r >= key_end
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int key = key0 + f.row(r);
+    for (int r = 0; r < 2; ++r)
 #pragma unroll
       for (int j = 0; j < kM / 8; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const int query = q0 + f.col(j, c);
-          const bool hidden =
-              key >= work.seqlen_k || (Cfg::kCausal && key > query + work.seqlen_k - work.seqlen_q);
-          if (hidden) s[4 * j + 2 * r + c] = 0.f;
+          const int e = 8 * j + c - 8 * r;
+          if (8 * r >= key_end || (Cfg::kCausal && (e < lo || e > hi))) s[4 * j + 2 * r + c] = 0.f;
         }
-    }
   }
 
-  // dSᵀ = Pᵀ ∘ (dPᵀ − D), in dp's registers.
-  __device__ __forceinline__ void score_gradients(const float (&s)[kM / 2], float (&dp)[kM / 2], int stage) const {
+  // dSᵀ = Pᵀ ∘ (dPᵀ − D), in dp's registers; with a softcap also ∘ (1 − tanh²), the tanh's
+  // derivative, its tanh recovered from P (log2 P = tanh · softcap log2(e) − LSE log2(e)) rather
+  // than kept from probabilities() in kM / 2 more registers. P = 0 (masked, or underflowed, where
+  // dS is 0 anyway) would give log2 0 = -inf: the factor is 0 there.
+  __device__ __forceinline__ void score_gradients(const float (&s)[kM / 2], float (&dp)[kM / 2], int stage,
+                                                  int q_stage) const {
     const float* row_d = ss.row_d[stage];
+    const float* lse = ss.lse_log2[q_stage];
+    const bool capped = kBackwardHasSoftcap<kD> && p.softcap_ex2 != 0.f;
 #pragma unroll
     for (int j = 0; j < kM / 8; ++j) {
       const float2 d = *reinterpret_cast<const float2*>(row_d + f.col(j, 0));
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        dp[4 * j + 2 * r] = s[4 * j + 2 * r] * (dp[4 * j + 2 * r] - d.x);
-        dp[4 * j + 2 * r + 1] = s[4 * j + 2 * r + 1] * (dp[4 * j + 2 * r + 1] - d.y);
+      for (int i = 0; i < 4; ++i) {
+        const float prob = s[4 * j + i];
+        float g = prob * (dp[4 * j + i] - (i % 2 == 0 ? d.x : d.y));
+        if (capped) {
+          const float l = lse[f.col(j, i % 2)];
+          const float t = (ptx::log2_approx(prob) + l) * p.softcap_inv_log2;
+          g *= prob > 0.f ? fmaf(-t, t, 1.f) : 0.f;
+        }
+        dp[4 * j + i] = g;
       }
     }
   }
@@ -170,7 +195,7 @@ struct BackwardConsumer {
       probabilities(s, qs.stage, m_block * kM);
       wgmma_wait<0>();
       pin(dp);
-      score_gradients(s, dp, ds.stage);
+      score_gradients(s, dp, ds.stage, qs.stage);
       uint32_t pt[kM / 16][4], dst[kM / 16][4];
       accumulator_to_operand<Element, kM>(s, pt);
       accumulator_to_operand<Element, kM>(dp, dst);

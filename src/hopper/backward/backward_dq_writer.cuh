@@ -44,7 +44,7 @@ __device__ __forceinline__ void run_dq_writer(BackwardSharedStorage<Cfg>& ss, co
       if constexpr (Cfg::kDeterministic) {
         turn = p.turns + (work.ws_row0 + static_cast<int64_t>(head) * p.rows) / 64 + row_block;
         const int mine = dq_turn(work.n_block, work.m_block(step), kM, Cfg::kBlockN, work.seqlen_q, work.seqlen_k,
-                                 Cfg::kCausal) *
+                                 Cfg::kCausal, p.band) *
                          (kD / 64);  // each key block adds kD / 64 pieces to a 64-row block
         while (load_acquire_gpu(turn) < mine) {
         }

@@ -43,7 +43,8 @@ __device__ __forceinline__ KeyBlockWork key_block_work(const BackwardParams& par
     work.seqlen_q = params.seqlen_q, work.seqlen_k = params.seqlen_k, work.q_offset = 0, work.k_offset = 0;
     work.ws_row0 = static_cast<int64_t>(work.batch) * params.heads_q * params.rows;
   }
-  work.m = query_block_range(work.n_block, Cfg::kBlockN, Cfg::kBlockM, work.seqlen_q, work.seqlen_k, Cfg::kCausal);
+  work.m = query_block_range(work.n_block, Cfg::kBlockN, Cfg::kBlockM, work.seqlen_q, work.seqlen_k,
+                             Cfg::kCausal ? params.band : KeyBand{});
   return work;
 }
 

@@ -2,6 +2,8 @@
 #pragma once
 #include <cstdint>
 
+#include "hopper/kv_tiles.hpp"
+
 namespace warpattn::detail {
 
 struct VarlenTile;  // varlen/varlen_tiles.hpp
@@ -17,6 +19,11 @@ struct RowsView {
   }
 #endif
 };
+
+// Head dims whose backward has a softcap: at d = 64 (128-row query blocks, S and dP in 128
+// registers) the tanh's derivative spilled; validation refuses it there.
+template <int kHeadDim>
+inline constexpr bool kBackwardHasSoftcap = kHeadDim >= 128;
 
 struct BackwardParams {
   RowsView dout, out, dq, dk, dv;
@@ -40,6 +47,19 @@ struct BackwardParams {
   int kv_group = 1;  // query heads per KV head
   float scale_log2 = 0;     // softmax_scale · log2(e)
   float softmax_scale = 0;  // dK's and dQ's factor
+  // The banded kernels' (Cfg::kCausal: causal or a sliding window) keys per row (kv_tiles.hpp).
+  KeyBand band;
+  // Softcap (0: off): as ForwardParams' softcap_ex2, and 1 / (softcap log2(e)).
+  float softcap_ex2 = 0, softcap_inv_log2 = 0;
+  // What takes the scores (softcapped: their tanh) to P's exponent: scale_log2, or softcap log2(e).
+  float probability_log2 = 0;
+  // Sinks (or null): their logits, and the workspace's per-64-row-block parts of each head's
+  // gradient ([Hq][row blocks of every sequence], row_terms.cuh), summed into dsinks at the end.
+  const float* sinks = nullptr;
+  int64_t sinks_stride = 1;
+  float* sink_sums = nullptr;
+  float* dsinks = nullptr;
+  int64_t dsinks_stride = 1;
 };
 
 }  // namespace warpattn::detail

@@ -12,39 +12,52 @@ struct QueryBlockRange {
   int begin = 0, end = 0;
 };
 
-// The query blocks with a row that sees some key of key block n. Causal attention is aligned
-// bottom-right (query i sees key j iff j <= i + seqlen_k - seqlen_q): the first row to see key
-// n·block_n is n·block_n + seqlen_q − seqlen_k, and every later row sees it too.
+// The query blocks with a row that sees some key of key block n, for the band of keys each row
+// sees (kv_tiles.hpp: causal, a sliding window, or neither). Both of a row's bounds are
+// non-decreasing in the row, so the rows that see the block are those whose end passes the
+// block's first key and whose beginning does not pass its last: one interval. Empty: begin ==
+// end. (Causal alone: the first row to see key n·block_n is n·block_n + seqlen_q − seqlen_k.)
+WARPATTN_HOST_DEVICE QueryBlockRange query_block_range(int n, int block_n, int block_m, int seqlen_q, int seqlen_k,
+                                                       const KeyBand& band) {
+  const int m_blocks = ceil_div(seqlen_q, block_m);
+  const int first_key = n * block_n;
+  const int last_key = ((n + 1) * block_n < seqlen_k ? (n + 1) * block_n : seqlen_k) - 1;
+  const int offset = seqlen_k - seqlen_q;  // row i's diagonal is key i + offset
+  // The first row whose band reaches first_key (row + offset + right >= first_key) and the last
+  // whose band starts at or before last_key (row + offset - left <= last_key).
+  int first_row = 0, last_row = seqlen_q - 1;
+  if (band.right != kUnbounded) first_row = first_key - offset - band.right > 0 ? first_key - offset - band.right : 0;
+  if (band.left != kUnbounded && last_key - offset + band.left < last_row) last_row = last_key - offset + band.left;
+  if (last_key < first_key || last_row < first_row) return {m_blocks, m_blocks};
+  return {first_row / block_m, last_row / block_m + 1};
+}
 WARPATTN_HOST_DEVICE QueryBlockRange query_block_range(int n, int block_n, int block_m, int seqlen_q, int seqlen_k,
                                                        bool causal) {
-  QueryBlockRange r;
-  r.end = ceil_div(seqlen_q, block_m);
-  if (causal) {
-    const int first_row = n * block_n + seqlen_q - seqlen_k;
-    r.begin = first_row > 0 ? first_row / block_m : 0;
-    if (r.begin > r.end) r.begin = r.end;
-  }
-  return r;
+  return query_block_range(n, block_n, block_m, seqlen_q, seqlen_k, causal_band(causal));
 }
 
-// The last key block with a key visible to some row of query block m (one that has rows:
-// m < ceil(seqlen_q / block_m), and under the causal mask m >= query_block_range(0).begin).
+// The last key block with a key visible to some row of query block m (one that has such a key).
+WARPATTN_HOST_DEVICE int last_key_block(int m, int block_m, int block_n, int seqlen_q, int seqlen_k,
+                                        const KeyBand& band) {
+  return kv_tile_range(m, block_m, block_n, seqlen_q, seqlen_k, band).end - 1;
+}
 WARPATTN_HOST_DEVICE int last_key_block(int m, int block_m, int block_n, int seqlen_q, int seqlen_k, bool causal) {
-  const int last = ceil_div(seqlen_k, block_n) - 1;
-  if (!causal) return last;
-  const int last_row = ((m + 1) * block_m < seqlen_q ? (m + 1) * block_m : seqlen_q) - 1;
-  const int n = (last_row + seqlen_k - seqlen_q) / block_n;
-  return n < last ? n : last;
+  return last_key_block(m, block_m, block_n, seqlen_q, seqlen_k, causal_band(causal));
 }
 
 // Deterministic mode: the key blocks add their dQ to query block m one at a time, this one
-// after `dq_turn` others. Without a mask in ascending order (all start at query block 0 and
-// walk up together); under the causal mask in descending order, from the diagonal: key block
-// n's first query block is one no later key block reaches, so it starts without waiting, and
-// the kernel launches the key blocks last-first so that those a CTA waits for were launched
-// before it.
+// after `dq_turn` others. Without a band in ascending order (all start at query block 0 and
+// walk up together); with one (the banded kernels: causal or a window) in descending order:
+// the key blocks that reach query block m are an interval ending at last_key_block(m), those
+// after n in it go first, and key block n's first query block is one no later key block
+// needs to wait on before n; the kernel launches the key blocks last-first so that those a CTA
+// waits for were launched before it.
+WARPATTN_HOST_DEVICE int dq_turn(int n, int m, int block_m, int block_n, int seqlen_q, int seqlen_k, bool banded,
+                                 const KeyBand& band) {
+  return banded ? last_key_block(m, block_m, block_n, seqlen_q, seqlen_k, band) - n : n;
+}
 WARPATTN_HOST_DEVICE int dq_turn(int n, int m, int block_m, int block_n, int seqlen_q, int seqlen_k, bool causal) {
-  return causal ? last_key_block(m, block_m, block_n, seqlen_q, seqlen_k, true) - n : n;
+  return dq_turn(n, m, block_m, block_n, seqlen_q, seqlen_k, causal, causal_band(causal));
 }
 
 struct KeyBlockWork {

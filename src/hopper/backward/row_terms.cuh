@@ -40,6 +40,48 @@ __device__ __forceinline__ RowBlock row_block_of(const BackwardParams& p) {
           static_cast<int>(blockIdx.x), 0, p.seqlen_q};
 }
 
+// The sinks' gradient, this block's part (threads 0..63: its rows, after D and LSE_log2 are in
+// the workspace): dsink_h = -sum_i exp(sink_h - LSE_i) D_i, for the rows of the sequence. Summed
+// over the block in a fixed order, into sink_sums[head][block], the block's place among every
+// sequence's blocks of the head (gridDim.z x gridDim.x of them).
+__device__ __forceinline__ void add_sink_terms(const BackwardParams& p, const RowBlock& rb, int64_t first, int head) {
+  __shared__ float warp_sums[2];
+  __syncthreads();  // D of every row of the block written
+  if (threadIdx.x < 64) {
+    const int row = rb.row_block * 64 + threadIdx.x;
+    float term = 0.f;
+    if (row < rb.seqlen_q) {
+      const float sink_log2 = p.sinks[head * p.sinks_stride] * static_cast<float>(kLog2e);
+      term = -ptx::exp2_approx(sink_log2 - p.lse_log2[first + threadIdx.x]) * p.row_d[first + threadIdx.x];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) term += __shfl_xor_sync(0xffffffffu, term, o);
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = term;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    p.sink_sums[static_cast<int64_t>(head) * gridDim.z * gridDim.x + static_cast<int64_t>(blockIdx.z) * gridDim.x +
+                blockIdx.x] = warp_sums[0] + warp_sums[1];
+}
+
+// dsinks[h] = the sum of head h's `count` block parts (add_sink_terms), in a fixed order: one
+// CTA per head, each thread a fixed stride of them, then a fixed tree. count 0: zeros.
+// (A template, like the other row kernels, so that each backward_<dtype>_d<dim>.cu has its own.)
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(256) reduce_sink_sums_kernel(const __grid_constant__ BackwardParams p, int64_t count) {
+  __shared__ float sums[256];
+  const int head = blockIdx.x;
+  float sum = 0.f;
+  for (int64_t i = threadIdx.x; i < count; i += 256) sum += p.sink_sums[head * count + i];
+  sums[threadIdx.x] = sum;
+  __syncthreads();
+  for (int half = 128; half > 0; half /= 2) {
+    if (threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) p.dsinks[head * p.dsinks_stride] = sums[0];
+}
+
 // One 64-row block of one (sequence, head), 256 threads.
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(256) backward_row_terms_kernel(const __grid_constant__ BackwardParams p) {
@@ -79,6 +121,7 @@ __global__ void __launch_bounds__(256) backward_row_terms_kernel(const __grid_co
     }
     p.lse_log2[first + threadIdx.x] = l;
   }
+  if (p.sinks != nullptr) add_sink_terms(p, rb, first, head);
   float4* acc = reinterpret_cast<float4*>(p.dq_accum + first * kHeadDim);
   for (int e = threadIdx.x; e < 64 * kHeadDim / 4; e += blockDim.x) acc[e] = make_float4(0.f, 0.f, 0.f, 0.f);
   if (p.turns != nullptr && threadIdx.x == 0) p.turns[first / 64] = 0;

@@ -43,6 +43,11 @@ BackwardParams backward_params(const BackwardProblem& pr, const BackwardTensors&
   p.row_d = reinterpret_cast<float*>(ws + layout.row_d);
   p.lse_log2 = reinterpret_cast<float*>(ws + layout.lse_log2);
   p.turns = pr.deterministic ? reinterpret_cast<int*>(ws + layout.turns) : nullptr;
+  if (pr.sinks != nullptr) {
+    p.sinks = pr.sinks, p.sinks_stride = pr.sinks_stride;
+    p.sink_sums = reinterpret_cast<float*>(ws + layout.sink_sums);
+    p.dsinks = pr.dsinks, p.dsinks_stride = pr.dsinks_stride;
+  }
   p.batch = static_cast<int>(pr.batch);
   p.heads_q = static_cast<int>(pr.heads_q);
   p.heads_kv = static_cast<int>(pr.heads_kv);
@@ -52,7 +57,22 @@ BackwardParams backward_params(const BackwardProblem& pr, const BackwardTensors&
   p.kv_group = static_cast<int>(pr.heads_q / pr.heads_kv);
   p.softmax_scale = pr.softmax_scale;
   p.scale_log2 = static_cast<float>(pr.softmax_scale * kLog2e);
+  p.band = pr.band;
+  p.probability_log2 = p.scale_log2;
+  if (pr.softcap > 0) {
+    p.softcap_ex2 = static_cast<float>(2 * kLog2e * pr.softmax_scale / pr.softcap);
+    p.softcap_inv_log2 = static_cast<float>(1 / (pr.softcap * kLog2e));
+    p.probability_log2 = static_cast<float>(pr.softcap * kLog2e);
+  }
   return p;
+}
+
+// With sinks, their gradient from the row kernels' `blocks` parts per head (or zeros: 0).
+template <class Cfg>
+void reduce_sink_sums(const BackwardParams& p, int64_t blocks, cudaStream_t stream) {
+  if (p.sinks == nullptr || p.heads_q == 0) return;
+  reduce_sink_sums_kernel<typename Cfg::Element, Cfg::kHeadDim><<<p.heads_q, 256, 0, stream>>>(p, blocks);
+  check_cuda(cudaGetLastError(), "reduce_sink_sums_kernel: launch failed");
 }
 
 // The three launches: the row terms over row_grid, the main kernel over main_grid (none when it
@@ -78,15 +98,18 @@ void launch_backward_kernels(const BackwardParams& p, const BackwardTensors& t, 
   }
   convert_dq_kernel<Element, Cfg::kHeadDim><<<row_grid, 256, 0, stream>>>(p);
   check_cuda(cudaGetLastError(), "convert_dq_kernel: launch failed");
+  reduce_sink_sums<Cfg>(p, static_cast<int64_t>(row_grid.x) * row_grid.z, stream);
 }
 
 template <class Cfg>
 void run_backward(const BackwardProblem& pr, const BackwardTensors& t, void* workspace, cudaStream_t stream) {
-  const BackwardWorkspaceLayout layout(pr.batch, pr.heads_q, pr.seqlen_q, pr.head_dim, pr.deterministic);
+  const BackwardWorkspaceLayout layout(pr.batch, pr.heads_q, pr.seqlen_q, pr.head_dim, pr.deterministic,
+                                       pr.sinks != nullptr);
   const BackwardParams p = backward_params<Cfg>(pr, t, layout, workspace);
-  if (pr.seqlen_q == 0) {  // no query row: no gradient reaches K or V (and Q has no map)
+  if (pr.seqlen_q == 0) {  // no query row: no gradient reaches K or V (and Q has no map), nor sinks
     zero_rows(t.dk, stream);
     zero_rows(t.dv, stream);
+    reduce_sink_sums<Cfg>(p, 0, stream);
     return;
   }
   const dim3 row_grid(static_cast<unsigned>(layout.rows / 64), p.heads_q, p.batch);
@@ -102,15 +125,17 @@ template <class Cfg>
 void run_backward_varlen(const BackwardProblem& pr, const BackwardTensors& t, const VarlenSequences& seqs,
                          void* workspace, cudaStream_t stream) {
   const BackwardWorkspaceLayout layout(1, pr.heads_q, varlen_padded_rows(pr.seqlen_q, pr.batch), pr.head_dim,
-                                       pr.deterministic);
+                                       pr.deterministic, pr.sinks != nullptr);
   BackwardParams p = backward_params<Cfg>(pr, t, layout, workspace);
-  if (pr.seqlen_q == 0) {  // no query row: no gradient reaches K or V (and Q has no map)
+  if (pr.seqlen_q == 0) {  // no query row: no gradient reaches K or V (and Q has no map), nor sinks
     zero_rows(t.dk, stream);
     zero_rows(t.dv, stream);
+    reduce_sink_sums<Cfg>(p, 0, stream);
     return;
   }
   p.cu_seqlens_q = seqs.cu_seqlens_q;
   VarlenGeometry g = varlen_geometry(Cfg::kBlockM, Cfg::kBlockN, p.heads_q, p.kv_group, Cfg::kCausal);
+  if constexpr (Cfg::kCausal) g.band = p.band;
   g.key_blocks = true;
   g.reverse_key_blocks = Cfg::kCausal && Cfg::kDeterministic;
   // Validation bounds the table below 2^31 entries (validate_backward_varlen).
@@ -148,7 +173,7 @@ void run_backward_any(const BackwardProblem& p, const BackwardTensors& t, const 
   template <>                                                                                                     \
   void run_backward_head_dim<Element, kHeadDim>(const BackwardProblem& p, const BackwardTensors& t,                \
                                                 const VarlenSequences* seqs, void* workspace, cudaStream_t stream) { \
-    if (p.causal) {                                                                                               \
+    if (p.banded) { /* causal or a sliding window: the banded kernels */                                          \
       if (p.deterministic)                                                                                        \
         run_backward_any<BackwardConfig<Element, kHeadDim, true, true>>(p, t, seqs, workspace, stream);           \
       else                                                                                                        \

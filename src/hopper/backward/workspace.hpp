@@ -3,6 +3,7 @@
 //   row_d     fp32 [B][Hq][rows]      D = rowsum(dO ∘ O) per query row (preprocess)
 //   lse_log2  fp32 [B][Hq][rows]      LSE · log2(e); +inf for rows without keys (preprocess)
 //   turns     int32 [B][Hq][rows/64]  deterministic mode: whose turn it is to add into a dQ block
+//   sink_sums fp32 [Hq][B][rows/64]  with sinks: each 64-row block's part of its head's dsink
 // rows = seqlen_q rounded up to 128, so every query block of the kernels is whole and the bulk
 // copies and reductions need no row predicates. Each region starts 256-byte aligned.
 //
@@ -45,10 +46,11 @@ struct BackwardWorkspaceLayout {
   static constexpr int64_t kRowAlign = 128;
   static constexpr int64_t kTurnRows = 64;  // one turn counter per 64 query rows
   int64_t rows = 0;
-  int64_t dq_accum = 0, row_d = 0, lse_log2 = 0, turns = 0;  // byte offsets
-  int64_t bytes = 0;                                         // total
+  int64_t dq_accum = 0, row_d = 0, lse_log2 = 0, turns = 0, sink_sums = 0;  // byte offsets
+  int64_t bytes = 0;                                                      // total
 
-  BackwardWorkspaceLayout(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t head_dim, bool deterministic) {
+  BackwardWorkspaceLayout(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t head_dim, bool deterministic,
+                          bool sinks = false) {
     const auto align = [](int64_t x) { return (x + 255) / 256 * 256; };
     rows = (seqlen_q + kRowAlign - 1) / kRowAlign * kRowAlign;
     const int64_t row_count = batch * heads_q * rows;
@@ -56,7 +58,8 @@ struct BackwardWorkspaceLayout {
     row_d = align(dq_accum + row_count * head_dim * 4);
     lse_log2 = align(row_d + row_count * 4);
     turns = align(lse_log2 + row_count * 4);
-    bytes = align(turns + (deterministic ? row_count / kTurnRows * 4 : 0));
+    sink_sums = align(turns + (deterministic ? row_count / kTurnRows * 4 : 0));
+    bytes = align(sink_sums + (sinks ? row_count / kTurnRows * 4 : 0));
   }
 };
 

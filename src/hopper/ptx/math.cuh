@@ -14,6 +14,13 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// 1/x in one MUFU.RCP (relative error about 2^-23); rcp(+inf) = +0.
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // log2(x) in one MUFU.LG2 (relative error about 2^-22): the LSE needs no more.
 __device__ __forceinline__ float log2_approx(float x) {
   float y;

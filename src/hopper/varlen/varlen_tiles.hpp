@@ -65,6 +65,8 @@ struct VarlenGeometry {
   // causal order, key_block_work.hpp's dq_turn: a key block's dQ turns wait only for blocks
   // earlier in the table, hence launched before it).
   bool key_blocks = false, reverse_key_blocks = false;
+  // The forward's keys per row (kv_tiles.hpp): causal's band, or a sliding window's.
+  KeyBand band;
   long long kv_bytes_per_key = 0;  // K and V of one key of one KV head: 2 x head_dim x element bytes
   long long l2_bytes = 0;
   int multiprocessors = 1;
@@ -74,6 +76,7 @@ struct VarlenGeometry {
 WARPATTN_HOST_DEVICE VarlenGeometry varlen_geometry(int block_m, int block_n, int heads_q, int kv_group, bool causal) {
   VarlenGeometry g;
   g.block_m = block_m, g.block_n = block_n, g.heads_q = heads_q, g.kv_group = kv_group, g.causal = causal;
+  g.band = causal_band(causal);
   return g;
 }
 
@@ -85,15 +88,16 @@ WARPATTN_HOST_DEVICE long long sequence_tiles(const SequenceSpan& s, const Varle
 }
 
 // The work of a sequence's longest tile, the plan's sort key: the key tiles of its last query
-// block (the backward's: the query blocks of its first key block).
+// block (under a sliding window about every block's; the backward's: the query blocks of its
+// first key block).
 WARPATTN_HOST_DEVICE int sequence_work(const SequenceSpan& s, const VarlenGeometry& g) {
   if (g.key_blocks) {
     if (s.seqlen_k == 0) return 0;
-    const QueryBlockRange r = query_block_range(0, g.block_n, g.block_m, s.seqlen_q, s.seqlen_k, g.causal);
+    const QueryBlockRange r = query_block_range(0, g.block_n, g.block_m, s.seqlen_q, s.seqlen_k, g.band);
     return r.end - r.begin;
   }
   if (s.seqlen_q == 0) return 0;
-  return kv_tile_count(ceil_div(s.seqlen_q, g.block_m) - 1, g.block_m, g.block_n, s.seqlen_q, s.seqlen_k, g.causal);
+  return kv_tile_range(ceil_div(s.seqlen_q, g.block_m) - 1, g.block_m, g.block_n, s.seqlen_q, s.seqlen_k, g.band).count();
 }
 
 // The sequence's tiles as the dense order lays out one batch entry.
@@ -108,11 +112,11 @@ WARPATTN_HOST_DEVICE VarlenTile varlen_tile(const SequenceSpan& s, int b, int t,
   if (g.key_blocks) {  // key blocks fastest, as the dense backward's grid
     const int n_blocks = ceil_div(s.seqlen_k, g.block_n);
     const int n = g.reverse_key_blocks ? n_blocks - 1 - t % n_blocks : t % n_blocks;
-    const QueryBlockRange r = query_block_range(n, g.block_n, g.block_m, s.seqlen_q, s.seqlen_k, g.causal);
+    const QueryBlockRange r = query_block_range(n, g.block_n, g.block_m, s.seqlen_q, s.seqlen_k, g.band);
     return {n, t / n_blocks, b, r.end - r.begin, s.q_offset, s.seqlen_q, s.k_offset, s.seqlen_k};
   }
   const WorkTile w = tile_coords(t, sequence_grid(s, g));
-  const int n = kv_tile_count(w.m_block, g.block_m, g.block_n, s.seqlen_q, s.seqlen_k, g.causal);
+  const int n = kv_tile_range(w.m_block, g.block_m, g.block_n, s.seqlen_q, s.seqlen_k, g.band).count();
   return {w.m_block, w.head, b, n, s.q_offset, s.seqlen_q, s.k_offset, s.seqlen_k};
 }
 
