@@ -128,6 +128,17 @@ void check_head_dim_in(const Arg& q, std::span<const int> dims, const char* kern
   fail(m);
 }
 
+// ---- e. head dimension, for the 16-bit kernels: a multiple of 8 from 8 to 256 (kernel_head_dim)
+void check_head_dim_supported(const Arg& q, const char* kernel) {
+  const int last = q.view.rank - 1;
+  const int64_t head_dim = q.view.shape[last];
+  if (kernel_head_dim(head_dim) != 0) return;
+  Message m;
+  m << q.name << ": head_dim (shape[" << q.dim(last) << "]) must be a multiple of " << kHeadDimStep << " from "
+    << kMinHeadDim << " to " << kMaxHeadDim << kernel << ", got " << head_dim;
+  fail(m);
+}
+
 // ---- f. shapes. `why` says where the expected shape comes from.
 void check_shape(const Arg& a, const int64_t* want, const std::string& why) {
   bool same = true;
@@ -380,7 +391,7 @@ ProblemSizes check_attention_tensors(std::span<const Operand> operands, const Ar
   if (lse) check_dtype(*lse, DType::f32);
 
   // e. head dimension
-  check_head_dim_in(q, kSupportedHeadDims, "");
+  check_head_dim_supported(q, "");
   const int64_t head_dim = q.view.shape[3];
   for (const Operand& o : operands) {
     if (o.arg.view.shape[3] == head_dim) continue;
@@ -525,7 +536,7 @@ size_t backward_workspace_bytes_of(const Arg& q, const BackwardProblem& p) {
   const uint64_t rows = p.varlen ? saturating_add(u(p.seqlen_q), saturating_mul(saturating_add(u(p.batch), 1), 128))
                                  : saturating_add(u(p.seqlen_q), 128);
   const uint64_t row_count = saturating_mul(saturating_mul(p.varlen ? 1 : u(p.batch), u(p.heads_q)), rows);
-  const uint64_t bound = saturating_add(saturating_mul(row_count, saturating_mul(saturating_add(u(p.head_dim), 3), 4)), 1024);
+  const uint64_t bound = saturating_add(saturating_mul(row_count, saturating_mul(saturating_add(u(kernel_head_dim(p.head_dim)), 3), 4)), 1024);
   if (bound >= kLimit) {
     Message m;
     m << q.name << ": shape " << shape_string(q) << " needs a backward workspace of more than 2^62 bytes";
@@ -739,15 +750,16 @@ BackwardProblem validate_backward_views(const BackwardTensors& t, const Backward
   }
 
   // e, for the backward: a head dim with a backward kernel
-  check_head_dim_in(aq, kBackwardHeadDims, " for the backward");
+  check_head_dim_supported(aq, " for the backward");
 
   // k. softmax scale
   check_softmax_scale(options.softmax_scale);
   check_window(options.window_left, options.window_right, options.causal, sizes);
   check_softcap(options.softcap);
-  if (options.softcap != 0.f && sizes.head_dim == 64) {
+  if (options.softcap != 0.f && kernel_head_dim(sizes.head_dim) == 64) {  // compiled out there: it spilled
     Message m;
-    m << "options.softcap: the backward has no softcap at head_dim 64 yet (128 and 256 have), got " << options.softcap;
+    m << "options.softcap: the backward has no softcap at head_dim 64 or less yet (72 to 256 have), got "
+      << options.softcap;
     fail(m);
   }
 

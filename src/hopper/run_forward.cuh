@@ -62,6 +62,7 @@ ForwardParams base_forward_params(const ForwardProblem& p, const TensorView& out
   params.heads_q = static_cast<int>(p.heads_q);
   params.seqlen_q = static_cast<int>(p.seqlen_q);
   params.seqlen_k = static_cast<int>(p.seqlen_k);
+  params.head_dim = static_cast<int>(p.head_dim);
   params.kv_group = static_cast<int>(p.heads_q / p.heads_kv);
   params.scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
   params.band = p.band;

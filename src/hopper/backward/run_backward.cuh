@@ -53,6 +53,7 @@ BackwardParams backward_params(const BackwardProblem& pr, const BackwardTensors&
   p.heads_kv = static_cast<int>(pr.heads_kv);
   p.seqlen_q = static_cast<int>(pr.seqlen_q);
   p.seqlen_k = static_cast<int>(pr.seqlen_k);
+  p.head_dim = static_cast<int>(pr.head_dim);
   p.rows = static_cast<int>(layout.rows);
   p.kv_group = static_cast<int>(pr.heads_q / pr.heads_kv);
   p.softmax_scale = pr.softmax_scale;
