@@ -536,7 +536,8 @@ size_t backward_workspace_bytes_of(const Arg& q, const BackwardProblem& p) {
   const uint64_t rows = p.varlen ? saturating_add(u(p.seqlen_q), saturating_mul(saturating_add(u(p.batch), 1), 128))
                                  : saturating_add(u(p.seqlen_q), 128);
   const uint64_t row_count = saturating_mul(saturating_mul(p.varlen ? 1 : u(p.batch), u(p.heads_q)), rows);
-  const uint64_t bound = saturating_add(saturating_mul(row_count, saturating_mul(saturating_add(u(kernel_head_dim(p.head_dim)), 3), 4)), 1024);
+  const uint64_t columns = u(kernel_head_dim(p.head_dim));  // dQ's accumulator: the kernel's columns
+  const uint64_t bound = saturating_add(saturating_mul(row_count, saturating_mul(saturating_add(columns, 3), 4)), 1024);
   if (bound >= kLimit) {
     Message m;
     m << q.name << ": shape " << shape_string(q) << " needs a backward workspace of more than 2^62 bytes";

@@ -37,7 +37,8 @@ __device__ __forceinline__ void store_accumulator_row(const float (&acc)[kCols /
   uint4* out_row = reinterpret_cast<uint4*>(dst);
 #pragma unroll
   for (int a = 0; a < kCols / 32; ++a)  // group 4a + q: columns 8 (4a + q) ... + 7
-    if (8 * (4 * a + quad) < cols) out_row[4 * a + quad] = make_uint4(pieces[a][0], pieces[a][1], pieces[a][2], pieces[a][3]);
+    if (8 * (4 * a + quad) < cols)
+      out_row[4 * a + quad] = make_uint4(pieces[a][0], pieces[a][1], pieces[a][2], pieces[a][3]);
 }
 
 template <class Cfg>
