@@ -133,7 +133,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False,
     xp = _array_module(fw)
     with device_of(q, fw):  # allocate on q's device and take that device's current stream
         if out is None:
-            out = xp.empty(q.shape, dtype=q.dtype)
+            out = xp.empty(tuple(q.shape[:-1]) + (v.shape[-1],), dtype=q.dtype)  # v's head dim
         lse = xp.empty(_lse_shape(q), dtype=xp.float32) if return_lse else None
         _warpattn.forward(q, k, v, out, lse, scale, bool(causal), _current_stream(fw, q), bool(batch_invariant),
                           **model)
@@ -315,7 +315,7 @@ def _flash_attn_jax(q, k, v, scale, causal, return_lse, out, batch_invariant=Fal
     _wait_for_jax_arrays(q=q, k=k, v=v, **({} if sinks is None else {"sinks": sinks}))
 
     def run(empty):
-        o = empty(q.shape, str(q.dtype))
+        o = empty(tuple(q.shape[:-1]) + (v.shape[-1],), str(q.dtype))  # v's head dim
         lse = empty(_lse_shape(q), "float32") if return_lse else None
         # Stream 0: the legacy default stream of the tensors' device (the library runs there).
         _warpattn.forward(q, k, v, o, lse, scale, causal, 0, batch_invariant, **model)

@@ -148,7 +148,7 @@ def _like(x, dtype=None, shape=None):
 
 
 def _forward(q, k, v, sinks, scale, causal, batch_invariant, model, with_lse):
-    results = [_like(q)]
+    results = [_like(q, shape=q.shape[:-1] + v.shape[-1:])]  # out: v's head dim
     if with_lse:
         results.append(_like(q, jnp.float32, (q.shape[0], q.shape[2], q.shape[1])))
     outs = _call(FORWARD, _with_sinks((q, k, v), sinks), results, _attrs(scale, causal, batch_invariant, model=model),
@@ -181,7 +181,7 @@ def _backward(dout, q, k, v, out, lse, sinks, scale, causal, deterministic, batc
 
 
 def _forward_varlen(q, k, v, offsets, sinks, max_seqlens, scale, causal, batch_invariant, model, with_lse):
-    results = [_like(q)]
+    results = [_like(q, shape=q.shape[:-1] + v.shape[-1:])]  # out: v's head dim
     if with_lse:
         results.append(_like(q, jnp.float32, (q.shape[1], q.shape[0])))
     operands = _with_sinks((q, k, v) + tuple(o for o in offsets if o is not None), sinks)

@@ -23,9 +23,14 @@ def _lse_like(q):
     return q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
+def _out_shape(q, v):
+    """out's shape: q's with v's head dim (which may differ from q's: MLA's 192/128)."""
+    return tuple(q.shape[:-1]) + (v.shape[-1],)
+
+
 # Outputs are contiguous whatever the inputs' strides, in the real ops and the fake ones alike.
-def _forward_outputs(q):
-    return q.new_empty(q.shape), _lse_like(q)
+def _forward_outputs(q, v):
+    return q.new_empty(_out_shape(q, v)), _lse_like(q)
 
 
 def _gradients_like(q, k, v, sinks):
@@ -46,7 +51,7 @@ def flash_attn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softma
                        sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     # deterministic is the backward's: an input here because setup_context sees only the op's
     # inputs and outputs.
-    out, lse = _forward_outputs(q)
+    out, lse = _forward_outputs(q, v)
     _warpattn.forward(q, k, v, out, lse, softmax_scale, causal, _current_stream("torch", q), batch_invariant,
                       window_left=window_left, window_right=window_right, softcap=softcap, sinks=sinks)
     return out, lse
@@ -55,7 +60,7 @@ def flash_attn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softma
 @flash_attn_forward.register_fake
 def _(q, k, v, softmax_scale, causal, deterministic, batch_invariant=False, window_left=-1, window_right=-1,
       softcap=0.0, sinks=None):
-    return _forward_outputs(q)
+    return _forward_outputs(q, v)
 
 
 @torch.library.custom_op("warpattn::flash_attn_backward", mutates_args=())
@@ -156,8 +161,8 @@ def _varlen_lse_like(q):
     return q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)  # FlashAttention's (heads, total_q)
 
 
-def _varlen_outputs(q):
-    return q.new_empty(q.shape), _varlen_lse_like(q)
+def _varlen_outputs(q, v):
+    return q.new_empty(_out_shape(q, v)), _varlen_lse_like(q)
 
 
 @torch.library.custom_op("warpattn::flash_attn_varlen_forward", mutates_args=())
@@ -167,7 +172,7 @@ def flash_attn_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               deterministic: bool, batch_invariant: bool = False, window_left: int = -1,
                               window_right: int = -1, softcap: float = 0.0,
                               sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    out, lse = _varlen_outputs(q)
+    out, lse = _varlen_outputs(q, v)
     _warpattn.forward_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                              softmax_scale, causal, _current_stream("torch", q), batch_invariant,
                              window_left=window_left, window_right=window_right, softcap=softcap, sinks=sinks)
@@ -177,7 +182,7 @@ def flash_attn_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 @flash_attn_varlen_forward.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
       deterministic, batch_invariant=False, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
-    return _varlen_outputs(q)
+    return _varlen_outputs(q, v)
 
 
 @torch.library.custom_op("warpattn::flash_attn_varlen_backward", mutates_args=())

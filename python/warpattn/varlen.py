@@ -96,7 +96,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                              **{name: t for name, t in (("seqused_k", seqused_k), ("sinks", sinks)) if t is not None})
 
         def run(empty):
-            o = empty(q.shape, str(q.dtype))
+            o = empty(tuple(q.shape[:-1]) + (v.shape[-1],), str(q.dtype))  # v's head dim
             lse = empty(_lse_shape(q), "float32") if return_lse else None
             # Stream 0: the legacy default stream of the tensors' device (see api._jax_run).
             _warpattn.forward_varlen(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, *lengths, scale, causal, 0,
@@ -108,7 +108,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     xp = _array_module(fw)
     with device_of(q, fw):  # allocate on q's device and take that device's current stream
         if out is None:
-            out = xp.empty(q.shape, dtype=q.dtype)
+            out = xp.empty(tuple(q.shape[:-1]) + (v.shape[-1],), dtype=q.dtype)  # v's head dim
         lse = xp.empty(_lse_shape(q), dtype=xp.float32) if return_lse else None
         _warpattn.forward_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, *lengths, scale, causal,
                                  _current_stream(fw, q), bool(batch_invariant), **model)

@@ -261,7 +261,7 @@ struct BackwardConsumer {
           p.head_dim - column0);
       store_accumulator_row<Element, kKV>(
           dv, r, f.quad, inside ? p.dv.row<Element>(work.batch, row, work.head_kv) + column0 : nullptr,
-          p.head_dim - column0);
+          p.head_dim_v - column0);
     }
   }
 };
