@@ -390,10 +390,26 @@ TEST(lse_must_be_float32) {
 
 // ---------------------------------------------------------------- e. head dimension
 
-TEST(unsupported_head_dim_lists_the_supported_ones) {
-  Sizes s;
-  s.head_dim = 96;
-  EXPECT_REJECTED(make_call(s), "q", "head_dim (shape[3]) must be one of 64, 128, 256, got 96");
+// Any multiple of 8 from 8 to 256 runs, in the 64, 128 or 256 kernel with the missing columns
+// zero-filled; the message states the rule rather than listing 32 sizes.
+TEST(unsupported_head_dim_states_the_rule) {
+  for (int64_t d : {100, 4, 264, 0, 12, 257, 512}) {
+    Sizes s;
+    s.head_dim = d;
+    const std::string got = ", got " + std::to_string(d);
+    EXPECT_REJECTED(make_call(s), "q", "head_dim (shape[3]) must be a multiple of 8 from 8 to 256", got.c_str());
+  }
+}
+
+// The padded sizes pass validation: the smallest, the largest, and ones between the kernels
+// (72 runs in the 128 kernel, 200 in the 256 one); f16 as bf16.
+TEST(padded_head_dims_pass_validation) {
+  for (int64_t d : {8, 16, 40, 72, 80, 96, 112, 136, 200, 248}) {
+    Sizes s;
+    s.head_dim = d;
+    EXPECT_VALID(make_call(s));
+    EXPECT_VALID(make_call(s, DType::f16));
+  }
 }
 
 TEST(k_head_dim_must_match_q) {
