@@ -345,7 +345,21 @@ TEST(backward_padded_head_dims_pass_validation) {
 TEST(backward_head_dim_must_match_q) {
   Call c = make_call();
   c.dv.shape[3] = 64;
-  EXPECT_REJECTED(c, "dv", "expected head_dim 128 (same as q), got 64");
+  EXPECT_REJECTED(c, "dv", "expected head_dim 128 (same as v), got 64");
+  c = make_call();
+  c.dq.shape[3] = 64;
+  EXPECT_REJECTED(c, "dq", "expected head_dim 128 (same as q), got 64");
+}
+
+// MLA's prefill shape: q, k, dq, dk 192; v, out, dout, dv 128.
+TEST(backward_value_head_dim_may_differ) {
+  Sizes s;
+  s.head_dim = 192;
+  Call c = make_call(s);
+  for (TensorView* t : {&c.v, &c.out, &c.dout, &c.dv}) t->shape[3] = 128;
+  EXPECT_VALID(c);
+  c.dout.shape[3] = 192;
+  EXPECT_REJECTED(c, "dout", "expected head_dim 128 (same as v), got 192");
 }
 
 // ---------------------------------------------------------------- f. batch and shapes

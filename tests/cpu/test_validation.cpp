@@ -418,16 +418,40 @@ TEST(k_head_dim_must_match_q) {
   EXPECT_REJECTED(c, "k", "expected head_dim 128 (same as q), got 64");
 }
 
-TEST(v_head_dim_must_match_q) {
+// v's head dim may differ from q's (MLA's 192/128) but not pass q's compiled head dim: the
+// kernel is chosen by q's, and the backward's workspace sized from q alone.
+TEST(v_head_dim_at_most_q_compiled_head_dim) {
   Call c = make_call();
   c.v.shape[3] = 256;
-  EXPECT_REJECTED(c, "v", "expected head_dim 128 (same as q), got 256");
+  c.out.shape[3] = 256;
+  EXPECT_REJECTED(c, "v", "head_dim (shape[3]) must be at most 128 (q's head_dim 128 rounded up to 64, 128 or 256), got 256");
+  c.v.shape[3] = 100;
+  c.out.shape[3] = 100;
+  EXPECT_REJECTED(c, "v", "head_dim (shape[3]) must be a multiple of 8 from 8 to 256, got 100");
 }
 
-TEST(out_head_dim_must_match_q) {
+TEST(v_head_dim_may_differ_from_q) {
+  for (const int64_t dv : {8, 64, 96, 120, 128}) {  // q's 128: anything up to it
+    Call c = make_call();
+    c.v.shape[3] = dv;
+    c.out.shape[3] = dv;
+    EXPECT_VALID(c);
+  }
+  Sizes s;
+  s.head_dim = 192;  // MLA's prefill: q and k 192, v and out 128
+  Call c = make_call(s);
+  c.v.shape[3] = 128;
+  c.out.shape[3] = 128;
+  EXPECT_VALID(c);
+}
+
+TEST(out_head_dim_must_match_v) {
   Call c = make_call();
   c.out.shape[3] = 64;
-  EXPECT_REJECTED(c, "out", "expected head_dim 128 (same as q), got 64");
+  EXPECT_REJECTED(c, "out", "expected head_dim 128 (same as v), got 64");
+  c.v.shape[3] = 64;
+  c.out.shape[3] = 128;
+  EXPECT_REJECTED(c, "out", "expected head_dim 64 (same as v), got 128");
 }
 
 // ---------------------------------------------------------------- f. batch and shapes

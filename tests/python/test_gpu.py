@@ -927,6 +927,42 @@ def test_padded_head_dims_strided_views_deterministic(d, attention_reference_gra
     check_grads_against_fp64(q, k, v, dout, dict(causal=True), first + (None,), attention_reference_grads)
 
 
+# v's head dim apart from q and k's: MLA's prefill (192/128) and others within q's compiled head
+# dim (v's columns past its own are zero-filled in the kernel; out, dout and dv have v's).
+VALUE_HEAD_DIMS = [(192, 128), (128, 64), (96, 64), (256, 200), (64, 32), (80, 128)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d,dv", VALUE_HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_value_head_dim_against_fp64(dtype, d, dv, causal, attention_reference, attention_reference_grads):
+    torch.manual_seed(zlib.crc32(repr(("dv", dtype, d, dv, causal)).encode()))
+    q = torch.randn(2, 300, 8, d, device="cuda", dtype=dtype)
+    k = torch.randn(2, 777, 2, d, device="cuda", dtype=dtype)
+    v = torch.randn(2, 777, 2, dv, device="cuda", dtype=dtype)
+    dout = torch.randn(2, 300, 8, dv, device="cuda", dtype=dtype)
+    out, lse = warpattn.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    assert out.shape == (2, 300, 8, dv)
+    check_against_fp64(q, k, v, attention_reference, out, lse, dict(causal=causal))
+    grads = model_grads(q, k, v, dout, dict(causal=causal))
+    assert [tuple(g.shape) for g in grads[:3]] == [tuple(q.shape), tuple(k.shape), tuple(v.shape)]
+    check_grads_against_fp64(q, k, v, dout, dict(causal=causal), grads, attention_reference_grads)
+
+
+@pytest.mark.gpu
+def test_value_head_dim_compiled_and_refused():
+    # torch.compile's fake op gives out v's head dim (fullgraph: no graph break); v's head dim
+    # past q's compiled one is the library's ValueError, naming v.
+    q, k = (torch.randn(1, 256, 4, 192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(1, 256, 4, 128, device="cuda", dtype=torch.bfloat16)
+    fn = torch.compile(lambda q, k, v: warpattn.flash_attn_func(q, k, v, causal=True), fullgraph=True)
+    torch.testing.assert_close(fn(q, k, v), warpattn.flash_attn_func(q, k, v, causal=True), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"^v: head_dim \(shape\[3\]\) must be at most 128 \(q's head_dim 96"):
+        warpattn.flash_attn_func(q[..., :96], k[..., :96], torch.randn(1, 256, 4, 192, device="cuda",
+                                                                      dtype=torch.bfloat16))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [32, 64])
 def test_softcap_backward_refused_at_head_dim_64_and_below(d):

@@ -1029,6 +1029,27 @@ def test_padded_head_dims_gradients_against_fp64(dtype, d, deterministic, attent
                       dtype)
 
 
+
+@gpu
+@has_backward
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,dv", [(192, 128), (128, 64)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_value_head_dim_against_fp64(d, dv, causal, attention_reference, attention_reference_grads):
+    # v's head dim apart from q and k's (MLA's prefill 192/128) on a packed batch: out and the
+    # gradients per sequence against the float64 reference (and the dense kernel's forward).
+    lengths = [(300, 300), (1, 1), (0, 30), (400, 129), (129, 700)]
+    q, k, _, cu_q, cu_k = make_batch(lengths, 8, 2, d, torch.bfloat16, seed=d + dv + causal)
+    v = torch.randn(k.shape[0], 2, dv, device="cuda", dtype=torch.bfloat16)
+    options = dict(causal=causal)
+    out, lse = warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 400, 700, return_lse=True, **options)
+    assert out.shape == (q.shape[0], 8, dv)
+    check_model_sequences(q, k, v, cu_q, cu_k, out, lse, options, attention_reference)
+    dout = torch.randn(q.shape[0], 8, dv, device="cuda", dtype=torch.bfloat16)
+    got = model_varlen_grads(q, k, v, cu_q, cu_k, dout, (400, 700), options)
+    check_model_grads(got, model_reference_grads(q, k, v, cu_q, cu_k, dout, options, attention_reference_grads),
+                      "bfloat16")
+
 # ------------------------------------------------------------------- FP8 on packed batches
 
 @gpu
