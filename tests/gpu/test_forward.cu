@@ -226,27 +226,29 @@ void run_matrix(DType dtype, int head_dim, bool causal) {
     }
 }
 
+// A shape with model options (issue 19): lengths, causal, window_size, softcap, sinks.
+struct ModelShape {
+  int64_t sq, sk;
+  bool causal;
+  int left, right;
+  float softcap;
+  bool sinks;
+};
+
 // Sliding windows, softcap and sinks (issue 19) against the reference: windows on both sides
 // and one, wider and narrower than a key tile (the narrow ones take the precise path), causal
 // and not, Sq != Sk both ways (rows left with no key), GQA, strided views, each head dim (d = 64
 // from 4097 rows on: the tall tiles).
 void run_model_matrix(DType dtype, int head_dim) {
   REQUIRE_HOPPER();
-  struct Shape {
-    int64_t sq, sk;
-    bool causal;
-    int left, right;
-    float softcap;
-    bool sinks;
-  };
-  const Shape shapes[] = {
+  const ModelShape shapes[] = {
       {1000, 1000, true, 256, -1, 0, false},  {4097, 4097, true, 300, 0, 0, true},
       {1000, 1000, false, 100, 50, 0, false}, {1000, 4097, false, -1, 64, 0, true},
       {4097, 1000, true, 500, 0, 30, false},  {300, 300, false, 0, 0, 0, false},
       {17, 300, false, 1000, 5, 0, true},     {1000, 1000, false, -1, -1, 30, true},
       {1000, 1000, true, -1, -1, 50, true},   {129, 1000, false, 200, -1, 0, false},
   };
-  for (const Shape& s : shapes)
+  for (const ModelShape& s : shapes)
     for (int64_t hkv : {8, 2}) {
       Case c;
       c.dtype = dtype, c.head_dim = head_dim, c.causal = s.causal;
@@ -372,20 +374,13 @@ TEST(forward_padded_head_dims) {
 // the options act on the scores, which the zero columns must leave as the real dims make them.
 TEST(forward_padded_head_dims_window_softcap_sinks) {
   REQUIRE_HOPPER();
-  struct Shape {
-    int64_t sq, sk;
-    bool causal;
-    int left, right;
-    float softcap;
-    bool sinks;
-  };
-  const Shape shapes[] = {
+  const ModelShape shapes[] = {
       {1000, 1000, true, 256, -1, 0, false}, {1000, 1000, false, -1, -1, 30, true},
       {129, 1000, false, 200, -1, 0, true},  {513, 1000, false, 100, 50, 30, true},
       {1000, 513, true, 300, 0, 50, false},
   };
   for (int d : {40, 80, 200})
-    for (const Shape& s : shapes) {
+    for (const ModelShape& s : shapes) {
       Case c;
       c.dtype = d == 80 ? DType::f16 : DType::bf16, c.head_dim = d, c.causal = s.causal;
       c.seqlen_q = s.sq, c.seqlen_k = s.sk, c.batch = 2, c.heads_q = 8, c.heads_kv = 2, c.padded = d != 40;
