@@ -1,7 +1,9 @@
 """warpattn for PyTorch: torch.library custom ops for the forward and the backward (dense, and packed
 varlen batches), each pair joined by register_autograd, so that flash_attn_func and
 flash_attn_varlen_func are differentiable and work under torch.compile and CUDA graph capture, on
-PyTorch's current stream.
+PyTorch's current stream. The public calls reach the forward op through an autograd.Function
+with the same formula where a gradient is wanted (cheaper per call: _autograd_function), directly
+where not.
 
 The forward ops take the model options (window_left, window_right, softcap, sinks), and so do
 the backward ops, which return the sinks' gradient too (dsinks, float32 (heads,); an empty (0,)
@@ -136,11 +138,34 @@ def _backward(ctx, grad_out, grad_lse):
 flash_attn_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _needs_grad(*tensors):
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _autograd_function(op, setup_context, backward, name):
+    """An autograd.Function over a custom op with the op's own setup_context and backward. The
+    public calls go through it where a gradient is wanted, and call the op directly where not:
+    per call it costs about 2/3 of the host time of the op's register_autograd path (17 against
+    26 us on the dev machine, scripts/torch_op_overhead_cpu.py; issue 16's host cost), and it is
+    the pattern torch.compile traces for FlashAttention 2's own interface. The op keeps its
+    register_autograd for whoever calls it directly (torch.ops.warpattn.*, opcheck)."""
+    def forward(ctx, *inputs):
+        output = op(*inputs)
+        setup_context(ctx, inputs, output)
+        return output
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),
+                                                    "backward": staticmethod(backward)})
+
+
+_FlashAttnFunction = _autograd_function(flash_attn_forward, _setup_context, _backward, "_FlashAttnFunction")
+
+
 def flash_attn_torch(q, k, v, softmax_scale, causal, return_lse, out, deterministic, batch_invariant=False,
                      window_left=-1, window_right=-1, softcap=0.0, sinks=None):
     if out is None:
-        o, lse = flash_attn_forward(q, k, v, softmax_scale, causal, deterministic, batch_invariant, window_left,
-                                    window_right, softcap, sinks)
+        call = _FlashAttnFunction.apply if _needs_grad(q, k, v, sinks) else flash_attn_forward
+        o, lse = call(q, k, v, softmax_scale, causal, deterministic, batch_invariant, window_left, window_right,
+                      softcap, sinks)
         return (o, lse) if return_lse else o
     # Writing into a caller's tensor is outside the custom op (a graph break under compile), and
     # outside autograd: refused where a gradient could be asked for, as PyTorch's own out= are.
@@ -229,15 +254,17 @@ def _varlen_backward(ctx, grad_out, grad_lse):
 
 
 flash_attn_varlen_forward.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+_FlashAttnVarlenFunction = _autograd_function(flash_attn_varlen_forward, _varlen_setup_context, _varlen_backward,
+                                              "_FlashAttnVarlenFunction")
 
 
 def flash_attn_varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                             softmax_scale, causal, return_lse, out, deterministic, batch_invariant=False,
                             window_left=-1, window_right=-1, softcap=0.0, sinks=None):
     if out is None:
-        o, lse = flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-                                           max_seqlen_k, softmax_scale, causal, deterministic, batch_invariant,
-                                           window_left, window_right, softcap, sinks)
+        call = _FlashAttnVarlenFunction.apply if _needs_grad(q, k, v, sinks) else flash_attn_varlen_forward
+        o, lse = call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                      causal, deterministic, batch_invariant, window_left, window_right, softcap, sinks)
         return (o, lse) if return_lse else o
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise RuntimeError("out: flash_attn_varlen_func(..., out=...) is not differentiable, but q, k or v "
