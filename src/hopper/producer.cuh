@@ -13,6 +13,7 @@
 #include "hopper/shared_storage.cuh"
 #include "hopper/tile_scheduler.cuh"
 #include "hopper/backward/workspace.hpp"
+#include "hopper/varlen/varlen_tiles.hpp"  // the work list walked by varlen launches
 
 namespace warpattn::detail {
 
