@@ -522,12 +522,22 @@ ffi::Error forward_fp8_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
   });
 }
 
+// The model options' attributes (issue 19), after each call's own: the same three in the same
+// order for every forward and backward target.
+template <class B>
+auto bind_model_options(B b) {
+  return std::move(b)
+      .template Attr<int32_t>("window_left")
+      .template Attr<int32_t>("window_right")
+      .template Attr<float>("softcap");
+}
+
 // The bindings, by the names the Python side gives the operands, results and attributes. Each
 // is used twice: after the CUDA stream for XLA's GPU (the real handlers), and without it for the
 // host check below.
 template <class B>
 auto bind_forward(B b) {
-  return std::move(b)
+  return bind_model_options(std::move(b)
       .template Arg<ffi::AnyBuffer>()          // q
       .template Arg<ffi::AnyBuffer>()          // k
       .template Arg<ffi::AnyBuffer>()          // v
@@ -537,15 +547,12 @@ auto bind_forward(B b) {
       .template Attr<bool>("causal")
       .template Attr<bool>("has_scale")
       .template Attr<float>("softmax_scale")
-      .template Attr<bool>("batch_invariant")
-      .template Attr<int32_t>("window_left")
-      .template Attr<int32_t>("window_right")
-      .template Attr<float>("softcap");
+      .template Attr<bool>("batch_invariant"));
 }
 
 template <class B>
 auto bind_backward(B b) {
-  return std::move(b)
+  return bind_model_options(std::move(b)
       .template Arg<ffi::AnyBuffer>()  // dout
       .template Arg<ffi::AnyBuffer>()  // q
       .template Arg<ffi::AnyBuffer>()  // k
@@ -562,15 +569,12 @@ auto bind_backward(B b) {
       .template Attr<bool>("has_scale")
       .template Attr<float>("softmax_scale")
       .template Attr<bool>("deterministic")
-      .template Attr<bool>("batch_invariant")
-      .template Attr<int32_t>("window_left")
-      .template Attr<int32_t>("window_right")
-      .template Attr<float>("softcap");
+      .template Attr<bool>("batch_invariant"));
 }
 
 template <class B>
 auto bind_forward_varlen(B b) {
-  return std::move(b)
+  return bind_model_options(std::move(b)
       .template Arg<ffi::AnyBuffer>()          // q
       .template Arg<ffi::AnyBuffer>()          // k
       .template Arg<ffi::AnyBuffer>()          // v
@@ -585,16 +589,13 @@ auto bind_forward_varlen(B b) {
       .template Attr<float>("softmax_scale")
       .template Attr<bool>("batch_invariant")
       .template Attr<int64_t>("max_seqlen_q")
-      .template Attr<int64_t>("max_seqlen_k")
-      .template Attr<int32_t>("window_left")
-      .template Attr<int32_t>("window_right")
-      .template Attr<float>("softcap")
+      .template Attr<int64_t>("max_seqlen_k"))
       .template Attr<bool>("has_sinks");
 }
 
 template <class B>
 auto bind_backward_varlen(B b) {
-  return std::move(b)
+  return bind_model_options(std::move(b)
       .template Arg<ffi::AnyBuffer>()          // dout
       .template Arg<ffi::AnyBuffer>()          // q
       .template Arg<ffi::AnyBuffer>()          // k
@@ -616,10 +617,7 @@ auto bind_backward_varlen(B b) {
       .template Attr<bool>("deterministic")
       .template Attr<bool>("batch_invariant")
       .template Attr<int64_t>("max_seqlen_q")
-      .template Attr<int64_t>("max_seqlen_k")
-      .template Attr<int32_t>("window_left")
-      .template Attr<int32_t>("window_right")
-      .template Attr<float>("softcap")
+      .template Attr<int64_t>("max_seqlen_k"))
       .template Attr<bool>("has_sinks");
 }
 
@@ -644,7 +642,7 @@ auto bind_quantize_fp8(B b) {
 
 template <class B>
 auto bind_forward_fp8(B b) {
-  return std::move(b)
+  return bind_model_options(std::move(b)
       .template Arg<ffi::AnyBuffer>()          // q
       .template Arg<ffi::AnyBuffer>()          // k
       .template Arg<ffi::AnyBuffer>()          // vt
@@ -657,10 +655,7 @@ auto bind_forward_fp8(B b) {
       .template Attr<bool>("causal")
       .template Attr<bool>("has_scale")
       .template Attr<float>("softmax_scale")
-      .template Attr<bool>("batch_invariant")
-      .template Attr<int32_t>("window_left")
-      .template Attr<int32_t>("window_right")
-      .template Attr<float>("softcap");
+      .template Attr<bool>("batch_invariant"));
 }
 
 auto on_gpu() { return ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>(); }

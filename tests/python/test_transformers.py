@@ -432,18 +432,27 @@ def test_training_step(env, padding):
     assert err <= RATIO * err_sdpa, (err, err_sdpa)
 
 
-def test_compile_fullgraph(env):
-    device, _ = env
-    ref, warp, sdpa = models(device)
+def compiled_logits(device, ref, warp, other, seed):
+    """(want, got, theirs, ids, mask): the logits of a right-padded batch from ref, from warp
+    compiled with fullgraph=True (aot_eager on the CPU's fakes, inductor on the GPU) and from
+    other, with the batch."""
     total, lengths = lengths_for(device)
-    ids, mask = padded_batch(device, lengths, total, "right", seed=7)
+    ids, mask = padded_batch(device, lengths, total, "right", seed=seed)
     torch._dynamo.reset()
     compiled = torch.compile(warp, fullgraph=True, backend="aot_eager" if device == "cpu" else "inductor")
     with torch.no_grad():
         want = ref(ids, attention_mask=mask).logits
         got = compiled(ids, attention_mask=mask).logits
+        theirs = other(ids, attention_mask=mask).logits
+    return want, got, theirs, ids, mask
+
+
+def test_compile_fullgraph(env):
+    device, _ = env
+    ref, warp, sdpa = models(device)
+    want, got, theirs, ids, mask = compiled_logits(device, ref, warp, sdpa, seed=7)
+    with torch.no_grad():
         eager = warp(ids, attention_mask=mask).logits
-        theirs = sdpa(ids, attention_mask=mask).logits
     valid = mask.bool()
     err, err_eager, err_sdpa = (rel_err(x, want, valid) for x in (got, eager, theirs))
     assert err <= RATIO * err_sdpa and err_eager <= RATIO * err_sdpa, (err, err_eager, err_sdpa)
@@ -635,14 +644,7 @@ def test_model_options_compile_fullgraph(env, name):
     # The options under torch.compile(fullgraph=True) too (the sinks' cast, the window's ints).
     device, calls = env
     ref, warp, other = OPTION_MODELS[name][0](device)
-    total, lengths = lengths_for(device)
-    ids, mask = padded_batch(device, lengths, total, "right", seed=24)
-    torch._dynamo.reset()
-    compiled = torch.compile(warp, fullgraph=True, backend="aot_eager" if device == "cpu" else "inductor")
-    with torch.no_grad():
-        want = ref(ids, attention_mask=mask).logits
-        got = compiled(ids, attention_mask=mask).logits
-        theirs = other(ids, attention_mask=mask).logits
+    want, got, theirs, _, mask = compiled_logits(device, ref, warp, other, seed=24)
     err, err_other = rel_err(got, want, mask.bool()), rel_err(theirs, want, mask.bool())
     assert err <= RATIO * err_other, (err, err_other)
 

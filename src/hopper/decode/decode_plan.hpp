@@ -1,0 +1,76 @@
+// Decode (issue 16; docs/decode-design.md): how one call's work is cut, as host-and-device
+// functions that the CPU tests check against brute force before any kernel uses them.
+//
+// A decode work tile is one (sequence, KV head, split): its rows are the query heads that share
+// the KV head at every new query position (GQA packing), so K and V are read once per KV head;
+// its keys are one split of the sequence's cache. Splits that a sequence's keys are cut into
+// are merged by a combine pass through their LSEs, in split order.
+#pragma once
+
+#include "hopper/host_device.hpp"
+
+namespace warpattn::detail {
+
+// ---- GQA packing. Row r of a tile is query position r / group, query head
+// head_kv · group + r % group: position-major, so that a position's heads (adjacent in a
+// (B, Sq, Hq, d) tensor) are adjacent rows, one TMA box {d, group, positions}.
+struct PackedRow {
+  int position, head_in_group;
+};
+WARPATTN_HOST_DEVICE PackedRow packed_row(int row, int group) { return {row / group, row % group}; }
+WARPATTN_HOST_DEVICE int packed_rows(int seqlen_q, int group) { return seqlen_q * group; }
+
+// ---- Splits of a sequence's keys. Key blocks [begin, end) of split `split` out of `splits`
+// over `key_blocks` blocks: as even as whole blocks allow (sizes differ by at most one block),
+// in order, covering every block once. A split past the blocks (more splits than blocks) is
+// empty.
+struct KeyBlockRange {
+  int begin = 0, end = 0;
+  WARPATTN_HOST_DEVICE bool empty() const { return end <= begin; }
+};
+WARPATTN_HOST_DEVICE KeyBlockRange split_key_blocks(int split, int splits, int key_blocks) {
+  const long long b = static_cast<long long>(split) * key_blocks / splits;
+  const long long e = static_cast<long long>(split + 1) * key_blocks / splits;
+  return {static_cast<int>(b), static_cast<int>(e)};
+}
+
+// Batch-invariant splits (issue 18): chunks of a fixed number of key blocks, so that a
+// sequence's splits, their order and so its bits depend on its own length alone, never on the
+// batch, the SM count or the other sequences. chunk_blocks: the chunk in key blocks (> 0).
+WARPATTN_HOST_DEVICE int invariant_splits(int key_blocks, int chunk_blocks) {
+  return key_blocks <= 0 ? 1 : (key_blocks + chunk_blocks - 1) / chunk_blocks;
+}
+WARPATTN_HOST_DEVICE KeyBlockRange invariant_key_blocks(int split, int chunk_blocks, int key_blocks) {
+  const int b = split * chunk_blocks, e = b + chunk_blocks < key_blocks ? b + chunk_blocks : key_blocks;
+  return {b, e};
+}
+
+// The default split count, from the shape and the SM count: one split when the tiles alone
+// fill most of the SMs; otherwise enough splits for about two CTAs per SM, but at least two
+// key blocks per split (a split's fixed cost, its Q load and its partial's write and combine,
+// against its blocks' reads) and at most kMaxDecodeSplits (the combine's per-row state).
+// tiles: (sequence, KV head, row tile) triples; key_blocks: the longest sequence's.
+inline constexpr int kMaxDecodeSplits = 128;
+WARPATTN_HOST_DEVICE int default_splits(long long tiles, int key_blocks, int multiprocessors) {
+  if (tiles <= 0 || key_blocks <= 2 || tiles * 5 >= 4LL * multiprocessors) return 1;
+  long long s = (2LL * multiprocessors + tiles - 1) / tiles;
+  const int by_blocks = key_blocks / 2;
+  if (s > by_blocks) s = by_blocks;
+  if (s > kMaxDecodeSplits) s = kMaxDecodeSplits;
+  return s < 1 ? 1 : static_cast<int>(s);
+}
+
+// ---- Paged caches: (num_pages, page_size, Hkv, d) with block_table[b][i] the page of the
+// sequence's keys i · page_size ... Key `key` of sequence b is row `paged_key_row` of the cache
+// viewed as (num_pages · page_size, Hkv, d).
+WARPATTN_HOST_DEVICE long long paged_key_row(const int* block_table_row, int key, int page_size) {
+  return static_cast<long long>(block_table_row[key / page_size]) * page_size + key % page_size;
+}
+// A key block of block_n keys starting at a multiple of block_n lies in one page (one TMA box
+// at paged_key_row of its first key) iff the page size is a multiple of block_n; otherwise the
+// block is gathered row by row.
+WARPATTN_HOST_DEVICE bool key_blocks_within_pages(int page_size, int block_n) {
+  return page_size > 0 && page_size % block_n == 0;
+}
+
+}  // namespace warpattn::detail
