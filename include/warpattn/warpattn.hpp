@@ -9,6 +9,7 @@
 // is written; the message names the argument, what was expected and what came.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -84,10 +85,21 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
-// Head dimensions with a kernel.
-inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
-// Head dimensions with a backward kernel.
-inline constexpr int kBackwardHeadDims[] = {64, 128, 256};
+// Head dimensions the 16-bit forward and backward take: every multiple of 8 from 8 to 256. The
+// kernels are compiled for 64, 128 and 256; a head dim between runs in the next one up, its
+// missing columns zero-filled by TMA on load and never written (kernel_head_dim).
+inline constexpr int kMinHeadDim = 8, kMaxHeadDim = 256, kHeadDimStep = 8;
+inline constexpr auto kSupportedHeadDims = [] {
+  std::array<int, kMaxHeadDim / kHeadDimStep> dims{};
+  for (int i = 0; i < static_cast<int>(dims.size()); ++i) dims[i] = kMinHeadDim + i * kHeadDimStep;
+  return dims;
+}();
+inline constexpr auto kBackwardHeadDims = kSupportedHeadDims;
+// The compiled head dim that serves head_dim (64, 128 or 256; 0 for a head dim not supported).
+constexpr int kernel_head_dim(int64_t head_dim) {
+  if (head_dim < kMinHeadDim || head_dim > kMaxHeadDim || head_dim % kHeadDimStep != 0) return 0;
+  return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
+}
 
 // out = softmax(scale · q·kᵀ [+ causal mask]) · v, per batch and query head.
 //   q:   (B, Sq, Hq, D)   fp16 or bf16

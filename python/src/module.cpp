@@ -399,9 +399,11 @@ NB_MODULE(_warpattn, m) {
         "forward on a packed batch: q, out (total_q, heads, head_dim); k, v (total_k, heads_kv, head_dim); lse "
         "(heads, total_q); cu_seqlens_q/k (batch + 1) int32, seqused_k (batch) int32 or None, on the device. "
         "window_left, window_right, softcap, sinks: as forward's, per sequence.");
-  m.attr("supported_head_dims") = nb::make_tuple(64, 128, 256);
-  nb::list backward_head_dims;
+  // Every multiple of 8 from 8 to 256 (64, 128 and 256 compiled, those between padded).
+  nb::list supported_head_dims, backward_head_dims;
+  for (int d : warpattn::kSupportedHeadDims) supported_head_dims.append(d);
   for (int d : warpattn::kBackwardHeadDims) backward_head_dims.append(d);
+  m.attr("supported_head_dims") = nb::tuple(supported_head_dims);
   m.attr("backward_head_dims") = nb::tuple(backward_head_dims);
   m.def("backward", &backward, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("softmax_scale").none(),

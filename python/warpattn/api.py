@@ -45,7 +45,7 @@ def _lse_shape(q):
 # The model options (ForwardOptions and BackwardOptions in warpattn.hpp). Python converts
 # window_size to the library's two ints and leaves every rule to the library (ValueError with its
 # message), so that each entry point reports a bad value the same way, the backward's included
-# (softcap at head_dim 64, which its kernels do not have yet, is its ValueError too). With sinks
+# (softcap at head_dim 64 or less, which its kernels do not have yet, is its ValueError too). With sinks
 # the backward also writes their gradient, dsinks: fp32, one per query head.
 
 _INT32 = (-2 ** 31, 2 ** 31 - 1)
@@ -90,8 +90,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False,
     """Exact attention: softmax(softmax_scale * q k^T [+ causal mask]) v.
 
     q: (batch, seqlen_q, heads, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim) with
-    heads a multiple of heads_kv (GQA/MQA); float16 or bfloat16 on a CUDA device; head_dim 64,
-    128 or 256; any batch/sequence/head strides with a contiguous last dimension.
+    heads a multiple of heads_kv (GQA/MQA); float16 or bfloat16 on a CUDA device; head_dim a
+    multiple of 8 from 8 to 256; any batch/sequence/head strides with a contiguous last dimension.
     softmax_scale: default 1/sqrt(head_dim). causal: aligned bottom-right when
     seqlen_q != seqlen_k (as FlashAttention 2 and 3). out: optional output tensor to write
     (not differentiable). Returns out, or (out, lse) with return_lse, lse being
@@ -105,7 +105,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False,
     (on XLA's stream; under jax.jit and jax.grad too), or without the FFI handlers the eager
     DLPack path (warpattn.jax_flash_attn for gradients).
     Model options, as FlashAttention takes them, differentiable too (PyTorch: sinks that require
-    grad get their gradient; softcap's backward needs head_dim 128 or 256, a ValueError at 64):
+    grad get their gradient; softcap's backward needs head_dim 72 to 256, a ValueError at 64 or less):
     window_size=(left, right), a
     sliding window in which query row i sees key j iff i + seqlen_k - seqlen_q - left <= j <=
     i + seqlen_k - seqlen_q + right (-1: that side unbounded; with causal, right must be -1 or
@@ -133,7 +133,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False,
     xp = _array_module(fw)
     with device_of(q, fw):  # allocate on q's device and take that device's current stream
         if out is None:
-            out = xp.empty(q.shape, dtype=q.dtype)
+            out = xp.empty(tuple(q.shape[:-1]) + (v.shape[-1],), dtype=q.dtype)  # v's head dim
         lse = xp.empty(_lse_shape(q), dtype=xp.float32) if return_lse else None
         _warpattn.forward(q, k, v, out, lse, scale, bool(causal), _current_stream(fw, q), bool(batch_invariant),
                           **model)
@@ -152,11 +152,11 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=Fals
     dv: tensors to write (PyTorch and CuPy), shaped as q, k, v (dk and dv summed over the query
     heads of a group); each one not given is allocated. softmax_scale and causal must be those of
     the forward call. deterministic: the same bits on every run (dq's partial sums are added in
-    a fixed order), slower. Head dims: warpattn.backward_head_dims (64, 128 and 256). Runs on the
+    a fixed order), slower. Head dims: warpattn.backward_head_dims (multiples of 8 up to 256). Runs on the
     current stream (PyTorch, CuPy) and returns without synchronising; JAX arrays go through
     warpattn.jax_ffi (XLA's stream), or without its handlers are waited for and the result
     handed back once computed. PyTorch users get this through autograd. window_size, softcap and
-    sinks: those of the forward call (softcap at head dims 128 and 256: a ValueError at 64).
+    sinks: those of the forward call (softcap at head dims 72 to 256: a ValueError at 64 or less).
     """
     fw = _common_framework(q, dout=dout, k=k, v=v, out=out, lse=lse, dq=dq, dk=dk, dv=dv, sinks=sinks)
     model = _model_options(window_size, softcap, sinks)
@@ -315,7 +315,7 @@ def _flash_attn_jax(q, k, v, scale, causal, return_lse, out, batch_invariant=Fal
     _wait_for_jax_arrays(q=q, k=k, v=v, **({} if sinks is None else {"sinks": sinks}))
 
     def run(empty):
-        o = empty(q.shape, str(q.dtype))
+        o = empty(tuple(q.shape[:-1]) + (v.shape[-1],), str(q.dtype))  # v's head dim
         lse = empty(_lse_shape(q), "float32") if return_lse else None
         # Stream 0: the legacy default stream of the tensors' device (the library runs there).
         _warpattn.forward(q, k, v, o, lse, scale, causal, 0, batch_invariant, **model)

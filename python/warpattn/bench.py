@@ -93,6 +93,8 @@ GOALS_FP16 = {
 GOALS = {"bfloat16": GOALS_BF16, "float16": GOALS_FP16}
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 IMPLS = ("warpattn", "cudnn_sdpa", "fa2_sdpa")
+INVARIANT = "warpattn_invariant"  # --batch-invariant: warpattn with batch_invariant=True
+INVARIANT_PASSES = 3
 
 
 def goal_for(dtype, d, n, causal):
@@ -129,6 +131,9 @@ def parse_args(argv):
                    "'partial' when --points or --dtypes restrict the sweep, none otherwise)")
     p.add_argument("--warmup-ms", type=float, default=25.0, help="do_bench warm-up (default 25)")
     p.add_argument("--rep-ms", type=float, default=200.0, help="do_bench timed span (default 200)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="also time warpattn's batch_invariant mode on the same tensors (issue 18's cost): "
+                   "%d passes interleaved with the default's, the ratio their median" % INVARIANT_PASSES)
     p.add_argument("--varlen", action="store_true",
                    help="run the ragged-batch benchmark instead (bench_varlen.py; the other options are its own: "
                    "--varlen --help lists them)")
@@ -193,6 +198,13 @@ class WarpattnTensor(ctypes.Structure):
 WARPATTN_DTYPE = {"float16": 0, "bfloat16": 1, "float32": 2}
 
 
+class WarpattnForwardOptions(ctypes.Structure):
+    """include/warpattn/warpattn_c.h's warpattn_forward_options (checked against struct_size)."""
+    _fields_ = [("struct_size", ctypes.c_size_t), ("has_scale", ctypes.c_int), ("softmax_scale", ctypes.c_float),
+                ("causal", ctypes.c_int), ("batch_invariant", ctypes.c_int), ("window_left", ctypes.c_int),
+                ("window_right", ctypes.c_int), ("softcap", ctypes.c_float), ("sinks", ctypes.c_void_p)]
+
+
 def load_warpattn(path):
     lib = ctypes.CDLL(os.path.abspath(path))
     fn = lib.warpattn_forward
@@ -225,30 +237,50 @@ def describe(t, dtype_name):
     return desc
 
 
-def warpattn_call(lib, torch, q, k, v, out, dtype, causal):
+def warpattn_call(lib, torch, q, k, v, out, dtype, causal, batch_invariant=False):
     """A zero-argument launcher (descriptors built once, outside the timed loop)."""
     if lib is None:  # the installed Python extension
         from warpattn import _warpattn
         stream = torch.cuda.current_stream().cuda_stream
 
         def launch_ext():
-            _warpattn.forward(q, k, v, out, None, None, causal, stream)
+            _warpattn.forward(q, k, v, out, None, None, causal, stream, batch_invariant)
 
         return launch_ext
     descs = [describe(t, dtype) for t in (q, k, v, out)]
     refs = [ctypes.byref(d) for d in descs]
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
     err = ctypes.create_string_buffer(2048)
-    fn = lib.warpattn_forward
+    if batch_invariant:  # warpattn_forward_ex with the options struct
+        options = WarpattnForwardOptions()
+        lib.warpattn_forward_options_init.argtypes = [ctypes.POINTER(WarpattnForwardOptions)]
+        lib.warpattn_forward_options_init(ctypes.byref(options))
+        if options.struct_size != ctypes.sizeof(WarpattnForwardOptions):
+            raise RuntimeError("warpattn_forward_options is %d bytes in the library but %d in this script"
+                               % (options.struct_size, ctypes.sizeof(WarpattnForwardOptions)))
+        options.causal, options.batch_invariant = int(causal), 1
+        fn_ex = lib.warpattn_forward_ex
+        ptr = ctypes.POINTER(WarpattnTensor)
+        fn_ex.argtypes = [ptr, ptr, ptr, ptr, ptr, ctypes.POINTER(WarpattnForwardOptions), ctypes.c_void_p,
+                          ctypes.c_char_p, ctypes.c_size_t]
+        fn_ex.restype = ctypes.c_int
+        opts = ctypes.byref(options)
+
+        def call():
+            return fn_ex(refs[0], refs[1], refs[2], refs[3], None, opts, stream, err, len(err))
+    else:
+        fn = lib.warpattn_forward
+
+        def call():
+            return fn(refs[0], refs[1], refs[2], refs[3], None, 0, 0.0, 1 if causal else 0, stream, err, len(err))
 
     def launch():
-        rc = fn(refs[0], refs[1], refs[2], refs[3], None, 0, 0.0, 1 if causal else 0, stream,
-                err, len(err))
+        rc = call()
         if rc != 0:
             raise RuntimeError("warpattn_forward returned %d: %s"
                                % (rc, err.value.decode(errors="replace")))
 
-    launch.keepalive = (descs, refs, stream, err)
+    launch.keepalive = (descs, refs, stream, err, call)
     return launch
 
 
@@ -364,7 +396,7 @@ def rel_l2(torch, got, want):
     return float(torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(want))
 
 
-def bench_point(torch, lib, timer, p, dtype, gemm_rate):
+def bench_point(torch, lib, timer, p, dtype, gemm_rate, batch_invariant=False):
     tdtype = getattr(torch, dtype)
     q, k, v = (torch.randn(p["B"], p["N"], p["H"], p["d"], dtype=tdtype, device="cuda")
                for _ in range(3))
@@ -395,6 +427,25 @@ def bench_point(torch, lib, timer, p, dtype, gemm_rate):
         record("warpattn", ms, timed_calls=same_bits_after_timing(torch, launch, out, outs["warpattn"]))
     except Exception as e:  # noqa: BLE001 - any failure becomes 'n/a' for this point
         record("warpattn", error=str(e)[:500])
+    if batch_invariant and "warpattn" in outs:
+        # The batch-invariant mode on the same tensors, timed in passes interleaved with the
+        # default's (the card's clocks drift between passes): its cost is the median ratio.
+        out_inv = torch.full_like(q, float("nan"))
+        try:
+            inv = warpattn_call(lib, torch, q, k, v, out_inv, dtype, p["causal"], batch_invariant=True)
+            inv()
+            torch.cuda.synchronize()
+            first_inv = out_inv.clone()
+            pairs = [(timer(launch), timer(inv)) for _ in range(INVARIANT_PASSES)]
+            ms_inv = sorted(b for _, b in pairs)[len(pairs) // 2]
+            slowdown = sorted(b / a for a, b in pairs)[len(pairs) // 2]
+            err = rel_l2(torch, first_inv, outs["warpattn"])
+            record(INVARIANT, ms_inv, timed_calls=same_bits_after_timing(torch, inv, out_inv, first_inv),
+                   time_over_default=round(slowdown, 4), rel_l2_vs_default=float("%.3e" % err),
+                   passes=[[round(a, 5), round(b, 5)] for a, b in pairs])
+            del out_inv, first_inv
+        except Exception as e:  # noqa: BLE001
+            record(INVARIANT, error=str(e)[:500])
 
     from torch.nn.attention import SDPBackend
     for impl, backend in (("cudnn_sdpa", SDPBackend.CUDNN_ATTENTION),
@@ -442,7 +493,7 @@ def bench_point(torch, lib, timer, p, dtype, gemm_rate):
         w["meets_goal_vs_inrun_cudnn"] = (w["ratio_to_cudnn"] >= w["goal_over_cudnn_anchor"]
                                           if w["ratio_to_cudnn"] else None)
     del q, k, v, out, outs
-    return [rows[i] for i in IMPLS]
+    return [rows[i] for i in IMPLS + ((INVARIANT,) if INVARIANT in rows else ())]
 
 
 def gemm_rate(torch, timer, dtype):
@@ -559,6 +610,20 @@ def markdown(env, ceilings, method, rows, dtypes):
                 fmt(needed, ".3f"),
                 "n/a" if met is None else ("yes" if met else "no"),
                 "%s (%s)" % (w.get("check", "n/a"), fmt(w.get("rel_l2"), ".2e"))))
+    invariant = [r for r in rows if r["impl"] == INVARIANT and r.get("tflops")]
+    if invariant:
+        lines += ["", "## The batch-invariant mode's cost (issue 18: at most 10% slower)", "",
+                  "Time of batch_invariant=True over the default's on the same tensors, the median of %d "
+                  "passes interleaved with it; *bits* = every timed call repeats its first call's bits." %
+                  INVARIANT_PASSES, "",
+                  "| dtype | d | N | causal | default TFLOP/s | invariant TFLOP/s | time ratio | bits | rel L2 vs default |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in invariant:
+            w = by_key[(r["dtype"], r["d"], r["N"], r["causal"])].get("warpattn", {})
+            lines.append("| %s | %d | %d | %s | %s | %s | %s | %s | %s |" % (
+                r["dtype"], r["d"], r["N"], "yes" if r["causal"] else "no", fmt(w.get("tflops"), ".1f"),
+                fmt(r["tflops"], ".1f"), fmt(r.get("time_over_default"), ".3f"), r.get("timed_calls"),
+                fmt(r.get("rel_l2_vs_default"), ".1e")))
     errors = [r for r in rows if r.get("error")]
     if errors:
         lines += ["", "## Not measured", ""]
@@ -571,8 +636,9 @@ def markdown(env, ceilings, method, rows, dtypes):
 
 # ---------------------------------------------------------------------------------------------
 
-LABELS = {"warpattn": "warpattn", "cudnn_sdpa": "cuDNN (SDPA)", "fa2_sdpa": "FlashAttention-2 (SDPA)"}
-STYLES = {"warpattn": "o-", "cudnn_sdpa": "s--", "fa2_sdpa": "^:"}
+LABELS = {"warpattn": "warpattn", "cudnn_sdpa": "cuDNN (SDPA)", "fa2_sdpa": "FlashAttention-2 (SDPA)",
+          INVARIANT: "warpattn, batch_invariant"}
+STYLES = {"warpattn": "o-", "cudnn_sdpa": "s--", "fa2_sdpa": "^:", INVARIANT: "o:"}
 
 
 def plot(result, stem):
@@ -593,7 +659,7 @@ def plot(result, stem):
         for col, d in enumerate(SWEEP_D):
             for line, causal in enumerate((False, True)):
                 ax = axes[line][col]
-                for impl in IMPLS:
+                for impl in IMPLS + (INVARIANT,):
                     pts = sorted({(r["N"], r["tflops"]) for r in rows
                                   if r["dtype"] == dtype and r["d"] == d and r["causal"] == causal
                                   and r["impl"] == impl and r.get("tflops")})
@@ -662,7 +728,8 @@ def main(argv=None):
                   file=sys.stderr, flush=True)
         for dtype in args.dtype_list:
             for p in points:
-                point_rows = bench_point(torch, lib, timer, p, dtype, ceilings[dtype]["tflops"])
+                point_rows = bench_point(torch, lib, timer, p, dtype, ceilings[dtype]["tflops"],
+                                         args.batch_invariant)
                 rows += point_rows
                 w = point_rows[0]
                 print("%s B=%d H=%d N=%d d=%d causal=%d: %s" % (
@@ -690,7 +757,8 @@ def main(argv=None):
     # Non-zero when warpattn failed its guard or could not run somewhere; the files are
     # written either way.
     bad = [r for r in rows
-           if r["impl"] == "warpattn" and (r.get("check") == "FAIL" or r.get("error"))]
+           if (r["impl"] == "warpattn" and (r.get("check") == "FAIL" or r.get("error")))
+           or (r["impl"] == INVARIANT and (r.get("error") or r.get("timed_calls") != "same"))]
     return 1 if bad else 0
 
 

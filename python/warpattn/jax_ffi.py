@@ -148,7 +148,7 @@ def _like(x, dtype=None, shape=None):
 
 
 def _forward(q, k, v, sinks, scale, causal, batch_invariant, model, with_lse):
-    results = [_like(q)]
+    results = [_like(q, shape=q.shape[:-1] + v.shape[-1:])]  # out: v's head dim
     if with_lse:
         results.append(_like(q, jnp.float32, (q.shape[0], q.shape[2], q.shape[1])))
     outs = _call(FORWARD, _with_sinks((q, k, v), sinks), results, _attrs(scale, causal, batch_invariant, model=model),
@@ -181,7 +181,7 @@ def _backward(dout, q, k, v, out, lse, sinks, scale, causal, deterministic, batc
 
 
 def _forward_varlen(q, k, v, offsets, sinks, max_seqlens, scale, causal, batch_invariant, model, with_lse):
-    results = [_like(q)]
+    results = [_like(q, shape=q.shape[:-1] + v.shape[-1:])]  # out: v's head dim
     if with_lse:
         results.append(_like(q, jnp.float32, (q.shape[1], q.shape[0])))
     operands = _with_sinks((q, k, v) + tuple(o for o in offsets if o is not None), sinks)
@@ -313,7 +313,7 @@ def flash_attn(q, k, v, softmax_scale=None, causal=False, return_lse=False, dete
     device, eagerly or under jax.jit, differentiable in q, k and v (jax.grad, jax.vjp).
 
     q: (batch, seqlen_q, heads, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim), heads a
-    multiple of heads_kv (GQA/MQA); float16 or bfloat16; head_dim 64, 128 or 256. softmax_scale
+    multiple of heads_kv (GQA/MQA); float16 or bfloat16; head_dim a multiple of 8 from 8 to 256. softmax_scale
     (default 1/sqrt(head_dim)), causal, return_lse, deterministic and batch_invariant are static
     (Python values). Returns out, or (out, lse) with return_lse, lse (batch, heads, seqlen_q)
     float32; lse takes no gradient (NotImplementedError when traced for one: stop_gradient it).
@@ -324,7 +324,7 @@ def flash_attn(q, k, v, softmax_scale=None, causal=False, return_lse=False, dete
     window_size (left, right), softcap and sinks: as warpattn.flash_attn_func takes them;
     window_size and softcap static (attributes of the call), sinks a float32 (heads,) array (an
     operand), differentiable too: jax.grad gives the sinks their gradient. softcap's backward
-    needs head_dim 128 or 256 (the library's ValueError when the gradient is traced at 64)."""
+    needs head_dim 72 to 256 (the library's ValueError when the gradient is traced at 64 or less)."""
     _check_rank(q)
     _check_on_gpu(q=q, k=k, v=v, sinks=sinks)
     return _attention(q, k, v, sinks, _scale(softmax_scale), bool(causal), bool(return_lse), bool(deterministic),

@@ -1,13 +1,15 @@
 """warpattn for PyTorch: torch.library custom ops for the forward and the backward (dense, and packed
 varlen batches), each pair joined by register_autograd, so that flash_attn_func and
 flash_attn_varlen_func are differentiable and work under torch.compile and CUDA graph capture, on
-PyTorch's current stream.
+PyTorch's current stream. The public calls reach the forward op through an autograd.Function
+with the same formula where a gradient is wanted (cheaper per call: _autograd_function), directly
+where not.
 
 The forward ops take the model options (window_left, window_right, softcap, sinks), and so do
 the backward ops, which return the sinks' gradient too (dsinks, float32 (heads,); an empty (0,)
 tensor when there are no sinks, since an op's tuple of outputs cannot hold None): register_autograd
 hands it to the sinks input, so learned sinks (requires_grad) train. What the backward kernels do
-not have (softcap at head_dim 64) is the library's ValueError when the backward op runs, as every
+not have (softcap at head_dim 64 or less) is the library's ValueError when the backward op runs, as every
 other argument error of the backward: not in the autograd formula, so that torch.compile can still
 trace the backward of such a call (it does so ahead of time whenever an input requires grad) and
 only a backward that actually runs fails, eagerly or compiled alike."""
@@ -23,9 +25,14 @@ def _lse_like(q):
     return q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
+def _out_shape(q, v):
+    """out's shape: q's with v's head dim (which may differ from q's: MLA's 192/128)."""
+    return tuple(q.shape[:-1]) + (v.shape[-1],)
+
+
 # Outputs are contiguous whatever the inputs' strides, in the real ops and the fake ones alike.
-def _forward_outputs(q):
-    return q.new_empty(q.shape), _lse_like(q)
+def _forward_outputs(q, v):
+    return q.new_empty(_out_shape(q, v)), _lse_like(q)
 
 
 def _gradients_like(q, k, v, sinks):
@@ -46,7 +53,7 @@ def flash_attn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softma
                        sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     # deterministic is the backward's: an input here because setup_context sees only the op's
     # inputs and outputs.
-    out, lse = _forward_outputs(q)
+    out, lse = _forward_outputs(q, v)
     _warpattn.forward(q, k, v, out, lse, softmax_scale, causal, _current_stream("torch", q), batch_invariant,
                       window_left=window_left, window_right=window_right, softcap=softcap, sinks=sinks)
     return out, lse
@@ -55,7 +62,7 @@ def flash_attn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softma
 @flash_attn_forward.register_fake
 def _(q, k, v, softmax_scale, causal, deterministic, batch_invariant=False, window_left=-1, window_right=-1,
       softcap=0.0, sinks=None):
-    return _forward_outputs(q)
+    return _forward_outputs(q, v)
 
 
 @torch.library.custom_op("warpattn::flash_attn_backward", mutates_args=())
@@ -131,11 +138,34 @@ def _backward(ctx, grad_out, grad_lse):
 flash_attn_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _needs_grad(*tensors):
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _autograd_function(op, setup_context, backward, name):
+    """An autograd.Function over a custom op with the op's own setup_context and backward. The
+    public calls go through it where a gradient is wanted, and call the op directly where not:
+    per call it costs about 2/3 of the host time of the op's register_autograd path (17 against
+    26 us on the dev machine, scripts/torch_op_overhead_cpu.py; issue 16's host cost), and it is
+    the pattern torch.compile traces for FlashAttention 2's own interface. The op keeps its
+    register_autograd for whoever calls it directly (torch.ops.warpattn.*, opcheck)."""
+    def forward(ctx, *inputs):
+        output = op(*inputs)
+        setup_context(ctx, inputs, output)
+        return output
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),
+                                                    "backward": staticmethod(backward)})
+
+
+_FlashAttnFunction = _autograd_function(flash_attn_forward, _setup_context, _backward, "_FlashAttnFunction")
+
+
 def flash_attn_torch(q, k, v, softmax_scale, causal, return_lse, out, deterministic, batch_invariant=False,
                      window_left=-1, window_right=-1, softcap=0.0, sinks=None):
     if out is None:
-        o, lse = flash_attn_forward(q, k, v, softmax_scale, causal, deterministic, batch_invariant, window_left,
-                                    window_right, softcap, sinks)
+        call = _FlashAttnFunction.apply if _needs_grad(q, k, v, sinks) else flash_attn_forward
+        o, lse = call(q, k, v, softmax_scale, causal, deterministic, batch_invariant, window_left, window_right,
+                      softcap, sinks)
         return (o, lse) if return_lse else o
     # Writing into a caller's tensor is outside the custom op (a graph break under compile), and
     # outside autograd: refused where a gradient could be asked for, as PyTorch's own out= are.
@@ -156,8 +186,8 @@ def _varlen_lse_like(q):
     return q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)  # FlashAttention's (heads, total_q)
 
 
-def _varlen_outputs(q):
-    return q.new_empty(q.shape), _varlen_lse_like(q)
+def _varlen_outputs(q, v):
+    return q.new_empty(_out_shape(q, v)), _varlen_lse_like(q)
 
 
 @torch.library.custom_op("warpattn::flash_attn_varlen_forward", mutates_args=())
@@ -167,7 +197,7 @@ def flash_attn_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               deterministic: bool, batch_invariant: bool = False, window_left: int = -1,
                               window_right: int = -1, softcap: float = 0.0,
                               sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    out, lse = _varlen_outputs(q)
+    out, lse = _varlen_outputs(q, v)
     _warpattn.forward_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                              softmax_scale, causal, _current_stream("torch", q), batch_invariant,
                              window_left=window_left, window_right=window_right, softcap=softcap, sinks=sinks)
@@ -177,7 +207,7 @@ def flash_attn_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 @flash_attn_varlen_forward.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
       deterministic, batch_invariant=False, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
-    return _varlen_outputs(q)
+    return _varlen_outputs(q, v)
 
 
 @torch.library.custom_op("warpattn::flash_attn_varlen_backward", mutates_args=())
@@ -224,15 +254,17 @@ def _varlen_backward(ctx, grad_out, grad_lse):
 
 
 flash_attn_varlen_forward.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+_FlashAttnVarlenFunction = _autograd_function(flash_attn_varlen_forward, _varlen_setup_context, _varlen_backward,
+                                              "_FlashAttnVarlenFunction")
 
 
 def flash_attn_varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                             softmax_scale, causal, return_lse, out, deterministic, batch_invariant=False,
                             window_left=-1, window_right=-1, softcap=0.0, sinks=None):
     if out is None:
-        o, lse = flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-                                           max_seqlen_k, softmax_scale, causal, deterministic, batch_invariant,
-                                           window_left, window_right, softcap, sinks)
+        call = _FlashAttnVarlenFunction.apply if _needs_grad(q, k, v, sinks) else flash_attn_varlen_forward
+        o, lse = call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                      causal, deterministic, batch_invariant, window_left, window_right, softcap, sinks)
         return (o, lse) if return_lse else o
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise RuntimeError("out: flash_attn_varlen_func(..., out=...) is not differentiable, but q, k or v "

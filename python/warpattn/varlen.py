@@ -49,7 +49,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     flash_attn_varlen_func).
 
     q: (total_q, heads, head_dim); k, v: (total_k, heads_kv, head_dim) with heads a multiple of
-    heads_kv (GQA/MQA); float16 or bfloat16 on a CUDA device; head_dim 64, 128 or 256; any row
+    heads_kv (GQA/MQA); float16 or bfloat16 on a CUDA device; head_dim a multiple of 8 from 8 to 256; any row
     and head strides with a contiguous last dimension (e.g. slices of a packed qkv tensor).
     Sequence b is q[cu_seqlens_q[b]:cu_seqlens_q[b+1]] against k and v[cu_seqlens_k[b]:
     cu_seqlens_k[b+1]]; it attends only within itself. cu_seqlens_q, cu_seqlens_k: (B + 1,)
@@ -96,7 +96,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                              **{name: t for name, t in (("seqused_k", seqused_k), ("sinks", sinks)) if t is not None})
 
         def run(empty):
-            o = empty(q.shape, str(q.dtype))
+            o = empty(tuple(q.shape[:-1]) + (v.shape[-1],), str(q.dtype))  # v's head dim
             lse = empty(_lse_shape(q), "float32") if return_lse else None
             # Stream 0: the legacy default stream of the tensors' device (see api._jax_run).
             _warpattn.forward_varlen(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, *lengths, scale, causal, 0,
@@ -108,7 +108,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     xp = _array_module(fw)
     with device_of(q, fw):  # allocate on q's device and take that device's current stream
         if out is None:
-            out = xp.empty(q.shape, dtype=q.dtype)
+            out = xp.empty(tuple(q.shape[:-1]) + (v.shape[-1],), dtype=q.dtype)  # v's head dim
         lse = xp.empty(_lse_shape(q), dtype=xp.float32) if return_lse else None
         _warpattn.forward_varlen(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, *lengths, scale, causal,
                                  _current_stream(fw, q), bool(batch_invariant), **model)
@@ -132,7 +132,7 @@ def flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens
     warpattn.backward_head_dims. Runs on the current stream (PyTorch, CuPy); JAX arrays go
     through warpattn.jax_ffi (XLA's stream), or without its handlers are waited for and the
     result handed back once computed. PyTorch users get this through autograd. window_size, softcap
-    and sinks: the forward's (softcap at head dims 128 and 256: a ValueError at 64).
+    and sinks: the forward's (softcap at head dims 72 to 256: a ValueError at 64 or less).
     """
     fw = _common_framework(q, dout=dout, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q,
                            cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, dq=dq, dk=dk, dv=dv, sinks=sinks)

@@ -13,6 +13,12 @@ namespace warpattn::detail {
 // The checked sizes of a call (forward, backward, quantize_fp8, forward_fp8).
 struct ProblemSizes {
   int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
+  // v's (and out's) head dim where it differs from q and k's (MLA's 192/128, say); 0: the same.
+  int64_t head_dim_v = 0;
+  int64_t value_head_dim() const { return head_dim_v != 0 ? head_dim_v : head_dim; }
+  // The compiled head dim that runs the call (64, 128 or 256): the next up from q's (validation
+  // keeps v's within it, so that a workspace sized from q alone fits).
+  int kernel_dim() const { return kernel_head_dim(head_dim); }
 };
 
 struct ForwardProblem : ProblemSizes {

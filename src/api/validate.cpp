@@ -128,6 +128,17 @@ void check_head_dim_in(const Arg& q, std::span<const int> dims, const char* kern
   fail(m);
 }
 
+// ---- e. head dimension, for the 16-bit kernels: a multiple of 8 from 8 to 256 (kernel_head_dim)
+void check_head_dim_supported(const Arg& q, const char* kernel) {
+  const int last = q.view.rank - 1;
+  const int64_t head_dim = q.view.shape[last];
+  if (kernel_head_dim(head_dim) != 0) return;
+  Message m;
+  m << q.name << ": head_dim (shape[" << q.dim(last) << "]) must be a multiple of " << kHeadDimStep << " from "
+    << kMinHeadDim << " to " << kMaxHeadDim << kernel << ", got " << head_dim;
+  fail(m);
+}
+
 // ---- f. shapes. `why` says where the expected shape comes from.
 void check_shape(const Arg& a, const int64_t* want, const std::string& why) {
   bool same = true;
@@ -355,12 +366,14 @@ void check_written_apart(std::span<const Arg* const> tensors, std::span<const Ar
 // k, (B, Sk, Hkv, D); q and k name themselves.
 struct Operand {
   const Arg& arg;
-  const Arg& shaped_as;
+  const Arg& shaped_as;       // batch, sequence and heads as this one
+  bool value_head_dim = false;  // head dim as v (out, dout, dv), else as q (q, k, dq, dk)
 };
 
 // `operands`: every 16-bit tensor of the call in argument order, q and k among them; `lse`:
 // the (B, Hq, Sq) fp32 log-sum-exp, or nullptr. Returns the call's sizes.
-ProblemSizes check_attention_tensors(std::span<const Operand> operands, const Arg& q, const Arg& k, const Arg* lse) {
+ProblemSizes check_attention_tensors(std::span<const Operand> operands, const Arg& q, const Arg& k, const Arg& v,
+                                     const Arg* lse) {
   // a. rank
   for (const Operand& o : operands) check_rank(o.arg);
   if (lse) check_rank(*lse);
@@ -379,28 +392,44 @@ ProblemSizes check_attention_tensors(std::span<const Operand> operands, const Ar
     if (&o.arg != &q) check_dtype(o.arg, q.view.dtype, q.name);
   if (lse) check_dtype(*lse, DType::f32);
 
-  // e. head dimension
-  check_head_dim_in(q, kSupportedHeadDims, "");
-  const int64_t head_dim = q.view.shape[3];
-  for (const Operand& o : operands) {
-    if (o.arg.view.shape[3] == head_dim) continue;
+  // e. head dimensions: q and k's, and v's (out's, dout's), each one the kernels take; they may
+  // differ (MLA's 192/128)
+  check_head_dim_supported(q, "");
+  check_head_dim_supported(v, "");
+  const int64_t head_dim = q.view.shape[3], head_dim_v = v.view.shape[3];
+  if (kernel_head_dim(head_dim_v) > kernel_head_dim(head_dim)) {
+    // The kernel is chosen by q's head dim (and the backward's workspace sized from q alone)
     Message m;
-    m << o.arg.name << ": expected head_dim " << head_dim << " (same as " << q.name << "), got "
+    m << v.name << ": head_dim (shape[" << v.dim(3) << "]) must be at most " << kernel_head_dim(head_dim)
+      << " (q's head_dim " << head_dim << " rounded up to 64, 128 or 256), got " << head_dim_v;
+    fail(m);
+  }
+  for (const Operand& o : operands) {
+    const Arg& like = o.value_head_dim ? v : q;
+    if (o.arg.view.shape[3] == like.view.shape[3]) continue;
+    Message m;
+    m << o.arg.name << ": expected head_dim " << like.view.shape[3] << " (same as " << like.name << "), got "
       << o.arg.view.shape[3];
     fail(m);
   }
 
   // f. batch and shape agreement
-  const ProblemSizes sizes{q.view.shape[0], q.view.shape[1], k.view.shape[1], q.view.shape[2], k.view.shape[2], head_dim};
+  ProblemSizes sizes{q.view.shape[0], q.view.shape[1], k.view.shape[1], q.view.shape[2], k.view.shape[2], head_dim};
+  sizes.head_dim_v = head_dim_v;
   for (const Operand& o : operands) {
     if (o.arg.view.shape[0] == sizes.batch) continue;
     Message m;
     m << o.arg.name << ": expected batch " << sizes.batch << " (same as " << q.name << "), got " << o.arg.view.shape[0];
     fail(m);
   }
-  for (const Operand& o : operands)
-    if (&o.arg != &o.shaped_as)
-      check_shape(o.arg, o.shaped_as.view.shape, std::string("(same as ") + o.shaped_as.name + ")");
+  for (const Operand& o : operands) {
+    if (&o.arg == &o.shaped_as) continue;
+    const int64_t* s = o.shaped_as.view.shape;
+    const int64_t want[4] = {s[0], s[1], s[2], o.value_head_dim ? head_dim_v : head_dim};
+    const bool as_is = want[3] == s[3];
+    const char* tail = as_is ? ")" : o.value_head_dim ? ", head_dim as v)" : ", head_dim as q)";
+    check_shape(o.arg, want, std::string("(same as ") + o.shaped_as.name + tail);
+  }
   if (lse) check_lse_shape(*lse, sizes);
 
   // g. grouped-query heads
@@ -525,7 +554,8 @@ size_t backward_workspace_bytes_of(const Arg& q, const BackwardProblem& p) {
   const uint64_t rows = p.varlen ? saturating_add(u(p.seqlen_q), saturating_mul(saturating_add(u(p.batch), 1), 128))
                                  : saturating_add(u(p.seqlen_q), 128);
   const uint64_t row_count = saturating_mul(saturating_mul(p.varlen ? 1 : u(p.batch), u(p.heads_q)), rows);
-  const uint64_t bound = saturating_add(saturating_mul(row_count, saturating_mul(saturating_add(u(p.head_dim), 3), 4)), 1024);
+  const uint64_t columns = u(p.kernel_dim());  // dQ's accumulator: the kernel's columns
+  const uint64_t bound = saturating_add(saturating_mul(row_count, saturating_mul(saturating_add(columns, 3), 4)), 1024);
   if (bound >= kLimit) {
     Message m;
     m << q.name << ": shape " << shape_string(q) << " needs a backward workspace of more than 2^62 bytes";
@@ -573,10 +603,10 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
   const Arg aout{"out", out, kAttentionDimNames, 4};
   const TensorView no_lse;
   const Arg alse{"lse", lse ? *lse : no_lse, kLseDimNames, 3};
-  const Operand operands[4] = {{aq, aq}, {ak, ak}, {av, ak}, {aout, aq}};
+  const Operand operands[4] = {{aq, aq}, {ak, ak}, {av, ak, true}, {aout, aq, true}};
 
   // a to j
-  const ProblemSizes sizes = check_attention_tensors(operands, aq, ak, lse ? &alse : nullptr);
+  const ProblemSizes sizes = check_attention_tensors(operands, aq, ak, av, lse ? &alse : nullptr);
 
   // k. softmax scale; p. window, softcap, sinks
   check_softmax_scale(options.softmax_scale);
@@ -723,11 +753,11 @@ BackwardProblem validate_backward_views(const BackwardTensors& t, const Backward
   const Arg adq{"dq", t.dq, names, 4, hidden};
   const Arg adk{"dk", t.dk, names, 4, hidden};
   const Arg adv{"dv", t.dv, names, 4, hidden};
-  const Operand operands[8] = {{adout, aq}, {aq, aq},   {ak, ak},   {av, ak},
-                               {aout, aq},  {adq, aq}, {adk, ak}, {adv, ak}};
+  const Operand operands[8] = {{adout, aq, true}, {aq, aq},   {ak, ak},   {av, ak, true},
+                               {aout, aq, true},  {adq, aq}, {adk, ak}, {adv, ak, true}};
 
   // a to j
-  ProblemSizes sizes = check_attention_tensors(operands, aq, ak, &alse);
+  ProblemSizes sizes = check_attention_tensors(operands, aq, ak, av, &alse);
   // g, for the backward: dk and dv are written, and only through the query heads of their
   // group, so key/value heads without any query head would be left unwritten (the forward
   // only reads k and v, and may take them).
@@ -739,15 +769,16 @@ BackwardProblem validate_backward_views(const BackwardTensors& t, const Backward
   }
 
   // e, for the backward: a head dim with a backward kernel
-  check_head_dim_in(aq, kBackwardHeadDims, " for the backward");
+  check_head_dim_supported(aq, " for the backward");
 
   // k. softmax scale
   check_softmax_scale(options.softmax_scale);
   check_window(options.window_left, options.window_right, options.causal, sizes);
   check_softcap(options.softcap);
-  if (options.softcap != 0.f && sizes.head_dim == 64) {
+  if (options.softcap != 0.f && sizes.kernel_dim() == 64) {  // compiled out there: it spilled
     Message m;
-    m << "options.softcap: the backward has no softcap at head_dim 64 yet (128 and 256 have), got " << options.softcap;
+    m << "options.softcap: the backward has no softcap at head_dim 64 or less yet (72 to 256 have), got "
+      << options.softcap;
     fail(m);
   }
 
@@ -1138,10 +1169,10 @@ VarlenCall validate_forward_varlen(const TensorView& q, const TensorView& k, con
       av{"v", call.v, kPackedDimNames, 4, 1}, aout{"out", call.out, kPackedDimNames, 4, 1};
   const TensorView no_lse;
   const Arg alse{"lse", lse ? *call.lse : no_lse, kPackedLseDimNames, 3, 1};
-  const Operand operands[4] = {{aq, aq}, {ak, ak}, {av, ak}, {aout, aq}};
+  const Operand operands[4] = {{aq, aq}, {ak, ak}, {av, ak, true}, {aout, aq, true}};
 
   // a to j on the (1, total, heads, head_dim) views
-  ProblemSizes sizes = check_attention_tensors(operands, aq, ak, lse ? &alse : nullptr);
+  ProblemSizes sizes = check_attention_tensors(operands, aq, ak, av, lse ? &alse : nullptr);
 
   // k. softmax scale; p. window, softcap, sinks
   check_softmax_scale(options.softmax_scale);

@@ -18,9 +18,11 @@ namespace warpattn::detail {
 // shuffles still run: they need the whole warp). A quad holds a row as 4-byte pairs (lane q:
 // columns 8j + 2q, 8j + 2q + 1). Transposed across the quad, four groups j at a time, lane q
 // gets the 16 contiguous bytes of group 4a + q: a quarter of the store instructions, each
-// writing whole 16-byte pieces.
+// writing whole 16-byte pieces. Only the columns before `cols` are written (a head dim between
+// compiled ones: panel_tile.cuh; a multiple of 8, so each 16-byte piece is wholly in or out).
 template <class Out, int kCols>
-__device__ __forceinline__ void store_accumulator_row(const float (&acc)[kCols / 2], int r, int quad, Out* dst) {
+__device__ __forceinline__ void store_accumulator_row(const float (&acc)[kCols / 2], int r, int quad, Out* dst,
+                                                      int cols = kCols) {
   uint32_t pieces[kCols / 32][4];
 #pragma unroll
   for (int a = 0; a < kCols / 32; ++a) {
@@ -35,7 +37,8 @@ __device__ __forceinline__ void store_accumulator_row(const float (&acc)[kCols /
   uint4* out_row = reinterpret_cast<uint4*>(dst);
 #pragma unroll
   for (int a = 0; a < kCols / 32; ++a)  // group 4a + q: columns 8 (4a + q) ... + 7
-    out_row[4 * a + quad] = make_uint4(pieces[a][0], pieces[a][1], pieces[a][2], pieces[a][3]);
+    if (8 * (4 * a + quad) < cols)
+      out_row[4 * a + quad] = make_uint4(pieces[a][0], pieces[a][1], pieces[a][2], pieces[a][3]);
 }
 
 template <class Cfg>
@@ -52,7 +55,8 @@ __device__ __forceinline__ void store_output(const float (&o)[Cfg::kHeadDim / 2]
     Out* out_row = seq_row < seqlen_q ? static_cast<Out*>(params.out) + batch * params.out_stride_batch +
                                             row * params.out_stride_row + head * params.out_stride_head
                                       : nullptr;
-    store_accumulator_row<Out, Cfg::kHeadDim>(o, r, f.quad, out_row);
+    // (FP8's head dims are compiled ones: no run-time bound, which spilled its d = 256 kernel)
+    store_accumulator_row<Out, Cfg::kHeadDim>(o, r, f.quad, out_row, Cfg::kFp8 ? Cfg::kHeadDim : params.head_dim);
     if (params.lse != nullptr && f.quad == 0 && out_row != nullptr)
       params.lse[batch * params.lse_stride_batch + head * params.lse_stride_head +
                  row * params.lse_stride_row] = lse[r];

@@ -27,6 +27,9 @@ struct ForwardParams {
   float* lse = nullptr;  // optional (B, Hq, Sq) fp32
   int64_t lse_stride_batch = 0, lse_stride_head = 0, lse_stride_row = 0;
   int batch = 0, heads_q = 0, seqlen_q = 0, seqlen_k = 0;
+  // v's (and O's) head dim: Cfg::kHeadDim, or less for one between compiled ones, or one
+  // that differs from q and k's (panel_tile.cuh): only its columns of O are written.
+  int head_dim = 0;
   int kv_group = 1;      // query heads per key/value head (GQA)
   int m_blocks = 0;      // query blocks per (batch, head)
   int chunk_heads = 1;   // (batch, head) pairs whose K/V the scheduler keeps in L2 together

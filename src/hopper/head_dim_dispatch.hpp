@@ -15,7 +15,7 @@ namespace warpattn::detail {
 // ("kernel", "backward kernel", ...), which validation makes unreachable.
 template <class F>
 void with_head_dim(int64_t head_dim, const char* kernels, F&& f) {
-  switch (head_dim) {
+  switch (kernel_head_dim(head_dim)) {  // a head dim between compiled ones: the next up (panel_tile.cuh)
     case 64: return f(std::integral_constant<int, 64>{});
     case 128: return f(std::integral_constant<int, 128>{});
     case 256: return f(std::integral_constant<int, 256>{});

@@ -12,7 +12,7 @@ void launch_forward_sm90(const ForwardProblem& p, const TensorView& q, const Ten
                          const TensorView& v, const TensorView& out,
                          const std::optional<TensorView>& lse, cudaStream_t stream) {
   with_16bit_element(p.dtype, [&](auto element) {
-    with_head_dim(p.head_dim, "kernel", [&](auto d) {
+    with_head_dim(p.kernel_dim(), "kernel", [&](auto d) {
       run_forward_head_dim<decltype(element), decltype(d)::value>(p, q, k, v, out, lse, stream);
     });
   });
@@ -22,7 +22,7 @@ void launch_forward_varlen_sm90(const ForwardProblem& p, const VarlenSequences& 
                                 const TensorView& k, const TensorView& v, const TensorView& out,
                                 const std::optional<TensorView>& lse, cudaStream_t stream) {
   with_16bit_element(p.dtype, [&](auto element) {
-    with_head_dim(p.head_dim, "kernel", [&](auto d) {
+    with_head_dim(p.kernel_dim(), "kernel", [&](auto d) {
       run_forward_varlen_head_dim<decltype(element), decltype(d)::value>(p, seqs, q, k, v, out, lse, stream);
     });
   });
@@ -30,7 +30,7 @@ void launch_forward_varlen_sm90(const ForwardProblem& p, const VarlenSequences& 
 
 void launch_forward_fp8_varlen_sm90(const ForwardProblem& p, const VarlenSequences& seqs, const Fp8Operands& fp8,
                                     const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream) {
-  with_head_dim(p.head_dim, "FP8 kernel", [&](auto d) {
+  with_head_dim(p.kernel_dim(), "FP8 kernel", [&](auto d) {
     if (fp8.q.dtype == DType::s8)
       run_forward_fp8_varlen_head_dim<decltype(d)::value, int8_t>(p, seqs, fp8, out, lse, stream);
     else
@@ -40,7 +40,7 @@ void launch_forward_fp8_varlen_sm90(const ForwardProblem& p, const VarlenSequenc
 
 void launch_forward_fp8_sm90(const ForwardProblem& p, const Fp8Operands& fp8, const TensorView& out,
                              const std::optional<TensorView>& lse, cudaStream_t stream) {
-  with_head_dim(p.head_dim, "FP8 kernel", [&](auto d) {
+  with_head_dim(p.kernel_dim(), "FP8 kernel", [&](auto d) {
     if (fp8.q.dtype == DType::s8)
       run_forward_fp8_head_dim<decltype(d)::value, int8_t>(p, fp8, out, lse, stream);
     else

@@ -5,6 +5,7 @@
 
 #include "hopper/ptx/mbarrier.cuh"
 #include "hopper/ptx/tma.cuh"
+#include "hopper/panel_tile.cuh"
 #include "hopper/forward_params.hpp"
 #include "hopper/kv_tiles.hpp"
 #include "hopper/ring_slot.cuh"
@@ -12,6 +13,7 @@
 #include "hopper/shared_storage.cuh"
 #include "hopper/tile_scheduler.cuh"
 #include "hopper/backward/workspace.hpp"
+#include "hopper/varlen/varlen_tiles.hpp"  // the work list walked by varlen launches
 
 namespace warpattn::detail {
 
@@ -35,7 +37,8 @@ __device__ __forceinline__ void load_kv_tile(SharedStorage<Cfg>& ss, const CUten
   if constexpr (kKeysInner)
     tma_load_5d(smem_addr(tiles[slot.stage]), map, bar, key, 0, 0, head_kv, batch);
   else
-    tma_load_5d(smem_addr(tiles[slot.stage]), map, bar, 0, key, 0, head_kv, batch);
+    load_panel_tile<Cfg::kPanels, Cfg::kBlockN, Cfg::kSwizzleBytes, Cfg::kFp8>(smem_addr(tiles[slot.stage]), map, bar,
+                                                                              key, head_kv, batch);
 }
 
 // The tiles the producer hands out whole (TileChooser::whole); a packed batch's count comes
@@ -106,7 +109,8 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
       mbarrier_wait(smem_addr(&ss.q_empty[qs.stage]), qs.phase ^ 1);
       const uint32_t q_bar = smem_addr(&ss.q_full[qs.stage]);
       mbarrier_arrive_expect_tx(q_bar, Cfg::kQTileBytes);
-      tma_load_5d(smem_addr(ss.q[qs.stage]), tm_q, q_bar, 0, w.q_offset + w.m_block * Cfg::kBlockM, 0, w.head, batch);
+      load_panel_tile<Cfg::kPanels, Cfg::kBlockM, Cfg::kSwizzleBytes, Cfg::kFp8>(
+          smem_addr(ss.q[qs.stage]), tm_q, q_bar, w.q_offset + w.m_block * Cfg::kBlockM, w.head, batch);
     }
     chooser.advance<!Cfg::kCausal>(params);
     const ScheduledTile next = schedule_tile<Cfg>(chooser, params);

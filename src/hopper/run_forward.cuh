@@ -62,6 +62,7 @@ ForwardParams base_forward_params(const ForwardProblem& p, const TensorView& out
   params.heads_q = static_cast<int>(p.heads_q);
   params.seqlen_q = static_cast<int>(p.seqlen_q);
   params.seqlen_k = static_cast<int>(p.seqlen_k);
+  params.head_dim = static_cast<int>(p.value_head_dim());  // O's columns
   params.kv_group = static_cast<int>(p.heads_q / p.heads_kv);
   params.scale_log2 = static_cast<float>(p.softmax_scale * kLog2e);
   params.band = p.band;
@@ -108,7 +109,8 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
   if constexpr (Cfg::kFp8) set_descales(params, *fp8);
   params.m_blocks = ceil_div(params.seqlen_q, Cfg::kBlockM);
   params.chunk_heads =
-      chunk_heads_for(2 * p.seqlen_k * p.head_dim * Cfg::kElementBytes / params.kv_group, params.m_blocks,
+      chunk_heads_for(p.seqlen_k * (p.head_dim + p.value_head_dim()) * Cfg::kElementBytes / params.kv_group,
+                      params.m_blocks,
                       static_cast<int>(std::min<int64_t>(p.heads_q * p.batch, std::numeric_limits<int>::max())),
                       l2_cache_bytes(), multiprocessor_count());
 
@@ -169,7 +171,7 @@ void run_forward_varlen(const ForwardProblem& p, const VarlenSequences& seqs, co
   }
   VarlenGeometry g = varlen_geometry(Cfg::kBlockM, Cfg::kBlockN, params.heads_q, params.kv_group, Cfg::kCausal);
   if constexpr (Cfg::kCausal) g.band = params.band;
-  g.kv_bytes_per_key = 2LL * p.head_dim * Cfg::kElementBytes;
+  g.kv_bytes_per_key = (p.head_dim + p.value_head_dim()) * Cfg::kElementBytes;
   g.l2_bytes = l2_cache_bytes();
   g.multiprocessors = multiprocessor_count();
   // Validation bounds the table below 2^31 entries (validate_forward_varlen).

@@ -61,6 +61,17 @@ CUtensorMap make_panel_tensor_map(const TensorView& t, const char* name, int box
   auto stride_bytes = [&](int axis, int64_t natural) {
     return static_cast<cuuint64_t>((t.shape[axis] == 1 ? natural : t.stride[axis]) * esize);
   };
+  if (esize == 2) {
+    // 16-bit: {head_dim, seqlen, 1, heads, batch} with one-panel boxes, loaded a panel at a
+    // time (panel_tile.cuh), so that a head dim between compiled ones has the columns past it
+    // zero-filled (the size-1 axis is never stepped over: any valid stride).
+    const cuuint64_t dims[5] = {static_cast<cuuint64_t>(dim), static_cast<cuuint64_t>(seqlen), 1,
+                                static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
+    const cuuint64_t strides[4] = {stride_bytes(1, heads * dim), static_cast<cuuint64_t>(panel_bytes),
+                                   stride_bytes(2, dim), stride_bytes(0, seqlen * heads * dim)};
+    const cuuint32_t box[5] = {static_cast<cuuint32_t>(panel), static_cast<cuuint32_t>(box_rows), 1, 1, 1};
+    return encode(t, name, dims, strides, box, panel_bytes);
+  }
   const cuuint64_t dims[5] = {static_cast<cuuint64_t>(panel), static_cast<cuuint64_t>(seqlen),
                               static_cast<cuuint64_t>(dim / panel), static_cast<cuuint64_t>(heads),
                               static_cast<cuuint64_t>(batch)};

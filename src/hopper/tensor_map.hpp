@@ -12,6 +12,9 @@ namespace warpattn::detail {
 // Rows past seqlen are zero-filled on load and dropped on store.
 // panel_bytes generalises the 128-byte panel: FP8 e4m3 tensors use 128-element panels, and
 // at d = 64 one 64-byte panel per row, 64B-swizzled ({64, seqlen, 1, heads, batch}).
+// 16-bit tensors get {head_dim, seqlen, 1, heads, batch} with one-panel boxes instead (box_panels
+// unused): load_panel_tile (panel_tile.cuh) loads them a panel at a time, so that a head dim
+// between compiled ones has the columns past it zero-filled.
 CUtensorMap make_panel_tensor_map(const TensorView& t, const char* name, int box_rows,
                                   int box_panels, int panel_bytes);
 

@@ -321,15 +321,45 @@ TEST(backward_lse_must_be_float32) {
 // ---------------------------------------------------------------- e. head dimension
 
 TEST(backward_unsupported_head_dim) {
-  Sizes s;
-  s.head_dim = 96;
-  EXPECT_REJECTED(make_call(s), "q", "head_dim (shape[3]) must be one of 64, 128, 256, got 96");
+  for (int64_t d : {100, 4, 264, 0, 12}) {
+    Sizes s;
+    s.head_dim = d;
+    const std::string got = ", got " + std::to_string(d);
+    // The backward's sizes are the forward's, so whichever of the two checks comes first may
+    // answer: the message is not pinned to " for the backward".
+    EXPECT_REJECTED(make_call(s), "q", "head_dim (shape[3]) must be a multiple of 8 from 8 to 256", got.c_str());
+  }
+}
+
+// The backward runs the forward's padded sizes too (in its 64, 128 or 256 kernel, the missing
+// columns zero-filled); a workspace sized for d = 256 holds any of them.
+TEST(backward_padded_head_dims_pass_validation) {
+  for (int64_t d : {8, 40, 72, 80, 96, 112, 136, 200, 248}) {
+    Sizes s;
+    s.head_dim = d;
+    EXPECT_VALID(make_call(s));
+    EXPECT_VALID(make_call(s, DType::f16));
+  }
 }
 
 TEST(backward_head_dim_must_match_q) {
   Call c = make_call();
   c.dv.shape[3] = 64;
-  EXPECT_REJECTED(c, "dv", "expected head_dim 128 (same as q), got 64");
+  EXPECT_REJECTED(c, "dv", "expected head_dim 128 (same as v), got 64");
+  c = make_call();
+  c.dq.shape[3] = 64;
+  EXPECT_REJECTED(c, "dq", "expected head_dim 128 (same as q), got 64");
+}
+
+// MLA's prefill shape: q, k, dq, dk 192; v, out, dout, dv 128.
+TEST(backward_value_head_dim_may_differ) {
+  Sizes s;
+  s.head_dim = 192;
+  Call c = make_call(s);
+  for (TensorView* t : {&c.v, &c.out, &c.dout, &c.dv}) t->shape[3] = 128;
+  EXPECT_VALID(c);
+  c.dout.shape[3] = 192;
+  EXPECT_REJECTED(c, "dout", "expected head_dim 128 (same as v), got 192");
 }
 
 // ---------------------------------------------------------------- f. batch and shapes
@@ -693,11 +723,22 @@ TEST(backward_window_and_softcap_rules) {
   EXPECT_REJECTED(c, "options.window_right", "expected -1 or 0 with causal, got 2");
   c.options.window_right = 0, c.options.softcap = -1.f;
   EXPECT_REJECTED(c, "options.softcap", "expected 0 (off) or a finite value > 0, got -1");
-  Sizes d64;
-  d64.head_dim = 64;
-  Call c64 = make_call(d64);
-  c64.options.softcap = 30.f;
-  EXPECT_REJECTED(c64, "options.softcap", "no softcap at head_dim 64 yet");
+  // Every head dim that runs in the 64 kernel lacks the softcap, padded or not; those padded
+  // into the 128 kernel (72 upwards) have it.
+  for (int64_t d : {8, 32, 48, 56, 64}) {
+    Sizes small;
+    small.head_dim = d;
+    Call cd = make_call(small);
+    cd.options.softcap = 30.f;
+    EXPECT_REJECTED(cd, "options.softcap", "the backward has no softcap at head_dim 64 or less yet (72 to 256 have), got 30");
+  }
+  for (int64_t d : {72, 80, 200}) {
+    Sizes padded;
+    padded.head_dim = d;
+    Call cd = make_call(padded);
+    cd.options.softcap = 30.f;
+    EXPECT_VALID(cd);
+  }
 }
 
 TEST(backward_sinks_need_their_gradient) {

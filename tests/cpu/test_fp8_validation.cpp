@@ -156,6 +156,9 @@ TEST(fp8_descale_dtype) {
 TEST(fp8_head_dim) {
   const Fp8Call c = make_call(96);
   expect_both(c, "q: ", "must be one of 64, 128, 256 for FP8, got 96");
+  // The 16-bit kernels' padded sizes are not FP8's: its kernels keep their three.
+  expect_both(make_call(80), "q: ", "must be one of 64, 128, 256 for FP8, got 80");
+  expect_both(make_call(200), "q: ", "must be one of 64, 128, 256 for FP8, got 200");
 }
 
 TEST(fp8_vt_shape) {

@@ -390,10 +390,26 @@ TEST(lse_must_be_float32) {
 
 // ---------------------------------------------------------------- e. head dimension
 
-TEST(unsupported_head_dim_lists_the_supported_ones) {
-  Sizes s;
-  s.head_dim = 96;
-  EXPECT_REJECTED(make_call(s), "q", "head_dim (shape[3]) must be one of 64, 128, 256, got 96");
+// Any multiple of 8 from 8 to 256 runs, in the 64, 128 or 256 kernel with the missing columns
+// zero-filled; the message states the rule rather than listing 32 sizes.
+TEST(unsupported_head_dim_states_the_rule) {
+  for (int64_t d : {100, 4, 264, 0, 12, 257, 512}) {
+    Sizes s;
+    s.head_dim = d;
+    const std::string got = ", got " + std::to_string(d);
+    EXPECT_REJECTED(make_call(s), "q", "head_dim (shape[3]) must be a multiple of 8 from 8 to 256", got.c_str());
+  }
+}
+
+// The padded sizes pass validation: the smallest, the largest, and ones between the kernels
+// (72 runs in the 128 kernel, 200 in the 256 one); f16 as bf16.
+TEST(padded_head_dims_pass_validation) {
+  for (int64_t d : {8, 16, 40, 72, 80, 96, 112, 136, 200, 248}) {
+    Sizes s;
+    s.head_dim = d;
+    EXPECT_VALID(make_call(s));
+    EXPECT_VALID(make_call(s, DType::f16));
+  }
 }
 
 TEST(k_head_dim_must_match_q) {
@@ -402,16 +418,40 @@ TEST(k_head_dim_must_match_q) {
   EXPECT_REJECTED(c, "k", "expected head_dim 128 (same as q), got 64");
 }
 
-TEST(v_head_dim_must_match_q) {
+// v's head dim may differ from q's (MLA's 192/128) but not pass q's compiled head dim: the
+// kernel is chosen by q's, and the backward's workspace sized from q alone.
+TEST(v_head_dim_at_most_q_compiled_head_dim) {
   Call c = make_call();
   c.v.shape[3] = 256;
-  EXPECT_REJECTED(c, "v", "expected head_dim 128 (same as q), got 256");
+  c.out.shape[3] = 256;
+  EXPECT_REJECTED(c, "v", "head_dim (shape[3]) must be at most 128 (q's head_dim 128 rounded up to 64, 128 or 256), got 256");
+  c.v.shape[3] = 100;
+  c.out.shape[3] = 100;
+  EXPECT_REJECTED(c, "v", "head_dim (shape[3]) must be a multiple of 8 from 8 to 256, got 100");
 }
 
-TEST(out_head_dim_must_match_q) {
+TEST(v_head_dim_may_differ_from_q) {
+  for (const int64_t dv : {8, 64, 96, 120, 128}) {  // q's 128: anything up to it
+    Call c = make_call();
+    c.v.shape[3] = dv;
+    c.out.shape[3] = dv;
+    EXPECT_VALID(c);
+  }
+  Sizes s;
+  s.head_dim = 192;  // MLA's prefill: q and k 192, v and out 128
+  Call c = make_call(s);
+  c.v.shape[3] = 128;
+  c.out.shape[3] = 128;
+  EXPECT_VALID(c);
+}
+
+TEST(out_head_dim_must_match_v) {
   Call c = make_call();
   c.out.shape[3] = 64;
-  EXPECT_REJECTED(c, "out", "expected head_dim 128 (same as q), got 64");
+  EXPECT_REJECTED(c, "out", "expected head_dim 128 (same as v), got 64");
+  c.v.shape[3] = 64;
+  c.out.shape[3] = 128;
+  EXPECT_REJECTED(c, "out", "expected head_dim 64 (same as v), got 128");
 }
 
 // ---------------------------------------------------------------- f. batch and shapes

@@ -87,8 +87,8 @@ TEST(varlen_tensor_rules_in_the_callers_numbering) {
   c.lse->rank = 3;
   EXPECT_REJECTED(c, "lse", "expected rank 2 (heads, total_q)");
   c = make_call();
-  c.q.shape[2] = 96, c.q.stride[1] = 96, c.q.stride[0] = 8 * 96;
-  EXPECT_REJECTED(c, "q", "head_dim (shape[2]) must be one of 64, 128, 256", "got 96");
+  c.q.shape[2] = 100, c.q.stride[1] = 104, c.q.stride[0] = 8 * 104;  // rows padded to 16 bytes
+  EXPECT_REJECTED(c, "q", "head_dim (shape[2]) must be a multiple of 8 from 8 to 256", "got 100");
   c = make_call();
   c.v.shape[0] = 499;
   EXPECT_REJECTED(c, "v", "expected shape (500, 2, 128)", "got (499, 2, 128)");
@@ -219,6 +219,46 @@ TEST(varlen_backward_rules) {
     CHECK(false) << "a negative batch was accepted";
   } catch (const warpattn::Error& e) {
     CHECK(std::string(e.what()).rfind("batch: ", 0) == 0) << e.what();
+  }
+}
+
+// ---- head dims: any multiple of 8 from 8 to 256, packed as dense (the same kernels, padded)
+namespace {
+// t, a contiguous (total, heads, head_dim) view, at head dim d.
+void set_head_dim(TensorView& t, int64_t d) {
+  t.shape[2] = d, t.stride[1] = d, t.stride[0] = t.shape[1] * d;
+}
+}  // namespace
+
+TEST(varlen_padded_head_dims) {
+  for (int64_t d : {8, 40, 80, 96, 200, 248}) {
+    Call c = make_call();
+    for (TensorView* t : {&c.q, &c.k, &c.v, &c.out}) set_head_dim(*t, d);
+    CHECK(!error_of(c)) << "d=" << d << ": " << *error_of(c);
+    BackwardCall b = make_backward_call();
+    for (TensorView* t : {&b.f.q, &b.f.k, &b.f.v, &b.f.out, &b.dout, &b.dq, &b.dk, &b.dv}) set_head_dim(*t, d);
+    CHECK(!backward_error_of(b)) << "d=" << d << ": " << *backward_error_of(b);
+  }
+  for (int64_t d : {100, 4, 264}) {
+    Call c = make_call();
+    for (TensorView* t : {&c.q, &c.k, &c.v, &c.out}) set_head_dim(*t, d);
+    // 100 and 4 leave rows of 200 and 8 bytes: the head dim rule must come first regardless
+    const std::string got = "got " + std::to_string(d);
+    EXPECT_REJECTED(c, "q", "head_dim (shape[2]) must be a multiple of 8 from 8 to 256, ", got.c_str());
+    BackwardCall b = make_backward_call();
+    for (TensorView* t : {&b.f.q, &b.f.k, &b.f.v, &b.f.out, &b.dout, &b.dq, &b.dk, &b.dv}) set_head_dim(*t, d);
+    expect_backward_rejected(b, "q", "must be a multiple of 8 from 8 to 256", __LINE__);
+  }
+  // The backward's softcap: not where the 64 kernel runs (8 to 64), from 72 up it is there.
+  for (int64_t d : {32, 64, 80}) {
+    BackwardCall b = make_backward_call();
+    for (TensorView* t : {&b.f.q, &b.f.k, &b.f.v, &b.f.out, &b.dout, &b.dq, &b.dk, &b.dv}) set_head_dim(*t, d);
+    b.options.softcap = 30.f;
+    if (d <= 64)
+      expect_backward_rejected(b, "options.softcap",
+                               "the backward has no softcap at head_dim 64 or less yet (72 to 256 have), got 30", __LINE__);
+    else
+      CHECK(!backward_error_of(b)) << "d=" << d << ": " << *backward_error_of(b);
   }
 }
 

@@ -26,8 +26,11 @@ struct Case {
   bool deterministic = false;
   std::optional<float> softmax_scale;
   int window_left = -1, window_right = -1;  // a sliding window (issue 19)
-  float softcap = 0;                          // and a softcap (head dims 128 and 256)
+  float softcap = 0;                          // and a softcap (head dims 72 to 256)
   bool sinks = false;                         // sinks N(1, 2^2) per query head, and their gradient
+  // q, k, v and dout's memory outside the view set to NaN before the fill: a padded head dim's
+  // missing columns must come from TMA's zero fill, never from the gaps of strided tensors.
+  bool nan_outside_inputs = false;
 };
 
 std::string describe(const Case& c) {
@@ -188,6 +191,7 @@ struct Outcome {
 Outcome run_and_compare(const Case& c, Fault fault = Fault::none) {
   const uint64_t seed = gpu_test::fresh_seed();
   Tensors t(c);
+  if (c.nan_outside_inputs) t.q.poison(), t.k.poison(), t.v.poison(), t.dout.poison();
   t.q.fill_normal(seed);
   t.k.fill_normal(seed + 1);
   t.v.fill_normal(seed + 2);
@@ -355,8 +359,8 @@ void run_window_matrix(DType dtype, int head_dim) {
                    {257, 1000, false, 200, -1, 0, false, false}});
 }
 
-// Softcap's gradient through tanh (d = 128 and 256; the backward refuses it at 64), alone and
-// with a window, causal and not, and deterministic.
+// Softcap's gradient through tanh (d = 72 to 256; the backward refuses it at 64 and below),
+// alone and with a window, causal and not, and deterministic.
 void run_softcap_matrix(DType dtype, int head_dim) {
   REQUIRE_HOPPER();
   run_model_cases(dtype, head_dim,
@@ -406,6 +410,80 @@ TEST(backward_deterministic_is_bitwise_repeatable) {
       c.heads_kv = 2;
       check_case(c);
     }
+}
+
+// Head dims between and below the kernels' (any multiple of 8 from 8 to 256), each run in the
+// d = 64, 128 or 256 kernel with the missing columns zero-filled: dq, dk and dv written only in
+// their real columns (strided cases: a padded column's write lands in the head stride's gap),
+// the default scale 1/sqrt of the real d (the reference's). Causal and not, Sq != Sk both ways,
+// GQA and MHA, f16 in one shape; small shapes, the fp64 reference backward being the cost.
+TEST(backward_padded_head_dims) {
+  REQUIRE_HOPPER();
+  struct Shape {
+    int64_t batch, sq, sk, hq, hkv;
+    bool causal, padded;
+    DType dtype;
+  };
+  const Shape shapes[] = {
+      {2, 77, 77, 4, 4, false, true, DType::bf16},  {1, 300, 513, 4, 2, true, false, DType::bf16},
+      {1, 513, 300, 4, 1, false, true, DType::f16}, {2, 1, 77, 2, 2, true, false, DType::bf16},
+      {1, 257, 129, 2, 2, true, true, DType::bf16},
+  };
+  for (int d : {8, 40, 80, 96, 112, 160, 192, 248})
+    for (const Shape& sh : shapes) {
+      Case c;
+      c.dtype = sh.dtype, c.head_dim = d, c.causal = sh.causal;
+      c.batch = sh.batch, c.seqlen_q = sh.sq, c.seqlen_k = sh.sk, c.heads_q = sh.hq, c.heads_kv = sh.hkv;
+      c.padded = sh.padded;
+      c.nan_outside_inputs = true;
+      check_case(c);
+    }
+  // Deterministic mode (its own dq order), bitwise repeatable, one padded d per kernel.
+  for (int d : {40, 80, 200}) {
+    Case c;
+    c.head_dim = d, c.causal = d != 80, c.deterministic = true;
+    c.batch = 2, c.seqlen_q = 300, c.seqlen_k = 500, c.heads_q = 4, c.heads_kv = 2, c.padded = true;
+    c.nan_outside_inputs = true;
+    check_case(c);
+  }
+  // An explicit scale replaces 1/sqrt(d).
+  Case scaled;
+  scaled.head_dim = 96, scaled.softmax_scale = 0.3f, scaled.causal = true, scaled.nan_outside_inputs = true;
+  check_case(scaled);
+}
+
+// The window, sinks and softcap at padded head dims: the window and sinks at every size, the
+// softcap from 72 up (where the 128 and 256 kernels run; the backward refuses it below).
+TEST(backward_padded_head_dims_window_softcap_sinks) {
+  REQUIRE_HOPPER();
+  run_model_cases(DType::bf16, 40, {{700, 700, true, 100, 0, 0, true, false}, {300, 900, false, 64, 64, 0, false, true}});
+  run_model_cases(DType::bf16, 80,
+                  {{700, 700, false, -1, -1, 30, false, false}, {513, 257, true, 100, -1, 20, true, false},
+                   {300, 900, true, 200, -1, 0, true, true}});
+  run_model_cases(DType::f16, 200,
+                  {{700, 700, true, -1, -1, 50, false, true}, {257, 700, false, 128, 5, 30, true, false}});
+}
+
+// The softcap refusal at the head dims the d = 64 kernel runs (8 to 64): before any launch,
+// with the message validation gives.
+TEST(backward_refuses_softcap_at_head_dim_64_and_below) {
+  REQUIRE_HOPPER();
+  for (int d : {32, 48, 64}) {
+    Case c;
+    c.head_dim = d, c.softcap = 30;
+    Tensors t(c);
+    warpattn::BackwardOptions bo;
+    bo.softcap = 30;
+    std::string message;
+    try {
+      warpattn::backward(t.dout.view, t.q.view, t.k.view, t.v.view, t.out.view, t.lse_view(c), t.dq.view, t.dk.view,
+                         t.dv.view, bo);
+    } catch (const warpattn::Error& e) {
+      message = e.what();
+    }
+    CHECK(message.rfind("options.softcap: the backward has no softcap at head_dim 64 or less yet (72 to 256 have)", 0) == 0)
+        << "d=" << d << ": " << message;
+  }
 }
 
 TEST(backward_planted_faults_fail) {

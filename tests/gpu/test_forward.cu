@@ -32,6 +32,10 @@ struct Case {
   float sink_mean = 0;
   // Planted faults, in the reference only: its window one key narrower on the left, no sinks.
   bool fault_narrower_window = false, fault_no_sinks = false;
+  // q, k and v's memory outside the view (the strided gaps, the allocation's tail) set to NaN
+  // before the fill: a padded head dim's missing columns must come from TMA's zero fill, and a
+  // kernel that read them from memory instead would turn the output NaN.
+  bool nan_outside_inputs = false;
 };
 
 struct Outcome {
@@ -79,6 +83,7 @@ Outcome run_case(const Case& c, uint64_t seed) {
   DeviceTensor k(c.dtype, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.padded);
   DeviceTensor v(c.dtype, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.padded);
   DeviceTensor out(c.dtype, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.padded);
+  if (c.nan_outside_inputs) q.poison(), k.poison(), v.poison();
   q.fill_normal(seed);
   k.fill_normal(seed + 1);
   v.fill_normal(seed + 2);
@@ -221,27 +226,29 @@ void run_matrix(DType dtype, int head_dim, bool causal) {
     }
 }
 
+// A shape with model options (issue 19): lengths, causal, window_size, softcap, sinks.
+struct ModelShape {
+  int64_t sq, sk;
+  bool causal;
+  int left, right;
+  float softcap;
+  bool sinks;
+};
+
 // Sliding windows, softcap and sinks (issue 19) against the reference: windows on both sides
 // and one, wider and narrower than a key tile (the narrow ones take the precise path), causal
 // and not, Sq != Sk both ways (rows left with no key), GQA, strided views, each head dim (d = 64
 // from 4097 rows on: the tall tiles).
 void run_model_matrix(DType dtype, int head_dim) {
   REQUIRE_HOPPER();
-  struct Shape {
-    int64_t sq, sk;
-    bool causal;
-    int left, right;
-    float softcap;
-    bool sinks;
-  };
-  const Shape shapes[] = {
+  const ModelShape shapes[] = {
       {1000, 1000, true, 256, -1, 0, false},  {4097, 4097, true, 300, 0, 0, true},
       {1000, 1000, false, 100, 50, 0, false}, {1000, 4097, false, -1, 64, 0, true},
       {4097, 1000, true, 500, 0, 30, false},  {300, 300, false, 0, 0, 0, false},
       {17, 300, false, 1000, 5, 0, true},     {1000, 1000, false, -1, -1, 30, true},
       {1000, 1000, true, -1, -1, 50, true},   {129, 1000, false, 200, -1, 0, false},
   };
-  for (const Shape& s : shapes)
+  for (const ModelShape& s : shapes)
     for (int64_t hkv : {8, 2}) {
       Case c;
       c.dtype = dtype, c.head_dim = head_dim, c.causal = s.causal;
@@ -318,14 +325,80 @@ TEST(forward_split_tail_shapes) {
     }
 }
 
+// Head dims between and below the kernels' (any multiple of 8 from 8 to 256): each runs in the
+// d = 64, 128 or 256 kernel with the missing columns zero-filled by TMA, and out written only
+// in its real columns (strided cases: the head stride is d + 64, so a write of a padded column
+// lands in the gap, where written_outside_view sees it). The reference takes the real head
+// dim, so a default scale of 1/sqrt(padded d) would fail. Every d from each kernel's range,
+// its smallest and largest among them; causal and not, Sq != Sk both ways (rows with no key:
+// causal 1000 x 77), GQA and MHA, f16 in some. Seqlens stay small: the fp64 reference is the
+// cost.
+TEST(forward_padded_head_dims) {
+  REQUIRE_HOPPER();
+  struct Shape {
+    int64_t sq, sk;
+    bool causal;
+    int64_t heads_kv;
+    bool padded;
+    DType dtype;
+  };
+  const Shape shapes[] = {
+      {77, 77, false, 8, false, DType::bf16},    {513, 1000, true, 2, true, DType::bf16},
+      {1000, 513, false, 2, false, DType::bf16}, {1, 77, true, 8, true, DType::f16},
+      {1000, 77, true, 2, false, DType::f16},    {300, 300, false, 8, true, DType::f16},
+  };
+  for (int d : {8, 32, 40, 72, 80, 96, 112, 136, 160, 192, 200, 248})
+    for (const Shape& s : shapes) {
+      Case c;
+      c.dtype = s.dtype, c.head_dim = d, c.causal = s.causal;
+      c.seqlen_q = s.sq, c.seqlen_k = s.sk, c.batch = 2, c.heads_q = 8, c.heads_kv = s.heads_kv;
+      c.padded = s.padded;
+      c.nan_outside_inputs = true;
+      check_case(c);
+    }
+  // No lse, an explicit scale (it replaces 1/sqrt(d), padded or not).
+  Case c;
+  c.head_dim = 80, c.with_lse = false, c.softmax_scale = 0.3f, c.seqlen_q = 200, c.seqlen_k = 333;
+  c.heads_kv = 2, c.nan_outside_inputs = true;
+  check_case(c);
+  // Row maxima that jump past fp32's range (9 sqrt(d) nats: 127 at d = 200, 142 at 248).
+  for (int d : {200, 248}) {
+    Case j;
+    j.dtype = d == 200 ? DType::f16 : DType::bf16, j.head_dim = d, j.score_jump = true;
+    j.seqlen_q = j.seqlen_k = 300, j.heads_q = 4, j.heads_kv = 2;
+    check_case(j);
+  }
+}
+
+// The window, softcap and sinks (issue 19) at padded head dims, one in each kernel's range:
+// the options act on the scores, which the zero columns must leave as the real dims make them.
+TEST(forward_padded_head_dims_window_softcap_sinks) {
+  REQUIRE_HOPPER();
+  const ModelShape shapes[] = {
+      {1000, 1000, true, 256, -1, 0, false}, {1000, 1000, false, -1, -1, 30, true},
+      {129, 1000, false, 200, -1, 0, true},  {513, 1000, false, 100, 50, 30, true},
+      {1000, 513, true, 300, 0, 50, false},
+  };
+  for (int d : {40, 80, 200})
+    for (const ModelShape& s : shapes) {
+      Case c;
+      c.dtype = d == 80 ? DType::f16 : DType::bf16, c.head_dim = d, c.causal = s.causal;
+      c.seqlen_q = s.sq, c.seqlen_k = s.sk, c.batch = 2, c.heads_q = 8, c.heads_kv = 2, c.padded = d != 40;
+      c.window_left = s.left, c.window_right = s.right, c.softcap = s.softcap, c.sinks = s.sinks;
+      c.nan_outside_inputs = true;
+      check_case(c);
+    }
+}
+
 // A race shows as results that move between runs on the same inputs.
 // Every main-loop shape runs here, so that the sanitizers (scripts/gpu_run.sh, stage sanitize)
 // see them all: d = 64 with 3000 rows takes the tall tiles (three consumer warpgroups), d = 128
 // and 256 the rows-then-convert softmax (ForwardConfig::kSoftmaxRowsThenConvert), at two
-// sizes of P·V.
+// sizes of P·V. 40 and 200 run the d = 64 and 256 kernels padded, so that the sanitizers see
+// their zero-filled loads and narrowed stores too.
 TEST(forward_is_deterministic) {
   REQUIRE_HOPPER();
-  for (int d : {64, 128, 256})
+  for (int d : {64, 128, 256, 40, 200})
     for (bool causal : {false, true}) {
       DeviceTensor q(DType::bf16, 2, 3000, 4, d, false), k(DType::bf16, 2, 3000, 2, d, false),
           v(DType::bf16, 2, 3000, 2, d, false), o(DType::bf16, 2, 3000, 4, d, false);

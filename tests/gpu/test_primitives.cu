@@ -17,6 +17,7 @@
 #include "hopper/ptx/mbarrier.cuh"
 #include "hopper/ptx/tma.cuh"
 #include "hopper/ptx/warpgroup.cuh"
+#include "hopper/panel_tile.cuh"
 #include "hopper/tensor_map.hpp"
 
 using namespace warpattn;
@@ -74,7 +75,7 @@ __global__ void tma_roundtrip_kernel(const __grid_constant__ CUtensorMap in, con
   __syncthreads();
   if (threadIdx.x == 0) {
     ptx::mbarrier_arrive_expect_tx(ptx::smem_addr(&bar), kBytes);
-    ptx::tma_load_5d(ptx::smem_addr(smem), &in, ptx::smem_addr(&bar), 0, row0, 0, head, batch);
+    detail::load_panel_tile<kPanels, kRows, 128>(ptx::smem_addr(smem), &in, ptx::smem_addr(&bar), row0, head, batch);
   }
   const bool ok = __syncthreads_and(wait_bounded(ptx::smem_addr(&bar), 0));
   if (!ok) {
@@ -87,7 +88,7 @@ __global__ void tma_roundtrip_kernel(const __grid_constant__ CUtensorMap in, con
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int p = 0; p < kPanels; ++p)
-      ptx::tma_store_5d(&out, ptx::smem_addr(smem + p * kRows * 128), 0, row0, p, head, batch);
+      ptx::tma_store_5d(&out, ptx::smem_addr(smem + p * kRows * 128), p * 64, row0, 0, head, batch);
     ptx::tma_store_commit();
     ptx::tma_store_wait_read();
     *status = 1;
@@ -268,8 +269,8 @@ __global__ void qk_kernel(const __grid_constant__ CUtensorMap tq, const __grid_c
   __syncthreads();
   if (threadIdx.x == 0) {
     ptx::mbarrier_arrive_expect_tx(ptx::smem_addr(&bar), Cfg::kQTileBytes + Cfg::kKVTileBytes);
-    ptx::tma_load_5d(ptx::smem_addr(q), &tq, ptx::smem_addr(&bar), 0, 0, 0, 0, 0);
-    ptx::tma_load_5d(ptx::smem_addr(k), &tk, ptx::smem_addr(&bar), 0, 0, 0, 0, 0);
+    detail::load_panel_tile<Cfg::kPanels, Cfg::kBlockM, Cfg::kSwizzleBytes>(ptx::smem_addr(q), &tq, ptx::smem_addr(&bar), 0, 0, 0);
+    detail::load_panel_tile<Cfg::kPanels, Cfg::kBlockN, Cfg::kSwizzleBytes>(ptx::smem_addr(k), &tk, ptx::smem_addr(&bar), 0, 0, 0);
   }
   if (!__syncthreads_and(wait_bounded(ptx::smem_addr(&bar), 0))) {
     if (threadIdx.x == 0) *status = 2;
@@ -298,7 +299,7 @@ __global__ void pv_kernel(const __grid_constant__ CUtensorMap tv, const float* p
   __syncthreads();
   if (threadIdx.x == 0) {
     ptx::mbarrier_arrive_expect_tx(ptx::smem_addr(&bar), Cfg::kKVTileBytes);
-    ptx::tma_load_5d(ptx::smem_addr(smem), &tv, ptx::smem_addr(&bar), 0, 0, 0, 0, 0);
+    detail::load_panel_tile<Cfg::kPanels, Cfg::kBlockN, Cfg::kSwizzleBytes>(ptx::smem_addr(smem), &tv, ptx::smem_addr(&bar), 0, 0, 0);
   }
   const int wg = threadIdx.x / 128;
   const FragmentCoords f(threadIdx.x % 128);

@@ -204,10 +204,11 @@ void check_batch(const Batch& c) {
   // Bitwise only where the dense launch takes the same tiles: the same height and no split tail (a non-causal dense launch with more tiles than the H200's 132 SMs
   // may split its last wave's key ranges).
   // The packed launch takes the tall tiles at d = 64 when max_seqlen_q reaches 2048, the dense
-  // one when its own sequence does.
+  // one when its own sequence does; head dims below 64 run padded in the same kernel, so they
+  // may too.
   bool same_tiles = true;
   for (int b = 0; b < B; ++b) {
-    same_tiles = same_tiles && !(D == 64 && (c.seqlen_q[b] >= 2048) != (batch.max_seqlen_q >= 2048));
+    same_tiles = same_tiles && !(D <= 64 && (c.seqlen_q[b] >= 2048) != (batch.max_seqlen_q >= 2048));
     same_tiles = same_tiles && (c.causal || int64_t(c.seqlen_q[b] + 127) / 128 * H <= 132);
   }
   const double tol = c.dtype == DType::bf16 ? 5e-3 : 1e-3;
@@ -372,6 +373,32 @@ TEST(varlen_backward_shapes) {
     check_backward(edges, false);
   }
 }
+// Padded head dims, one run in each kernel (40 in d = 64's, 80 in 128's, 200 in 256's): the
+// ragged batch against the reference and the dense kernel (the same padded kernel, so bitwise
+// where the tiles coincide), strided at one of them.
+TEST(varlen_padded_head_dims) {
+  REQUIRE_HOPPER();
+  for (int d : {40, 80, 200})
+    for (bool causal : {false, true}) {
+      Batch c = ragged(d == 200 ? DType::f16 : DType::bf16, d, causal, gpu_test::fresh_seed());
+      c.padded = d == 80;
+      check_batch(c);
+    }
+}
+
+// The packed backward at the same padded head dims, against the dense backward per sequence
+// (bitwise in the deterministic mode).
+TEST(varlen_backward_padded_head_dims) {
+  REQUIRE_HOPPER();
+  for (int d : {40, 80, 200})
+    for (bool causal : {false, true})
+      for (bool deterministic : {true, false}) {
+        Batch c = ragged(d == 200 ? DType::f16 : DType::bf16, d, causal, gpu_test::fresh_seed());
+        c.padded = d == 80;
+        check_backward(c, deterministic);
+      }
+}
+
 TEST(varlen_bf16_d64) { run_matrix(DType::bf16, 64); }
 TEST(varlen_bf16_d128) { run_matrix(DType::bf16, 128); }
 TEST(varlen_bf16_d256) { run_matrix(DType::bf16, 256); }

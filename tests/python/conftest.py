@@ -105,8 +105,8 @@ def _attention_reference_grads(q, k, v, dout, causal=False, window_size=(-1, -1)
     dq = (ds @ kt * scale).transpose(0, 2, 1, 3)
     dk = ds.transpose(0, 1, 3, 2) @ qt * scale
 
-    def per_kv_head(t):  # (B, Hq, Sk, D) -> (B, Sk, Hkv, D), summed over each group
-        return t.reshape(b, hkv, group, sk, d).sum(2).transpose(0, 2, 1, 3)
+    def per_kv_head(t):  # (B, Hq, Sk, D) -> (B, Sk, Hkv, D), summed over each group (D: q's or v's)
+        return t.reshape(b, hkv, group, sk, t.shape[-1]).sum(2).transpose(0, 2, 1, 3)
     result = dict(dq=dq, dk=per_kv_head(dk), dv=per_kv_head(dv), dsinks=None, sink_terms=None)
     if sinks is not None:
         with np.errstate(invalid="ignore"):

@@ -22,8 +22,11 @@ def qkv(b=2, sq=128, sk=128, hq=8, hkv=8, d=64, dtype=np.float16):
 
 
 def test_import_and_metadata():
-    assert warpattn.supported_head_dims == (64, 128, 256)
-    assert warpattn.backward_head_dims == (64, 128, 256)
+    # Every multiple of 8 up to 256 (run padded in the 64, 128 and 256 kernels), forward and
+    # backward; FP8 keeps its three.
+    assert warpattn.supported_head_dims == tuple(range(8, 257, 8))
+    assert warpattn.backward_head_dims == tuple(range(8, 257, 8))
+    assert getattr(warpattn, "fp8_head_dims", warpattn._warpattn.fp8_head_dims) == (64, 128, 256)
     assert warpattn.__version__
     for name in ("flash_attn_func", "flash_attn_backward", "jax_flash_attn"):
         assert name in warpattn.__all__
@@ -73,11 +76,21 @@ def test_rank():
         warpattn.flash_attn_func(q[0], k, v)
 
 
-@pytest.mark.parametrize("d", [32, 96, 192])
+@pytest.mark.parametrize("d", [4, 12, 100, 264])
 def test_unsupported_head_dim(d):
     q, k, v = qkv(d=d)
-    with pytest.raises(ValueError, match=f"q: head_dim .* must be one of 64, 128, 256, got {d}"):
+    with pytest.raises(ValueError, match=rf"^q: head_dim \(shape\[3\]\) must be a multiple of 8 from 8 to 256, got {d}$"):
         warpattn.flash_attn_func(q, k, v)
+
+
+@pytest.mark.parametrize("d", [8, 40, 80, 96, 200, 248])
+def test_padded_head_dim_passes_validation(d):
+    # Between the kernels' sizes the call is valid: it is refused only at the host memory.
+    q, k, v = qkv(d=d)
+    with pytest.raises(TypeError, match="q: CUDA tensor required"):
+        warpattn.flash_attn_func(q, k, v)
+    with pytest.raises(TypeError, match="dout: CUDA tensor required"):
+        warpattn.flash_attn_backward(*backward_args(d=d))
 
 
 def test_batch_mismatch():
@@ -199,7 +212,7 @@ def test_window_beyond_int32_is_clamped():
 
 def test_model_options_rule_order():
     # The window and softcap are reported after the tensors' own rules (rule p comes last).
-    q, k, v = qkv(d=96)
+    q, k, v = qkv(d=100)  # not a multiple of 8: 96 became a head dim the library takes
     with pytest.raises(ValueError, match="q: head_dim"):
         warpattn.flash_attn_func(q, k, v, window_size=(-5, -5), sinks=np.zeros(3, np.float32))
 
@@ -253,8 +266,8 @@ def test_fp8_model_options_reach_the_library():
 
 def test_backward_takes_model_options(monkeypatch):
     # The explicit backward takes the forward's options (issue 19) with the library's rules and
-    # messages; softcap only at head_dim 128 and 256 (the library's ValueError at 64); a valid call
-    # is refused at the host memory.
+    # messages; softcap only at head_dim 72 to 256 (the library's ValueError at 64 and below); a
+    # valid call is refused at the host memory.
     args = backward_args(d=128)
     sinks = np.zeros(8, np.float32)
     with pytest.raises(TypeError, match="dout: CUDA tensor required"):
@@ -266,8 +279,12 @@ def test_backward_takes_model_options(monkeypatch):
     for options, message in cases:
         with pytest.raises(ValueError, match=message):
             warpattn.flash_attn_backward(*args, **options)
-    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 yet"):
-        warpattn.flash_attn_backward(*backward_args(d=64), softcap=30.0)
+    for d in (32, 64):
+        with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 or less yet "
+                                             r"\(72 to 256 have\), got 30"):
+            warpattn.flash_attn_backward(*backward_args(d=d), softcap=30.0)
+    with pytest.raises(TypeError, match="dout: CUDA tensor required"):  # padded into the 128 kernel: it has it
+        warpattn.flash_attn_backward(*backward_args(d=80), softcap=30.0)
     with pytest.raises(TypeError, match="sinks: expected a DLPack tensor"):
         warpattn.flash_attn_backward(*args, sinks=[0.0] * 8)
     # What reaches the module: the options as keywords, and with sinks a dsinks to write (float32,
@@ -353,8 +370,9 @@ def test_backward_argument_errors(change, message):
 
 
 def test_backward_head_dim_without_a_kernel():
-    with pytest.raises(ValueError, match=r"head_dim \(shape\[3\]\) must be one of 64, 128, 256, got 96"):
-        warpattn.flash_attn_backward(*backward_args(d=96))
+    # The forward's rule and the backward's are the same sizes: either may answer first.
+    with pytest.raises(ValueError, match=r"head_dim \(shape\[3\]\) must be a multiple of 8 from 8 to 256( for the backward)?, got 100$"):
+        warpattn.flash_attn_backward(*backward_args(d=100))
 
 
 def test_backward_tensor_errors():
@@ -517,7 +535,7 @@ def test_torch_backward_op_takes_model_options(torch):
                           (False, (-1, -1, 0.0, torch.zeros(2))), (True, (-1, 0, 0.0, None))):
         with pytest.raises(TypeError, match="dout: CUDA tensor required"):
             backward(q, q, q, q, q, lse, None, None, causal, False, *model)
-    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 yet"):
+    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 or less yet"):
         backward(q, q, q, q, q, lse, None, None, False, False, -1, -1, 30.0, None)
     q = torch.zeros(1, 128, 2, 128, dtype=torch.float16)
     with pytest.raises(TypeError, match="dout: CUDA tensor required"):
@@ -584,7 +602,7 @@ def test_torch_softcap_at_head_dim_64_fails_in_the_backward(torch, host_forward)
     # The forward runs; the backward is the library's ValueError (its kernels have no softcap at 64).
     q, k, v = host_qkv(torch)
     out = warpattn.flash_attn_func(q, k, v, softcap=30.0)
-    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 yet"):
+    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 or less yet"):
         out.float().sum().backward()
 
 

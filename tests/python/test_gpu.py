@@ -108,8 +108,8 @@ def test_cuda_graph_capture():
 
 @pytest.mark.gpu
 def test_argument_errors_on_cuda_tensors():
-    q, k, v = (torch.randn(1, 128, 4, 96, device="cuda", dtype=torch.float16) for _ in range(3))
-    with pytest.raises(ValueError, match="must be one of 64, 128, 256, got 96"):
+    q, k, v = (torch.randn(1, 128, 4, 100, device="cuda", dtype=torch.float16) for _ in range(3))
+    with pytest.raises(ValueError, match="must be a multiple of 8 from 8 to 256, got 100"):
         warpattn.flash_attn_func(q, k, v)
     with pytest.raises(TypeError, match="CUDA tensor required"):
         q, k, v = (torch.randn(1, 128, 4, 64, dtype=torch.float16) for _ in range(3))
@@ -638,8 +638,9 @@ DSINKS_TOL = 1e-2
 
 
 def softcap_at_64(d, options):
-    """Whether this call's backward is the one the library refuses: softcap at head_dim 64."""
-    return d == 64 and options.get("softcap", 0.0) != 0.0
+    """Whether this call's backward is the one the library refuses: softcap at head_dim 64 or
+    less (the head dims the d = 64 kernel runs, padded or not)."""
+    return d <= 64 and options.get("softcap", 0.0) != 0.0
 
 
 def model_grads(q, k, v, dout, options, deterministic=False, fn=None):
@@ -656,6 +657,16 @@ def model_grads(q, k, v, dout, options, deterministic=False, fn=None):
             return (out.float() * dout.float()).sum()
     fn(*leaves, sinks).backward()
     return tuple(t.grad for t in leaves) + (None if sinks is None else sinks.grad,)
+
+
+def check_model_grads_or_softcap_refusal(q, k, v, dout, options, reference_grads):
+    """The gradients against the float64 reference, or, for softcap at a head dim the d = 64
+    kernel runs (no softcap in its backward yet), the library's ValueError when it runs."""
+    if softcap_at_64(q.shape[-1], options):
+        with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 or less yet"):
+            model_grads(q, k, v, dout, options)
+        return
+    check_grads_against_fp64(q, k, v, dout, options, model_grads(q, k, v, dout, options), reference_grads)
 
 
 def check_grads_against_fp64(q, k, v, dout, options, got, reference_grads):
@@ -702,11 +713,7 @@ def test_model_options_gradients_against_fp64(dtype, d, case, sq, sk, attention_
     v = torch.randn(2, sk, heads_kv, d, device="cuda", dtype=dtype)
     dout = torch.randn_like(q)
     options = model_options(case, 8)
-    if softcap_at_64(d, options):
-        with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 yet"):
-            model_grads(q, k, v, dout, options)
-        return
-    check_grads_against_fp64(q, k, v, dout, options, model_grads(q, k, v, dout, options), attention_reference_grads)
+    check_model_grads_or_softcap_refusal(q, k, v, dout, options, attention_reference_grads)
 
 
 @pytest.mark.gpu
@@ -840,8 +847,137 @@ def test_model_options_cupy_inputs(attention_reference):
     for name, got, expected in zip(GRAD_NAMES + ("dsinks",), grads, want):
         assert torch.equal(torch.from_dlpack(got), expected), name
     q64, k64, v64 = (cupy.from_dlpack(t[..., :64].contiguous()) for t in (q, k, v))
-    with pytest.raises(ValueError, match="options.softcap: the backward has no softcap at head_dim 64 yet"):
+    with pytest.raises(ValueError, match="options.softcap: the backward has no softcap at head_dim 64 or less yet"):
         warpattn.flash_attn_backward(q64, q64, k64, v64, q64, lse, **options)
+
+
+# ---------------------------------------------------------------- padded head dims
+
+# Any multiple of 8 from 8 to 256 runs, in the d = 64, 128 or 256 kernel with the missing columns
+# zero-filled: the smallest, one in each kernel's range, and the largest below 256. The float64
+# reference takes the real head dim (its default scale 1/sqrt(d), as warpattn's must be).
+PADDED_HEAD_DIMS = [8, 80, 96, 192, 248]
+PADDED_SHAPES = [(77, 77), (300, 513), (513, 300)]
+
+
+def padded_case(tag, dtype, d, causal, sq, sk, heads_kv=2):
+    """q, k, v, dout of a padded-head-dim case (GQA 8/2 unless told), the same on every run."""
+    torch.manual_seed(zlib.crc32(repr((tag, dtype, d, causal, sq, sk, heads_kv)).encode()))
+    q = torch.randn(2, sq, 8, d, device="cuda", dtype=dtype)
+    k = torch.randn(2, sk, heads_kv, d, device="cuda", dtype=dtype)
+    v = torch.randn(2, sk, heads_kv, d, device="cuda", dtype=dtype)
+    return q, k, v, torch.randn_like(q)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", PADDED_HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk", PADDED_SHAPES)
+def test_padded_head_dims_against_fp64(dtype, d, causal, sq, sk, attention_reference):
+    # Sq > Sk causal leaves rows with no key (out 0, lse -inf); MHA on the square shape.
+    q, k, v, _ = padded_case("forward", dtype, d, causal, sq, sk, heads_kv=8 if sq == sk else 2)
+    out, lse = warpattn.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    assert out.shape == q.shape
+    check_against_fp64(q, k, v, attention_reference, out, lse, dict(causal=causal))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", PADDED_HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk", PADDED_SHAPES[1:])
+def test_padded_head_dims_gradients_against_fp64(dtype, d, causal, sq, sk, attention_reference_grads):
+    q, k, v, dout = padded_case("grad", dtype, d, causal, sq, sk)
+    options = dict(causal=causal)
+    check_grads_against_fp64(q, k, v, dout, options, model_grads(q, k, v, dout, options), attention_reference_grads)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [40, 80, 200])
+@pytest.mark.parametrize("case", sorted(MODEL_CASES))
+def test_padded_head_dims_model_options_against_fp64(d, case, attention_reference, attention_reference_grads):
+    # The window, softcap and sinks at a padded head dim in each kernel's range, forward and
+    # gradients; softcap's backward at 40 (the d = 64 kernel) is the library's ValueError.
+    q, k, v, dout = padded_case(case, torch.bfloat16, d, False, 300, 777)
+    options = model_options(case, 8)
+    out, lse = warpattn.flash_attn_func(q, k, v, return_lse=True, **options)
+    check_against_fp64(q, k, v, attention_reference, out, lse, options)
+    check_model_grads_or_softcap_refusal(q, k, v, dout, options, attention_reference_grads)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [40, 200])
+def test_padded_head_dims_strided_views_deterministic(d, attention_reference_grads):
+    # Views of a packed qkv (head stride d, row stride 12 d: still multiples of 16 bytes) as the
+    # autograd leaves' gradients too, the deterministic backward twice to the same bits, and
+    # within the float64 bounds.
+    torch.manual_seed(d)
+    dout = torch.randn(2, 513, 4, d, device="cuda", dtype=torch.bfloat16)
+    qkv = torch.randn(2, 513, 3, 4, d, device="cuda", dtype=torch.bfloat16)
+
+    def grads():
+        leaf = qkv.detach().clone().requires_grad_()
+        q, k, v = leaf[:, :, 0], leaf[:, :, 1], leaf[:, :, 2]
+        assert not q.is_contiguous()
+        warpattn.flash_attn_func(q, k, v, causal=True, deterministic=True).backward(dout)
+        return tuple(leaf.grad.unbind(2))
+    first, second = grads(), grads()
+    for name, a, b in zip(GRAD_NAMES, first, second):
+        assert torch.equal(a, b), name
+    q, k, v = qkv.unbind(2)
+    check_grads_against_fp64(q, k, v, dout, dict(causal=True), first + (None,), attention_reference_grads)
+
+
+# v's head dim apart from q and k's: MLA's prefill (192/128) and others within q's compiled head
+# dim (v's columns past its own are zero-filled in the kernel; out, dout and dv have v's).
+VALUE_HEAD_DIMS = [(192, 128), (128, 64), (96, 64), (256, 200), (64, 32), (80, 128)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d,dv", VALUE_HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_value_head_dim_against_fp64(dtype, d, dv, causal, attention_reference, attention_reference_grads):
+    torch.manual_seed(zlib.crc32(repr(("dv", dtype, d, dv, causal)).encode()))
+    q = torch.randn(2, 300, 8, d, device="cuda", dtype=dtype)
+    k = torch.randn(2, 777, 2, d, device="cuda", dtype=dtype)
+    v = torch.randn(2, 777, 2, dv, device="cuda", dtype=dtype)
+    dout = torch.randn(2, 300, 8, dv, device="cuda", dtype=dtype)
+    out, lse = warpattn.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    assert out.shape == (2, 300, 8, dv)
+    check_against_fp64(q, k, v, attention_reference, out, lse, dict(causal=causal))
+    grads = model_grads(q, k, v, dout, dict(causal=causal))
+    assert [tuple(g.shape) for g in grads[:3]] == [tuple(q.shape), tuple(k.shape), tuple(v.shape)]
+    check_grads_against_fp64(q, k, v, dout, dict(causal=causal), grads, attention_reference_grads)
+
+
+@pytest.mark.gpu
+def test_value_head_dim_compiled_and_refused():
+    # torch.compile's fake op gives out v's head dim (fullgraph: no graph break); v's head dim
+    # past q's compiled one is the library's ValueError, naming v.
+    q, k = (torch.randn(1, 256, 4, 192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(1, 256, 4, 128, device="cuda", dtype=torch.bfloat16)
+    fn = torch.compile(lambda q, k, v: warpattn.flash_attn_func(q, k, v, causal=True), fullgraph=True)
+    torch.testing.assert_close(fn(q, k, v), warpattn.flash_attn_func(q, k, v, causal=True), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"^v: head_dim \(shape\[3\]\) must be at most 128 \(q's head_dim 96"):
+        warpattn.flash_attn_func(q[..., :96], k[..., :96], torch.randn(1, 256, 4, 192, device="cuda",
+                                                                      dtype=torch.bfloat16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [32, 64])
+def test_softcap_backward_refused_at_head_dim_64_and_below(d):
+    # The forward has the softcap at every head dim; the backward's d = 64 kernel, which runs 8 to
+    # 64, has not: the library's ValueError, before any launch.
+    q, k, v, dout = padded_case("softcap", torch.bfloat16, d, False, 128, 128)
+    out, lse = warpattn.flash_attn_func(q, k, v, softcap=30.0, return_lse=True)
+    assert not out.isnan().any()
+    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 or less yet "
+                                         r"\(72 to 256 have\), got 30"):
+        warpattn.flash_attn_backward(dout, q, k, v, out, lse, softcap=30.0)
+    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 or less yet"):
+        model_grads(q, k, v, dout, dict(softcap=30.0))
 
 
 # ---------------------------------------------------------------- two GPUs

@@ -281,12 +281,12 @@ def test_handlers_on_the_host_controls(host_check):
     # InvalidArgument error (the trace-time check is bypassed here by calling ffi_call directly),
     # an attribute of the wrong type fails the decoding. (Not tested: one attribute too many. That
     # is XLA's own check, and the jaxlib on the H200 host crashed in it, run 108.)
-    q = jnp.zeros((1, 128, 2, 96), BF16)
+    q = jnp.zeros((1, 128, 2, 100), BF16)
     out = jax.ShapeDtypeStruct(q.shape, q.dtype)
     attrs = {"causal": True, "has_scale": False, "softmax_scale": np.float32(0), "batch_invariant": False}
     model = {"window_left": np.int32(-1), "window_right": np.int32(-1), "softcap": np.float32(0)}  # the forward's
     message = host_check(lambda q: jax.ffi.ffi_call("warpattn_forward", out)(q, q, q, **attrs, **model), q)
-    assert message == "INVALID_ARGUMENT: q: head_dim (shape[3]) must be one of 64, 128, 256, got 96", message
+    assert message == "INVALID_ARGUMENT: q: head_dim (shape[3]) must be a multiple of 8 from 8 to 256, got 100", message
     q = jnp.zeros((1, 128, 2, 64), BF16)
     out = jax.ShapeDtypeStruct(q.shape, q.dtype)
     wrong_type = host_check(lambda q: jax.ffi.ffi_call("warpattn_forward", out)(q, q, q, **dict(
@@ -344,8 +344,8 @@ def test_trace_time_errors():
     q, k, v = qkv_specs()
     attn = jax.jit(jax_ffi.flash_attn, static_argnames=("causal",))
     cases = [
-        ((SDS((2, 256, 8, 96), BF16), SDS((2, 256, 8, 96), BF16), SDS((2, 256, 8, 96), BF16)),
-         ValueError, r"q: head_dim \(shape\[3\]\) must be one of 64, 128, 256, got 96"),
+        ((SDS((2, 256, 8, 100), BF16), SDS((2, 256, 8, 100), BF16), SDS((2, 256, 8, 100), BF16)),
+         ValueError, r"q: head_dim \(shape\[3\]\) must be a multiple of 8 from 8 to 256, got 100"),
         ((SDS(q.shape, jnp.float32), k, v), ValueError, "q: expected dtype float16 or bfloat16, got float32"),
         ((q, SDS(k.shape, jnp.float16), v), ValueError, r"k: expected dtype bfloat16 \(same as q\), got float16"),
         ((q, SDS((2, 256, 3, 64), BF16), SDS((2, 256, 3, 64), BF16)), ValueError, "multiple"),
@@ -362,7 +362,8 @@ def test_trace_time_errors_are_the_librarys_messages():
     # The same rule broken through the FFI path (shapes at trace time) and the NumPy path (the
     # library on host arrays) gives the same message.
     cases = [
-        ((2, 256, 8, 96), (2, 256, 8, 96), np.float16),
+        ((2, 256, 8, 100), (2, 256, 8, 100), np.float16),
+        ((2, 256, 8, 264), (2, 256, 8, 264), np.float16),
         ((2, 256, 8, 64), (2, 256, 3, 64), np.float16),
         ((2, 256, 8, 64), (1, 256, 8, 64), np.float16),
         ((2, 256, 8, 64), (2, 256, 8, 128), np.float16),
@@ -585,12 +586,12 @@ def test_model_option_gradient_errors_are_the_librarys_messages():
     with pytest.raises(ValueError) as numpy_error:
         warpattn.flash_attn_backward(*(np.zeros(t.shape, np.float16) for t in (q, q, k, v, q)),
                                      np.zeros(lse.shape, np.float32), softcap=2.0)
-    assert str(numpy_error.value).startswith("options.softcap: the backward has no softcap at head_dim 64 yet")
+    assert str(numpy_error.value).startswith("options.softcap: the backward has no softcap at head_dim 64 or less yet")
     with pytest.raises(ValueError) as ffi_error:
         lower_for_cuda(jax.grad(lambda q, k, v: jax_ffi.flash_attn(q, k, v, softcap=2.0).astype(jnp.float32).sum()),
                        q, k, v)
     assert first_line(ffi_error.value) == str(numpy_error.value)
-    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 yet"):
+    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 or less yet"):
         jax_ffi.flash_attn_backward(q, q, k, v, q, lse, softcap=2.0)
     with pytest.raises(ValueError, match=r"^sinks: expected shape \(8\)"):
         jax_ffi.flash_attn_backward(q, q, k, v, q, lse, sinks=SDS((3,), jnp.float32))
@@ -1308,8 +1309,8 @@ def test_model_options_gradients_against_fp64(dtype, d, case, attention_referenc
 
     def fn(q, k, v, s):
         return jax_ffi.flash_attn(q, k, v, sinks=s, **options)
-    if d == 64 and options.get("softcap"):
-        with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 yet"):
+    if d <= 64 and options.get("softcap"):
+        with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 or less yet"):
             model_vjp(fn, q, k, v, sinks, dout)
         jax.block_until_ready(jax.jit(fn)(q, k, v, sinks))
         return
@@ -1318,6 +1319,24 @@ def test_model_options_gradients_against_fp64(dtype, d, case, attention_referenc
                                      options.get("window_size", (-1, -1)), options.get("softcap", 0.0),
                                      None if sinks is None else np.asarray(sinks), options.get("softmax_scale"))
     check_model_grads(got, want, dtype)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [BF16, jnp.float16])
+@pytest.mark.parametrize("d", [8, 40, 80, 200, 248])
+@pytest.mark.parametrize("causal", [False, True])
+def test_padded_head_dims_against_fp64(dtype, d, causal, attention_reference, attention_reference_grads):
+    # Head dims between the kernels' (run padded in the d = 64, 128 or 256 kernel) through the FFI
+    # handlers: the forward and, under jax.jit(jax.vjp), the gradients against the float64
+    # references, whose default scale is 1/sqrt of the real head dim. Sq > Sk causal: rows with no key.
+    q, k, v, dout = random_case(80 + d + causal, dtype, 2, 500, 300, 8, 2, d)
+    out, lse = jax.jit(lambda q, k, v: jax_ffi.flash_attn(q, k, v, causal=causal, return_lse=True))(q, k, v)
+    check_against_fp64(q, k, v, out, lse, dict(causal=causal), attention_reference)
+
+    def fn(q, k, v, s):
+        return jax_ffi.flash_attn(q, k, v, causal=causal)
+    got = model_vjp(fn, q, k, v, None, dout)
+    check_model_grads(got, attention_reference_grads(*fp64(q, k, v, dout), causal), dtype)
 
 
 @gpu

@@ -315,7 +315,7 @@ def test_logits(env, padding):
     assert calls.get(used) == layers, calls  # every layer, through the path expected
 
 
-@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("head_dim", [80, 128, 256])  # 80: padded into the d = 128 kernel
 def test_logits_other_head_dims(env, head_dim):
     device, _ = env
     ref, warp, sdpa = models(device, head_dim=head_dim, seed=head_dim)
@@ -766,8 +766,10 @@ def test_refusals(change, message):
 
 
 def test_refused_inputs():
-    with pytest.raises(NotImplementedError, match="head_dim 96 is not supported"):
-        wt.warpattn_attention_forward(_Module(), *_qkv(d=96), None)
+    # Any multiple of 8 up to 256 is supported (padded into the kernels); 100 and 264 are not.
+    for d in (100, 264):
+        with pytest.raises(NotImplementedError, match="head_dim %d is not supported" % d):
+            wt.warpattn_attention_forward(_Module(), *_qkv(d=d), None)
     q, k, v = _qkv()
     with pytest.raises(NotImplementedError, match=r"key/value head dims \(64, 32\)"):
         wt.warpattn_attention_forward(_Module(), q, k, v[..., :32], None)

@@ -61,6 +61,9 @@ def test_exported():
 def test_valid_call_on_cpu_memory_is_refused():
     with pytest.raises(TypeError, match="q: CUDA tensor required"):
         call(*packed(), causal=True, return_lse=True)
+    for d in (8, 80, 200):  # padded head dims are valid: refused only at the host memory
+        with pytest.raises(TypeError, match="q: CUDA tensor required"):
+            call(*packed(d=d))
     q, k, v, cu_q, cu_k = packed()
     with pytest.raises(TypeError, match="CUDA tensor required"):
         call(q, k, v, cu_q, cu_k, seqused_k=np.full(3, 5, np.int32), out=np.zeros_like(q))
@@ -127,8 +130,10 @@ def test_tensor_rules_of_the_dense_forward_apply():
     q, k, v, cu_q, cu_k = packed()
     with pytest.raises(ValueError, match=r"query heads \(8\) must be a multiple of key/value heads \(3\)"):
         call(q, np.zeros((50, 3, 64), np.float16), np.zeros((50, 3, 64), np.float16), cu_q, cu_k)
-    with pytest.raises(ValueError, match="head_dim .* must be one of 64, 128, 256, got 96"):
-        call(*packed(d=96))
+    with pytest.raises(ValueError, match=r"^q: head_dim \(shape\[2\]\) must be a multiple of 8 from 8 to 256, got 100$"):
+        call(*packed(d=100))
+    with pytest.raises(ValueError, match="must be a multiple of 8 from 8 to 256, got 264"):
+        call(*packed(d=264))
     with pytest.raises(ValueError, match=r"k: expected dtype float16 \(same as q\)"):
         call(q, k.astype(np.float32), v, cu_q, cu_k)
     with pytest.raises(ValueError, match="out: must not overlap q"):
@@ -171,14 +176,23 @@ def test_model_options_reach_the_library():
     with pytest.raises(TypeError, match="q: CUDA tensor required"):
         call(*args, causal=True, window_size=(10, 0), softcap=5.0, sinks=np.zeros(8, np.float32),
              seqused_k=np.full(3, 5, np.int32))
-    # The backward takes them too (issue 19), with the library's rules: softcap at head_dim 128
-    # and 256 only, the sinks' shape; a valid call is refused at the host memory.
+    # The backward takes them too (issue 19), with the library's rules: softcap at head_dim 72 to
+    # 256 only, the sinks' shape; a valid call is refused at the host memory.
     q, k, v, cu_q, cu_k = args
     lse = np.zeros((8, 40), np.float32)
     if not hasattr(_warpattn, "backward_varlen"):
         return
-    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 yet"):
+    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 or less yet "
+                                         r"\(72 to 256 have\), got 5"):
         warpattn.flash_attn_varlen_backward(q, q, k, v, q, lse, cu_q, cu_k, 20, 20, softcap=5.0)
+    for d in (32, 80):  # padded: 32 runs in the d = 64 kernel (refused), 80 in the 128 one (has it)
+        q, k, v, cu_q, cu_k = packed(d=d)
+        if d <= 64:
+            with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 or less"):
+                warpattn.flash_attn_varlen_backward(q, q, k, v, q, lse, cu_q, cu_k, 20, 20, softcap=5.0)
+        else:
+            with pytest.raises(TypeError, match="dout: CUDA tensor required"):
+                warpattn.flash_attn_varlen_backward(q, q, k, v, q, lse, cu_q, cu_k, 20, 20, softcap=5.0)
     q, k, v, cu_q, cu_k = packed(d=128)
     with pytest.raises(TypeError, match="dout: CUDA tensor required"):
         warpattn.flash_attn_varlen_backward(q, q, k, v, q, lse, cu_q, cu_k, 20, 20, window_size=(10, 0), causal=True,
@@ -821,7 +835,7 @@ def test_model_options_gradients_seqused_k_compiled_and_explicit(attention_refer
     for name, a, b in zip(("dq", "dk", "dv", "dsinks"), explicit, first):
         assert torch.equal(a, b), name
     q64, k64, v64 = (t[..., :64].contiguous() for t in (q, k, v))
-    with pytest.raises(ValueError, match="options.softcap: the backward has no softcap at head_dim 64 yet"):
+    with pytest.raises(ValueError, match="options.softcap: the backward has no softcap at head_dim 64 or less yet"):
         model_varlen_grads(q64, k64, v64, cu_q, cu_k, dout[..., :64], (129, 1032), options, seqused=used)
 
 
@@ -926,6 +940,115 @@ def test_training_step_under_compile_and_graph_capture():
     for a, b in zip(static, eager):
         assert rel_l2(a.grad, b.grad.float()) <= 1e-2
 
+
+# ------------------------------------------------------------------- padded head dims
+
+# Any multiple of 8 from 8 to 256 runs packed as dense: in the d = 64, 128 or 256 kernel with the
+# missing columns zero-filled. The smallest, one in each kernel's range, the largest below 256.
+PADDED_HEAD_DIMS = [8, 80, 96, 192, 248]
+# MODEL_RAGGED without its 2049-token sequence: the float64 references run on the host.
+PADDED_RAGGED = [(0, 0), (1, 1), (0, 37), (37, 0), (1, 700), (700, 1), (129, 129), (333, 1027), (1027, 333), (64, 64)]
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("d", PADDED_HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_padded_head_dims_ragged_batch(dtype, d, causal):
+    # Against the dense kernel per sequence (the same padded kernel) and the fp32 reference, whose
+    # scale is 1/sqrt of the real head dim.
+    rng = np.random.default_rng(d * 5 + causal)
+    lengths = [RAGGED[i] for i in rng.permutation(len(RAGGED))]
+    q, k, v, cu_q, cu_k = make_batch(lengths, 8, 2, d, getattr(torch, dtype), seed=d + causal)
+    max_q, max_k = max(a for a, _ in lengths), max(b for _, b in lengths)
+    out, lse = warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, return_lse=True)
+    assert out.shape == q.shape
+    check_sequences(q, k, v, cu_q, cu_k, out, lse, causal)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [40, 80, 200])
+@pytest.mark.parametrize("case", sorted(VARLEN_MODEL_CASES))
+def test_padded_head_dims_model_options_against_fp64(d, case, attention_reference):
+    q, k, v, cu_q, cu_k = make_batch(PADDED_RAGGED, 8, 2, d, torch.bfloat16, seed=d + len(case))
+    options = model_options(case, 8)
+    out, lse = warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 1027, 1027, return_lse=True, **options)
+    check_model_sequences(q, k, v, cu_q, cu_k, out, lse, options, attention_reference)
+
+
+@gpu
+@has_backward
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("d", [8, 80, 200, 248])
+@pytest.mark.parametrize("causal", [False, True])
+def test_padded_head_dims_gradients_against_the_dense_backward(dtype, d, causal):
+    lengths = [(1, 1), (0, 30), (30, 0), (129, 129), (333, 1027), (1027, 333), (64, 64)]
+    q, k, v, cu_q, cu_k = make_batch(lengths, 4, 2, d, getattr(torch, dtype), seed=d + causal)
+    dout = torch.randn_like(q)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = warpattn.flash_attn_varlen_func(*leaves, cu_q, cu_k, 1027, 1027, causal=causal)
+    grads = torch.autograd.grad(out, leaves, dout)
+    want = dense_gradients(q, k, v, cu_q, cu_k, dout, causal)
+    for name, g, w in zip(("dq", "dk", "dv"), grads, want):
+        assert g.shape == w.shape and not g.isnan().any(), name
+        assert rel_l2(g, w) <= BWD_TOL[dtype], (name, rel_l2(g, w))
+    assert torch.all(grads[0][1:31] == 0)  # sequence 2's rows see no key
+    assert torch.all(grads[1][1:31] == 0) and torch.all(grads[2][1:31] == 0)  # sequence 1's keys no query
+
+
+# A padded head dim in each kernel's range with options its backward has: no softcap at 40.
+PADDED_GRAD_CASES = {
+    40: dict(causal=True, window_size=(64, 0), sinks=True),
+    80: dict(causal=True, window_size=(96, -1), softcap=30.0, sinks=True),
+    200: dict(softcap=5.0, sinks=True, softmax_scale=0.1),
+}
+
+
+@gpu
+@has_backward
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("d", sorted(PADDED_GRAD_CASES))
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_padded_head_dims_gradients_against_fp64(dtype, d, deterministic, attention_reference_grads):
+    lengths = [(300, 300), (1, 1), (0, 30), (400, 129), (129, 700)]
+    options = dict(PADDED_GRAD_CASES[d])
+    if options.pop("sinks", False):
+        options["sinks"] = torch.linspace(-2.0, 8.0, 8, device="cuda")
+    q, k, v, cu_q, cu_k = make_batch(lengths, 8, 2, d, getattr(torch, dtype), seed=d + deterministic)
+    dout = torch.randn_like(q)
+    got = model_varlen_grads(q, k, v, cu_q, cu_k, dout, (400, 700), options, deterministic=deterministic)
+    if deterministic:
+        again = model_varlen_grads(q, k, v, cu_q, cu_k, dout, (400, 700), options, deterministic=True)
+        for name, a, b in zip(("dq", "dk", "dv", "dsinks"), got, again):
+            assert torch.equal(a, b), name
+    check_model_grads(got, model_reference_grads(q, k, v, cu_q, cu_k, dout, options, attention_reference_grads),
+                      dtype)
+
+
+
+@gpu
+@has_backward
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,dv", [(192, 128), (128, 64)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_value_head_dim_against_fp64(d, dv, causal, attention_reference, attention_reference_grads):
+    # v's head dim apart from q and k's (MLA's prefill 192/128) on a packed batch: out and the
+    # gradients per sequence against the float64 reference (and the dense kernel's forward).
+    lengths = [(300, 300), (1, 1), (0, 30), (400, 129), (129, 700)]
+    q, k, _, cu_q, cu_k = make_batch(lengths, 8, 2, d, torch.bfloat16, seed=d + dv + causal)
+    v = torch.randn(k.shape[0], 2, dv, device="cuda", dtype=torch.bfloat16)
+    options = dict(causal=causal)
+    out, lse = warpattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 400, 700, return_lse=True, **options)
+    assert out.shape == (q.shape[0], 8, dv)
+    check_model_sequences(q, k, v, cu_q, cu_k, out, lse, options, attention_reference)
+    dout = torch.randn(q.shape[0], 8, dv, device="cuda", dtype=torch.bfloat16)
+    got = model_varlen_grads(q, k, v, cu_q, cu_k, dout, (400, 700), options)
+    check_model_grads(got, model_reference_grads(q, k, v, cu_q, cu_k, dout, options, attention_reference_grads),
+                      "bfloat16")
 
 # ------------------------------------------------------------------- FP8 on packed batches
 

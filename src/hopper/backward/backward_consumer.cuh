@@ -257,9 +257,11 @@ struct BackwardConsumer {
       const bool inside = key < work.seqlen_k;
       const int row = work.k_offset + key;
       store_accumulator_row<Element, kKV>(
-          dk, r, f.quad, inside ? p.dk.row<Element>(work.batch, row, work.head_kv) + column0 : nullptr);
+          dk, r, f.quad, inside ? p.dk.row<Element>(work.batch, row, work.head_kv) + column0 : nullptr,
+          p.head_dim - column0);
       store_accumulator_row<Element, kKV>(
-          dv, r, f.quad, inside ? p.dv.row<Element>(work.batch, row, work.head_kv) + column0 : nullptr);
+          dv, r, f.quad, inside ? p.dv.row<Element>(work.batch, row, work.head_kv) + column0 : nullptr,
+          p.head_dim_v - column0);
     }
   }
 };

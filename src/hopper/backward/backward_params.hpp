@@ -35,6 +35,10 @@ struct BackwardParams {
   float* lse_log2 = nullptr;
   int* turns = nullptr;  // deterministic mode only
   int batch = 0, heads_q = 0, heads_kv = 0, seqlen_q = 0, seqlen_k = 0;
+  // The tensors' head dims, q and k's and v's (which may differ): kHeadDim, or less for one
+  // between compiled ones (panel_tile.cuh). The dQ accumulator keeps kHeadDim columns; dQ and
+  // dK get head_dim, dV head_dim_v; D = rowsum(dO o O) reads head_dim_v.
+  int head_dim = 0, head_dim_v = 0;
   // The workspace's rows per (batch, head): seqlen_q rounded up to
   // BackwardWorkspaceLayout::kRowAlign; a packed batch's: its padded rows (one (batch) of them).
   int rows = 0;

@@ -8,6 +8,7 @@
 #include "hopper/backward/backward_shared_storage.cuh"
 #include "hopper/backward/key_block_work.hpp"
 #include "hopper/ptx/mbarrier.cuh"
+#include "hopper/panel_tile.cuh"
 #include "hopper/ptx/tma.cuh"
 #include "hopper/ring_slot.cuh"
 
@@ -22,7 +23,7 @@ __device__ __forceinline__ void load_query_tile(const CUtensorMap* map, uint8_t*
   mbarrier_wait(smem_addr(empty), slot.phase ^ 1);  // a fresh barrier's preceding phase counts as complete
   const uint32_t bar = smem_addr(full);
   mbarrier_arrive_expect_tx(bar, Cfg::kQTileBytes + Cfg::kBlockM * 4);
-  tma_load_5d(smem_addr(tile), map, bar, 0, row0, 0, head, batch);
+  load_panel_tile<Cfg::kPanels, Cfg::kBlockM, 128>(smem_addr(tile), map, bar, row0, head, batch);
   bulk_load(smem_addr(row_terms_smem), row_terms, Cfg::kBlockM * 4, bar);
 }
 
@@ -36,8 +37,8 @@ __device__ __forceinline__ void run_backward_producer(BackwardSharedStorage<Cfg>
   const uint32_t kv_bar = smem_addr(&ss.kv_full);
   mbarrier_arrive_expect_tx(kv_bar, 2 * Cfg::kKTileBytes);
   const int key0 = work.k_offset + work.n_block * Cfg::kBlockN;
-  tma_load_5d(smem_addr(ss.k), tm_k, kv_bar, 0, key0, 0, work.head_kv, work.batch);
-  tma_load_5d(smem_addr(ss.v), tm_v, kv_bar, 0, key0, 0, work.head_kv, work.batch);
+  load_panel_tile<Cfg::kPanels, Cfg::kBlockN, 128>(smem_addr(ss.k), tm_k, kv_bar, key0, work.head_kv, work.batch);
+  load_panel_tile<Cfg::kPanels, Cfg::kBlockN, 128>(smem_addr(ss.v), tm_v, kv_bar, key0, work.head_kv, work.batch);
   for (int step = 0; step < work.steps(); ++step) {
     const RingSlot qs = ring_slot<Cfg::kQStages>(step), ds = ring_slot<Cfg::kDoStages>(step);
     const int head = work.head(step), m_block = work.m_block(step);

@@ -44,6 +44,7 @@ __global__ void __launch_bounds__(256) convert_dq_kernel(const __grid_constant__
     const FragmentCoords f(in_piece % 128);
     const float4 v = block[e];
     const int col = 64 * piece + f.col(j, 0);
+    if (col >= p.head_dim) continue;  // a padded head dim's columns past it (an even pair: wholly out)
     const float pair[2][2] = {{v.x, v.y}, {v.z, v.w}};
 #pragma unroll
     for (int r = 0; r < 2; ++r) {

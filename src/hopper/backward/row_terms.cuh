@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(256) backward_row_terms_kernel(const __grid_co
     const int r = r0 + threadIdx.x / kLanes;
     const int row = row_block * 64 + r;
     float sum = 0.f;
-    if (row < rb.seqlen_q) {
+    if (row < rb.seqlen_q && 8 * lane < p.head_dim_v) {  // a padded head dim: its 16-byte groups only
       const uint4 a = reinterpret_cast<const uint4*>(p.dout.row<const Element>(batch, rb.q_offset + row, head))[lane];
       const uint4 b = reinterpret_cast<const uint4*>(p.out.row<const Element>(batch, rb.q_offset + row, head))[lane];
       const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};

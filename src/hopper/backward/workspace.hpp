@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "hopper/host_device.hpp"
+#include "warpattn/warpattn.hpp"
 
 namespace warpattn::detail {
 
@@ -55,7 +56,8 @@ struct BackwardWorkspaceLayout {
     rows = (seqlen_q + kRowAlign - 1) / kRowAlign * kRowAlign;
     const int64_t row_count = batch * heads_q * rows;
     dq_accum = 0;
-    row_d = align(dq_accum + row_count * head_dim * 4);
+    // dQ's accumulator has the kernel's columns (64, 128 or 256: a head dim between is padded)
+    row_d = align(dq_accum + row_count * kernel_head_dim(head_dim) * 4);
     lse_log2 = align(row_d + row_count * 4);
     turns = align(lse_log2 + row_count * 4);
     sink_sums = align(turns + (deterministic ? row_count / kTurnRows * 4 : 0));
