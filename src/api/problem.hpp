@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "hopper/decode/kv_pages.hpp"
 #include "hopper/varlen/varlen_tiles.hpp"
 #include "warpattn/fp8.hpp"
 #include "warpattn/warpattn.hpp"
@@ -70,6 +71,18 @@ struct VarlenCall {
 VarlenCall validate_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                                    const TensorView& out, const std::optional<TensorView>& lse,
                                    const VarlenBatch& batch, const ForwardOptions& options);
+
+// A validated call over KV caches: the problem (batch B, seqlen_q Sq, seqlen_k the capacity of
+// a sequence's cache), its sequences in the plan's KV-cache form (cu_seqlens null) and where
+// its keys are (the launch sets the box sizes); appended: the new rows per sequence (0: none).
+struct KvCacheCall {
+  ForwardProblem problem;
+  VarlenSequences seqs;
+  KvPages pages;
+  int64_t appended = 0;
+};
+KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, const TensorView& out,
+                                     const std::optional<TensorView>& lse, const ForwardOptions& options);
 
 // A validated FP8 call on a packed batch: the operands (and q, k, v of quantize_fp8_varlen, out
 // and lse of forward_fp8_varlen) as (1, ...) views, the problem (batch: the sequences) and the

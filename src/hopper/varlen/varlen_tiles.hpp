@@ -40,6 +40,11 @@ struct VarlenSequences {
   // The caller's max_seqlen_q (FlashAttention's argument), a hint for the host's choice of tile
   // shape only: nothing depends on it being right but speed.
   long long max_seqlen_q = 0;
+  // A KV cache (cu_seqlens_q and cu_seqlens_k null; warpattn.hpp, KvCache): sequence b has
+  // total_q query rows of its own batch entry and, at offset 0 of its own cache of total_k keys
+  // (the capacity), seqused_k[b] cached keys (all of them without seqused_k) plus appended_k
+  // appended ones, clamped to the capacity.
+  int appended_k = 0;
 };
 
 WARPATTN_HOST_DEVICE int clamp_int(int x, int lo, int hi) { return x < lo ? lo : (x > hi ? hi : x); }
@@ -48,6 +53,13 @@ WARPATTN_HOST_DEVICE int clamp_int(int x, int lo, int hi) { return x < lo ? lo :
 // the rules (decreasing, past the end) give wrong sequences, never rows outside the tensors.
 WARPATTN_HOST_DEVICE SequenceSpan sequence_span(const VarlenSequences& s, int b) {
   SequenceSpan r;
+  if (s.cu_seqlens_q == nullptr) {  // a KV cache
+    const long long cached = s.seqused_k != nullptr ? clamp_int(s.seqused_k[b], 0, s.total_k) : s.total_k;
+    const long long keys = cached + s.appended_k;
+    r.q_offset = 0, r.seqlen_q = s.total_q, r.k_offset = 0;
+    r.seqlen_k = keys < s.total_k ? static_cast<int>(keys) : s.total_k;
+    return r;
+  }
   r.q_offset = clamp_int(s.cu_seqlens_q[b], 0, s.total_q);
   r.seqlen_q = clamp_int(s.cu_seqlens_q[b + 1], r.q_offset, s.total_q) - r.q_offset;
   r.k_offset = clamp_int(s.cu_seqlens_k[b], 0, s.total_k);
