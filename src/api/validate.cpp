@@ -166,15 +166,16 @@ void check_lse_shape(const Arg& lse, const ProblemSizes& s) {
 }
 
 // ---- g. grouped-query heads: every query head maps onto one key/value head
-void check_head_groups(int64_t heads_q, int64_t heads_kv) {
+// `k`: the name of the tensor whose heads are the key/value heads.
+void check_head_groups(int64_t heads_q, int64_t heads_kv, const char* k = "k") {
   if (heads_q >= 1 && heads_kv < 1) {
     Message m;
-    m << "k: expected at least 1 key/value head for " << heads_q << " query heads, got " << heads_kv;
+    m << k << ": expected at least 1 key/value head for " << heads_q << " query heads, got " << heads_kv;
     fail(m);
   }
   if (heads_kv >= 1 && heads_q % heads_kv != 0) {
     Message m;
-    m << "k: query heads (" << heads_q << ") must be a multiple of key/value heads (" << heads_kv << ")";
+    m << k << ": query heads (" << heads_q << ") must be a multiple of key/value heads (" << heads_kv << ")";
     fail(m);
   }
 }
@@ -435,7 +436,7 @@ ProblemSizes check_attention_tensors(std::span<const Operand> operands, const Ar
   if (lse) check_lse_shape(*lse, sizes);
 
   // g. grouped-query heads
-  check_head_groups(sizes.heads_q, sizes.heads_kv);
+  check_head_groups(sizes.heads_q, sizes.heads_kv, k.name);
 
   // h. innermost dimension contiguous (lse is accessed with plain fp32 loads and stores, not
   // by TMA: any positive strides will do)
@@ -1269,6 +1270,9 @@ KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, 
       fail(Message() << "k_cache: page_size (shape[1]) must be a power of two >= 16 with block_table, got "
                      << page_size);
     const int64_t max_pages = cache.block_table->shape[1];
+    if (max_pages > 0 && cache.k_cache.shape[0] == 0)
+      fail(Message() << "k_cache: a paged cache needs at least one page (num_pages, shape[0]) for block_table's "
+                     << max_pages << " pages per sequence, got 0");
     // (page_size < 2^31 by rule j, so the product is taken once max_pages is as small)
     if (max_pages >= kCoordinateLimit || max_pages * page_size >= kCoordinateLimit)
       fail(Message() << "block_table: max_pages x page_size = " << max_pages << " x " << page_size
