@@ -259,15 +259,17 @@ void validate_backward_varlen(const TensorView& dout, const TensorView& q, const
 // A sequence's capacity is S_cache (dense) or max_pages x page_size (paged).
 struct KvCache {
   TensorView k_cache, v_cache;
-  // Optional (B) int32: sequence b's cache holds cache_seqlens[b] keys before the append;
-  // absent: every cache is full (its capacity).
+  // Optional (B) int32: sequence b's cache holds cache_seqlens[b] keys before the append
+  // (clamped to [0, capacity] on the device); absent: every cache is full (its capacity), and
+  // nothing can be appended.
   std::optional<TensorView> cache_seqlens;
   // Optional (B, max_pages) int32, last dimension contiguous: the paged layout.
   std::optional<TensorView> block_table;
   // Optional new keys and values (B, S_new, Hkv, D), both or neither, dtype and head dims as
   // k_cache and v_cache: written into the cache at rows cache_seqlens[b] .. + S_new (through
   // the block table when paged) before the attention, which then sees
-  // len = cache_seqlens[b] + S_new keys. The caller advances cache_seqlens afterwards.
+  // len = min(cache_seqlens[b] + S_new, capacity) keys (rows past the capacity are dropped).
+  // cache_seqlens is only read: the caller advances it afterwards. Needs cache_seqlens.
   std::optional<TensorView> k, v;
 };
 
@@ -281,7 +283,8 @@ struct KvCache {
 // page indices are read on the device only (no host synchronisation: CUDA graphs keep
 // working, with new lengths at every replay), so they are not validated there: a length is
 // clamped to [0, capacity] (appended rows past the capacity are dropped), and a page index
-// outside [0, num_pages) is never read (its keys read as zeros) nor written. Cache rows past
+// outside [0, num_pages) is never read (its keys count as keys of zeros: score 0, value 0)
+// nor written. Cache rows past
 // a sequence's length inside its pages are read: they must be finite.
 // The kernels: those of forward_varlen() on a plan of (sequence, head, query block) tiles;
 // decode's own (GQA-packed rows, split key ranges) are issue 16's next step.

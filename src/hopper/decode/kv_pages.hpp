@@ -10,7 +10,8 @@
 //    so that every box lies in one page and starts on a swizzle atom (8 rows) of shared memory.
 // A box that starts at or past the sequence's length, or whose page index is outside the
 // cache, is loaded from page -1: outside the tensor, so TMA fills it with zeros and reads
-// nothing (its keys are masked anyway).
+// nothing. Past the length its keys are masked; inside it (a broken block table) they are keys
+// of zeros (score 0, value 0): a wrong result for that sequence, never a read outside the cache.
 #pragma once
 #include <cstdint>
 
