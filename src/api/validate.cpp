@@ -542,6 +542,15 @@ ForwardProblem forward_problem(const ProblemSizes& sizes, DType dtype, const For
 void add_sinks(std::vector<const Arg*>& tensors, const std::optional<Arg>& sinks) {
   if (sinks) tensors.push_back(&*sinks);
 }
+// The forward's last two for the overlap rules: the sinks (read) and lse (written), where given.
+void add_sinks_and_lse(std::vector<const Arg*>& tensors, std::vector<const Arg*>& written,
+                       const std::optional<Arg>& sinks, const Arg* lse) {
+  add_sinks(tensors, sinks);
+  if (lse) {
+    tensors.push_back(lse);
+    written.push_back(lse);
+  }
+}
 
 // ---- n. the backward's workspace.
 // The bytes a backward problem needs, by the Hopper layout, whose int64 arithmetic must not
@@ -619,11 +628,7 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
   // at its own address
   std::vector<const Arg*> tensors = {&aq, &ak, &av, &aout}, written = {&aout};
   const std::optional<Arg> asinks = sinks_arg(options);
-  add_sinks(tensors, asinks);
-  if (lse) {
-    tensors.push_back(&alse);
-    written.push_back(&alse);
-  }
+  add_sinks_and_lse(tensors, written, asinks, lse ? &alse : nullptr);
   check_written_apart(tensors, written);
 
   return forward_problem(sizes, q.dtype, options, lse.has_value());
@@ -1076,11 +1081,7 @@ ForwardProblem check_forward_fp8(const Fp8Operands& f, const TensorView& out, co
   std::vector<const Arg*> tensors = {&aq, &ak, &avt, &aqs, &aks, &avs, &aout}, written = {&aout};
   tensors.insert(tensors.end(), extra.begin(), extra.end());
   const std::optional<Arg> asinks = sinks_arg(options);
-  add_sinks(tensors, asinks);
-  if (lse) {
-    tensors.push_back(&alse);
-    written.push_back(&alse);
-  }
+  add_sinks_and_lse(tensors, written, asinks, lse ? &alse : nullptr);
   check_written_apart(tensors, written);
   return forward_problem(p, out.dtype, options, lse.has_value());
 }
@@ -1189,11 +1190,7 @@ VarlenCall validate_forward_varlen(const TensorView& q, const TensorView& k, con
   std::vector<const Arg*> tensors = {&aq, &ak, &av, &aout}, written = {&aout};
   va.add_to(tensors);
   const std::optional<Arg> asinks = sinks_arg(options);
-  add_sinks(tensors, asinks);
-  if (lse) {
-    tensors.push_back(&alse);
-    written.push_back(&alse);
-  }
+  add_sinks_and_lse(tensors, written, asinks, lse ? &alse : nullptr);
   check_written_apart(tensors, written);
 
   sizes.batch = sequences;
@@ -1313,11 +1310,7 @@ KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, 
   if (cache.cache_seqlens) tensors.push_back(&aseqlens);
   if (paged) tensors.push_back(&atable);
   const std::optional<Arg> asinks = sinks_arg(options);
-  add_sinks(tensors, asinks);
-  if (lse) {
-    tensors.push_back(&alse);
-    written.push_back(&alse);
-  }
+  add_sinks_and_lse(tensors, written, asinks, lse ? &alse : nullptr);
   check_written_apart(tensors, written);
 
   KvCacheCall call;
