@@ -1286,13 +1286,17 @@ KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, 
     pages.num_pages = static_cast<int>(sizes.batch);
   }
 
-  // c6. the plan's table: a tile per 128 query rows of each sequence and query head
-  const uint64_t tiles = saturating_mul(saturating_mul(static_cast<uint64_t>(sizes.batch),
-                                                       static_cast<uint64_t>((sizes.seqlen_q + 127) / 128)),
-                                        static_cast<uint64_t>(sizes.heads_q));
+  // c6. the plan's table: a tile per block of positions of each sequence and chunk of packed
+  // query heads (128-row tiles, decode_plan.hpp's gqa_packing)
+  const GqaPacking packing =
+      gqa_packing(static_cast<int>(sizes.heads_kv > 0 ? sizes.heads_q / sizes.heads_kv : 1), 128);
+  const uint64_t tiles = saturating_mul(
+      saturating_mul(static_cast<uint64_t>(sizes.batch),
+                     static_cast<uint64_t>((sizes.seqlen_q + packing.positions - 1) / packing.positions)),
+      static_cast<uint64_t>(sizes.heads_q / packing.heads));
   if (tiles >= static_cast<uint64_t>(kCoordinateLimit))
-    fail(Message() << "q: batch x heads x ceil(seqlen_q / 128) = " << tiles
-                   << " work tiles must be less than 2^31 (the kernel uses 32-bit tile indices)");
+    fail(Message() << "q: batch x heads / " << packing.heads << " x ceil(seqlen_q / " << packing.positions
+                   << ") = " << tiles << " work tiles must be less than 2^31 (the kernel uses 32-bit tile indices)");
 
   // k. softmax scale; p. window, softcap, sinks (the window's bound over the capacity)
   sizes.seqlen_k = capacity;

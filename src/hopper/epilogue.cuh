@@ -63,4 +63,40 @@ __device__ __forceinline__ void store_output(const float (&o)[Cfg::kHeadDim / 2]
   }
 }
 
+// A KV cache's packed tile (decode_plan.hpp, GqaPacking): row r of the tile is position
+// first_position + r / packing.heads of query head chunk x packing.heads + r % packing.heads;
+// rows past positions x heads, and positions past seqlen_q, are not written.
+struct PackedRowPlace {
+  int position, head;
+  bool stored;
+};
+__device__ __forceinline__ PackedRowPlace packed_row_place(int tile_row, int first_position, int chunk,
+                                                           const GqaPacking& packing, int seqlen_q) {
+  const PackedRow pr = packed_row(tile_row, packing.heads);
+  const int position = first_position + pr.position;
+  return {position, chunk * packing.heads + pr.head_in_group,
+          pr.position < packing.positions && position < seqlen_q};
+}
+
+template <class Cfg>
+__device__ __forceinline__ void store_packed_output(const float (&o)[Cfg::kHeadDim / 2], const float (&lse)[2],
+                                                    const ForwardParams& params, const FragmentCoords& f,
+                                                    int warpgroup, int first_position, int chunk, int batch,
+                                                    int seqlen_q) {
+  using Out = typename Cfg::OutElement;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const PackedRowPlace at =
+        packed_row_place(warpgroup * 64 + f.row(r), first_position, chunk, params.packing, seqlen_q);
+    Out* out_row = at.stored ? static_cast<Out*>(params.out) + batch * params.out_stride_batch +
+                                   static_cast<int64_t>(at.position) * params.out_stride_row +
+                                   static_cast<int64_t>(at.head) * params.out_stride_head
+                             : nullptr;
+    store_accumulator_row<Out, Cfg::kHeadDim>(o, r, f.quad, out_row, params.head_dim);
+    if (params.lse != nullptr && f.quad == 0 && out_row != nullptr)
+      params.lse[batch * params.lse_stride_batch + at.head * params.lse_stride_head +
+                 static_cast<int64_t>(at.position) * params.lse_stride_row] = lse[r];
+  }
+}
+
 }  // namespace warpattn::detail

@@ -72,8 +72,8 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
         // FP8 P has 3 mantissa bits; splitting it would not buy the 16-bit path's precision.
         tile.run(o, softmax);
       } else {
-        if (sees_few_keys(w.m_block * Cfg::kBlockM, Cfg::kBlockM, seqlen_q, seqlen_k,
-                          Cfg::kCausal ? params.band : KeyBand{}))
+        if (sees_few_keys(first_row_of_block<Cfg>(w.m_block, params), Cfg::kKvCache ? params.packing.positions : Cfg::kBlockM,
+                          seqlen_q, seqlen_k, Cfg::kCausal ? params.band : KeyBand{}))
           tile.run_precise(o, softmax);
         else
           tile.run(o, softmax);
@@ -90,6 +90,19 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
       }
     }
     float lse[2];
+    if constexpr (Cfg::kKvCache) {  // packed rows: each row's own query head
+      const int first_position = first_row_of_block<Cfg>(w.m_block, params);
+      float sink_log2[2] = {-INFINITY, -INFINITY};
+      if (params.sinks != nullptr)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int head = packed_row_place(warpgroup * 64 + f.row(r), first_position, w.head, params.packing, seqlen_q).head;
+          sink_log2[r] = params.sinks[head * params.sinks_stride] * static_cast<float>(kLog2e);
+        }
+      softmax.finalize_rows(o, lse, sink_log2[0], sink_log2[1]);
+      store_packed_output<Cfg>(o, lse, params, f, warpgroup, first_position, w.head, w.batch, seqlen_q);
+      continue;
+    }
     // Read here rather than with the tile: a register held across the main loop costs more than
     // one load's latency per tile.
     const float sink_log2 = params.sinks != nullptr ? params.sinks[w.head * params.sinks_stride] * static_cast<float>(kLog2e)

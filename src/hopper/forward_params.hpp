@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 
+#include "hopper/decode/decode_plan.hpp"
 #include "hopper/decode/kv_pages.hpp"
 #include "hopper/kv_tiles.hpp"
 #include "hopper/split_tail.hpp"
@@ -56,12 +57,17 @@ struct ForwardParams {
   // packed lengths, and out/lse rows are indexed from each sequence's offset (batch strides 0).
   const VarlenTile* varlen_tiles = nullptr;
   const int* varlen_tile_count = nullptr;
-  // A KV cache's launch (Cfg::kKvCache; warpattn.hpp, KvCache): where each key tile's boxes
-  // are in the cache (decode/kv_pages.hpp). q, out and lse keep their batch axis.
-  KvPages kv_pages;
   // Always 0, unknown to ptxas (ptx::schedule_fence). One per fence of a basic block chain
   // (ptxas drops a second branch on a value it has already branched on); the main loop has one.
   uint32_t opaque_zero[1] = {0};
+  // (Last, so that the fields above keep their offsets in every other kernel.)
+  // A KV cache's launch (Cfg::kKvCache; warpattn.hpp, KvCache): where each key tile's boxes
+  // are in the cache (decode/kv_pages.hpp). q, out and lse keep their batch axis.
+  KvPages kv_pages;
+  // ... and how its tiles' rows pack query heads (decode/decode_plan.hpp): work tiles are
+  // (block of packing.positions query positions, chunk of packing.heads query heads, sequence);
+  // heads_q counts the chunks and kv_group the chunks per KV head.
+  GqaPacking packing;
 };
 
 }  // namespace warpattn::detail

@@ -62,6 +62,26 @@ __device__ __forceinline__ void load_kv_tile(SharedStorage<Cfg>& ss, const CUten
                                                                               key, head_kv, batch);
 }
 
+// The first query row (a KV cache's: position) of query block m_block: KV-cache tiles hold
+// packing.positions positions of packing.heads query heads (decode_plan.hpp, GqaPacking).
+template <class Cfg>
+__device__ __forceinline__ int first_row_of_block(int m_block, const ForwardParams& params) {
+  return m_block * (Cfg::kKvCache ? params.packing.positions : Cfg::kBlockM);
+}
+
+// A KV cache's Q tile (Cfg::kKvCache): packing.positions positions x packing.heads heads of the
+// chunk, a box per panel through the packed map (make_packed_q_tensor_map); the bytes it brings.
+template <class Cfg>
+__device__ __forceinline__ void load_packed_q(uint32_t dst, const CUtensorMap* map, uint32_t bar, int position,
+                                              int chunk, int batch, const GqaPacking& packing) {
+  using namespace ptx;
+  mbarrier_arrive_expect_tx(bar, Cfg::kPanels * Cfg::kSwizzleBytes * packing.heads * packing.positions);
+#pragma unroll
+  for (int p = 0; p < Cfg::kPanels; ++p)
+    tma_load_5d(dst + p * Cfg::kBlockM * Cfg::kSwizzleBytes, map, bar, p * (Cfg::kSwizzleBytes / 2), 0, position, chunk,
+                batch);
+}
+
 // The tiles the producer hands out whole (TileChooser::whole); a packed batch's count comes
 // from its plan, read once per CTA.
 template <class Cfg>
@@ -81,7 +101,7 @@ __device__ __forceinline__ ScheduledTile schedule_tile(const TileChooser& choose
     const int4* entry = reinterpret_cast<const int4*>(params.varlen_tiles + chooser.tile);
     const int4 a = entry[0], b = entry[1];
     if constexpr (Cfg::kCausal) {  // the plan has the count; a window's tiles need not start at 0
-      const int begin = band_key_begin(a.x * Cfg::kBlockM, b.y, b.w, params.band) / Cfg::kBlockN;
+      const int begin = band_key_begin(first_row_of_block<Cfg>(a.x, params), b.y, b.w, params.band) / Cfg::kBlockN;
       return {a.x, a.y, a.z, a.w, begin + a.w, -1, b.x, b.y, b.z, b.w};
     }
     return {a.x, a.y, a.z, a.w, a.w, -1, b.x, b.y, b.z, b.w};
@@ -132,9 +152,14 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
       const RingSlot qs = ring_slot<Cfg::kQStages>(q_iter);
       mbarrier_wait(smem_addr(&ss.q_empty[qs.stage]), qs.phase ^ 1);
       const uint32_t q_bar = smem_addr(&ss.q_full[qs.stage]);
-      mbarrier_arrive_expect_tx(q_bar, Cfg::kQTileBytes);
-      load_panel_tile<Cfg::kPanels, Cfg::kBlockM, Cfg::kSwizzleBytes, Cfg::kFp8>(
-          smem_addr(ss.q[qs.stage]), tm_q, q_bar, w.q_offset + w.m_block * Cfg::kBlockM, w.head, batch);
+      if constexpr (Cfg::kKvCache) {
+        load_packed_q<Cfg>(smem_addr(ss.q[qs.stage]), tm_q, q_bar, first_row_of_block<Cfg>(w.m_block, params), w.head,
+                           batch, params.packing);
+      } else {
+        mbarrier_arrive_expect_tx(q_bar, Cfg::kQTileBytes);
+        load_panel_tile<Cfg::kPanels, Cfg::kBlockM, Cfg::kSwizzleBytes, Cfg::kFp8>(
+            smem_addr(ss.q[qs.stage]), tm_q, q_bar, w.q_offset + w.m_block * Cfg::kBlockM, w.head, batch);
+      }
     }
     chooser.advance<!Cfg::kCausal>(params);
     const ScheduledTile next = schedule_tile<Cfg>(chooser, params);

@@ -154,11 +154,12 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
 // The launch of a planned grid (packed batches, KV caches): the plan of the work tiles
 // (varlen/plan_varlen.hpp), at most max_tiles of them, is made on the device in the same
 // scheduler memory, before the kernel, on the same stream.
+// block_m: the query rows (a KV cache's: positions) of a tile.
 template <class Cfg>
 void launch_planned(const ForwardProblem& p, const VarlenSequences& seqs, const ForwardMaps& maps,
-                    ForwardParams& params, long long max_tiles, cudaStream_t stream) {
+                    ForwardParams& params, long long max_tiles, cudaStream_t stream, int block_m = Cfg::kBlockM) {
   static_assert(Cfg::kVarlen, "a VarlenConfig");
-  VarlenGeometry g = varlen_geometry(Cfg::kBlockM, Cfg::kBlockN, params.heads_q, params.kv_group, Cfg::kCausal);
+  VarlenGeometry g = varlen_geometry(block_m, Cfg::kBlockN, params.heads_q, params.kv_group, Cfg::kCausal);
   if constexpr (Cfg::kCausal) g.band = params.band;
   g.kv_bytes_per_key = (p.head_dim + p.value_head_dim()) * Cfg::kElementBytes;
   g.l2_bytes = l2_cache_bytes();

@@ -569,28 +569,41 @@ TEST(kvcache_options_rules) {
 }
 
 TEST(kvcache_plan_tiles_within_2_31) {
-  // batch x heads x ceil(Sq / 128) tiles: 2^15 x 2^15 x ceil(129 / 128) = 2^31. The tensors are
-  // huge (q spans 2^40 bytes): each at its own 2^42-byte slot, never touched.
+  // Without GQA (nothing to pack): batch x heads x ceil(Sq / 128) tiles: 2^15 x 2^15 x
+  // ceil(129 / 128) = 2^31. The tensors are huge (q spans 2^40 bytes): each at its own
+  // 2^42-byte slot, never touched (read-only caches may overlap).
   const uintptr_t slot = uintptr_t(1) << 42;
   Call c;
   c.q = view(1 * slot, DType::bf16, {1 << 15, 129, 1 << 15, 8});
   c.out = view(2 * slot, DType::bf16, {1 << 15, 129, 1 << 15, 8});
-  c.cache.k_cache = view(3 * slot, DType::bf16, {4, 16, 1, 8});
-  c.cache.v_cache = view(3 * slot + 0x100000, DType::bf16, {4, 16, 1, 8});
+  c.cache.k_cache = view(3 * slot, DType::bf16, {4, 16, 1 << 15, 8});
+  c.cache.v_cache = view(3 * slot + 0x100000, DType::bf16, {4, 16, 1 << 15, 8});
   c.cache.block_table = view(3 * slot + 0x200000, DType::s32, {1 << 15, 1});
-  EXPECT_REJECTED(c, "q", "batch x heads x ceil(seqlen_q / 128) = 2147483648", "must be less than 2^31");
+  EXPECT_REJECTED(c, "q", "batch x heads / 1 x ceil(seqlen_q / 128) = 2147483648", "must be less than 2^31");
   // 128 query rows: one block each, 2^30 tiles
   c.q = view(1 * slot, DType::bf16, {1 << 15, 128, 1 << 15, 8});
   c.out = view(2 * slot, DType::bf16, {1 << 15, 128, 1 << 15, 8});
   EXPECT_ACCEPTED(c, "2^30 tiles");
-  // One query row (decode): B x Hq = 2^16 x 2^15, dense
+  // MQA packs 128 query heads per tile: the same shape with one KV head has 2^15 x 129 x 2^8 tiles
+  c.q = view(1 * slot, DType::bf16, {1 << 15, 129, 1 << 15, 8});
+  c.out = view(2 * slot, DType::bf16, {1 << 15, 129, 1 << 15, 8});
+  c.cache.k_cache = view(3 * slot, DType::bf16, {4, 16, 1, 8});
+  c.cache.v_cache = view(3 * slot + 0x100000, DType::bf16, {4, 16, 1, 8});
+  EXPECT_ACCEPTED(c, "MQA, 128 heads a tile");
+  // 129 query positions of 2^16 sequences at 2^15 / 128 chunks of heads: 2^16 x 129 x 2^8 > 2^31
+  c.q = view(1 * slot, DType::bf16, {1 << 16, 129, 1 << 15, 8});
+  c.out = view(2 * slot, DType::bf16, {1 << 16, 129, 1 << 15, 8});
+  c.cache.block_table = view(3 * slot + 0x200000, DType::s32, {1 << 16, 1});
+  EXPECT_REJECTED(c, "q", "batch x heads / 128 x ceil(seqlen_q / 1) = 2164260864", "must be less than 2^31");
+  // One query row (decode), no GQA: B x Hq = 2^16 x 2^15, dense
   c.q = view(1 * slot, DType::bf16, {1 << 16, 1, 1 << 15, 8});
   c.out = view(2 * slot, DType::bf16, {1 << 16, 1, 1 << 15, 8});
   c.cache.block_table.reset();
-  c.cache.k_cache = view(3 * slot, DType::bf16, {1 << 16, 16, 1, 8});
-  c.cache.v_cache = view(3 * slot + 0x10000000, DType::bf16, {1 << 16, 16, 1, 8});
+  c.cache.k_cache = view(3 * slot, DType::bf16, {1 << 16, 16, 1 << 15, 8});
+  c.cache.v_cache = view(4 * slot, DType::bf16, {1 << 16, 16, 1 << 15, 8});
   EXPECT_REJECTED(c, "q", "work tiles must be less than 2^31");
-  c.q.shape[2] = c.out.shape[2] = (1 << 15) - 1;  // strides as before: padded heads, still valid
+  // 2^15 - 1 heads (strides as before: padded heads, still valid), as many KV heads
+  c.q.shape[2] = c.out.shape[2] = c.cache.k_cache.shape[2] = c.cache.v_cache.shape[2] = (1 << 15) - 1;
   EXPECT_ACCEPTED(c, "2^31 - 2^16 tiles");
 }
 
@@ -774,5 +787,53 @@ TEST(kvcache_call_sequences_within_capacity) {
   for (int b = 0; b < 3; ++b) {
     const SequenceSpan r = warpattn::detail::sequence_span(seqs, b);
     CHECK(r.seqlen_q == 4 && r.seqlen_k == 512) << b << ": " << r.seqlen_q << " " << r.seqlen_k;
+  }
+}
+
+// ---- 5. GQA packing (decode_plan.hpp): the heads a tile packs and where each of its rows goes
+
+TEST(gqa_packing_takes_the_largest_divisor_that_fits) {
+  using warpattn::detail::gqa_packing;
+  struct Want {
+    int group, heads, positions;
+  };
+  for (const Want w : {Want{1, 1, 128}, Want{4, 4, 32}, Want{8, 8, 16}, Want{3, 3, 42}, Want{6, 6, 21},
+                       Want{128, 128, 1}, Want{256, 128, 1}, Want{160, 80, 1}, Want{200, 100, 1}, Want{131, 1, 128}}) {
+    const auto p = gqa_packing(w.group, 128);
+    CHECK(p.heads == w.heads && p.positions == w.positions)
+        << "group " << w.group << ": expected " << w.heads << " heads x " << w.positions << " positions, got "
+        << p.heads << " x " << p.positions;
+  }
+  // Brute force: heads divides the group, fits with its positions in the tile, and no larger
+  // divisor does.
+  for (int group = 1; group <= 600; ++group) {
+    const auto p = gqa_packing(group, 128);
+    int best = 1;
+    for (int h = 1; h <= 128 && h <= group; ++h)
+      if (group % h == 0) best = h;
+    CHECK(p.heads == best && p.positions == 128 / best && p.heads * p.positions <= 128)
+        << "group " << group << ": got " << p.heads << " x " << p.positions << ", want " << best;
+  }
+}
+
+TEST(packed_rows_cover_each_position_and_head_once) {
+  using warpattn::detail::gqa_packing;
+  using warpattn::detail::packed_row;
+  for (int group : {1, 3, 4, 16, 160}) {
+    const auto p = gqa_packing(group, 128);
+    for (int sq : {1, 5, 130}) {
+      // every (position, head of the chunk) pair appears in exactly one row of one block
+      std::vector<int> seen(static_cast<size_t>(sq) * p.heads, 0);
+      const int blocks = (sq + p.positions - 1) / p.positions;
+      for (int m = 0; m < blocks; ++m)
+        for (int row = 0; row < 128; ++row) {
+          const auto pr = packed_row(row, p.heads);
+          const int position = m * p.positions + pr.position;
+          if (pr.position >= p.positions || position >= sq) continue;  // rows the epilogue skips
+          ++seen[static_cast<size_t>(position) * p.heads + pr.head_in_group];
+        }
+      for (size_t i = 0; i < seen.size(); ++i)
+        CHECK(seen[i] == 1) << "group " << group << " Sq " << sq << ": pair " << i << " stored " << seen[i] << " times";
+    }
   }
 }

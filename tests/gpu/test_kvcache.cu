@@ -489,9 +489,11 @@ void run_dense_matrix(DType dtype, int head_dim) {
     for (int64_t sq : {1, 3, 17, 130}) {
       Case c;
       c.dtype = dtype, c.head_dim = head_dim, c.causal = causal, c.seqlen_q = sq;
-      const int ratios[3] = {1, 4, 8};
+      // GQA groups packed whole into a tile's rows (4 and 8), unpacked (1), and ones whose tile
+      // is not filled (3: 42 positions x 3 heads = 126 rows) or holds few positions (16: 8)
+      const int ratios[5] = {1, 4, 8, 3, 16};
       c.heads_kv = 1 + static_cast<int64_t>(rng() % 2);
-      c.heads_q = c.heads_kv * ratios[rng() % 3];
+      c.heads_q = c.heads_kv * ratios[rng() % 5];
       const int64_t sizes[4] = {37, 200, 513, 1024};
       c.s_cache = sizes[rng() % 4];
       c.cache_seqlens = random_lengths(1 + static_cast<int>(rng() % 5), c.s_cache, rng);
@@ -522,9 +524,9 @@ void run_paged(int page_size) {
     c.page_size = page_size;
     c.max_pages = std::max(2, 768 / page_size) + static_cast<int>(rng() % 3);
     c.spare_pages = 1 + static_cast<int>(rng() % 4);
-    const int ratios[3] = {1, 4, 8};
+    const int ratios[5] = {1, 4, 8, 3, 16};
     c.heads_kv = 1 + static_cast<int64_t>(rng() % 2);
-    c.heads_q = c.heads_kv * ratios[rng() % 3];
+    c.heads_q = c.heads_kv * ratios[rng() % 5];
     c.cache_seqlens = random_lengths(1 + static_cast<int>(rng() % 5), capacity(c), rng);
     c.padded = rng() % 2 == 0;
     c.with_lse = rng() % 4 != 0;
@@ -676,6 +678,31 @@ TEST(kvcache_dense_and_paged_agree) {
     CHECK(differ == 0 && lse_differ == 0) << describe(p) << ": paged and dense calls differ in " << differ
                                           << " out elements and " << lse_differ << " lse values, seed " << seed;
   }
+}
+
+// GQA packing (decode_plan.hpp, gqa_packing): a tile's rows are (position, query head) pairs
+// of one KV head. Groups of every kind: unpacked (1), whole (4, 32), not filling the tile (3,
+// 6 x 21 = 126 rows), whole groups of one position per tile (128), a group larger than the tile
+// (160 query heads on one KV head: chunks of 80 heads, two per KV head), with sinks (a sink per
+// row's own head) and causal positions spread over packed rows (Sq 5 and 130).
+TEST(kvcache_gqa_packing_shapes) {
+  REQUIRE_HOPPER();
+  std::mt19937_64 rng(parameter_seed());
+  const int64_t groups[][2] = {{12, 12}, {8, 2}, {64, 2}, {6, 2}, {12, 2}, {128, 1}, {160, 1}};
+  for (const auto& g : groups)
+    for (int64_t sq : {1, 5, 130}) {
+      Case c;
+      c.heads_q = g[0], c.heads_kv = g[1];
+      c.seqlen_q = sq;
+      c.causal = rng() % 2 == 0;
+      c.sinks = rng() % 2 == 0;
+      c.head_dim = rng() % 2 ? 64 : 128;
+      c.dtype = rng() % 2 ? DType::f16 : DType::bf16;
+      c.s_cache = 300;
+      c.cache_seqlens = random_lengths(1 + static_cast<int>(rng() % 3), c.s_cache, rng);
+      c.with_lse = true;
+      check_case(c);
+    }
 }
 
 // Table entries inside a sequence's used pages that name no page of the cache (-1): the keys

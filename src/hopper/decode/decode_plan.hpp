@@ -20,6 +20,23 @@ struct PackedRow {
 WARPATTN_HOST_DEVICE PackedRow packed_row(int row, int group) { return {row / group, row % group}; }
 WARPATTN_HOST_DEVICE int packed_rows(int seqlen_q, int group) { return seqlen_q * group; }
 
+// How a KV-cache launch packs its tiles' rows: `heads` query heads of one KV head (a divisor
+// of the GQA group, at most the tile's rows) at each of `positions` query positions, row r
+// being position r / heads of head r % heads (packed_row). heads = 1 is the unpacked layout.
+// A tile then covers positions x heads <= block_m rows; its work item is (block of positions,
+// chunk of `heads` query heads, sequence).
+struct GqaPacking {
+  int heads = 1, positions = 0;
+};
+// The largest divisor of the group that fits the tile: every query head of the group at once
+// where the group has at most block_m heads (so K and V are read once per KV head).
+WARPATTN_HOST_DEVICE GqaPacking gqa_packing(int group, int block_m) {
+  int heads = group < block_m ? group : block_m;
+  while (heads > 1 && group % heads != 0) --heads;
+  if (heads < 1) heads = 1;
+  return {heads, block_m / heads};
+}
+
 // ---- Splits of a sequence's keys. Key blocks [begin, end) of split `split` out of `splits`
 // over `key_blocks` blocks: as even as whole blocks allow (sizes differ by at most one block),
 // in order, covering every block once. A split past the blocks (more splits than blocks) is

@@ -20,14 +20,21 @@ void run_forward_kvcache(const ForwardProblem& p, const VarlenSequences& seqs, K
   static_assert(Cfg::kKvCache, "a KvCacheConfig");
   pages.box_rows = cache_box_rows(Cfg::kBlockN, pages.table != nullptr ? pages.page_shift : -1);
   pages.boxes = Cfg::kBlockN / pages.box_rows;
-  const ForwardMaps maps{make_panel_tensor_map(q, "q", Cfg::kBlockM, Cfg::kPanels, Cfg::kSwizzleBytes),
+  ForwardParams params = base_forward_params<Cfg>(p, out, lse);
+  // GQA packing: a tile's rows are `heads` query heads of one KV head at `positions` positions,
+  // so K and V are read once per KV head (and a one-row decode step fills group rows, not one).
+  const GqaPacking packing = gqa_packing(params.kv_group, Cfg::kBlockM);
+  params.packing = packing;
+  params.heads_q /= packing.heads;   // the tiles' head axis: chunks of packed heads
+  params.kv_group /= packing.heads;  // chunks per KV head
+  params.kv_pages = pages;
+  const ForwardMaps maps{make_packed_q_tensor_map(q, "q", packing.heads, packing.positions, Cfg::kSwizzleBytes),
                          make_panel_tensor_map(k_cache, "k_cache", pages.box_rows, Cfg::kPanels, Cfg::kSwizzleBytes),
                          make_panel_tensor_map(v_cache, "v_cache", pages.box_rows, Cfg::kPanels, Cfg::kSwizzleBytes)};
-  ForwardParams params = base_forward_params<Cfg>(p, out, lse);
-  params.kv_pages = pages;
   // Validation keeps the table below 2^31 entries (validate_forward_kvcache).
-  const long long max_tiles = p.batch * static_cast<long long>(ceil_div(params.seqlen_q, Cfg::kBlockM)) * p.heads_q;
-  launch_planned<Cfg>(p, seqs, maps, params, max_tiles, stream);
+  const long long max_tiles =
+      p.batch * static_cast<long long>(ceil_div(params.seqlen_q, packing.positions)) * params.heads_q;
+  launch_planned<Cfg>(p, seqs, maps, params, max_tiles, stream, packing.positions);
 }
 
 // Defined in forward_kvcache_<dtype>_d<dim>.cu, one file per dtype and head dim.
