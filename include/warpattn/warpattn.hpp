@@ -271,6 +271,10 @@ struct KvCache {
   // len = min(cache_seqlens[b] + S_new, capacity) keys (rows past the capacity are dropped).
   // cache_seqlens is only read: the caller advances it afterwards. Needs cache_seqlens.
   std::optional<TensorView> k, v;
+  // How many pieces each work tile's keys are cut into over the SMs (flash-decoding), combined
+  // afterwards through their log-sum-exps: 0 chooses from the shape and the SM count (1 in the
+  // batch-invariant mode), 1 .. 128 forces that many.
+  int num_splits = 0;
 };
 
 // forward() over each sequence's cache: out[b] = attention(q[b], keys 0 .. len of b's cache),

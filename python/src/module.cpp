@@ -282,11 +282,12 @@ void forward_kvcache(const AnyArray& q, const AnyArray& k_cache, const AnyArray&
                      const std::optional<AnyArray>& v, const std::optional<AnyArray>& cache_seqlens,
                      const std::optional<AnyArray>& block_table, std::optional<float> softmax_scale, bool causal,
                      uintptr_t stream, bool batch_invariant, int window_left, int window_right, float softcap,
-                     const std::optional<AnyArray>& sinks) {
+                     const std::optional<AnyArray>& sinks, int num_splits) {
   const ModelOptions model{window_left, window_right, softcap, sinks};
   const warpattn::TensorView vq = view_of(q, "q"), vo = view_of(out, "out");
   const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
-  const warpattn::KvCache cache = kv_cache(k_cache, v_cache, k, v, cache_seqlens, block_table);
+  warpattn::KvCache cache = kv_cache(k_cache, v_cache, k, v, cache_seqlens, block_table);
+  cache.num_splits = num_splits;
   const warpattn::ForwardOptions options = forward_options(softmax_scale, causal, batch_invariant, model);
   checked_launch([&] { warpattn::validate_forward_kvcache(vq, cache, vo, vl, options); },
                  {{&q, "q"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&out, "out"},
@@ -439,12 +440,14 @@ NB_MODULE(_warpattn, m) {
         nb::arg("block_table").none(), nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("stream"),
         nb::arg("batch_invariant") = false, nb::kw_only(), nb::arg("window_left") = -1,
         nb::arg("window_right") = -1, nb::arg("softcap") = 0.0f, nb::arg("sinks").none() = nb::none(),
+        nb::arg("num_splits") = 0,
         "forward over each sequence's KV cache: q, out (batch, seqlen_q, heads, head_dim); k_cache, v_cache dense "
         "(batch, seqlen_cache, heads_kv, head_dim) or paged (num_pages, page_size, heads_kv, head_dim) with "
         "block_table (batch, max_pages) int32; cache_seqlens (batch) int32 or None (every cache full); k, v "
         "(batch, seqlen_new, heads_kv, head_dim) or None: written into the caches at rows cache_seqlens[b] "
         "onwards before the attention; lse (batch, heads, seqlen_q). window_left, window_right, softcap, sinks: as "
-        "forward's, aligned bottom-right on each sequence's keys (warpattn.hpp, forward_kvcache).");
+        "forward's, aligned bottom-right on each sequence's keys; num_splits: the pieces of each tile's keys (0: "
+        "chosen from the shape; warpattn.hpp, KvCache).");
   // Every multiple of 8 from 8 to 256 (64, 128 and 256 compiled, those between padded).
   nb::list supported_head_dims, backward_head_dims;
   for (int d : warpattn::kSupportedHeadDims) supported_head_dims.append(d);

@@ -70,7 +70,7 @@ def _refuse_jax(k, v, **arrays):
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, sinks=None,
-                            batch_invariant=False, return_lse=False, out=None):
+                            batch_invariant=False, num_splits=0, return_lse=False, out=None):
     """Exact attention of new queries over each sequence's KV cache (FlashAttention's
     flash_attn_with_kvcache; decoding and chunked prefill), the new keys and values appended into
     the cache first.
@@ -98,7 +98,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     written. Cache rows past a sequence's length inside its pages are read: they must be finite.
     causal and window_size: aligned bottom-right on each sequence's len keys, so new query row i
     sees keys up to len - seqlen_q + i. softmax_scale (default 1/sqrt(head_dim)), softcap, sinks
-    and batch_invariant: as flash_attn_func takes them. out: optional output tensor to write.
+    and batch_invariant: as flash_attn_func takes them. num_splits: how many pieces each work
+    tile's keys are cut into over the SMs (flash-decoding, combined through their log-sum-exps):
+    0 (FlashAttention's default) chooses from the shape and the SM count, 1 to 128 forces it.
+    out: optional output tensor to write.
 
     Returns out (batch, seqlen_q, heads, head_dim), or (out, lse) with return_lse, lse being
     (batch, heads, seqlen_q) float32 (as flash_attn_func's); a row that sees no key gets 0 and
@@ -121,7 +124,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
                            out=out, sinks=sinks)
     _check_rank(q)
     scale, causal, batch_invariant = _scale(softmax_scale), bool(causal), bool(batch_invariant)
-    model = _model_options(window_size, softcap, sinks)
+    model = dict(_model_options(window_size, softcap, sinks), num_splits=operator.index(num_splits))
     if fw == "torch":
         from .torch_op import flash_attn_kvcache_torch
         if length is not None:

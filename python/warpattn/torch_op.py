@@ -289,10 +289,10 @@ def _kvcache_outputs(q, v_cache):
 
 
 def _kvcache_run(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, batch_invariant,
-                 window_left, window_right, softcap, sinks, out=None, lse=None):
+                 window_left, window_right, softcap, sinks, num_splits, out=None, lse=None):
     _warpattn.forward_kvcache(q, k_cache, v_cache, out, lse, k, v, cache_seqlens, block_table, softmax_scale, causal,
                               _current_stream("torch", q), batch_invariant, window_left=window_left,
-                              window_right=window_right, softcap=softcap, sinks=sinks)
+                              window_right=window_right, softcap=softcap, sinks=sinks, num_splits=num_splits)
 
 
 @torch.library.custom_op("warpattn::flash_attn_kvcache_forward", mutates_args=())
@@ -300,17 +300,18 @@ def flash_attn_kvcache_forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                                cache_seqlens: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
                                softmax_scale: Optional[float], causal: bool, batch_invariant: bool = False,
                                window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
-                               sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                               sinks: Optional[torch.Tensor] = None,
+                               num_splits: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     """out and lse of q over the caches, which it only reads (no new keys and values)."""
     out, lse = _kvcache_outputs(q, v_cache)
     _kvcache_run(q, k_cache, v_cache, None, None, cache_seqlens, block_table, softmax_scale, causal, batch_invariant,
-                 window_left, window_right, softcap, sinks, out, lse)
+                 window_left, window_right, softcap, sinks, num_splits, out, lse)
     return out, lse
 
 
 @flash_attn_kvcache_forward.register_fake
 def _(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal, batch_invariant=False, window_left=-1,
-      window_right=-1, softcap=0.0, sinks=None):
+      window_right=-1, softcap=0.0, sinks=None, num_splits=0):
     return _kvcache_outputs(q, v_cache)
 
 
@@ -320,25 +321,26 @@ def flash_attn_kvcache_append_forward(q: torch.Tensor, k_cache: torch.Tensor, v_
                                       block_table: Optional[torch.Tensor], softmax_scale: Optional[float],
                                       causal: bool, batch_invariant: bool = False, window_left: int = -1,
                                       window_right: int = -1, softcap: float = 0.0,
-                                      sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                                      sinks: Optional[torch.Tensor] = None,
+                                      num_splits: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     """k and v written into k_cache and v_cache in place at rows cache_seqlens[b] on, then out
     and lse of q over the caches so grown."""
     out, lse = _kvcache_outputs(q, v_cache)
     _kvcache_run(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, batch_invariant,
-                 window_left, window_right, softcap, sinks, out, lse)
+                 window_left, window_right, softcap, sinks, num_splits, out, lse)
     return out, lse
 
 
 @flash_attn_kvcache_append_forward.register_fake
 def _(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, batch_invariant=False,
-      window_left=-1, window_right=-1, softcap=0.0, sinks=None):
+      window_left=-1, window_right=-1, softcap=0.0, sinks=None, num_splits=0):
     return _kvcache_outputs(q, v_cache)
 
 
 def flash_attn_kvcache_torch(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
                              return_lse, out, batch_invariant=False, window_left=-1, window_right=-1, softcap=0.0,
-                             sinks=None):
-    model = (batch_invariant, window_left, window_right, softcap, sinks)
+                             sinks=None, num_splits=0):
+    model = (batch_invariant, window_left, window_right, softcap, sinks, num_splits)
     if out is not None:
         # Writing into a caller's tensor is outside the custom ops (a graph break under compile).
         lse = _lse_like(q) if return_lse else None

@@ -32,7 +32,7 @@ void forward_kvcache(const TensorView& q, const KvCache& cache, const TensorView
   if (p.seqlen_k == 0)  // no cache holds a key: every row's out is zero and lse -inf (or its sink)
     detail::fill_no_key_rows(p, out, lse, stream);
   else
-    detail::launch_forward_kvcache_sm90(p, c.seqs, c.pages, q, cache.k_cache, cache.v_cache, out, lse, stream);
+    detail::launch_forward_kvcache_sm90(p, c.seqs, c.pages, c.num_splits, q, cache.k_cache, cache.v_cache, out, lse, stream);
 }
 
 void validate_forward_kvcache(const TensorView& q, const KvCache& cache, const TensorView& out,

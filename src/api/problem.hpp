@@ -80,6 +80,7 @@ struct KvCacheCall {
   VarlenSequences seqs;
   KvPages pages;
   int64_t appended = 0;
+  int num_splits = 0;  // KvCache::num_splits
 };
 KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, const TensorView& out,
                                      const std::optional<TensorView>& lse, const ForwardOptions& options);

@@ -1244,6 +1244,11 @@ KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, 
       fail(Message() << "cache_seqlens: needed to append k and v (where each sequence's new rows go), got none");
   }
 
+  // c7. the split count
+  if (cache.num_splits < 0 || cache.num_splits > kMaxDecodeSplits)
+    fail(Message() << "num_splits: expected 0 (chosen from the shape) or 1 to " << kMaxDecodeSplits << ", got "
+                   << cache.num_splits);
+
   // c2. cache_seqlens: (batch) int32, contiguous
   const Arg aseqlens{"cache_seqlens", cache.cache_seqlens ? *cache.cache_seqlens : none, kCacheSeqlensDimNames, 1};
   if (cache.cache_seqlens) check_offsets_array(aseqlens, sizes.batch, "(batch, one per sequence of q)");
@@ -1321,6 +1326,7 @@ KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, 
   call.problem = forward_problem(sizes, q.dtype, options, lse.has_value());
   call.pages = pages;
   call.appended = appended;
+  call.num_splits = cache.num_splits;
   VarlenSequences& seqs = call.seqs;
   seqs.seqused_k = cache.cache_seqlens ? static_cast<const int*>(cache.cache_seqlens->data) : nullptr;
   seqs.batch = static_cast<int>(sizes.batch);

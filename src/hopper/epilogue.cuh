@@ -9,6 +9,7 @@
 
 #include "hopper/forward_params.hpp"
 #include "hopper/fragment.cuh"
+#include "hopper/log2e.hpp"
 #include "hopper/ptx/math.cuh"
 
 namespace warpattn::detail {
@@ -76,6 +77,26 @@ __device__ __forceinline__ PackedRowPlace packed_row_place(int tile_row, int fir
   const int position = first_position + pr.position;
   return {position, chunk * packing.heads + pr.head_in_group,
           pr.position < packing.positions && position < seqlen_q};
+}
+
+// The sinks (log2 units; -inf: none) of this thread's two rows' own query heads.
+__device__ __forceinline__ void packed_row_sinks(const ForwardParams& params, int warpgroup, const FragmentCoords& f,
+                                                 int first_position, int chunk, int seqlen_q, float (&sink_log2)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    sink_log2[r] = -INFINITY;
+    if (params.sinks == nullptr) continue;
+    const int head = packed_row_place(warpgroup * 64 + f.row(r), first_position, chunk, params.packing, seqlen_q).head;
+    sink_log2[r] = params.sinks[head * params.sinks_stride] * static_cast<float>(kLog2e);
+  }
+}
+
+// Whether either of this thread's rows is stored (the partial states of split keys are kept
+// and combined for those threads only).
+__device__ __forceinline__ bool holds_stored_rows(int warpgroup, const FragmentCoords& f, int first_position, int chunk,
+                                                  const GqaPacking& packing, int seqlen_q) {
+  return packed_row_place(warpgroup * 64 + f.row(0), first_position, chunk, packing, seqlen_q).stored ||
+         packed_row_place(warpgroup * 64 + f.row(1), first_position, chunk, packing, seqlen_q).stored;
 }
 
 template <class Cfg>

@@ -23,9 +23,10 @@ void launch_forward_varlen_sm90(const ForwardProblem& p, const VarlenSequences& 
 
 // Over KV caches (validate_forward_kvcache): q, out (B, Sq, Hq, D), lse (B, Hq, Sq), the caches
 // dense or paged (pages); p.batch, p.seqlen_q >= 1 and p.seqlen_k, the capacity, >= 1. The new
-// rows, if any, are already in the caches (append_kv).
+// rows, if any, are already in the caches (append_kv). num_splits: the pieces of each tile's keys
+// (0: chosen here).
 void launch_forward_kvcache_sm90(const ForwardProblem& p, const VarlenSequences& seqs, const KvPages& pages,
-                                 const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                                 int num_splits, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                                  const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream);
 
 // FP8: p.dtype is the output's; seqlen_k >= 1.

@@ -66,7 +66,18 @@ __device__ __forceinline__ void load_kv_tile(SharedStorage<Cfg>& ss, const CUten
 // packing.positions positions of packing.heads query heads (decode_plan.hpp, GqaPacking).
 template <class Cfg>
 __device__ __forceinline__ int first_row_of_block(int m_block, const ForwardParams& params) {
-  return m_block * (Cfg::kKvCache ? params.packing.positions : Cfg::kBlockM);
+  if constexpr (Cfg::kKvCache)
+    return m_block * params.packing.positions;
+  else
+    return m_block * Cfg::kBlockM;
+}
+// The rows (a KV cache's: positions) of a query block.
+template <class Cfg>
+__device__ __forceinline__ int rows_of_block(const ForwardParams& params) {
+  if constexpr (Cfg::kKvCache)
+    return params.packing.positions;
+  else
+    return Cfg::kBlockM;
 }
 
 // A KV cache's Q tile (Cfg::kKvCache): packing.positions positions x packing.heads heads of the
@@ -100,8 +111,10 @@ __device__ __forceinline__ ScheduledTile schedule_tile(const TileChooser& choose
     if (chooser.tile >= chooser.whole) return kEnd;
     const int4* entry = reinterpret_cast<const int4*>(params.varlen_tiles + chooser.tile);
     const int4 a = entry[0], b = entry[1];
+    if constexpr (Cfg::kKvCache)  // the entry has the range's end and the piece's slot (varlen_tiles.hpp)
+      return {a.x, a.y, a.z, a.w, b.x, b.z, 0, b.y, 0, b.w};
     if constexpr (Cfg::kCausal) {  // the plan has the count; a window's tiles need not start at 0
-      const int begin = band_key_begin(first_row_of_block<Cfg>(a.x, params), b.y, b.w, params.band) / Cfg::kBlockN;
+      const int begin = band_key_begin(a.x * Cfg::kBlockM, b.y, b.w, params.band) / Cfg::kBlockN;
       return {a.x, a.y, a.z, a.w, begin + a.w, -1, b.x, b.y, b.z, b.w};
     }
     return {a.x, a.y, a.z, a.w, a.w, -1, b.x, b.y, b.z, b.w};

@@ -154,23 +154,29 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
 // The launch of a planned grid (packed batches, KV caches): the plan of the work tiles
 // (varlen/plan_varlen.hpp), at most max_tiles of them, is made on the device in the same
 // scheduler memory, before the kernel, on the same stream.
-// block_m: the query rows (a KV cache's: positions) of a tile.
-template <class Cfg>
+// g: the plan's geometry as far as the caller sets it (a KV cache's tile rows, splits); the rest
+// is the launch's. partial_bytes (0: none) of room for partial states follows the plan in the
+// same scheduler memory (params.partials); after(params) enqueues what must run after the
+// kernel while that memory is held (a KV cache's combine).
+template <class Cfg, class After>
 void launch_planned(const ForwardProblem& p, const VarlenSequences& seqs, const ForwardMaps& maps,
-                    ForwardParams& params, long long max_tiles, cudaStream_t stream, int block_m = Cfg::kBlockM) {
+                    ForwardParams& params, long long max_tiles, cudaStream_t stream, VarlenGeometry g,
+                    size_t partial_bytes, After&& after) {
   static_assert(Cfg::kVarlen, "a VarlenConfig");
-  VarlenGeometry g = varlen_geometry(block_m, Cfg::kBlockN, params.heads_q, params.kv_group, Cfg::kCausal);
   if constexpr (Cfg::kCausal) g.band = params.band;
   g.kv_bytes_per_key = (p.head_dim + p.value_head_dim()) * Cfg::kElementBytes;
   g.l2_bytes = l2_cache_bytes();
   g.multiprocessors = multiprocessor_count();
-  SchedulerWorkspace ws(stream, varlen_plan_bytes(params.batch, max_tiles));
+  const size_t plan_bytes = (varlen_plan_bytes(params.batch, max_tiles) + 255) / 256 * 256;
+  SchedulerWorkspace ws(stream, plan_bytes + partial_bytes);
   const VarlenPlan plan = plan_varlen_tiles(seqs, g, max_tiles, ws.partials(), stream);
   params.varlen_tiles = plan.tiles;
   params.varlen_tile_count = plan.tile_count;
   params.tile_counter = ws.tile_counter();
+  if (partial_bytes > 0) params.partials = ws.partials() + plan_bytes / sizeof(float);
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(max_tiles, multiprocessor_count()));
   launch_forward_kernel<Cfg>(blocks, maps, params, stream);
+  after(params);
 }
 
 // A packed variable-length batch (Cfg: a VarlenConfig): q, k, v and out as (1, total, heads,
@@ -191,7 +197,8 @@ void run_forward_varlen(const ForwardProblem& p, const VarlenSequences& seqs, co
   }
   // Validation bounds the table below 2^31 entries (validate_forward_varlen).
   launch_planned<Cfg>(p, seqs, maps, params, max_varlen_tiles(p.seqlen_q, p.batch, Cfg::kBlockM, params.heads_q),
-                      stream);
+                      stream, varlen_geometry(Cfg::kBlockM, Cfg::kBlockN, params.heads_q, params.kv_group, Cfg::kCausal),
+                      0, [](const ForwardParams&) {});
 }
 
 // Declared here, defined (explicitly instantiated) in forward_<dtype>_d<dim>.cu, one file per

@@ -837,3 +837,37 @@ TEST(packed_rows_cover_each_position_and_head_once) {
     }
   }
 }
+
+// ---- 6. split keys: a KV cache's plan entries (varlen_tiles.hpp, VarlenGeometry::kv_cache)
+
+TEST(kvcache_plan_pieces_cover_each_tile_once_in_order) {
+  using namespace warpattn::detail;
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 300; ++trial) {
+    const bool causal = trial % 2 == 1;
+    const int splits = 1 + static_cast<int>(rng() % 9);
+    const int positions = 1 << (rng() % 8);  // a packed tile's positions
+    VarlenGeometry g = varlen_geometry(positions, 128, 4, 2, causal);
+    g.kv_cache = true;
+    g.splits = splits;
+    const SequenceSpan s{0, 1 + static_cast<int>(rng() % 300), 0, static_cast<int>(rng() % 5000)};
+    const long long n = sequence_tiles(s, g);
+    const long long unsplit = static_cast<long long>(ceil_div(s.seqlen_q, positions)) * g.heads_q;
+    CHECK(n == unsplit * splits) << "tiles " << n << ", want " << unsplit << " x " << splits;
+    for (long long u = 0; u < unsplit; ++u) {
+      const VarlenTile first = varlen_tile(s, 3, static_cast<int>(u * splits), g);
+      const KeyTileRange want = kv_tile_range(first.block, positions, 128, s.seqlen_q, s.seqlen_k, g.band);
+      int covered = want.begin;  // the pieces in order: each starts where the last ended
+      for (int i = 0; i < splits; ++i) {
+        const VarlenTile t = varlen_tile(s, 3, static_cast<int>(u * splits + i), g);
+        CHECK(t.block == first.block && t.head == first.head && t.batch == 3 && t.seqlen_q == s.seqlen_q &&
+              t.seqlen_k == s.seqlen_k && t.k_offset == -1)
+            << "piece " << i << " of tile " << u << " is of another tile";
+        const int begin = t.q_offset - t.n_tiles;  // q_offset: the piece's end
+        CHECK(t.n_tiles >= 0 && begin == covered) << "piece " << i << " starts at " << begin << ", want " << covered;
+        covered = t.q_offset;
+      }
+      CHECK(covered == want.end) << "the pieces end at " << covered << ", the tile's range at " << want.end;
+    }
+  }
+}

@@ -77,6 +77,7 @@ struct Case {
   int64_t s_new = 0;  // new rows appended (0: no k, v)
   int window_left = -1, window_right = -1;
   bool sinks = false;
+  int num_splits = 0;  // KvCache::num_splits (0: chosen from the shape)
 };
 
 int64_t capacity(const Case& c) { return c.page_size > 0 ? int64_t(c.max_pages) * c.page_size : c.s_cache; }
@@ -276,6 +277,7 @@ Outcome run_case(const Case& c, uint64_t seed) {
   cache.k_cache = kc.view, cache.v_cache = vc.view;
   if (c.pass_seqlens) cache.cache_seqlens = dseqlens.view;
   if (paged) cache.block_table = table_view;
+  cache.num_splits = c.num_splits;
   if (Sn > 0) cache.k = kn->view, cache.v = vn->view;
   CUDA_OK(cudaDeviceSynchronize());
   try {
@@ -677,6 +679,49 @@ TEST(kvcache_dense_and_paged_agree) {
            (long long)differ, a.out.size(), (long long)lse_differ, a.lse.size());
     CHECK(differ == 0 && lse_differ == 0) << describe(p) << ": paged and dense calls differ in " << differ
                                           << " out elements and " << lse_differ << " lse values, seed " << seed;
+  }
+}
+
+// Split keys (flash-decoding): every split count, forced, gives the reference's result within the
+// bound, dense and paged, causal and not, with sinks and lse; counts past a tile's key tiles
+// leave empty pieces (their partial states are -inf and drop out of the combine).
+TEST(kvcache_forced_splits) {
+  REQUIRE_HOPPER();
+  std::mt19937_64 rng(parameter_seed());
+  for (int splits : {1, 2, 3, 7, 33, 128}) {
+    Case c;
+    c.num_splits = splits;
+    c.causal = splits % 2 == 1;
+    c.sinks = splits % 3 == 0;
+    c.seqlen_q = splits == 7 ? 20 : 1;
+    c.heads_q = 16, c.heads_kv = 4;
+    c.head_dim = splits == 33 ? 256 : 128;
+    c.dtype = splits % 2 ? DType::bf16 : DType::f16;
+    if (splits % 4 == 3) {
+      c.page_size = 64, c.max_pages = 40;
+    } else {
+      c.s_cache = 2600;
+    }
+    c.cache_seqlens = random_lengths(1 + static_cast<int>(rng() % 4), capacity(c), rng);
+    c.cache_seqlens[0] = static_cast<int>(capacity(c));  // one full cache: every piece has keys
+    c.s_new = splits == 2 ? 1 : 0;
+    c.with_lse = true;
+    check_case(c);
+  }
+}
+
+// The default split choice on decode shapes few enough tiles to split (B x Hkv well under the
+// SMs): the combine's result against the reference, and against the unsplit launch within the
+// bound.
+TEST(kvcache_default_splits_on_decode_shapes) {
+  REQUIRE_HOPPER();
+  std::mt19937_64 rng(parameter_seed());
+  for (int b : {1, 3}) {
+    Case c;
+    c.heads_q = 32, c.heads_kv = 8, c.seqlen_q = 1, c.s_cache = 4096;
+    c.cache_seqlens = random_lengths(b, c.s_cache, rng);
+    c.cache_seqlens[0] = 4096;
+    check_case(c);
   }
 }
 

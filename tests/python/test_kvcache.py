@@ -65,11 +65,12 @@ def test_exported_with_flash_attention_signature():
     assert "flash_attn_with_kvcache" in warpattn.__doc__
     params = inspect.signature(warpattn.flash_attn_with_kvcache).parameters
     assert list(params) == ["q", "k_cache", "v_cache", "k", "v", "cache_seqlens", "block_table", "softmax_scale",
-                            "causal", "window_size", "softcap", "sinks", "batch_invariant", "return_lse", "out"]
+                            "causal", "window_size", "softcap", "sinks", "batch_invariant", "num_splits", "return_lse",
+                            "out"]
     defaults = {name: p.default for name, p in params.items() if p.default is not inspect.Parameter.empty}
     assert defaults == dict(k=None, v=None, cache_seqlens=None, block_table=None, softmax_scale=None, causal=False,
-                            window_size=(-1, -1), softcap=0.0, sinks=None, batch_invariant=False, return_lse=False,
-                            out=None)
+                            window_size=(-1, -1), softcap=0.0, sinks=None, batch_invariant=False, num_splits=0,
+                            return_lse=False, out=None)
     doc = warpattn.flash_attn_with_kvcache.__doc__
     assert "No gradients" in doc and "block_table" in doc and "JAX" in doc
     assert "forward_kvcache" in _warpattn.forward_kvcache.__doc__
@@ -700,3 +701,16 @@ def test_jax_inputs(attention_reference):
     assert isinstance(out, jax.Array)
     check_against_reference(q, k_cache, v_cache, None, [3, 200], torch.from_dlpack(out), torch.from_dlpack(lse),
                             attention_reference, True)
+
+
+@pytest.mark.parametrize("bad", [-1, 129])
+def test_num_splits_out_of_range(bad):
+    with pytest.raises(ValueError, match=r"num_splits: expected 0 \(chosen from the shape\) or 1 to 128"):
+        call(**dict(caches(), num_splits=bad))
+
+
+def test_num_splits_reaches_the_library(host_kvcache):
+    call(**dict(caches(), num_splits=7))
+    assert host_kvcache[-1]["num_splits"] == 7
+    call(**caches())
+    assert host_kvcache[-1]["num_splits"] == 0

@@ -4,19 +4,33 @@
 // pages (kv_pages.hpp).
 #pragma once
 
+#include "hopper/decode/combine_splits.cuh"
+#include "hopper/decode/decode_plan.hpp"
 #include "hopper/decode/kv_pages.hpp"
 #include "hopper/run_forward.cuh"
 #include "hopper/tile_shapes.hpp"
 
 namespace warpattn::detail {
 
+// How many pieces a KV-cache launch cuts each tile's keys into: the caller's num_splits (1 ..
+// kMaxDecodeSplits), or, for 0, decode_plan.hpp's default from the tiles, the capacity's key
+// tiles and the SMs (none in the batch-invariant mode, where a sequence's bits must not depend
+// on the batch); never so many that the table passes 2^31 entries.
+inline int kvcache_splits(int num_splits, long long tiles, int key_tiles, bool batch_invariant) {
+  int splits = num_splits > 0 ? num_splits
+                              : (batch_invariant ? 1 : default_splits(tiles, key_tiles, multiprocessor_count()));
+  while (splits > 1 && tiles * splits >= (1LL << 31)) --splits;
+  return splits;
+}
+
 // q, out: (B, Sq, Hq, D); k_cache, v_cache: dense (B, S_cache, Hkv, D) or paged (num_pages,
 // page_size, Hkv, D); lse (B, Hq, Sq). p: batch B, seqlen_q Sq, seqlen_k the capacity (>= 1);
-// seqs in the KV-cache form; pages as validated (the box sizes are set here, from the tile).
+// seqs in the KV-cache form; pages as validated (the box sizes are set here, from the tile);
+// num_splits as kvcache_splits takes it.
 template <class Cfg>
-void run_forward_kvcache(const ForwardProblem& p, const VarlenSequences& seqs, KvPages pages, const TensorView& q,
-                         const TensorView& k_cache, const TensorView& v_cache, const TensorView& out,
-                         const std::optional<TensorView>& lse, cudaStream_t stream) {
+void run_forward_kvcache(const ForwardProblem& p, const VarlenSequences& seqs, KvPages pages, int num_splits,
+                         const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                         const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream) {
   static_assert(Cfg::kKvCache, "a KvCacheConfig");
   pages.box_rows = cache_box_rows(Cfg::kBlockN, pages.table != nullptr ? pages.page_shift : -1);
   pages.boxes = Cfg::kBlockN / pages.box_rows;
@@ -31,16 +45,27 @@ void run_forward_kvcache(const ForwardProblem& p, const VarlenSequences& seqs, K
   const ForwardMaps maps{make_packed_q_tensor_map(q, "q", packing.heads, packing.positions, Cfg::kSwizzleBytes),
                          make_panel_tensor_map(k_cache, "k_cache", pages.box_rows, Cfg::kPanels, Cfg::kSwizzleBytes),
                          make_panel_tensor_map(v_cache, "v_cache", pages.box_rows, Cfg::kPanels, Cfg::kSwizzleBytes)};
-  // Validation keeps the table below 2^31 entries (validate_forward_kvcache).
-  const long long max_tiles =
-      p.batch * static_cast<long long>(ceil_div(params.seqlen_q, packing.positions)) * params.heads_q;
-  launch_planned<Cfg>(p, seqs, maps, params, max_tiles, stream, packing.positions);
+  // Validation keeps the unsplit table below 2^31 entries (validate_forward_kvcache).
+  const long long tiles = p.batch * static_cast<long long>(ceil_div(params.seqlen_q, packing.positions)) * params.heads_q;
+  // Split keys (flash-decoding): when the tiles cannot fill the SMs, each tile's key range is cut
+  // into pieces over CTAs, each leaving its partial state, combined in order afterwards.
+  const int splits = kvcache_splits(num_splits, tiles, ceil_div(params.seqlen_k, Cfg::kBlockN), p.batch_invariant);
+  VarlenGeometry g = varlen_geometry(packing.positions, Cfg::kBlockN, params.heads_q, params.kv_group, Cfg::kCausal);
+  g.kv_cache = true;
+  g.splits = splits;
+  const size_t partial_bytes = splits > 1 ? static_cast<size_t>(tiles) * splits * PartialState<Cfg>::kSlotBytes : 0;
+  launch_planned<Cfg>(p, seqs, maps, params, tiles * splits, stream, g, partial_bytes, [&](const ForwardParams& launched) {
+    if (splits == 1) return;
+    combine_kvcache_splits_kernel<Cfg>
+        <<<dim3(static_cast<unsigned>(tiles), Cfg::kConsumerWarpgroups), 128, 0, stream>>>(launched, splits);
+    check_cuda(cudaGetLastError(), "combine_kvcache_splits_kernel: launch failed");
+  });
 }
 
 // Defined in forward_kvcache_<dtype>_d<dim>.cu, one file per dtype and head dim.
 template <class Element, int kHeadDim>
 void run_forward_kvcache_head_dim(const ForwardProblem& p, const VarlenSequences& seqs, const KvPages& pages,
-                                  const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                                  int num_splits, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                                   const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream);
 
 }  // namespace warpattn::detail
@@ -51,14 +76,14 @@ void run_forward_kvcache_head_dim(const ForwardProblem& p, const VarlenSequences
   namespace warpattn::detail {                                                                                    \
   template <>                                                                                                     \
   void run_forward_kvcache_head_dim<Element, kHeadDim>(                                                           \
-      const ForwardProblem& p, const VarlenSequences& seqs, const KvPages& pages, const TensorView& q,             \
-      const TensorView& k_cache, const TensorView& v_cache, const TensorView& out,                                \
+      const ForwardProblem& p, const VarlenSequences& seqs, const KvPages& pages, int num_splits,                  \
+      const TensorView& q, const TensorView& k_cache, const TensorView& v_cache, const TensorView& out,                                \
       const std::optional<TensorView>& lse, cudaStream_t stream) {                                                \
     if (p.banded)                                                                                                 \
-      run_forward_kvcache<KvCacheConfig<ForwardConfigFor<Element, kHeadDim, true>>>(p, seqs, pages, q, k_cache,   \
+      run_forward_kvcache<KvCacheConfig<ForwardConfigFor<Element, kHeadDim, true>>>(p, seqs, pages, num_splits, q, k_cache,   \
                                                                                    v_cache, out, lse, stream);    \
     else                                                                                                          \
-      run_forward_kvcache<KvCacheConfig<ForwardConfigFor<Element, kHeadDim, false>>>(p, seqs, pages, q, k_cache,  \
+      run_forward_kvcache<KvCacheConfig<ForwardConfigFor<Element, kHeadDim, false>>>(p, seqs, pages, num_splits, q, k_cache,  \
                                                                                     v_cache, out, lse, stream);   \
   }                                                                                                               \
   }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include "hopper/backward/key_block_work.hpp"
+#include "hopper/decode/decode_plan.hpp"
 #include "hopper/host_device.hpp"
 #include "hopper/kv_tiles.hpp"
 #include "hopper/tile_order.hpp"
@@ -20,6 +21,10 @@ namespace warpattn::detail {
 // forward's tiles are query blocks (block: m_block, head: the query head, n_tiles: key tiles to
 // visit); the backward's are key blocks (block: n_block, head: the KV head, n_tiles: query
 // blocks to visit).
+// A KV cache's tiles (VarlenGeometry::kv_cache; the offsets are 0 there) carry instead of the
+// offsets the key-tile end of their range (q_offset: n_end) and, where the launch splits each
+// tile's keys (flash-decoding), their partial state's slot (k_offset: the table index; -1 for
+// a whole tile).
 struct alignas(16) VarlenTile {
   int block, head, batch, n_tiles;  // batch: the sequence
   int q_offset, seqlen_q, k_offset, seqlen_k;
@@ -77,6 +82,11 @@ struct VarlenGeometry {
   // causal order, key_block_work.hpp's dq_turn: a key block's dQ turns wait only for blocks
   // earlier in the table, hence launched before it).
   bool key_blocks = false, reverse_key_blocks = false;
+  // A KV cache's plan (run_kvcache.cuh): every tile's key range cut into `splits` pieces in
+  // order (decode_plan.hpp's split_key_blocks), consecutive in the table, so that tile u's
+  // pieces are entries u x splits .. + splits - 1; the entries carry n_end and the slot.
+  bool kv_cache = false;
+  int splits = 1;
   // The forward's keys per row (kv_tiles.hpp): causal's band, or a sliding window's.
   KeyBand band;
   long long kv_bytes_per_key = 0;  // K and V of one key of one KV head: 2 x head_dim x element bytes
@@ -96,7 +106,7 @@ WARPATTN_HOST_DEVICE VarlenGeometry varlen_geometry(int block_m, int block_n, in
 // times the KV heads).
 WARPATTN_HOST_DEVICE long long sequence_tiles(const SequenceSpan& s, const VarlenGeometry& g) {
   if (g.key_blocks) return static_cast<long long>(ceil_div(s.seqlen_k, g.block_n)) * (g.heads_q / g.kv_group);
-  return static_cast<long long>(ceil_div(s.seqlen_q, g.block_m)) * g.heads_q;
+  return static_cast<long long>(ceil_div(s.seqlen_q, g.block_m)) * g.heads_q * g.splits;
 }
 
 // The work of a sequence's longest tile, the plan's sort key: the key tiles of its last query
@@ -126,6 +136,12 @@ WARPATTN_HOST_DEVICE VarlenTile varlen_tile(const SequenceSpan& s, int b, int t,
     const int n = g.reverse_key_blocks ? n_blocks - 1 - t % n_blocks : t % n_blocks;
     const QueryBlockRange r = query_block_range(n, g.block_n, g.block_m, s.seqlen_q, s.seqlen_k, g.band);
     return {n, t / n_blocks, b, r.end - r.begin, s.q_offset, s.seqlen_q, s.k_offset, s.seqlen_k};
+  }
+  if (g.kv_cache) {  // piece t % splits of tile t / splits
+    const WorkTile w = tile_coords(t / g.splits, sequence_grid(s, g));
+    const KeyTileRange r = kv_tile_range(w.m_block, g.block_m, g.block_n, s.seqlen_q, s.seqlen_k, g.band);
+    const KeyBlockRange piece = split_key_blocks(t % g.splits, g.splits, r.count());
+    return {w.m_block, w.head, b, piece.end - piece.begin, r.begin + piece.end, s.seqlen_q, -1, s.seqlen_k};
   }
   const WorkTile w = tile_coords(t, sequence_grid(s, g));
   const int n = kv_tile_range(w.m_block, g.block_m, g.block_n, s.seqlen_q, s.seqlen_k, g.band).count();
