@@ -62,19 +62,32 @@ WARPATTN_HOST_DEVICE KeyBlockRange invariant_key_blocks(int split, int chunk_blo
   return {b, e};
 }
 
-// The default split count, from the shape and the SM count: one split when the tiles alone
-// fill most of the SMs; otherwise enough splits for about two CTAs per SM, but at least two
-// key blocks per split (a split's fixed cost, its Q load and its partial's write and combine,
-// against its blocks' reads) and at most kMaxDecodeSplits (the combine's per-row state).
-// tiles: (sequence, KV head, row tile) triples; key_blocks: the longest sequence's.
+// The default split count, from the shape and the SM count: the count whose pieces finish
+// soonest on the persistent grid, by a model of whole rounds. tiles x s pieces on
+// `multiprocessors` CTAs take ceil(tiles s / multiprocessors) rounds of one piece, and a piece
+// costs its ceil(key_blocks / s) key blocks plus a fixed part (its Q load, its partial state's
+// store and share of the combine: about kSplitPieceCost key blocks); ties go to fewer pieces, so
+// tiles that fill the SMs' rounds as well alone stay whole. At most kMaxDecodeSplits (the
+// combine's work per row) and two key blocks a piece. tiles: (sequence, head chunk, query block)
+// triples; key_blocks: the longest sequence's (the capacity's, when the lengths are on the device).
+// B = 8, 32/8 heads, one row, 4096 keys in 176-key blocks, 132 SMs: 64 tiles of 24 blocks -> 2
+// pieces of 12 (128 pieces in one round), not 5 (320 pieces in 3 rounds, the last 42% full).
 inline constexpr int kMaxDecodeSplits = 128;
+inline constexpr int kSplitPieceCost = 1;
+WARPATTN_HOST_DEVICE long long split_rounds_cost(long long tiles, int key_blocks, int multiprocessors, int splits) {
+  const long long rounds = (tiles * splits + multiprocessors - 1) / multiprocessors;
+  return rounds * ((key_blocks + splits - 1) / splits + kSplitPieceCost);
+}
 WARPATTN_HOST_DEVICE int default_splits(long long tiles, int key_blocks, int multiprocessors) {
-  if (tiles <= 0 || key_blocks <= 2 || tiles * 5 >= 4LL * multiprocessors) return 1;
-  long long s = (2LL * multiprocessors + tiles - 1) / tiles;
-  const int by_blocks = key_blocks / 2;
-  if (s > by_blocks) s = by_blocks;
-  if (s > kMaxDecodeSplits) s = kMaxDecodeSplits;
-  return s < 1 ? 1 : static_cast<int>(s);
+  if (tiles <= 0 || key_blocks <= 2 || multiprocessors <= 0) return 1;
+  const int limit = key_blocks / 2 < kMaxDecodeSplits ? key_blocks / 2 : kMaxDecodeSplits;
+  int best = 1;
+  long long best_cost = split_rounds_cost(tiles, key_blocks, multiprocessors, 1);
+  for (int s = 2; s <= limit; ++s) {
+    const long long cost = split_rounds_cost(tiles, key_blocks, multiprocessors, s);
+    if (cost < best_cost) best = s, best_cost = cost;
+  }
+  return best;
 }
 
 // ---- Paged caches: (num_pages, page_size, Hkv, d) with block_table[b][i] the page of the
