@@ -714,3 +714,17 @@ def test_num_splits_reaches_the_library(host_kvcache):
     assert host_kvcache[-1]["num_splits"] == 7
     call(**caches())
     assert host_kvcache[-1]["num_splits"] == 0
+
+
+def test_decode_benchmark_sweep_and_arguments():
+    # The benchmark's sweep (issue 16's points) and its argument checks, without a GPU.
+    from warpattn import bench_decode
+    quick = bench_decode.points(bench_decode.parse_args(["--quick"]))
+    assert dict(B=8, S=4096, Hq=32, Hkv=8, d=128, Sq=1) in quick
+    full = bench_decode.points(bench_decode.parse_args([]))
+    assert len(full) == 3 * 5 * 3 * 1 * 3
+    some = bench_decode.points(bench_decode.parse_args(["--points", "B=8", "Sq=1,4"]))
+    assert some and all(p["B"] == 8 and p["Sq"] in (1, 4) for p in some)
+    assert bench_decode.moved_bytes(dict(B=8, S=4096, Hq=32, Hkv=8, d=128, Sq=1)) == 2 * 8 * 4096 * 8 * 128 * 2 + 2 * 2 * 8 * 32 * 128
+    with pytest.raises(SystemExit):
+        bench_decode.parse_args(["--points", "X=1"])
