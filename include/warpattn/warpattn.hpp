@@ -290,10 +290,11 @@ struct KvCache {
 // outside [0, num_pages) is never read (its keys count as keys of zeros: score 0, value 0)
 // nor written. Cache rows past
 // a sequence's length inside its pages are read: they must be finite.
-// The kernel: forward_varlen()'s, on a plan of tiles made on the device, whose rows are the
-// query heads of one KV head at each of a block of positions (GQA packing: K and V are read
-// once per KV head), and whose key ranges are cut into pieces over the SMs when the tiles
-// alone cannot fill them (KvCache::num_splits), combined afterwards in a fixed order.
+// The kernel: forward_varlen()'s, on tiles it enumerates itself (no planning kernels before
+// it), whose rows are the query heads of one KV head at each of a block of positions (GQA
+// packing: K and V are read once per KV head), and whose key ranges are cut into pieces over
+// the SMs when the tiles alone cannot fill them (KvCache::num_splits), combined afterwards in a
+// fixed order.
 void forward_kvcache(const TensorView& q, const KvCache& cache, const TensorView& out,
                      const std::optional<TensorView>& lse, const ForwardOptions& options,
                      cudaStream_t stream = nullptr);

@@ -26,13 +26,13 @@ void forward_kvcache(const TensorView& q, const KvCache& cache, const TensorView
                                        {"sinks", options.sinks ? &*options.sinks : nullptr}},
                                       stream);
   if (appends && p.seqlen_k > 0)
-    detail::append_kv(*cache.k, *cache.v, cache.k_cache, cache.v_cache, c.seqs.seqused_k, c.pages,
+    detail::append_kv(*cache.k, *cache.v, cache.k_cache, cache.v_cache, c.work.cache_seqlens, c.pages,
                       static_cast<int>(p.seqlen_k), stream);
   if (!attends) return;
   if (p.seqlen_k == 0)  // no cache holds a key: every row's out is zero and lse -inf (or its sink)
     detail::fill_no_key_rows(p, out, lse, stream);
   else
-    detail::launch_forward_kvcache_sm90(p, c.seqs, c.pages, c.num_splits, q, cache.k_cache, cache.v_cache, out, lse, stream);
+    detail::launch_forward_kvcache_sm90(p, c.work, c.pages, c.num_splits, q, cache.k_cache, cache.v_cache, out, lse, stream);
 }
 
 void validate_forward_kvcache(const TensorView& q, const KvCache& cache, const TensorView& out,

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "hopper/decode/decode_plan.hpp"
 #include "hopper/decode/kv_pages.hpp"
 #include "hopper/varlen/varlen_tiles.hpp"
 #include "warpattn/fp8.hpp"
@@ -73,11 +74,12 @@ VarlenCall validate_forward_varlen(const TensorView& q, const TensorView& k, con
                                    const VarlenBatch& batch, const ForwardOptions& options);
 
 // A validated call over KV caches: the problem (batch B, seqlen_q Sq, seqlen_k the capacity of
-// a sequence's cache), its sequences in the plan's KV-cache form (cu_seqlens null) and where
-// its keys are (the launch sets the box sizes); appended: the new rows per sequence (0: none).
+// a sequence's cache), its sequences' lengths (decode_plan.hpp's KvCacheWork: the launch sets
+// the split count) and where its keys are (the launch sets the box sizes); appended: the new rows
+// per sequence (0: none).
 struct KvCacheCall {
   ForwardProblem problem;
-  VarlenSequences seqs;
+  KvCacheWork work;
   KvPages pages;
   int64_t appended = 0;
   int num_splits = 0;  // KvCache::num_splits

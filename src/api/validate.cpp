@@ -1327,13 +1327,9 @@ KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, 
   call.pages = pages;
   call.appended = appended;
   call.num_splits = cache.num_splits;
-  VarlenSequences& seqs = call.seqs;
-  seqs.seqused_k = cache.cache_seqlens ? static_cast<const int*>(cache.cache_seqlens->data) : nullptr;
-  seqs.batch = static_cast<int>(sizes.batch);
-  seqs.total_q = static_cast<int>(sizes.seqlen_q);
-  seqs.total_k = static_cast<int>(capacity);
-  seqs.appended_k = static_cast<int>(std::min<int64_t>(appended, capacity));
-  seqs.max_seqlen_q = sizes.seqlen_q;
+  call.work.cache_seqlens = cache.cache_seqlens ? static_cast<const int*>(cache.cache_seqlens->data) : nullptr;
+  call.work.capacity = static_cast<int>(capacity);
+  call.work.appended = static_cast<int>(std::min<int64_t>(appended, capacity));
   return call;
 }
 

@@ -66,8 +66,10 @@ struct ForwardParams {
   KvPages kv_pages;
   // ... and how its tiles' rows pack query heads (decode/decode_plan.hpp): work tiles are
   // (block of packing.positions query positions, chunk of packing.heads query heads, sequence);
-  // heads_q counts the chunks and kv_group the chunks per KV head.
+  // heads_q counts the chunks, kv_group the chunks per KV head, m_blocks the blocks of positions.
   GqaPacking packing;
+  // ... and its pieces of work (kv_cache_pieces.hpp): the lengths, the split count, the total.
+  KvCacheWork kv_work;
 };
 
 }  // namespace warpattn::detail

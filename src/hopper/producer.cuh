@@ -14,6 +14,7 @@
 #include "hopper/tile_scheduler.cuh"
 #include "hopper/backward/workspace.hpp"
 #include "hopper/varlen/varlen_tiles.hpp"  // the work list walked by varlen launches
+#include "hopper/decode/kv_cache_pieces.hpp"  // ... and by KV-cache launches
 
 namespace warpattn::detail {
 
@@ -97,7 +98,8 @@ __device__ __forceinline__ void load_packed_q(uint32_t dst, const CUtensorMap* m
 // from its plan, read once per CTA.
 template <class Cfg>
 __device__ __forceinline__ int whole_tiles(const ForwardParams& params) {
-  if constexpr (Cfg::kVarlen) return *params.varlen_tile_count;
+  if constexpr (Cfg::kKvCache) return params.kv_work.pieces;
+  else if constexpr (Cfg::kVarlen) return *params.varlen_tile_count;
   else if constexpr (Cfg::kCausal) return total_tiles(params);
   else return params.split.first_tile;
 }
@@ -107,12 +109,17 @@ __device__ __forceinline__ int whole_tiles(const ForwardParams& params) {
 template <class Cfg>
 __device__ __forceinline__ ScheduledTile schedule_tile(const TileChooser& chooser, const ForwardParams& params) {
   constexpr ScheduledTile kEnd{-1, 0, 0, 0, 0, -1, 0, 0, 0, 0};
-  if constexpr (Cfg::kVarlen) {  // never split: the plan's tile, two 16-byte loads
+  if constexpr (Cfg::kKvCache) {  // a piece of a tile (kv_cache_pieces.hpp); its slot: the piece's index when split
+    if (chooser.tile >= chooser.whole) return kEnd;
+    const KvCachePiece pc = kv_cache_piece(chooser.tile, params.kv_work, TileGrid{params.m_blocks, params.heads_q, params.batch, 1},
+                                           params.packing.positions, Cfg::kBlockN, params.seqlen_q,
+                                           Cfg::kCausal ? params.band : KeyBand{});
+    return {pc.tile.m_block, pc.tile.head, pc.tile.batch, pc.n_tiles, pc.n_end,
+            params.kv_work.splits > 1 ? chooser.tile : -1, 0, params.seqlen_q, 0, pc.seqlen_k};
+  } else if constexpr (Cfg::kVarlen) {  // never split: the plan's tile, two 16-byte loads
     if (chooser.tile >= chooser.whole) return kEnd;
     const int4* entry = reinterpret_cast<const int4*>(params.varlen_tiles + chooser.tile);
     const int4 a = entry[0], b = entry[1];
-    if constexpr (Cfg::kKvCache)  // the entry has the range's end and the piece's slot (varlen_tiles.hpp)
-      return {a.x, a.y, a.z, a.w, b.x, b.z, 0, b.y, 0, b.w};
     if constexpr (Cfg::kCausal) {  // the plan has the count; a window's tiles need not start at 0
       const int begin = band_key_begin(a.x * Cfg::kBlockM, b.y, b.w, params.band) / Cfg::kBlockN;
       return {a.x, a.y, a.z, a.w, begin + a.w, -1, b.x, b.y, b.z, b.w};

@@ -151,42 +151,16 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
   }
 }
 
-// The launch of a planned grid (packed batches, KV caches): the plan of the work tiles
-// (varlen/plan_varlen.hpp), at most max_tiles of them, is made on the device in the same
-// scheduler memory, before the kernel, on the same stream.
-// g: the plan's geometry as far as the caller sets it (a KV cache's tile rows, splits); the rest
-// is the launch's. partial_bytes (0: none) of room for partial states follows the plan in the
-// same scheduler memory (params.partials); after(params) enqueues what must run after the
-// kernel while that memory is held (a KV cache's combine).
-template <class Cfg, class After>
-void launch_planned(const ForwardProblem& p, const VarlenSequences& seqs, const ForwardMaps& maps,
-                    ForwardParams& params, long long max_tiles, cudaStream_t stream, VarlenGeometry g,
-                    size_t partial_bytes, After&& after) {
-  static_assert(Cfg::kVarlen, "a VarlenConfig");
-  if constexpr (Cfg::kCausal) g.band = params.band;
-  g.kv_bytes_per_key = (p.head_dim + p.value_head_dim()) * Cfg::kElementBytes;
-  g.l2_bytes = l2_cache_bytes();
-  g.multiprocessors = multiprocessor_count();
-  const size_t plan_bytes = (varlen_plan_bytes(params.batch, max_tiles) + 255) / 256 * 256;
-  SchedulerWorkspace ws(stream, plan_bytes + partial_bytes);
-  const VarlenPlan plan = plan_varlen_tiles(seqs, g, max_tiles, ws.partials(), stream);
-  params.varlen_tiles = plan.tiles;
-  params.varlen_tile_count = plan.tile_count;
-  params.tile_counter = ws.tile_counter();
-  if (partial_bytes > 0) params.partials = ws.partials() + plan_bytes / sizeof(float);
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(max_tiles, multiprocessor_count()));
-  launch_forward_kernel<Cfg>(blocks, maps, params, stream);
-  after(params);
-}
-
 // A packed variable-length batch (Cfg: a VarlenConfig): q, k, v and out as (1, total, heads,
 // head_dim) views, lse as (1, heads, total_q); p's batch is the number of sequences and its
-// seqlen_q/k the packed lengths. FP8: v is Vᵀ as a (1, heads, head_dim, padded keys) view and
-// `fp8` gives the descales, as (1, heads, padded blocks) views.
+// seqlen_q/k the packed lengths. The plan (varlen/plan_varlen.hpp) is made on the device in
+// the same scheduler memory, before the kernel, on the same stream. FP8: v is Vᵀ as a (1, heads,
+// head_dim, padded keys) view and `fp8` gives the descales, as (1, heads, padded blocks) views.
 template <class Cfg>
 void run_forward_varlen(const ForwardProblem& p, const VarlenSequences& seqs, const TensorView& q,
                         const TensorView& k, const TensorView& v, const TensorView& out,
                         const std::optional<TensorView>& lse, cudaStream_t stream, const Fp8Operands* fp8 = nullptr) {
+  static_assert(Cfg::kVarlen, "a VarlenConfig");
   const ForwardMaps maps = make_forward_maps<Cfg>(q, k, v);
   ForwardParams params = base_forward_params<Cfg>(p, out, lse);
   params.out_stride_batch = 0;  // rows are indexed from each sequence's offset
@@ -195,10 +169,20 @@ void run_forward_varlen(const ForwardProblem& p, const VarlenSequences& seqs, co
     set_descales(params, *fp8);
     params.q_descale.stride[0] = params.k_descale.stride[0] = params.v_descale.stride[0] = 0;
   }
+  VarlenGeometry g = varlen_geometry(Cfg::kBlockM, Cfg::kBlockN, params.heads_q, params.kv_group, Cfg::kCausal);
+  if constexpr (Cfg::kCausal) g.band = params.band;
+  g.kv_bytes_per_key = (p.head_dim + p.value_head_dim()) * Cfg::kElementBytes;
+  g.l2_bytes = l2_cache_bytes();
+  g.multiprocessors = multiprocessor_count();
   // Validation bounds the table below 2^31 entries (validate_forward_varlen).
-  launch_planned<Cfg>(p, seqs, maps, params, max_varlen_tiles(p.seqlen_q, p.batch, Cfg::kBlockM, params.heads_q),
-                      stream, varlen_geometry(Cfg::kBlockM, Cfg::kBlockN, params.heads_q, params.kv_group, Cfg::kCausal),
-                      0, [](const ForwardParams&) {});
+  const long long max_tiles = max_varlen_tiles(p.seqlen_q, p.batch, Cfg::kBlockM, params.heads_q);
+  SchedulerWorkspace ws(stream, varlen_plan_bytes(params.batch, max_tiles));
+  const VarlenPlan plan = plan_varlen_tiles(seqs, g, max_tiles, ws.partials(), stream);
+  params.varlen_tiles = plan.tiles;
+  params.varlen_tile_count = plan.tile_count;
+  params.tile_counter = ws.tile_counter();
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(max_tiles, multiprocessor_count()));
+  launch_forward_kernel<Cfg>(blocks, maps, params, stream);
 }
 
 // Declared here, defined (explicitly instantiated) in forward_<dtype>_d<dim>.cu, one file per

@@ -2,8 +2,8 @@
 // (validate_forward_kvcache, fake device addresses as test_varlen_validation.cpp), what the
 // validated call hands to dispatch (api/problem.hpp, KvCacheCall), where a cached key is
 // loaded from (hopper/decode/kv_pages.hpp, cache_box and cache_box_rows, against the layout's
-// definition) and the plan's sequences in the KV-cache mode (hopper/varlen/varlen_tiles.hpp,
-// sequence_span with cu_seqlens_q null).
+// definition), the sequences' lengths and the launch's pieces of work (hopper/decode/
+// decode_plan.hpp and kv_cache_pieces.hpp: kv_cache_keys, kv_cache_piece).
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -16,7 +16,7 @@
 #include "api/problem.hpp"
 #include "harness.hpp"
 #include "hopper/decode/kv_pages.hpp"
-#include "hopper/varlen/varlen_tiles.hpp"
+#include "hopper/decode/kv_cache_pieces.hpp"
 #include "warpattn/warpattn.hpp"
 
 namespace {
@@ -209,22 +209,20 @@ TEST(kvcache_call_sizes_dense) {
   CHECK(k.pages.table == nullptr) << "dense";
   CHECK(k.pages.num_pages == 3) << "dense: a page per sequence, got " << k.pages.num_pages;
   CHECK(k.appended == 2) << k.appended;
-  CHECK(k.seqs.cu_seqlens_q == nullptr && k.seqs.cu_seqlens_k == nullptr) << "the KV-cache mode";
-  CHECK(k.seqs.seqused_k == static_cast<const int*>(fake(kSeqlens)));
-  CHECK(k.seqs.batch == 3 && k.seqs.total_q == 4 && k.seqs.total_k == 512 && k.seqs.appended_k == 2)
-      << k.seqs.batch << " " << k.seqs.total_q << " " << k.seqs.total_k << " " << k.seqs.appended_k;
+  CHECK(k.work.cache_seqlens == static_cast<const int*>(fake(kSeqlens)));
+  CHECK(k.work.capacity == 512 && k.work.appended == 2) << k.work.capacity << " " << k.work.appended;
 
   // No append, no lengths: every cache is full
   s.s_new = 0, s.seqlens = false, s.lse = false;
   const warpattn::detail::KvCacheCall full = validated(make_call(s));
-  CHECK(full.appended == 0 && full.seqs.appended_k == 0 && full.seqs.seqused_k == nullptr);
+  CHECK(full.appended == 0 && full.work.appended == 0 && full.work.cache_seqlens == nullptr);
   CHECK(!full.problem.has_lse);
-  CHECK(full.seqs.total_k == 512 && full.problem.seqlen_k == 512);
+  CHECK(full.work.capacity == 512 && full.problem.seqlen_k == 512);
 
   // An append longer than the capacity: the rows past it are dropped
   s.s_new = 600, s.seqlens = true;
   const warpattn::detail::KvCacheCall over = validated(make_call(s));
-  CHECK(over.appended == 600 && over.seqs.appended_k == 512) << over.appended << " " << over.seqs.appended_k;
+  CHECK(over.appended == 600 && over.work.appended == 512) << over.appended << " " << over.work.appended;
 
   // Head dims: the padded ones run in the next compiled one up
   for (int64_t d : {64, 72, 128, 200, 256}) {
@@ -253,9 +251,8 @@ TEST(kvcache_call_sizes_paged) {
     CHECK(k.pages.table_stride == 10 && k.pages.max_pages == 10 && k.pages.num_pages == 40)
         << k.pages.table_stride << " " << k.pages.max_pages << " " << k.pages.num_pages;
     CHECK(k.pages.page_shift == shift && (1 << k.pages.page_shift) == ps) << ps << " " << k.pages.page_shift;
-    CHECK(k.seqs.total_q == 4 && k.seqs.total_k == capacity && k.seqs.appended_k == 2 && k.seqs.batch == 3);
-    CHECK(k.seqs.seqused_k == static_cast<const int*>(fake(kSeqlens)));
-    CHECK(k.seqs.cu_seqlens_q == nullptr && k.seqs.cu_seqlens_k == nullptr);
+    CHECK(k.work.capacity == capacity && k.work.appended == 2);
+    CHECK(k.work.cache_seqlens == static_cast<const int*>(fake(kSeqlens)));
     CHECK(k.appended == 2);
   }
   // A padded table: its row stride
@@ -280,7 +277,7 @@ TEST(kvcache_call_sizes_paged) {
   c.cache.block_table->data = fake(uintptr_t(1) << 40);  // 1.5 GiB of table, apart from the rest
   REQUIRE(!error_of(c)) << *error_of(c);
   CHECK(validated(c).problem.seqlen_k == (int64_t(1) << 31) - 16) << validated(c).problem.seqlen_k;
-  CHECK(validated(c).seqs.total_k == INT_MAX - 15);
+  CHECK(validated(c).work.capacity == INT_MAX - 15);
 }
 
 // ---- 2. rejected calls, each naming its argument
@@ -721,73 +718,67 @@ TEST(cache_boxes_lie_within_one_page) {
     }
 }
 
-// ---- 4. the plan's sequences over KV caches
+// ---- 4. each sequence's keys (decode_plan.hpp, kv_cache_keys)
 
 namespace {
-using warpattn::detail::SequenceSpan;
-using warpattn::detail::VarlenSequences;
+using warpattn::detail::KvCacheWork;
+using warpattn::detail::kv_cache_keys;
 
-int want_seqlen_k(const int* used, int b, int total_k, int appended) {
-  const long long cached = used ? std::min<long long>(std::max<long long>(used[b], 0), total_k) : total_k;
-  return static_cast<int>(std::min<long long>(cached + appended, total_k));
+int want_keys(const int* used, int b, int capacity, int appended) {
+  const long long cached = used ? std::min<long long>(std::max<long long>(used[b], 0), capacity) : capacity;
+  return static_cast<int>(std::min<long long>(cached + appended, capacity));
 }
 }  // namespace
 
-TEST(sequence_span_kvcache_mode) {
+TEST(kv_cache_keys_clamps_to_the_capacity) {
   const std::vector<int> used = {-5, 0, 1, 100, 511, 512, 513, 100000, INT_MIN, INT_MAX, -1};
-  for (int total_k : {0, 1, 512, INT_MAX})
+  for (int capacity : {0, 1, 512, INT_MAX})
     for (int appended : {0, 1, 3, 600, INT_MAX - 1, INT_MAX})
       for (bool with_used : {true, false}) {
-        VarlenSequences s;
-        s.cu_seqlens_q = nullptr, s.cu_seqlens_k = nullptr;
-        s.seqused_k = with_used ? used.data() : nullptr;
-        s.batch = static_cast<int>(used.size()), s.total_q = 7, s.total_k = total_k, s.appended_k = appended;
-        for (int b = 0; b < s.batch; ++b) {
-          const SequenceSpan r = warpattn::detail::sequence_span(s, b);
-          const int want = want_seqlen_k(s.seqused_k, b, total_k, appended);
-          CHECK(r.q_offset == 0 && r.seqlen_q == 7 && r.k_offset == 0) << r.q_offset << " " << r.seqlen_q << " " << r.k_offset;
-          CHECK(r.seqlen_k == want) << "used " << (with_used ? used[b] : -999) << " total_k " << total_k << " appended "
-                                    << appended << ": got " << r.seqlen_k << " want " << want;
-          CHECK(r.seqlen_k >= 0 && r.seqlen_k <= total_k);
+        KvCacheWork w;
+        w.cache_seqlens = with_used ? used.data() : nullptr;
+        w.capacity = capacity, w.appended = appended;
+        for (int b = 0; b < static_cast<int>(used.size()); ++b) {
+          const int want = want_keys(w.cache_seqlens, b, capacity, appended), got = kv_cache_keys(w, b);
+          CHECK(got == want) << "used " << (with_used ? used[b] : -999) << " capacity " << capacity << " appended "
+                             << appended << ": got " << got << " want " << want;
+          CHECK(got >= 0 && got <= capacity);
         }
       }
   // Explicit cases
   const int lens[4] = {-3, 10, 600, 500};
-  VarlenSequences s;
-  s.seqused_k = lens, s.batch = 4, s.total_q = 1, s.total_k = 512, s.appended_k = 4;
-  CHECK(warpattn::detail::sequence_span(s, 0).seqlen_k == 4) << "negative: clamped to 0, plus the append";
-  CHECK(warpattn::detail::sequence_span(s, 1).seqlen_k == 14);
-  CHECK(warpattn::detail::sequence_span(s, 2).seqlen_k == 512) << "past the capacity: the capacity";
-  CHECK(warpattn::detail::sequence_span(s, 3).seqlen_k == 504);
-  s.appended_k = 20;
-  CHECK(warpattn::detail::sequence_span(s, 3).seqlen_k == 512) << "append overflowing the capacity";
-  s.seqused_k = nullptr, s.appended_k = 0;
-  CHECK(warpattn::detail::sequence_span(s, 2).seqlen_k == 512) << "no lengths: the full cache";
+  KvCacheWork w;
+  w.cache_seqlens = lens, w.capacity = 512, w.appended = 4;
+  CHECK(kv_cache_keys(w, 0) == 4) << "negative: clamped to 0, plus the append";
+  CHECK(kv_cache_keys(w, 1) == 14);
+  CHECK(kv_cache_keys(w, 2) == 512) << "past the capacity: the capacity";
+  CHECK(kv_cache_keys(w, 3) == 504);
+  w.appended = 20;
+  CHECK(kv_cache_keys(w, 3) == 512) << "append overflowing the capacity";
+  w.cache_seqlens = nullptr, w.appended = 0;
+  CHECK(kv_cache_keys(w, 2) == 512) << "no lengths: the full cache";
   // Random
   std::mt19937_64 rng(9);
   std::vector<int> rand_used(64);
   for (int trial = 0; trial < 2000; ++trial) {
     for (int& u : rand_used) u = static_cast<int>(rng() % 3000) - 500;
-    VarlenSequences r;
-    r.seqused_k = rand_used.data(), r.batch = 64, r.total_q = static_cast<int>(rng() % 300);
-    r.total_k = static_cast<int>(rng() % 2500), r.appended_k = static_cast<int>(rng() % 700);
+    KvCacheWork r;
+    r.cache_seqlens = rand_used.data(), r.capacity = static_cast<int>(rng() % 2500);
+    r.appended = static_cast<int>(rng() % 700);
     for (int b = 0; b < 64; ++b)
-      CHECK(warpattn::detail::sequence_span(r, b).seqlen_k == want_seqlen_k(rand_used.data(), b, r.total_k, r.appended_k));
+      CHECK(kv_cache_keys(r, b) == want_keys(rand_used.data(), b, r.capacity, r.appended));
   }
 }
 
-// The validated call's sequences are what the plan reads: spans within the capacity
-TEST(kvcache_call_sequences_within_capacity) {
+// The validated call's work is what the kernel reads: lengths within the capacity
+TEST(kvcache_call_lengths_within_capacity) {
   Spec s;
   s.s_new = 600;  // more than the 512 of capacity
   const warpattn::detail::KvCacheCall k = validated(make_call(s));
   const int lens[3] = {0, 300, 512};
-  VarlenSequences seqs = k.seqs;
-  seqs.seqused_k = lens;  // the device array, on the host here
-  for (int b = 0; b < 3; ++b) {
-    const SequenceSpan r = warpattn::detail::sequence_span(seqs, b);
-    CHECK(r.seqlen_q == 4 && r.seqlen_k == 512) << b << ": " << r.seqlen_q << " " << r.seqlen_k;
-  }
+  KvCacheWork w = k.work;
+  w.cache_seqlens = lens;  // the device array, on the host here
+  for (int b = 0; b < 3; ++b) CHECK(kv_cache_keys(w, b) == 512) << b << ": " << kv_cache_keys(w, b);
 }
 
 // ---- 5. GQA packing (decode_plan.hpp): the heads a tile packs and where each of its rows goes
@@ -838,36 +829,56 @@ TEST(packed_rows_cover_each_position_and_head_once) {
   }
 }
 
-// ---- 6. split keys: a KV cache's plan entries (varlen_tiles.hpp, VarlenGeometry::kv_cache)
+// ---- 6. split keys: the launch's pieces (kv_cache_pieces.hpp, kv_cache_piece)
 
-TEST(kvcache_plan_pieces_cover_each_tile_once_in_order) {
+TEST(kvcache_pieces_cover_each_tile_once_in_order) {
   using namespace warpattn::detail;
   std::mt19937_64 rng(7);
   for (int trial = 0; trial < 300; ++trial) {
     const bool causal = trial % 2 == 1;
-    const int splits = 1 + static_cast<int>(rng() % 9);
     const int positions = 1 << (rng() % 8);  // a packed tile's positions
-    VarlenGeometry g = varlen_geometry(positions, 128, 4, 2, causal);
-    g.kv_cache = true;
-    g.splits = splits;
-    const SequenceSpan s{0, 1 + static_cast<int>(rng() % 300), 0, static_cast<int>(rng() % 5000)};
-    const long long n = sequence_tiles(s, g);
-    const long long unsplit = static_cast<long long>(ceil_div(s.seqlen_q, positions)) * g.heads_q;
-    CHECK(n == unsplit * splits) << "tiles " << n << ", want " << unsplit << " x " << splits;
-    for (long long u = 0; u < unsplit; ++u) {
-      const VarlenTile first = varlen_tile(s, 3, static_cast<int>(u * splits), g);
-      const KeyTileRange want = kv_tile_range(first.block, positions, 128, s.seqlen_q, s.seqlen_k, g.band);
+    const int block_n = trial % 3 == 0 ? 176 : 128;
+    const int batch = 1 + static_cast<int>(rng() % 5), chunks = 1 + static_cast<int>(rng() % 4);
+    const int seqlen_q = 1 + static_cast<int>(rng() % 300);
+    std::vector<int> lens(batch);
+    for (int& l : lens) l = static_cast<int>(rng() % 6000) - 100;
+    KvCacheWork w;
+    w.cache_seqlens = lens.data(), w.capacity = 5000, w.appended = static_cast<int>(rng() % 3);
+    w.splits = 1 + static_cast<int>(rng() % 9);
+    const TileGrid grid{ceil_div(seqlen_q, positions), chunks, batch, 1};
+    const int tiles = grid.m_blocks * chunks * batch;
+    w.pieces = tiles * w.splits;
+    const KeyBand band = causal_band(causal);
+    std::vector<int> seen(tiles, 0);
+    for (int u = 0; u < tiles; ++u) {
+      const KvCachePiece first = kv_cache_piece(u * w.splits, w, grid, positions, block_n, seqlen_q, band);
+      CHECK(first.seqlen_k == kv_cache_keys(w, first.tile.batch));
+      const WorkTile t = first.tile;
+      seen[(t.batch * chunks + t.head) * grid.m_blocks + t.m_block]++;
+      const KeyTileRange want = kv_tile_range(t.m_block, positions, block_n, seqlen_q, first.seqlen_k, band);
       int covered = want.begin;  // the pieces in order: each starts where the last ended
-      for (int i = 0; i < splits; ++i) {
-        const VarlenTile t = varlen_tile(s, 3, static_cast<int>(u * splits + i), g);
-        CHECK(t.block == first.block && t.head == first.head && t.batch == 3 && t.seqlen_q == s.seqlen_q &&
-              t.seqlen_k == s.seqlen_k && t.k_offset == -1)
+      for (int i = 0; i < w.splits; ++i) {
+        const KvCachePiece pc = kv_cache_piece(u * w.splits + i, w, grid, positions, block_n, seqlen_q, band);
+        CHECK(pc.tile.m_block == t.m_block && pc.tile.head == t.head && pc.tile.batch == t.batch &&
+              pc.seqlen_k == first.seqlen_k)
             << "piece " << i << " of tile " << u << " is of another tile";
-        const int begin = t.q_offset - t.n_tiles;  // q_offset: the piece's end
-        CHECK(t.n_tiles >= 0 && begin == covered) << "piece " << i << " starts at " << begin << ", want " << covered;
-        covered = t.q_offset;
+        CHECK(pc.n_tiles >= 0 && pc.n_end - pc.n_tiles == covered)
+            << "piece " << i << " starts at " << pc.n_end - pc.n_tiles << ", want " << covered;
+        covered = pc.n_end;
       }
       CHECK(covered == want.end) << "the pieces end at " << covered << ", the tile's range at " << want.end;
     }
+    for (int u = 0; u < tiles; ++u) CHECK(seen[u] == 1) << "tile " << u << " met " << seen[u] << " times";
   }
+}
+
+TEST(split_key_blocks_u32_is_exact_at_the_largest_counts) {
+  using namespace warpattn::detail;
+  // The largest key-block count a capacity below 2^31 gives in 80-key blocks, every split count.
+  for (int blocks : {0, 1, 7, 1000, ((1 << 30) / 80) * 2 + 1})
+    for (int splits = 1; splits <= kMaxDecodeSplits; ++splits)
+      for (int i = 0; i < splits; ++i) {
+        const KeyBlockRange a = split_key_blocks_u32(i, splits, blocks), b = split_key_blocks(i, splits, blocks);
+        CHECK(a.begin == b.begin && a.end == b.end) << blocks << " " << splits << " " << i;
+      }
 }

@@ -90,6 +90,35 @@ WARPATTN_HOST_DEVICE int default_splits(long long tiles, int key_blocks, int mul
   return best;
 }
 
+// ---- A KV-cache launch's work (run_kvcache.cuh), enumerated on the device without a plan:
+// tiles (block of positions, chunk of packed heads, sequence) in tile_order.hpp's order over a
+// TileGrid of one chunk of heads, each cut into `splits` consecutive pieces of its key range,
+// `pieces` = tiles x splits in all. Sequence b's keys: cache_seqlens[b] clamped to [0, capacity]
+// (the capacity without cache_seqlens), plus the appended rows, at most the capacity.
+struct KvCacheWork {
+  const int* cache_seqlens = nullptr;
+  int appended = 0, capacity = 0, splits = 1, pieces = 0;
+};
+WARPATTN_HOST_DEVICE int kv_cache_keys(const KvCacheWork& w, int batch) {
+  int cached = w.capacity;
+  if (w.cache_seqlens != nullptr) {
+    const int n = w.cache_seqlens[batch];
+    cached = n < 0 ? 0 : (n > w.capacity ? w.capacity : n);
+  }
+  const long long keys = static_cast<long long>(cached) + w.appended;
+  return keys < w.capacity ? static_cast<int>(keys) : w.capacity;
+}
+
+// Piece `split` of `splits` of key_blocks blocks, in 32-bit arithmetic (the producer that works
+// it out has 40 registers, and a 64-bit division is a call): exact while splits x key_blocks <
+// 2^32, which holds for splits <= kMaxDecodeSplits = 128 and key_blocks < 2^25 (a capacity below
+// 2^31 keys, validated, in blocks of at least 80 keys).
+WARPATTN_HOST_DEVICE KeyBlockRange split_key_blocks_u32(int split, int splits, int key_blocks) {
+  const unsigned b = static_cast<unsigned>(split) * static_cast<unsigned>(key_blocks) / static_cast<unsigned>(splits);
+  const unsigned e = static_cast<unsigned>(split + 1) * static_cast<unsigned>(key_blocks) / static_cast<unsigned>(splits);
+  return {static_cast<int>(b), static_cast<int>(e)};
+}
+
 // ---- Paged caches: (num_pages, page_size, Hkv, d) with block_table[b][i] the page of the
 // sequence's keys i · page_size ... Key `key` of sequence b is row `paged_key_row` of the cache
 // viewed as (num_pages · page_size, Hkv, d).

@@ -25,10 +25,10 @@ inline int kvcache_splits(int num_splits, long long tiles, int key_tiles, bool b
 
 // q, out: (B, Sq, Hq, D); k_cache, v_cache: dense (B, S_cache, Hkv, D) or paged (num_pages,
 // page_size, Hkv, D); lse (B, Hq, Sq). p: batch B, seqlen_q Sq, seqlen_k the capacity (>= 1);
-// seqs in the KV-cache form; pages as validated (the box sizes are set here, from the tile);
-// num_splits as kvcache_splits takes it.
+// work: the lengths as validated (splits and pieces are set here); pages as validated (the box
+// sizes are set here, from the tile); num_splits as kvcache_splits takes it.
 template <class Cfg>
-void run_forward_kvcache(const ForwardProblem& p, const VarlenSequences& seqs, KvPages pages, int num_splits,
+void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages pages, int num_splits,
                          const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                          const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream) {
   static_assert(Cfg::kKvCache, "a KvCacheConfig");
@@ -41,30 +41,33 @@ void run_forward_kvcache(const ForwardProblem& p, const VarlenSequences& seqs, K
   params.packing = packing;
   params.heads_q /= packing.heads;   // the tiles' head axis: chunks of packed heads
   params.kv_group /= packing.heads;  // chunks per KV head
+  params.m_blocks = ceil_div(params.seqlen_q, packing.positions);
   params.kv_pages = pages;
   const ForwardMaps maps{make_packed_q_tensor_map(q, "q", packing.heads, packing.positions, Cfg::kSwizzleBytes),
                          make_panel_tensor_map(k_cache, "k_cache", pages.box_rows, Cfg::kPanels, Cfg::kSwizzleBytes),
                          make_panel_tensor_map(v_cache, "v_cache", pages.box_rows, Cfg::kPanels, Cfg::kSwizzleBytes)};
-  // Validation keeps the unsplit table below 2^31 entries (validate_forward_kvcache).
-  const long long tiles = p.batch * static_cast<long long>(ceil_div(params.seqlen_q, packing.positions)) * params.heads_q;
+  // Validation keeps the tiles below 2^31 (validate_forward_kvcache).
+  const long long tiles = p.batch * static_cast<long long>(params.m_blocks) * params.heads_q;
   // Split keys (flash-decoding): when the tiles cannot fill the SMs, each tile's key range is cut
-  // into pieces over CTAs, each leaving its partial state, combined in order afterwards.
-  const int splits = kvcache_splits(num_splits, tiles, ceil_div(params.seqlen_k, Cfg::kBlockN), p.batch_invariant);
-  VarlenGeometry g = varlen_geometry(packing.positions, Cfg::kBlockN, params.heads_q, params.kv_group, Cfg::kCausal);
-  g.kv_cache = true;
-  g.splits = splits;
-  const size_t partial_bytes = splits > 1 ? static_cast<size_t>(tiles) * splits * PartialState<Cfg>::kSlotBytes : 0;
-  launch_planned<Cfg>(p, seqs, maps, params, tiles * splits, stream, g, partial_bytes, [&](const ForwardParams& launched) {
-    if (splits == 1) return;
+  // into pieces over CTAs, each leaving its partial state, combined in order afterwards. The
+  // pieces are enumerated by the producer itself (kv_cache_pieces.hpp): no plan before the launch.
+  work.splits = kvcache_splits(num_splits, tiles, ceil_div(params.seqlen_k, Cfg::kBlockN), p.batch_invariant);
+  work.pieces = static_cast<int>(tiles * work.splits);
+  params.kv_work = work;
+  SchedulerWorkspace ws(stream, work.splits > 1 ? static_cast<size_t>(work.pieces) * PartialState<Cfg>::kSlotBytes : 0);
+  params.tile_counter = ws.tile_counter();
+  params.partials = ws.partials();
+  launch_forward_kernel<Cfg>(std::min<int64_t>(work.pieces, multiprocessor_count()), maps, params, stream);
+  if (work.splits > 1) {
     combine_kvcache_splits_kernel<Cfg>
-        <<<dim3(static_cast<unsigned>(tiles), Cfg::kConsumerWarpgroups), 128, 0, stream>>>(launched, splits);
+        <<<dim3(static_cast<unsigned>(tiles), Cfg::kConsumerWarpgroups), 128, 0, stream>>>(params);
     check_cuda(cudaGetLastError(), "combine_kvcache_splits_kernel: launch failed");
-  });
+  }
 }
 
 // Defined in forward_kvcache_<dtype>_d<dim>.cu, one file per dtype and head dim.
 template <class Element, int kHeadDim>
-void run_forward_kvcache_head_dim(const ForwardProblem& p, const VarlenSequences& seqs, const KvPages& pages,
+void run_forward_kvcache_head_dim(const ForwardProblem& p, const KvCacheWork& work, const KvPages& pages,
                                   int num_splits, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                                   const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream);
 
@@ -76,14 +79,14 @@ void run_forward_kvcache_head_dim(const ForwardProblem& p, const VarlenSequences
   namespace warpattn::detail {                                                                                    \
   template <>                                                                                                     \
   void run_forward_kvcache_head_dim<Element, kHeadDim>(                                                           \
-      const ForwardProblem& p, const VarlenSequences& seqs, const KvPages& pages, int num_splits,                  \
+      const ForwardProblem& p, const KvCacheWork& work, const KvPages& pages, int num_splits,                      \
       const TensorView& q, const TensorView& k_cache, const TensorView& v_cache, const TensorView& out,                                \
       const std::optional<TensorView>& lse, cudaStream_t stream) {                                                \
     if (p.banded)                                                                                                 \
-      run_forward_kvcache<KvCacheConfig<ForwardConfigFor<Element, kHeadDim, true>>>(p, seqs, pages, num_splits, q, k_cache,   \
+      run_forward_kvcache<KvCacheConfig<ForwardConfigFor<Element, kHeadDim, true>>>(p, work, pages, num_splits, q, k_cache,   \
                                                                                    v_cache, out, lse, stream);    \
     else                                                                                                          \
-      run_forward_kvcache<KvCacheConfig<ForwardConfigFor<Element, kHeadDim, false>>>(p, seqs, pages, num_splits, q, k_cache,  \
+      run_forward_kvcache<KvCacheConfig<ForwardConfigFor<Element, kHeadDim, false>>>(p, work, pages, num_splits, q, k_cache,  \
                                                                                     v_cache, out, lse, stream);   \
   }                                                                                                               \
   }

@@ -134,9 +134,7 @@ __global__ void __launch_bounds__(256) fill_tiles_kernel(const __grid_constant__
       hi = mid - 1;
   }
   const int b = a.order[lo];
-  VarlenTile tile = varlen_tile(sequence_span(a.seqs, b), b, t - a.starts[lo], a.g);
-  if (a.g.kv_cache && a.g.splits > 1) tile.k_offset = t;  // the piece's partial state's slot
-  a.tiles[t] = tile;
+  a.tiles[t] = varlen_tile(sequence_span(a.seqs, b), b, t - a.starts[lo], a.g);
 }
 
 }  // namespace

@@ -10,7 +10,6 @@
 #pragma once
 
 #include "hopper/backward/key_block_work.hpp"
-#include "hopper/decode/decode_plan.hpp"
 #include "hopper/host_device.hpp"
 #include "hopper/kv_tiles.hpp"
 #include "hopper/tile_order.hpp"
@@ -21,10 +20,6 @@ namespace warpattn::detail {
 // forward's tiles are query blocks (block: m_block, head: the query head, n_tiles: key tiles to
 // visit); the backward's are key blocks (block: n_block, head: the KV head, n_tiles: query
 // blocks to visit).
-// A KV cache's tiles (VarlenGeometry::kv_cache; the offsets are 0 there) carry instead of the
-// offsets the key-tile end of their range (q_offset: n_end) and, where the launch splits each
-// tile's keys (flash-decoding), their partial state's slot (k_offset: the table index; -1 for
-// a whole tile).
 struct alignas(16) VarlenTile {
   int block, head, batch, n_tiles;  // batch: the sequence
   int q_offset, seqlen_q, k_offset, seqlen_k;
@@ -45,11 +40,6 @@ struct VarlenSequences {
   // The caller's max_seqlen_q (FlashAttention's argument), a hint for the host's choice of tile
   // shape only: nothing depends on it being right but speed.
   long long max_seqlen_q = 0;
-  // A KV cache (cu_seqlens_q and cu_seqlens_k null; warpattn.hpp, KvCache): sequence b has
-  // total_q query rows of its own batch entry and, at offset 0 of its own cache of total_k keys
-  // (the capacity), seqused_k[b] cached keys (all of them without seqused_k) plus appended_k
-  // appended ones, clamped to the capacity.
-  int appended_k = 0;
 };
 
 WARPATTN_HOST_DEVICE int clamp_int(int x, int lo, int hi) { return x < lo ? lo : (x > hi ? hi : x); }
@@ -58,13 +48,6 @@ WARPATTN_HOST_DEVICE int clamp_int(int x, int lo, int hi) { return x < lo ? lo :
 // the rules (decreasing, past the end) give wrong sequences, never rows outside the tensors.
 WARPATTN_HOST_DEVICE SequenceSpan sequence_span(const VarlenSequences& s, int b) {
   SequenceSpan r;
-  if (s.cu_seqlens_q == nullptr) {  // a KV cache
-    const long long cached = s.seqused_k != nullptr ? clamp_int(s.seqused_k[b], 0, s.total_k) : s.total_k;
-    const long long keys = cached + s.appended_k;
-    r.q_offset = 0, r.seqlen_q = s.total_q, r.k_offset = 0;
-    r.seqlen_k = keys < s.total_k ? static_cast<int>(keys) : s.total_k;
-    return r;
-  }
   r.q_offset = clamp_int(s.cu_seqlens_q[b], 0, s.total_q);
   r.seqlen_q = clamp_int(s.cu_seqlens_q[b + 1], r.q_offset, s.total_q) - r.q_offset;
   r.k_offset = clamp_int(s.cu_seqlens_k[b], 0, s.total_k);
@@ -82,11 +65,6 @@ struct VarlenGeometry {
   // causal order, key_block_work.hpp's dq_turn: a key block's dQ turns wait only for blocks
   // earlier in the table, hence launched before it).
   bool key_blocks = false, reverse_key_blocks = false;
-  // A KV cache's plan (run_kvcache.cuh): every tile's key range cut into `splits` pieces in
-  // order (decode_plan.hpp's split_key_blocks), consecutive in the table, so that tile u's
-  // pieces are entries u x splits .. + splits - 1; the entries carry n_end and the slot.
-  bool kv_cache = false;
-  int splits = 1;
   // The forward's keys per row (kv_tiles.hpp): causal's band, or a sliding window's.
   KeyBand band;
   long long kv_bytes_per_key = 0;  // K and V of one key of one KV head: 2 x head_dim x element bytes
@@ -106,7 +84,7 @@ WARPATTN_HOST_DEVICE VarlenGeometry varlen_geometry(int block_m, int block_n, in
 // times the KV heads).
 WARPATTN_HOST_DEVICE long long sequence_tiles(const SequenceSpan& s, const VarlenGeometry& g) {
   if (g.key_blocks) return static_cast<long long>(ceil_div(s.seqlen_k, g.block_n)) * (g.heads_q / g.kv_group);
-  return static_cast<long long>(ceil_div(s.seqlen_q, g.block_m)) * g.heads_q * g.splits;
+  return static_cast<long long>(ceil_div(s.seqlen_q, g.block_m)) * g.heads_q;
 }
 
 // The work of a sequence's longest tile, the plan's sort key: the key tiles of its last query
@@ -136,12 +114,6 @@ WARPATTN_HOST_DEVICE VarlenTile varlen_tile(const SequenceSpan& s, int b, int t,
     const int n = g.reverse_key_blocks ? n_blocks - 1 - t % n_blocks : t % n_blocks;
     const QueryBlockRange r = query_block_range(n, g.block_n, g.block_m, s.seqlen_q, s.seqlen_k, g.band);
     return {n, t / n_blocks, b, r.end - r.begin, s.q_offset, s.seqlen_q, s.k_offset, s.seqlen_k};
-  }
-  if (g.kv_cache) {  // piece t % splits of tile t / splits
-    const WorkTile w = tile_coords(t / g.splits, sequence_grid(s, g));
-    const KeyTileRange r = kv_tile_range(w.m_block, g.block_m, g.block_n, s.seqlen_q, s.seqlen_k, g.band);
-    const KeyBlockRange piece = split_key_blocks(t % g.splits, g.splits, r.count());
-    return {w.m_block, w.head, b, piece.end - piece.begin, r.begin + piece.end, s.seqlen_q, -1, s.seqlen_k};
   }
   const WorkTile w = tile_coords(t, sequence_grid(s, g));
   const int n = kv_tile_range(w.m_block, g.block_m, g.block_n, s.seqlen_q, s.seqlen_k, g.band).count();
