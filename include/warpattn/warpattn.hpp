@@ -288,8 +288,8 @@ struct KvCache {
 // working, with new lengths at every replay), so they are not validated there: a length is
 // clamped to [0, capacity] (appended rows past the capacity are dropped), and a page index
 // outside [0, num_pages) is never read (its keys count as keys of zeros: score 0, value 0)
-// nor written. Cache rows past
-// a sequence's length inside its pages are read: they must be finite.
+// nor written. Cache rows past a sequence's length inside its pages are read: they must be
+// finite.
 // The kernel: forward_varlen()'s, on tiles it enumerates itself (no planning kernels before
 // it), whose rows are the query heads of one KV head at each of a block of positions (GQA
 // packing: K and V are read once per KV head), and whose key ranges are cut into pieces over
