@@ -969,3 +969,80 @@ TEST(kvcache_bad_arguments_write_nothing) {
 }
 
 HARNESS_MAIN()
+
+// ---- Issue 18: a decode step equals the prefill's last row, bitwise, in the batch-invariant
+// mode (no split keys). The KV-cache kernel and the dense one take the same tile widths, visit
+// the same key tiles in the same order, and WGMMA keeps rows independent, so the row's online
+// softmax and its P·V sums are the same operations on the same values; GQA packing only moves
+// the row within its tile. Both causal (one new row sees every key either way; the causal
+// kernels' tiles). One exception, not tested: a sequence of exactly 128 keys, whose prefill
+// block holds rows that see fewer than kPreciseKeyLimit keys (its first sees one) and takes the
+// precise path, while the decode row sees 128 and does not. From the cache as it is, and with
+// the step's key and value appended to a cache of L - 1.
+TEST(kvcache_decode_equals_prefill_last_row) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = gpu_test::fresh_seed();
+  const int64_t Hq = 8, Hkv = 2;
+  for (int d : {64, 128, 256})
+    for (int L : {1, 37, 129, 300, 1000, 2047}) {  // (below 2048: d = 64's dense prefill takes tall tiles there)
+      DeviceTensor q(DType::bf16, 1, L, Hq, d, false), k(DType::bf16, 1, L, Hkv, d, false),
+          v(DType::bf16, 1, L, Hkv, d, false), out(DType::bf16, 1, L, Hq, d, false);
+      q.fill_normal(seed + 3 * L + d), k.fill_normal(seed + 5 * L + d + 1), v.fill_normal(seed + 7 * L + d + 2);
+      out.poison();
+      float *lse_mem = nullptr, *lse1_mem = nullptr;
+      CUDA_OK(cudaMalloc(&lse_mem, sizeof(float) * Hq * L));
+      CUDA_OK(cudaMalloc(&lse1_mem, sizeof(float) * Hq));
+      const warpattn::TensorView lse = gpu_test::contiguous(lse_mem, DType::f32, {1, Hq, L});
+      const warpattn::TensorView lse1 = gpu_test::contiguous(lse1_mem, DType::f32, {1, Hq, 1});
+      warpattn::ForwardOptions o;
+      o.causal = true, o.batch_invariant = true;
+      warpattn::forward(q.view, k.view, v.view, out.view, lse, o);
+
+      // The step's query row, key and value: row L - 1 of q, k and v, as (1, 1, heads, d) views.
+      const auto last_row = [L](const DeviceTensor& t) {
+        warpattn::TensorView r = t.view;
+        r.data = t.mem + (L - 1) * t.view.stride[1];
+        r.shape[1] = 1;
+        return r;
+      };
+      DeviceTensor kc(DType::bf16, 1, L, Hkv, d, false), vc(DType::bf16, 1, L, Hkv, d, false);
+      CUDA_OK(cudaMemcpy(kc.mem, k.mem, k.alloc_elems * 2, cudaMemcpyDeviceToDevice));
+      CUDA_OK(cudaMemcpy(vc.mem, v.mem, v.alloc_elems * 2, cudaMemcpyDeviceToDevice));
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<uint16_t> want_out = out.raw();
+      std::vector<float> want_lse(Hq * L);
+      CUDA_OK(cudaMemcpy(want_lse.data(), lse_mem, sizeof(float) * Hq * L, cudaMemcpyDeviceToHost));
+      for (bool append : {false, true}) {
+        DeviceTensor out1(DType::bf16, 1, 1, Hq, d, false);
+        out1.poison();
+        CUDA_OK(cudaMemset(lse1_mem, 0xFF, sizeof(float) * Hq));
+        DeviceInts lens({append ? L - 1 : L});
+        warpattn::KvCache cache;
+        cache.k_cache = kc.view, cache.v_cache = vc.view, cache.cache_seqlens = lens.view;
+        if (append) {
+          // the cache's row L - 1 poisoned first: the append must bring it back
+          CUDA_OK(cudaMemset(kc.mem + (L - 1) * kc.view.stride[1], 0xFF, Hkv * d * 2));
+          CUDA_OK(cudaMemset(vc.mem + (L - 1) * vc.view.stride[1], 0xFF, Hkv * d * 2));
+          cache.k = last_row(k), cache.v = last_row(v);
+        }
+        warpattn::forward_kvcache(last_row(q), cache, out1.view, lse1, o);
+        CUDA_OK(cudaDeviceSynchronize());
+        const std::vector<uint16_t> got = out1.raw();
+        std::vector<float> got_lse(Hq);
+        CUDA_OK(cudaMemcpy(got_lse.data(), lse1_mem, sizeof(float) * Hq, cudaMemcpyDeviceToHost));
+        int64_t differ = 0, lse_differ = 0;
+        for (int64_t h = 0; h < Hq; ++h) {
+          for (int64_t e = 0; e < d; ++e)
+            differ += got[h * out1.view.stride[2] + e] !=
+                      want_out[(L - 1) * out.view.stride[1] + h * out.view.stride[2] + e];
+          lse_differ += memcmp(&got_lse[h], &want_lse[h * L + L - 1], 4) != 0;
+        }
+        CHECK(differ == 0 && lse_differ == 0)
+            << "d " << d << " L " << L << (append ? " (appended)" : "") << ": " << differ << " of " << Hq * d
+            << " out elements and " << lse_differ << " of " << Hq << " lse values differ from the prefill's last row, seed "
+            << seed;
+      }
+      cudaFree(lse_mem);
+      cudaFree(lse1_mem);
+    }
+}
