@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "api/problem.hpp"
+#include "expect_rejected.hpp"
 #include "harness.hpp"
 #include "hopper/decode/kv_pages.hpp"
 #include "hopper/decode/kv_cache_pieces.hpp"
@@ -96,17 +97,6 @@ warpattn::detail::KvCacheCall validated(const Call& c) {
   return warpattn::detail::validate_forward_kvcache(c.q, c.cache, c.out, c.lse, c.options);
 }
 
-void expect_rejected(const Call& c, const std::string& argument, std::initializer_list<const char*> expected, int line) {
-  const std::optional<std::string> message = error_of(c);
-  if (!message) {
-    CHECK(false) << "line " << line << ": accepted, expected an error about " << argument;
-    return;
-  }
-  CHECK(message->rfind(argument + ": ", 0) == 0) << "line " << line << ": should name " << argument << ": " << *message;
-  for (const char* text : expected)
-    CHECK(message->find(text) != std::string::npos) << "line " << line << ": missing \"" << text << "\" in: " << *message;
-}
-#define EXPECT_REJECTED(call, argument, ...) expect_rejected(call, argument, {__VA_ARGS__}, __LINE__)
 #define EXPECT_ACCEPTED(call, what) \
   CHECK(!error_of(call)) << "line " << __LINE__ << " (" << what << "): " << error_of(call).value_or("")
 
