@@ -13,6 +13,7 @@ Sq 1) and a few around it; --points filters either (KEY=V[,V...] with KEY in B, 
 What each figure is:
   warpattn        warpattn.flash_attn_with_kvcache on the dense cache (B, S, Hkv, d), through the
                   Python API (its host cost included, as a user pays it).
+  warpattn_s<N>   the same with num_splits=N forced (--splits), to see the default's choice.
   warpattn_paged  the same keys in a paged cache (pages of --page-size keys, a random page
                   order), with block_table.
   cudnn           PyTorch SDPA's CUDNN_ATTENTION backend on (B, H, Sq, d) / (B, Hkv, S, d) views
@@ -57,10 +58,17 @@ def parse_args(argv):
     p.add_argument("--page-size", type=int, default=256)
     p.add_argument("--max-cache-gb", type=float, default=40.0)
     p.add_argument("--host-calls", type=int, default=2000)
+    p.add_argument("--splits", default="0", metavar="N[,N...]",
+                   help="num_splits values to time warpattn's dense cache at (0: its own choice; e.g. 0,1,2,4,8 to "
+                   "see how default_splits chose), each as warpattn_s<N> beside warpattn")
     p.add_argument("--out", default="bench-decode.json")
     p.add_argument("--warmup-ms", type=float, default=25.0)
     p.add_argument("--rep-ms", type=float, default=100.0)
     args = p.parse_args(argv)
+    try:
+        args.split_list = [int(x) for x in args.splits.split(",")]
+    except ValueError:
+        p.error("--splits: expected integers, got %r" % args.splits)
     args.filters = {}
     for term in args.points:
         key, sep, values = term.partition("=")
@@ -156,6 +164,10 @@ def bench_point(torch, warpattn, timer, p, args, gen):
     lens = torch.full((B,), S, dtype=torch.int32, device="cuda")
     out = torch.empty_like(q)
     runs = {"warpattn": lambda: warpattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, out=out)}
+    for n in args.split_list:  # forced split counts beside the default choice
+        if n > 0:
+            runs["warpattn_s%d" % n] = (lambda n=n: warpattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens,
+                                                                                   num_splits=n, out=out))
     notes, results = {}, {}
     kp, vp, table = paged_copy(torch, k, v, args.page_size, gen)
     out_paged = torch.empty_like(q)
@@ -171,7 +183,7 @@ def bench_point(torch, warpattn, timer, p, args, gen):
                 reference = first
         except RuntimeError as e:
             results[name] = {"error": str(e)}
-    for name in ("warpattn", "warpattn_paged"):
+    for name in [n for n in runs if n.startswith("warpattn")]:
         try:
             runs[name]()
             torch.cuda.synchronize()

@@ -717,5 +717,8 @@ def test_decode_benchmark_sweep_and_arguments():
     some = bench_decode.points(bench_decode.parse_args(["--points", "B=8", "Sq=1,4"]))
     assert some and all(p["B"] == 8 and p["Sq"] in (1, 4) for p in some)
     assert bench_decode.moved_bytes(dict(B=8, S=4096, Hq=32, Hkv=8, d=128, Sq=1)) == 2 * 8 * 4096 * 8 * 128 * 2 + 2 * 2 * 8 * 32 * 128
+    assert bench_decode.parse_args(["--splits", "0,2,8"]).split_list == [0, 2, 8]
     with pytest.raises(SystemExit):
         bench_decode.parse_args(["--points", "X=1"])
+    with pytest.raises(SystemExit):
+        bench_decode.parse_args(["--splits", "two"])
