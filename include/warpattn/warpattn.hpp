@@ -273,7 +273,8 @@ struct KvCache {
   std::optional<TensorView> k, v;
   // How many pieces each work tile's keys are cut into over the SMs (flash-decoding), combined
   // afterwards through their log-sum-exps: 0 chooses from the shape and the SM count (1 in the
-  // batch-invariant mode), 1 .. 128 forces that many.
+  // batch-invariant mode), 1 .. 128 asks for that many (fewer where their partial states would
+  // pass 1 GiB: about 70 KB a piece at head dim 128).
   int num_splits = 0;
 };
 

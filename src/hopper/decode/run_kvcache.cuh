@@ -1,7 +1,8 @@
 // Host side of the forward over KV caches (warpattn.hpp, KvCache): the packed batches' kernel
-// (KvCacheConfig) on a plan of (sequence, query head, query block) tiles whose lengths come
-// from the device, q, out and lse with their batch axis, the keys loaded from each sequence's
-// pages (kv_pages.hpp).
+// (KvCacheConfig) on the pieces of (block of positions, chunk of packed heads, sequence) tiles
+// that its producer enumerates (kv_cache_pieces.hpp), the lengths read on the device, q, out and
+// lse with their batch axis, the keys loaded from each sequence's pages (kv_pages.hpp), and the
+// combine of split keys.
 #pragma once
 
 #include "hopper/decode/combine_splits.cuh"
@@ -15,11 +16,15 @@ namespace warpattn::detail {
 // How many pieces a KV-cache launch cuts each tile's keys into: the caller's num_splits (1 ..
 // kMaxDecodeSplits), or, for 0, decode_plan.hpp's default from the tiles, the capacity's key
 // tiles and the SMs (none in the batch-invariant mode, where a sequence's bits must not depend
-// on the batch); never so many that the table passes 2^31 entries.
-inline int kvcache_splits(int num_splits, long long tiles, int key_tiles, bool batch_invariant) {
+// on the batch); never so many that the pieces pass 2^31 or their partial states (slot_bytes
+// each) kMaxSplitPartialBytes, which a forced count over many tiles would.
+inline constexpr long long kMaxSplitPartialBytes = 1LL << 30;
+inline int kvcache_splits(int num_splits, long long tiles, int key_tiles, bool batch_invariant, size_t slot_bytes) {
   int splits = num_splits > 0 ? num_splits
                               : (batch_invariant ? 1 : default_splits(tiles, key_tiles, multiprocessor_count()));
-  while (splits > 1 && tiles * splits >= (1LL << 31)) --splits;
+  while (splits > 1 && (tiles * splits >= (1LL << 31) ||
+                        tiles * splits * static_cast<long long>(slot_bytes) > kMaxSplitPartialBytes))
+    --splits;
   return splits;
 }
 
@@ -51,7 +56,8 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   // Split keys (flash-decoding): when the tiles cannot fill the SMs, each tile's key range is cut
   // into pieces over CTAs, each leaving its partial state, combined in order afterwards. The
   // pieces are enumerated by the producer itself (kv_cache_pieces.hpp): no plan before the launch.
-  work.splits = kvcache_splits(num_splits, tiles, ceil_div(params.seqlen_k, Cfg::kBlockN), p.batch_invariant);
+  work.splits = kvcache_splits(num_splits, tiles, ceil_div(params.seqlen_k, Cfg::kBlockN), p.batch_invariant,
+                               PartialState<Cfg>::kSlotBytes);
   work.pieces = static_cast<int>(tiles * work.splits);
   params.kv_work = work;
   SchedulerWorkspace ws(stream, work.splits > 1 ? static_cast<size_t>(work.pieces) * PartialState<Cfg>::kSlotBytes : 0);
