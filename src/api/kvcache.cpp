@@ -25,14 +25,18 @@ void forward_kvcache(const TensorView& q, const KvCache& cache, const TensorView
                                        {"block_table", cache.block_table ? &*cache.block_table : nullptr},
                                        {"sinks", options.sinks ? &*options.sinks : nullptr}},
                                       stream);
-  if (appends && p.seqlen_k > 0)
-    detail::append_kv(*cache.k, *cache.v, cache.k_cache, cache.v_cache, c.work.cache_seqlens, c.pages,
+  const std::optional<detail::NewRows> rows =
+      appends && p.seqlen_k > 0 ? std::optional<detail::NewRows>(detail::NewRows{*cache.k, *cache.v}) : std::nullopt;
+  if (attends && p.seqlen_k > 0) {  // the launch appends the rows first
+    detail::launch_forward_kvcache_sm90(p, c.work, c.pages, c.num_splits, rows ? &*rows : nullptr, q, cache.k_cache,
+                                        cache.v_cache, out, lse, stream);
+    return;
+  }
+  if (rows)
+    detail::append_kv(rows->k, rows->v, cache.k_cache, cache.v_cache, c.work.cache_seqlens, c.pages,
                       static_cast<int>(p.seqlen_k), stream);
-  if (!attends) return;
-  if (p.seqlen_k == 0)  // no cache holds a key: every row's out is zero and lse -inf (or its sink)
+  if (attends)  // no cache holds a key: every row's out is zero and lse -inf (or its sink)
     detail::fill_no_key_rows(p, out, lse, stream);
-  else
-    detail::launch_forward_kvcache_sm90(p, c.work, c.pages, c.num_splits, q, cache.k_cache, cache.v_cache, out, lse, stream);
 }
 
 void validate_forward_kvcache(const TensorView& q, const KvCache& cache, const TensorView& out,

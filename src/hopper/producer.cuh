@@ -111,9 +111,9 @@ __device__ __forceinline__ ScheduledTile schedule_tile(const TileChooser& choose
   constexpr ScheduledTile kEnd{-1, 0, 0, 0, 0, -1, 0, 0, 0, 0};
   if constexpr (Cfg::kKvCache) {  // a piece of a tile (kv_cache_pieces.hpp); its slot: the piece's index when split
     if (chooser.tile >= chooser.whole) return kEnd;
-    const KvCachePiece pc = kv_cache_piece(chooser.tile, params.kv_work, TileGrid{params.m_blocks, params.heads_q, params.batch, 1},
-                                           params.packing.positions, Cfg::kBlockN, params.seqlen_q,
-                                           Cfg::kCausal ? params.band : KeyBand{});
+    const TileGrid grid{params.m_blocks, params.heads_q, params.batch, 1};
+    const KvCachePiece pc = kv_cache_piece(chooser.tile, params.kv_work, grid, params.packing.positions, Cfg::kBlockN,
+                                           params.seqlen_q, Cfg::kCausal ? params.band : KeyBand{});
     return {pc.tile.m_block, pc.tile.head, pc.tile.batch, pc.n_tiles, pc.n_end,
             params.kv_work.splits > 1 ? chooser.tile : -1, 0, params.seqlen_q, 0, pc.seqlen_k};
   } else if constexpr (Cfg::kVarlen) {  // never split: the plan's tile, two 16-byte loads

@@ -16,4 +16,11 @@ namespace warpattn::detail {
 void append_kv(const TensorView& k_new, const TensorView& v_new, const TensorView& k_cache, const TensorView& v_cache,
                const int* cache_seqlens, const KvPages& pages, int capacity, cudaStream_t stream);
 
+// The new rows of a call, for a launch that appends them once everything that could still fail
+// before the attention (tensor maps, scheduler memory) is in hand, so that a failure writes
+// nothing.
+struct NewRows {
+  TensorView k, v;
+};
+
 }  // namespace warpattn::detail

@@ -114,8 +114,8 @@ WARPATTN_HOST_DEVICE int kv_cache_keys(const KvCacheWork& w, int batch) {
 // 2^32, which holds for splits <= kMaxDecodeSplits = 128 and key_blocks < 2^25 (a capacity below
 // 2^31 keys, validated, in blocks of at least 80 keys).
 WARPATTN_HOST_DEVICE KeyBlockRange split_key_blocks_u32(int split, int splits, int key_blocks) {
-  const unsigned b = static_cast<unsigned>(split) * static_cast<unsigned>(key_blocks) / static_cast<unsigned>(splits);
-  const unsigned e = static_cast<unsigned>(split + 1) * static_cast<unsigned>(key_blocks) / static_cast<unsigned>(splits);
+  const unsigned n = static_cast<unsigned>(key_blocks), d = static_cast<unsigned>(splits);
+  const unsigned b = static_cast<unsigned>(split) * n / d, e = static_cast<unsigned>(split + 1) * n / d;
   return {static_cast<int>(b), static_cast<int>(e)};
 }
 

@@ -5,6 +5,7 @@
 // combine of split keys.
 #pragma once
 
+#include "hopper/decode/append_kv.hpp"
 #include "hopper/decode/combine_splits.cuh"
 #include "hopper/decode/decode_plan.hpp"
 #include "hopper/decode/kv_pages.hpp"
@@ -31,11 +32,13 @@ inline int kvcache_splits(int num_splits, long long tiles, int key_tiles, bool b
 // q, out: (B, Sq, Hq, D); k_cache, v_cache: dense (B, S_cache, Hkv, D) or paged (num_pages,
 // page_size, Hkv, D); lse (B, Hq, Sq). p: batch B, seqlen_q Sq, seqlen_k the capacity (>= 1);
 // work: the lengths as validated (splits and pieces are set here); pages as validated (the box
-// sizes are set here, from the tile); num_splits as kvcache_splits takes it.
+// sizes are set here, from the tile); num_splits as kvcache_splits takes it; append: the new
+// rows (or null), written once the tensor maps and the scheduler memory are in hand.
 template <class Cfg>
 void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages pages, int num_splits,
-                         const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
-                         const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream) {
+                         const NewRows* append, const TensorView& q, const TensorView& k_cache,
+                         const TensorView& v_cache, const TensorView& out, const std::optional<TensorView>& lse,
+                         cudaStream_t stream) {
   static_assert(Cfg::kKvCache, "a KvCacheConfig");
   pages.box_rows = cache_box_rows(Cfg::kBlockN, pages.table != nullptr ? pages.page_shift : -1);
   pages.boxes = Cfg::kBlockN / pages.box_rows;
@@ -63,6 +66,8 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   SchedulerWorkspace ws(stream, work.splits > 1 ? static_cast<size_t>(work.pieces) * PartialState<Cfg>::kSlotBytes : 0);
   params.tile_counter = ws.tile_counter();
   params.partials = ws.partials();
+  if (append != nullptr)
+    append_kv(append->k, append->v, k_cache, v_cache, work.cache_seqlens, pages, work.capacity, stream);
   launch_forward_kernel<Cfg>(std::min<int64_t>(work.pieces, multiprocessor_count()), maps, params, stream);
   if (work.splits > 1) {
     combine_kvcache_splits_kernel<Cfg>
@@ -74,25 +79,26 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
 // Defined in forward_kvcache_<dtype>_d<dim>.cu, one file per dtype and head dim.
 template <class Element, int kHeadDim>
 void run_forward_kvcache_head_dim(const ForwardProblem& p, const KvCacheWork& work, const KvPages& pages,
-                                  int num_splits, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
-                                  const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream);
+                                  int num_splits, const NewRows* append, const TensorView& q,
+                                  const TensorView& k_cache, const TensorView& v_cache, const TensorView& out,
+                                  const std::optional<TensorView>& lse, cudaStream_t stream);
 
 }  // namespace warpattn::detail
 
 // The body of each forward_kvcache_<dtype>_d<dim>.cu: the dense forward's tile shapes, banded
 // (causal or a sliding window) and not.
-#define WARPATTN_FORWARD_KVCACHE_INSTANCE(Element, kHeadDim)                                                        \
-  namespace warpattn::detail {                                                                                    \
-  template <>                                                                                                     \
-  void run_forward_kvcache_head_dim<Element, kHeadDim>(                                                           \
-      const ForwardProblem& p, const KvCacheWork& work, const KvPages& pages, int num_splits,                      \
-      const TensorView& q, const TensorView& k_cache, const TensorView& v_cache, const TensorView& out,                                \
-      const std::optional<TensorView>& lse, cudaStream_t stream) {                                                \
-    if (p.banded)                                                                                                 \
-      run_forward_kvcache<KvCacheConfig<ForwardConfigFor<Element, kHeadDim, true>>>(p, work, pages, num_splits, q, k_cache,   \
-                                                                                   v_cache, out, lse, stream);    \
-    else                                                                                                          \
-      run_forward_kvcache<KvCacheConfig<ForwardConfigFor<Element, kHeadDim, false>>>(p, work, pages, num_splits, q, k_cache,  \
-                                                                                    v_cache, out, lse, stream);   \
-  }                                                                                                               \
+#define WARPATTN_FORWARD_KVCACHE_INSTANCE(Element, kHeadDim)                                                   \
+  namespace warpattn::detail {                                                                               \
+  template <>                                                                                                \
+  void run_forward_kvcache_head_dim<Element, kHeadDim>(                                                      \
+      const ForwardProblem& p, const KvCacheWork& work, const KvPages& pages, int num_splits,                 \
+      const NewRows* append, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,       \
+      const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream) {                    \
+    if (p.banded)                                                                                            \
+      run_forward_kvcache<KvCacheConfig<ForwardConfigFor<Element, kHeadDim, true>>>(                         \
+          p, work, pages, num_splits, append, q, k_cache, v_cache, out, lse, stream);                        \
+    else                                                                                                     \
+      run_forward_kvcache<KvCacheConfig<ForwardConfigFor<Element, kHeadDim, false>>>(                        \
+          p, work, pages, num_splits, append, q, k_cache, v_cache, out, lse, stream);                        \
+  }                                                                                                          \
   }
