@@ -100,7 +100,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     sees keys up to len - seqlen_q + i. softmax_scale (default 1/sqrt(head_dim)), softcap, sinks
     and batch_invariant: as flash_attn_func takes them. num_splits: how many pieces each work
     tile's keys are cut into over the SMs (flash-decoding, combined through their log-sum-exps):
-    0 (FlashAttention's default) chooses from the shape and the SM count, 1 to 128 forces it.
+    0 (FlashAttention's default) chooses from the shape and the SM count, 1 to 128 asks for that
+    many (fewer where their partial states would pass 1 GiB).
     out: optional output tensor to write.
 
     Returns out (batch, seqlen_q, heads, head_dim), or (out, lse) with return_lse, lse being
