@@ -1201,7 +1201,7 @@ VarlenCall validate_forward_varlen(const TensorView& q, const TensorView& k, con
 
 // ---- KV caches (warpattn.hpp, KvCache): the rules a to m for q, out and lse with the caches
 // as k and v (a paged cache's first axis is its pages, not the batch), then for the new keys
-// and values with q, then the cache's own (rules c1 to c6 below), p, and the overlap rules
+// and values with q, then the cache's own (rules c1 to c7 below), p, and the overlap rules
 // over everything, the caches written when the call appends.
 namespace {
 const char* const kPagedDimNames[4] = {"num_pages", "page_size", "heads", "head_dim"};
@@ -1244,16 +1244,16 @@ KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, 
       fail(Message() << "cache_seqlens: needed to append k and v (where each sequence's new rows go), got none");
   }
 
-  // c7. the split count
+  // c2. the split count
   if (cache.num_splits < 0 || cache.num_splits > kMaxDecodeSplits)
     fail(Message() << "num_splits: expected 0 (chosen from the shape) or 1 to " << kMaxDecodeSplits << ", got "
                    << cache.num_splits);
 
-  // c2. cache_seqlens: (batch) int32, contiguous
+  // c3. cache_seqlens: (batch) int32, contiguous
   const Arg aseqlens{"cache_seqlens", cache.cache_seqlens ? *cache.cache_seqlens : none, kCacheSeqlensDimNames, 1};
   if (cache.cache_seqlens) check_offsets_array(aseqlens, sizes.batch, "(batch, one per sequence of q)");
 
-  // c3 to c5. block_table: (batch, max_pages) int32, last dimension contiguous, 4-byte aligned;
+  // c4 to c6. block_table: (batch, max_pages) int32, last dimension contiguous, 4-byte aligned;
   // the pages: a power of two from 16 keys up; the capacity within 32-bit key indices
   const Arg atable{"block_table", paged ? *cache.block_table : none, kBlockTableDimNames, 2};
   int64_t capacity = sizes.seqlen_k;
@@ -1282,7 +1282,6 @@ KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, 
     capacity = max_pages * page_size;
     pages.table = static_cast<const int*>(cache.block_table->data);
     pages.table_stride = cache.block_table->stride[0];
-    pages.max_pages = static_cast<int>(max_pages);
     pages.num_pages = static_cast<int>(cache.k_cache.shape[0]);
     int shift = 0;
     while ((int64_t{1} << shift) < page_size) ++shift;
@@ -1291,7 +1290,7 @@ KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, 
     pages.num_pages = static_cast<int>(sizes.batch);
   }
 
-  // c6. the plan's table: a tile per block of positions of each sequence and chunk of packed
+  // c7. the launch's tiles: one per block of positions of each sequence and chunk of packed
   // query heads (128-row tiles, decode_plan.hpp's gqa_packing)
   const GqaPacking packing =
       gqa_packing(static_cast<int>(sizes.heads_kv > 0 ? sizes.heads_q / sizes.heads_kv : 1), 128);

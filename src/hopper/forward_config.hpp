@@ -111,9 +111,10 @@ struct VarlenConfig : Base {
   static constexpr bool kVarlen = true;
 };
 
-// The same kernel over KV caches (warpattn.hpp, KvCache): the plan's tiles as for a packed
-// batch, each sequence's Q, out and lse in its own batch entry and its keys in its cache's
-// pages (decode/kv_pages.hpp), loaded in boxes that never cross a page.
+// The same kernel over KV caches (warpattn.hpp, KvCache): pieces of packed-row tiles that the
+// producer enumerates itself (decode/kv_cache_pieces.hpp), each sequence's Q, out and lse in its
+// own batch entry and its keys in its cache's pages (decode/kv_pages.hpp), loaded in boxes that
+// never cross a page.
 template <class Base>
 struct KvCacheConfig : VarlenConfig<Base> {
   static constexpr bool kKvCache = true;

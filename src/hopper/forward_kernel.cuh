@@ -74,6 +74,8 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
         // FP8 P has 3 mantissa bits; splitting it would not buy the 16-bit path's precision.
         tile.run(o, softmax);
       } else {
+        // Two calls, not one through first_row_of_block/rows_of_block: that form reassociates the
+        // 16-bit causal kernels' row arithmetic (their SASS changed); this one keeps it as it was.
         bool few_keys;
         if constexpr (Cfg::kKvCache)  // a block of positions
           few_keys = sees_few_keys(first_row_of_block<Cfg>(w.m_block, params), rows_of_block<Cfg>(params), seqlen_q,

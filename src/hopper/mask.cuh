@@ -12,8 +12,8 @@ namespace warpattn::detail {
 
 // s: one thread's slice of a 64 x kBlockN score tile. row0: query row of register half 0 (in
 // the sequence), the second's row0 + 8, or row1 where given (>= 0: a KV cache's packed rows,
-// whose positions need not be 8 apart); key0: key index of the tile's first column. kBanded: the launch has a band
-// (causal or a window); otherwise only seqlen_k bounds the keys.
+// whose positions need not be 8 apart); key0: key index of the tile's first column. kBanded:
+// the launch has a band (causal or a window); otherwise only seqlen_k bounds the keys.
 // kLeftEdge: also the left edge of a window (ConsumerTile::run masks it only in the tiles that
 // need it, after their P·V has completed: at d = 256 a bound per row does not fit beside O, P
 // and S in flight).

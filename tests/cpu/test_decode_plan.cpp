@@ -91,24 +91,3 @@ TEST(default_splits_stay_in_bounds) {
   CHECK(default_splits(512, 32, 132) == 1);  // B = 64: the tiles fill the card
   CHECK(default_splits(140, 32, 132) == 4);  // a second round of 8 tiles: 560 pieces in 5 rounds of 8 + 1
 }
-
-TEST(paged_rows_follow_the_block_table) {
-  std::mt19937_64 rng(5);
-  for (int page_size : {16, 32, 64, 128, 256}) {
-    const int pages = 40;
-    std::vector<int> table(pages);
-    for (int i = 0; i < pages; ++i) table[i] = static_cast<int>(rng() % 1000);
-    for (int key = 0; key < pages * page_size; ++key) {
-      const long long want = static_cast<long long>(table[key / page_size]) * page_size + key % page_size;
-      CHECK(paged_key_row(table.data(), key, page_size) == want) << page_size << " " << key;
-    }
-    // A 128-key block in one page: its rows consecutive from its first key's row.
-    const bool within = key_blocks_within_pages(page_size, 128);
-    CHECK(within == (page_size % 128 == 0)) << page_size;
-    if (within)
-      for (int block = 0; block * 128 < pages * page_size; ++block) {
-        const long long first = paged_key_row(table.data(), block * 128, page_size);
-        for (int i = 0; i < 128; ++i) CHECK(paged_key_row(table.data(), block * 128 + i, page_size) == first + i);
-      }
-  }
-}

@@ -238,8 +238,7 @@ TEST(kvcache_call_sizes_paged) {
         << ps << ": " << k.problem.batch << " " << k.problem.seqlen_q << " " << k.problem.seqlen_k;
     CHECK(k.problem.heads_q == 8 && k.problem.heads_kv == 2 && k.problem.head_dim == 128);
     CHECK(k.pages.table == static_cast<const int*>(fake(kTable)));
-    CHECK(k.pages.table_stride == 10 && k.pages.max_pages == 10 && k.pages.num_pages == 40)
-        << k.pages.table_stride << " " << k.pages.max_pages << " " << k.pages.num_pages;
+    CHECK(k.pages.table_stride == 10 && k.pages.num_pages == 40) << k.pages.table_stride << " " << k.pages.num_pages;
     CHECK(k.pages.page_shift == shift && (1 << k.pages.page_shift) == ps) << ps << " " << k.pages.page_shift;
     CHECK(k.work.capacity == capacity && k.work.appended == 2);
     CHECK(k.work.cache_seqlens == static_cast<const int*>(fake(kSeqlens)));
@@ -621,7 +620,7 @@ TEST(cache_box_follows_the_block_table) {
                                          : static_cast<int>(rng() % num_pages);
       }
     KvPages kv;
-    kv.table = table.data(), kv.table_stride = stride, kv.max_pages = max_pages, kv.num_pages = num_pages;
+    kv.table = table.data(), kv.table_stride = stride, kv.num_pages = num_pages;
     kv.page_shift = shift;
     for (int b = 0; b < batch; ++b) {
       const int seqlen = static_cast<int>(rng() % (capacity + 1));
@@ -689,7 +688,7 @@ TEST(cache_boxes_lie_within_one_page) {
       std::vector<int> table(batch * max_pages);
       for (int& e : table) e = static_cast<int>(rng() % num_pages);
       KvPages kv;
-      kv.table = table.data(), kv.table_stride = max_pages, kv.max_pages = max_pages, kv.num_pages = num_pages;
+      kv.table = table.data(), kv.table_stride = max_pages, kv.num_pages = num_pages;
       kv.page_shift = shift, kv.box_rows = rows, kv.boxes = block_n / rows;
       const int capacity = max_pages * page_size;
       for (int b = 0; b < batch; ++b)
@@ -862,13 +861,15 @@ TEST(kvcache_pieces_cover_each_tile_once_in_order) {
   }
 }
 
-TEST(split_key_blocks_u32_is_exact_at_the_largest_counts) {
+TEST(split_key_blocks_is_exact_at_the_largest_counts) {
   using namespace warpattn::detail;
-  // The largest key-block count a capacity below 2^31 gives in 80-key blocks, every split count.
+  // Its 32-bit arithmetic against 64-bit, up to the largest key-block count a capacity below
+  // 2^31 gives in 80-key blocks, every split count.
   for (int blocks : {0, 1, 7, 1000, ((1 << 30) / 80) * 2 + 1})
     for (int splits = 1; splits <= kMaxDecodeSplits; ++splits)
       for (int i = 0; i < splits; ++i) {
-        const KeyBlockRange a = split_key_blocks_u32(i, splits, blocks), b = split_key_blocks(i, splits, blocks);
-        CHECK(a.begin == b.begin && a.end == b.end) << blocks << " " << splits << " " << i;
+        const KeyBlockRange a = split_key_blocks(i, splits, blocks);
+        const long long b = static_cast<long long>(i) * blocks / splits, e = static_cast<long long>(i + 1) * blocks / splits;
+        CHECK(a.begin == b && a.end == e) << blocks << " " << splits << " " << i;
       }
 }

@@ -40,14 +40,17 @@ WARPATTN_HOST_DEVICE GqaPacking gqa_packing(int group, int block_m) {
 // ---- Splits of a sequence's keys. Key blocks [begin, end) of split `split` out of `splits`
 // over `key_blocks` blocks: as even as whole blocks allow (sizes differ by at most one block),
 // in order, covering every block once. A split past the blocks (more splits than blocks) is
-// empty.
+// empty. 32-bit arithmetic (the producer that works it out has 40 registers, and a 64-bit
+// division is a call): exact while splits x key_blocks < 2^32, which holds for splits <=
+// kMaxDecodeSplits = 128 and key_blocks < 2^25 (a capacity below 2^31 keys, validated, in
+// blocks of at least 80 keys).
 struct KeyBlockRange {
   int begin = 0, end = 0;
   WARPATTN_HOST_DEVICE bool empty() const { return end <= begin; }
 };
 WARPATTN_HOST_DEVICE KeyBlockRange split_key_blocks(int split, int splits, int key_blocks) {
-  const long long b = static_cast<long long>(split) * key_blocks / splits;
-  const long long e = static_cast<long long>(split + 1) * key_blocks / splits;
+  const unsigned n = static_cast<unsigned>(key_blocks), d = static_cast<unsigned>(splits);
+  const unsigned b = static_cast<unsigned>(split) * n / d, e = static_cast<unsigned>(split + 1) * n / d;
   return {static_cast<int>(b), static_cast<int>(e)};
 }
 
@@ -107,29 +110,6 @@ WARPATTN_HOST_DEVICE int kv_cache_keys(const KvCacheWork& w, int batch) {
   }
   const long long keys = static_cast<long long>(cached) + w.appended;
   return keys < w.capacity ? static_cast<int>(keys) : w.capacity;
-}
-
-// Piece `split` of `splits` of key_blocks blocks, in 32-bit arithmetic (the producer that works
-// it out has 40 registers, and a 64-bit division is a call): exact while splits x key_blocks <
-// 2^32, which holds for splits <= kMaxDecodeSplits = 128 and key_blocks < 2^25 (a capacity below
-// 2^31 keys, validated, in blocks of at least 80 keys).
-WARPATTN_HOST_DEVICE KeyBlockRange split_key_blocks_u32(int split, int splits, int key_blocks) {
-  const unsigned n = static_cast<unsigned>(key_blocks), d = static_cast<unsigned>(splits);
-  const unsigned b = static_cast<unsigned>(split) * n / d, e = static_cast<unsigned>(split + 1) * n / d;
-  return {static_cast<int>(b), static_cast<int>(e)};
-}
-
-// ---- Paged caches: (num_pages, page_size, Hkv, d) with block_table[b][i] the page of the
-// sequence's keys i · page_size ... Key `key` of sequence b is row `paged_key_row` of the cache
-// viewed as (num_pages · page_size, Hkv, d).
-WARPATTN_HOST_DEVICE long long paged_key_row(const int* block_table_row, int key, int page_size) {
-  return static_cast<long long>(block_table_row[key / page_size]) * page_size + key % page_size;
-}
-// A key block of block_n keys starting at a multiple of block_n lies in one page (one TMA box
-// at paged_key_row of its first key) iff the page size is a multiple of block_n; otherwise the
-// block is gathered row by row.
-WARPATTN_HOST_DEVICE bool key_blocks_within_pages(int page_size, int block_n) {
-  return page_size > 0 && page_size % block_n == 0;
 }
 
 }  // namespace warpattn::detail

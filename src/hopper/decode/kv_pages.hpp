@@ -22,7 +22,6 @@ namespace warpattn::detail {
 struct KvPages {
   const int* table = nullptr;  // (B, max_pages) block table, or null: a dense cache
   int64_t table_stride = 0;    // between sequences' rows of the table, in entries
-  int max_pages = 0;           // entries per sequence
   int num_pages = 0;           // pages of the cache (dense: B)
   int page_shift = 0;          // log2(page_size) (paged)
   int box_rows = 0, boxes = 1;  // a key tile is `boxes` boxes of box_rows keys
@@ -35,7 +34,7 @@ struct CacheBox {
 WARPATTN_HOST_DEVICE CacheBox cache_box(const KvPages& kv, int batch, int key, int seqlen_k) {
   if (key >= seqlen_k) return {-1, 0};
   if (kv.table == nullptr) return {batch, key};
-  const int slot = key >> kv.page_shift;  // < max_pages: seqlen_k is clamped to the capacity
+  const int slot = key >> kv.page_shift;  // inside the table's row: seqlen_k is clamped to the capacity
   const int page = kv.table[batch * kv.table_stride + slot];
   if (page < 0 || page >= kv.num_pages) return {-1, 0};
   return {page, key & ((1 << kv.page_shift) - 1)};
