@@ -7,7 +7,8 @@ set -u -o pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 STAGES=${STAGES:-"ctest cli bench"}  # also: primitives, forward, fp8, devices, sanitize, python, bench_backward, ncu, ncu_fp8
-# python: PY_PARTS (default gpu cpu training varlen transformers jax_ffi), VARLEN_BENCH=1 for the varlen mixes,
+# python: PY_PARTS (default gpu cpu training varlen kvcache transformers jax_ffi), VARLEN_BENCH=1 for the varlen mixes,
+#   DECODE_BENCH=1 for the KV-cache benchmark (python -m warpattn.bench --decode; DECODE_BENCH_ARGS, default --quick),
 #   JAX_BENCH=1 for warpattn under jax.jit beside cuDNN (python -m warpattn.bench_jax; JAX_BENCH_ARGS)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 # The first half of the README's test command: scripts/build.sh (every core).
@@ -98,7 +99,7 @@ if stage python; then
   if timeout -k 5 300 python3 -m pip install -q --no-build-isolation --no-deps . > "$OUT/pip.log" 2>&1; then
     # The XLA FFI handlers are built only where the build found jax (warpattn.jax_ffi).
     (cd /tmp && python3 -c "import warpattn, jax; from warpattn import jax_ffi; print('JAX FFI handlers built:', jax_ffi.available(), 'jax', jax.__version__)")
-    for part in ${PY_PARTS:-gpu cpu training varlen transformers jax_ffi}; do  # separately: a crash in one part still leaves the others' results
+    for part in ${PY_PARTS:-gpu cpu training varlen kvcache transformers jax_ffi}; do  # separately: a crash in one part still leaves the others' results
       (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${PYTEST_TIMEOUT:-400} python3 -X faulthandler -m pytest -q -rs \
         "$OLDPWD/tests/python/test_$part.py" > "$OUT/pytest-$part.log" 2>&1)
       rc=$?; echo "pytest $part rc=$rc: $(tail -1 "$OUT/pytest-$part.log")"
@@ -118,6 +119,11 @@ if stage python; then
       (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 -m warpattn.bench --varlen --out "$OUT/bench-varlen.json" \
         ${VARLEN_BENCH_ARGS:-} > "$OUT/varlen-bench.log" 2> "$OUT/varlen-bench.err")
       echo "varlen bench rc=$?"; tail -4 "$OUT/varlen-bench.err"; tail -40 "$OUT/varlen-bench.log"
+    fi
+    if [ -n "${DECODE_BENCH:-}" ]; then  # issue 16's decode points beside cuDNN and FA2 through SDPA
+      (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 -m warpattn.bench --decode \
+        --out "$OUT/bench-decode.json" ${DECODE_BENCH_ARGS:---quick} > "$OUT/decode-bench.log" 2>&1)
+      echo "decode bench rc=$?"; tail -12 "$OUT/decode-bench.log"
     fi
     if [ -n "${HOST_COST:-}" ]; then
       (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 120 python3 "$OLDPWD/scripts/host_cost.py" 2>&1 | tee "$OUT/host_cost.log")

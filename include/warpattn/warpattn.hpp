@@ -248,4 +248,60 @@ void validate_backward_varlen(const TensorView& dout, const TensorView& q, const
                               const TensorView& dk, const TensorView& dv, const VarlenBatch& batch,
                               const BackwardOptions& options, const std::optional<Workspace>& workspace = std::nullopt);
 
+
+// ---- KV caches (decode, FlashAttention's flash_attn_with_kvcache).
+// Each of B sequences attends its Sq new query rows to the keys held in its cache, after the
+// optional new keys and values have been appended to it. The cache is either
+//   dense: k_cache, v_cache (B, S_cache, Hkv, D): sequence b's keys are k_cache[b, 0 .. len), or
+//   paged: k_cache, v_cache (num_pages, page_size, Hkv, D) with block_table (B, max_pages)
+//          int32: sequence b's key j is k_cache[block_table[b][j / page_size], j % page_size].
+//          page_size is a power of two from 16 up (vLLM's 16, FlashAttention's 256, ...).
+// A sequence's capacity is S_cache (dense) or max_pages x page_size (paged).
+struct KvCache {
+  TensorView k_cache, v_cache;
+  // Optional (B) int32: sequence b's cache holds cache_seqlens[b] keys before the append
+  // (clamped to [0, capacity] on the device); absent: every cache is full (its capacity), and
+  // nothing can be appended.
+  std::optional<TensorView> cache_seqlens;
+  // Optional (B, max_pages) int32, last dimension contiguous: the paged layout.
+  std::optional<TensorView> block_table;
+  // Optional new keys and values (B, S_new, Hkv, D), both or neither, dtype and head dims as
+  // k_cache and v_cache: written into the cache at rows cache_seqlens[b] .. + S_new (through
+  // the block table when paged) before the attention, which then sees
+  // len = min(cache_seqlens[b] + S_new, capacity) keys (rows past the capacity are dropped).
+  // cache_seqlens is only read: the caller advances it afterwards. Needs cache_seqlens.
+  std::optional<TensorView> k, v;
+  // How many pieces each work tile's keys are cut into over the SMs (flash-decoding), combined
+  // afterwards through their log-sum-exps: 0 chooses from the shape and the SM count (1 in the
+  // batch-invariant mode), 1 .. 128 asks for that many (fewer where their partial states would
+  // pass 1 GiB: about 70 KB a piece at head dim 128).
+  int num_splits = 0;
+};
+
+// forward() over each sequence's cache: out[b] = attention(q[b], keys 0 .. len of b's cache),
+// causal (and a sliding window) aligned bottom-right, so new query row i sees keys up to
+// len - Sq + i.
+//   q, out: (B, Sq, Hq, D); lse: optional (B, Hq, Sq) fp32; options as forward()'s.
+// The dtype, head-dim, GQA, layout, overlap and device rules of forward() apply to q, out,
+// lse, the caches and the new keys and values; cache_seqlens and block_table must be device
+// memory of the call's device that nothing written by the call overlaps. The lengths and the
+// page indices are read on the device only (no host synchronisation: CUDA graphs keep
+// working, with new lengths at every replay), so they are not validated there: a length is
+// clamped to [0, capacity] (appended rows past the capacity are dropped), and a page index
+// outside [0, num_pages) is never read (its keys count as keys of zeros: score 0, value 0)
+// nor written. Cache rows past a sequence's length inside its pages are read: they must be
+// finite.
+// The kernel: forward_varlen()'s, on tiles it enumerates itself (no planning kernels before
+// it), whose rows are the query heads of one KV head at each of a block of positions (GQA
+// packing: K and V are read once per KV head), and whose key ranges are cut into pieces over
+// the SMs when the tiles alone cannot fill them (KvCache::num_splits), combined afterwards in a
+// fixed order.
+void forward_kvcache(const TensorView& q, const KvCache& cache, const TensorView& out,
+                     const std::optional<TensorView>& lse, const ForwardOptions& options,
+                     cudaStream_t stream = nullptr);
+
+// Every argument rule of forward_kvcache() on the host, touching neither memory nor the GPU.
+void validate_forward_kvcache(const TensorView& q, const KvCache& cache, const TensorView& out,
+                              const std::optional<TensorView>& lse, const ForwardOptions& options);
+
 }  // namespace warpattn

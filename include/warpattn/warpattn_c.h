@@ -105,6 +105,20 @@ WARPATTN_C_API int warpattn_forward_varlen_ex(const warpattn_tensor* q, const wa
                                               const warpattn_forward_options* options, void* stream, char* err,
                                               size_t err_len);
 
+/* warpattn::forward_kvcache: q, out (B, Sq, Hq, D) attend each sequence's KV cache, k_cache and
+ * v_cache dense (B, S_cache, Hkv, D) or, with block_table (B, max_pages) int32, paged (num_pages,
+ * page_size, Hkv, D); cache_seqlens (B) int32 or NULL (full caches); k_new and v_new (B, S_new,
+ * Hkv, D), both or NULL, appended at cache_seqlens before attending; lse (B, Hq, Sq) or NULL.
+ * num_splits: as KvCache's (0: chosen from the shape). options may not be NULL. The return value
+ * as warpattn_forward's. */
+WARPATTN_C_API int warpattn_forward_kvcache(const warpattn_tensor* q, const warpattn_tensor* k_cache,
+                                            const warpattn_tensor* v_cache, const warpattn_tensor* k_new,
+                                            const warpattn_tensor* v_new, const warpattn_tensor* cache_seqlens,
+                                            const warpattn_tensor* block_table, int num_splits,
+                                            const warpattn_tensor* out, const warpattn_tensor* lse,
+                                            const warpattn_forward_options* options, void* stream, char* err,
+                                            size_t err_len);
+
 /* The gradients of warpattn_forward(q, k, v) -> out, given dout = dL/d(out): dq, dk and dv.
  *   lse:              the forward's log-sum-exp (not optional here).
  *   has_scale, softmax_scale, causal: those of the forward call.

@@ -54,7 +54,7 @@ warpattn::TensorView view_as(const AnyArray& a, const char* name, warpattn::DTyp
 
 warpattn::TensorView view_of(const AnyArray& a, const char* name) { return view_as(a, name, dtype_of(a, name)); }
 
-// The sequence offsets of packed batches: int32 only.
+// The sequence offsets of packed batches, a KV cache's lengths and block table: int32 only.
 warpattn::TensorView int32_view_of(const AnyArray& a, const char* name) {
   const nb::dlpack::dtype t = a.dtype();
   if (t.bits == 32 && t.lanes == 1 && t.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Int))
@@ -261,6 +261,42 @@ void forward_varlen(const AnyArray& q, const AnyArray& k, const AnyArray& v, con
                  [&] { warpattn::forward_varlen(vq, vk, vv, vo, vl, batch, options, reinterpret_cast<cudaStream_t>(stream)); });
 }
 
+// The cache of forward_kvcache as the library takes it: k_cache and v_cache dense (batch,
+// seqlen, heads_kv, head_dim) or paged (num_pages, page_size, heads_kv, head_dim) with a block
+// table; the lengths, the block table and the new keys and values optional.
+warpattn::KvCache kv_cache(const AnyArray& k_cache, const AnyArray& v_cache, const std::optional<AnyArray>& k,
+                           const std::optional<AnyArray>& v, const std::optional<AnyArray>& cache_seqlens,
+                           const std::optional<AnyArray>& block_table) {
+  warpattn::KvCache cache;
+  cache.k_cache = view_of(k_cache, "k_cache");
+  cache.v_cache = view_of(v_cache, "v_cache");
+  cache.k = optional_view(k, "k");
+  cache.v = optional_view(v, "v");
+  if (cache_seqlens) cache.cache_seqlens = int32_view_of(*cache_seqlens, "cache_seqlens");
+  if (block_table) cache.block_table = int32_view_of(*block_table, "block_table");
+  return cache;
+}
+
+void forward_kvcache(const AnyArray& q, const AnyArray& k_cache, const AnyArray& v_cache, const AnyArray& out,
+                     const std::optional<AnyArray>& lse, const std::optional<AnyArray>& k,
+                     const std::optional<AnyArray>& v, const std::optional<AnyArray>& cache_seqlens,
+                     const std::optional<AnyArray>& block_table, std::optional<float> softmax_scale, bool causal,
+                     uintptr_t stream, bool batch_invariant, int window_left, int window_right, float softcap,
+                     const std::optional<AnyArray>& sinks, int num_splits) {
+  const ModelOptions model{window_left, window_right, softcap, sinks};
+  const warpattn::TensorView vq = view_of(q, "q"), vo = view_of(out, "out");
+  const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
+  warpattn::KvCache cache = kv_cache(k_cache, v_cache, k, v, cache_seqlens, block_table);
+  cache.num_splits = num_splits;
+  const warpattn::ForwardOptions options = forward_options(softmax_scale, causal, batch_invariant, model);
+  checked_launch([&] { warpattn::validate_forward_kvcache(vq, cache, vo, vl, options); },
+                 {{&q, "q"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&out, "out"},
+                  {lse ? &*lse : nullptr, "lse"}, {k ? &*k : nullptr, "k"}, {v ? &*v : nullptr, "v"},
+                  {cache_seqlens ? &*cache_seqlens : nullptr, "cache_seqlens"},
+                  {block_table ? &*block_table : nullptr, "block_table"}, {sinks_of(model), "sinks"}},
+                 [&] { warpattn::forward_kvcache(vq, cache, vo, vl, options, reinterpret_cast<cudaStream_t>(stream)); });
+}
+
 void quantize_fp8_varlen(const AnyArray& q, const AnyArray& k, const AnyArray& v, const AnyArray& fq,
                          const AnyArray& fk, const AnyArray& fvt, const AnyArray& qs, const AnyArray& ks,
                          const AnyArray& vs, const AnyArray& cu_seqlens_q, const AnyArray& cu_seqlens_k, bool rotate,
@@ -399,6 +435,19 @@ NB_MODULE(_warpattn, m) {
         "forward on a packed batch: q, out (total_q, heads, head_dim); k, v (total_k, heads_kv, head_dim); lse "
         "(heads, total_q); cu_seqlens_q/k (batch + 1) int32, seqused_k (batch) int32 or None, on the device. "
         "window_left, window_right, softcap, sinks: as forward's, per sequence.");
+  m.def("forward_kvcache", &forward_kvcache, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("out"),
+        nb::arg("lse").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("cache_seqlens").none(),
+        nb::arg("block_table").none(), nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("stream"),
+        nb::arg("batch_invariant") = false, nb::kw_only(), nb::arg("window_left") = -1,
+        nb::arg("window_right") = -1, nb::arg("softcap") = 0.0f, nb::arg("sinks").none() = nb::none(),
+        nb::arg("num_splits") = 0,
+        "forward over each sequence's KV cache: q, out (batch, seqlen_q, heads, head_dim); k_cache, v_cache dense "
+        "(batch, seqlen_cache, heads_kv, head_dim) or paged (num_pages, page_size, heads_kv, head_dim) with "
+        "block_table (batch, max_pages) int32; cache_seqlens (batch) int32 or None (every cache full); k, v "
+        "(batch, seqlen_new, heads_kv, head_dim) or None: written into the caches at rows cache_seqlens[b] "
+        "onwards before the attention; lse (batch, heads, seqlen_q). window_left, window_right, softcap, sinks: as "
+        "forward's, aligned bottom-right on each sequence's keys; num_splits: the pieces of each tile's keys (0: "
+        "chosen from the shape; warpattn.hpp, KvCache).");
   // Every multiple of 8 from 8 to 256 (64, 128 and 256 compiled, those between padded).
   nb::list supported_head_dims, backward_head_dims;
   for (int d : warpattn::kSupportedHeadDims) supported_head_dims.append(d);

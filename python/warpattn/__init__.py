@@ -12,6 +12,8 @@ eagerly through DLPack; importing warpattn imports no JAX. FP8 (PyTorch, CuPy, J
 ops = warpattn.quantize_fp8(q, k, v); warpattn.flash_attn_fp8_func(ops). Packed batches of
 sequences of different lengths: warpattn.flash_attn_varlen_func (FlashAttention's signature);
 FP8 on them: warpattn.quantize_fp8_varlen and warpattn.flash_attn_fp8_varlen_func.
+Decoding over KV caches, dense or paged, with the new keys and values appended in place:
+warpattn.flash_attn_with_kvcache (FlashAttention's signature; inference only, no gradients).
 Hugging Face transformers: import warpattn.integrations.transformers, then
 attn_implementation="warpattn".
 """
@@ -20,10 +22,11 @@ from .api import flash_attn_backward, flash_attn_func
 from .fp8 import (FP8_BLOCK_ROWS, FP8_KEY_ORDER, Fp8Operands, flash_attn_fp8_func, flash_attn_fp8_varlen_func,
                   fp8_varlen_rows, quantize_fp8, quantize_fp8_varlen)
 from .jax_op import jax_flash_attn
+from .kvcache import flash_attn_with_kvcache
 from .varlen import flash_attn_varlen_backward, flash_attn_varlen_func
 
 __all__ = ["flash_attn_func", "flash_attn_backward", "jax_flash_attn", "supported_head_dims", "backward_head_dims",
            "quantize_fp8", "flash_attn_fp8_func", "Fp8Operands", "FP8_KEY_ORDER", "FP8_BLOCK_ROWS",
            "flash_attn_varlen_func", "flash_attn_varlen_backward", "quantize_fp8_varlen", "flash_attn_fp8_varlen_func",
-           "fp8_varlen_rows"]
+           "fp8_varlen_rows", "flash_attn_with_kvcache"]
 __version__ = "0.1.0"

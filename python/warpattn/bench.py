@@ -134,6 +134,8 @@ def parse_args(argv):
     p.add_argument("--batch-invariant", action="store_true",
                    help="also time warpattn's batch_invariant mode on the same tensors (issue 18's cost): "
                    "%d passes interleaved with the default's, the ratio their median" % INVARIANT_PASSES)
+    p.add_argument("--decode", action="store_true",
+                   help="run the KV-cache (decode) benchmark instead (bench_decode.py; --decode --help lists its options)")
     p.add_argument("--varlen", action="store_true",
                    help="run the ragged-batch benchmark instead (bench_varlen.py; the other options are its own: "
                    "--varlen --help lists them)")
@@ -688,6 +690,12 @@ def plot(result, stem):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
+    if "--decode" in argv:  # hand over to the KV-cache benchmark (issue 16), with the rest of the arguments
+        try:
+            from warpattn.bench_decode import main as decode_main
+        except ImportError:  # run as a script beside bench_decode.py
+            from bench_decode import main as decode_main
+        return decode_main([a for a in argv if a != "--decode"])
     if "--varlen" in argv:  # hand over to the ragged-batch benchmark, with the rest of the arguments
         try:
             from warpattn.bench_varlen import main as varlen_main

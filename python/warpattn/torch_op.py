@@ -1,7 +1,8 @@
 """warpattn for PyTorch: torch.library custom ops for the forward and the backward (dense, and packed
 varlen batches), each pair joined by register_autograd, so that flash_attn_func and
 flash_attn_varlen_func are differentiable and work under torch.compile and CUDA graph capture, on
-PyTorch's current stream. The public calls reach the forward op through an autograd.Function
+PyTorch's current stream; and the forward over KV caches (flash_attn_with_kvcache, inference
+only: no autograd formula), whose appending op declares the caches it writes (mutates_args). The public calls reach the forward op through an autograd.Function
 with the same formula where a gradient is wanted (cheaper per call: _autograd_function), directly
 where not.
 
@@ -274,3 +275,85 @@ def flash_attn_varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_
                              softmax_scale, causal, _current_stream("torch", q), batch_invariant,
                              window_left=window_left, window_right=window_right, softcap=softcap, sinks=sinks)
     return (out, lse) if return_lse else out
+
+
+# ------------------------------------------------------------------------------ KV caches
+# flash_attn_with_kvcache (warpattn.kvcache): inference only, so the ops have no autograd formula
+# (a backward through them is refused by PyTorch). Two ops, so that only the call that appends
+# declares the caches mutated (mutates_args; functionalised under torch.compile) and the call that
+# only attends stays a pure one. The outputs follow from q and v_cache's shapes alone, so the fake
+# implementations read neither the lengths nor the block table (torch.compile, CUDA graphs).
+
+def _kvcache_outputs(q, v_cache):
+    return q.new_empty(_out_shape(q, v_cache)), _lse_like(q)
+
+
+def _kvcache_run(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, batch_invariant,
+                 window_left, window_right, softcap, sinks, num_splits, out=None, lse=None):
+    _warpattn.forward_kvcache(q, k_cache, v_cache, out, lse, k, v, cache_seqlens, block_table, softmax_scale, causal,
+                              _current_stream("torch", q), batch_invariant, window_left=window_left,
+                              window_right=window_right, softcap=softcap, sinks=sinks, num_splits=num_splits)
+
+
+@torch.library.custom_op("warpattn::flash_attn_kvcache_forward", mutates_args=())
+def flash_attn_kvcache_forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               cache_seqlens: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
+                               softmax_scale: Optional[float], causal: bool, batch_invariant: bool = False,
+                               window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                               sinks: Optional[torch.Tensor] = None,
+                               num_splits: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """out and lse of q over the caches, which it only reads (no new keys and values)."""
+    out, lse = _kvcache_outputs(q, v_cache)
+    _kvcache_run(q, k_cache, v_cache, None, None, cache_seqlens, block_table, softmax_scale, causal, batch_invariant,
+                 window_left, window_right, softcap, sinks, num_splits, out, lse)
+    return out, lse
+
+
+@flash_attn_kvcache_forward.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal, batch_invariant=False, window_left=-1,
+      window_right=-1, softcap=0.0, sinks=None, num_splits=0):
+    return _kvcache_outputs(q, v_cache)
+
+
+@torch.library.custom_op("warpattn::flash_attn_kvcache_append_forward", mutates_args=("k_cache", "v_cache"))
+def flash_attn_kvcache_append_forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                      k: torch.Tensor, v: torch.Tensor, cache_seqlens: torch.Tensor,
+                                      block_table: Optional[torch.Tensor], softmax_scale: Optional[float],
+                                      causal: bool, batch_invariant: bool = False, window_left: int = -1,
+                                      window_right: int = -1, softcap: float = 0.0,
+                                      sinks: Optional[torch.Tensor] = None,
+                                      num_splits: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """k and v written into k_cache and v_cache in place at rows cache_seqlens[b] on, then out
+    and lse of q over the caches so grown."""
+    out, lse = _kvcache_outputs(q, v_cache)
+    _kvcache_run(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, batch_invariant,
+                 window_left, window_right, softcap, sinks, num_splits, out, lse)
+    return out, lse
+
+
+@flash_attn_kvcache_append_forward.register_fake
+def _(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, batch_invariant=False,
+      window_left=-1, window_right=-1, softcap=0.0, sinks=None, num_splits=0):
+    return _kvcache_outputs(q, v_cache)
+
+
+def flash_attn_kvcache_torch(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
+                             return_lse, out, batch_invariant=False, window_left=-1, window_right=-1, softcap=0.0,
+                             sinks=None, num_splits=0):
+    model = (batch_invariant, window_left, window_right, softcap, sinks, num_splits)
+    if out is not None:
+        # Writing into a caller's tensor is outside the custom ops (a graph break under compile).
+        lse = _lse_like(q) if return_lse else None
+        _kvcache_run(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, *model, out, lse)
+        return (out, lse) if return_lse else out
+    if k is None and v is None:
+        o, lse = flash_attn_kvcache_forward(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal,
+                                            *model)
+    elif k is None or v is None or cache_seqlens is None:
+        # The op's schema needs k, v and cache_seqlens: the library's own message for what is missing.
+        o, lse = _kvcache_outputs(q, v_cache)
+        _kvcache_run(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, *model, o, lse)
+    else:
+        o, lse = flash_attn_kvcache_append_forward(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
+                                                   softmax_scale, causal, *model)
+    return (o, lse) if return_lse else o

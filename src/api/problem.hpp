@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "hopper/decode/decode_plan.hpp"
+#include "hopper/decode/kv_pages.hpp"
 #include "hopper/varlen/varlen_tiles.hpp"
 #include "warpattn/fp8.hpp"
 #include "warpattn/warpattn.hpp"
@@ -70,6 +72,20 @@ struct VarlenCall {
 VarlenCall validate_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                                    const TensorView& out, const std::optional<TensorView>& lse,
                                    const VarlenBatch& batch, const ForwardOptions& options);
+
+// A validated call over KV caches: the problem (batch B, seqlen_q Sq, seqlen_k the capacity of
+// a sequence's cache), its sequences' lengths (decode_plan.hpp's KvCacheWork: the launch sets
+// the split count) and where its keys are (the launch sets the box sizes); appended: the new rows
+// per sequence (0: none).
+struct KvCacheCall {
+  ForwardProblem problem;
+  KvCacheWork work;
+  KvPages pages;
+  int64_t appended = 0;
+  int num_splits = 0;  // KvCache::num_splits
+};
+KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, const TensorView& out,
+                                     const std::optional<TensorView>& lse, const ForwardOptions& options);
 
 // A validated FP8 call on a packed batch: the operands (and q, k, v of quantize_fp8_varlen, out
 // and lse of forward_fp8_varlen) as (1, ...) views, the problem (batch: the sequences) and the

@@ -166,15 +166,16 @@ void check_lse_shape(const Arg& lse, const ProblemSizes& s) {
 }
 
 // ---- g. grouped-query heads: every query head maps onto one key/value head
-void check_head_groups(int64_t heads_q, int64_t heads_kv) {
+// `k`: the name of the tensor whose heads are the key/value heads.
+void check_head_groups(int64_t heads_q, int64_t heads_kv, const char* k = "k") {
   if (heads_q >= 1 && heads_kv < 1) {
     Message m;
-    m << "k: expected at least 1 key/value head for " << heads_q << " query heads, got " << heads_kv;
+    m << k << ": expected at least 1 key/value head for " << heads_q << " query heads, got " << heads_kv;
     fail(m);
   }
   if (heads_kv >= 1 && heads_q % heads_kv != 0) {
     Message m;
-    m << "k: query heads (" << heads_q << ") must be a multiple of key/value heads (" << heads_kv << ")";
+    m << k << ": query heads (" << heads_q << ") must be a multiple of key/value heads (" << heads_kv << ")";
     fail(m);
   }
 }
@@ -371,9 +372,11 @@ struct Operand {
 };
 
 // `operands`: every 16-bit tensor of the call in argument order, q and k among them; `lse`:
-// the (B, Hq, Sq) fp32 log-sum-exp, or nullptr. Returns the call's sizes.
+// the (B, Hq, Sq) fp32 log-sum-exp, or nullptr. `k_own_batch`: k's first axis is not the batch
+// (a paged KV cache's pages), so k and the operands shaped as k keep their own. Returns the
+// call's sizes.
 ProblemSizes check_attention_tensors(std::span<const Operand> operands, const Arg& q, const Arg& k, const Arg& v,
-                                     const Arg* lse) {
+                                     const Arg* lse, bool k_own_batch = false) {
   // a. rank
   for (const Operand& o : operands) check_rank(o.arg);
   if (lse) check_rank(*lse);
@@ -417,7 +420,7 @@ ProblemSizes check_attention_tensors(std::span<const Operand> operands, const Ar
   ProblemSizes sizes{q.view.shape[0], q.view.shape[1], k.view.shape[1], q.view.shape[2], k.view.shape[2], head_dim};
   sizes.head_dim_v = head_dim_v;
   for (const Operand& o : operands) {
-    if (o.arg.view.shape[0] == sizes.batch) continue;
+    if (o.arg.view.shape[0] == sizes.batch || (k_own_batch && &o.shaped_as == &k)) continue;
     Message m;
     m << o.arg.name << ": expected batch " << sizes.batch << " (same as " << q.name << "), got " << o.arg.view.shape[0];
     fail(m);
@@ -433,7 +436,7 @@ ProblemSizes check_attention_tensors(std::span<const Operand> operands, const Ar
   if (lse) check_lse_shape(*lse, sizes);
 
   // g. grouped-query heads
-  check_head_groups(sizes.heads_q, sizes.heads_kv);
+  check_head_groups(sizes.heads_q, sizes.heads_kv, k.name);
 
   // h. innermost dimension contiguous (lse is accessed with plain fp32 loads and stores, not
   // by TMA: any positive strides will do)
@@ -539,6 +542,15 @@ ForwardProblem forward_problem(const ProblemSizes& sizes, DType dtype, const For
 void add_sinks(std::vector<const Arg*>& tensors, const std::optional<Arg>& sinks) {
   if (sinks) tensors.push_back(&*sinks);
 }
+// The forward's last two for the overlap rules: the sinks (read) and lse (written), where given.
+void add_sinks_and_lse(std::vector<const Arg*>& tensors, std::vector<const Arg*>& written,
+                       const std::optional<Arg>& sinks, const Arg* lse) {
+  add_sinks(tensors, sinks);
+  if (lse) {
+    tensors.push_back(lse);
+    written.push_back(lse);
+  }
+}
 
 // ---- n. the backward's workspace.
 // The bytes a backward problem needs, by the Hopper layout, whose int64 arithmetic must not
@@ -616,11 +628,7 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
   // at its own address
   std::vector<const Arg*> tensors = {&aq, &ak, &av, &aout}, written = {&aout};
   const std::optional<Arg> asinks = sinks_arg(options);
-  add_sinks(tensors, asinks);
-  if (lse) {
-    tensors.push_back(&alse);
-    written.push_back(&alse);
-  }
+  add_sinks_and_lse(tensors, written, asinks, lse ? &alse : nullptr);
   check_written_apart(tensors, written);
 
   return forward_problem(sizes, q.dtype, options, lse.has_value());
@@ -1073,11 +1081,7 @@ ForwardProblem check_forward_fp8(const Fp8Operands& f, const TensorView& out, co
   std::vector<const Arg*> tensors = {&aq, &ak, &avt, &aqs, &aks, &avs, &aout}, written = {&aout};
   tensors.insert(tensors.end(), extra.begin(), extra.end());
   const std::optional<Arg> asinks = sinks_arg(options);
-  add_sinks(tensors, asinks);
-  if (lse) {
-    tensors.push_back(&alse);
-    written.push_back(&alse);
-  }
+  add_sinks_and_lse(tensors, written, asinks, lse ? &alse : nullptr);
   check_written_apart(tensors, written);
   return forward_problem(p, out.dtype, options, lse.has_value());
 }
@@ -1186,16 +1190,145 @@ VarlenCall validate_forward_varlen(const TensorView& q, const TensorView& k, con
   std::vector<const Arg*> tensors = {&aq, &ak, &av, &aout}, written = {&aout};
   va.add_to(tensors);
   const std::optional<Arg> asinks = sinks_arg(options);
-  add_sinks(tensors, asinks);
-  if (lse) {
-    tensors.push_back(&alse);
-    written.push_back(&alse);
-  }
+  add_sinks_and_lse(tensors, written, asinks, lse ? &alse : nullptr);
   check_written_apart(tensors, written);
 
   sizes.batch = sequences;
   call.problem = forward_problem(sizes, q.dtype, options, lse.has_value());
   call.seqs = device_sequences(batch, sizes);
+  return call;
+}
+
+// ---- KV caches (warpattn.hpp, KvCache): the rules a to m for q, out and lse with the caches
+// as k and v (a paged cache's first axis is its pages, not the batch), then for the new keys
+// and values with q, then the cache's own (rules c1 to c7 below), p, and the overlap rules
+// over everything, the caches written when the call appends.
+namespace {
+const char* const kPagedDimNames[4] = {"num_pages", "page_size", "heads", "head_dim"};
+const char* const kBlockTableDimNames[2] = {"batch", "max_pages"};
+const char* const kCacheSeqlensDimNames[1] = {"batch"};
+}  // namespace
+
+KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, const TensorView& out,
+                                     const std::optional<TensorView>& lse, const ForwardOptions& options) {
+  const bool paged = cache.block_table.has_value();
+  const char* const* cache_dims = paged ? kPagedDimNames : kAttentionDimNames;
+  const Arg aq{"q", q, kAttentionDimNames, 4};
+  const Arg ak{"k_cache", cache.k_cache, cache_dims, 4};
+  const Arg av{"v_cache", cache.v_cache, cache_dims, 4};
+  const Arg aout{"out", out, kAttentionDimNames, 4};
+  const TensorView none;
+  const Arg alse{"lse", lse ? *lse : none, kLseDimNames, 3};
+  const Operand operands[4] = {{aq, aq}, {ak, ak}, {av, ak, true}, {aout, aq, true}};
+
+  // a to j: q, the caches, out, lse
+  ProblemSizes sizes = check_attention_tensors(operands, aq, ak, av, lse ? &alse : nullptr, paged);
+
+  // c1. the new keys and values: both or neither, then a to j with q, and the caches' heads
+  // and v's head dim
+  if (cache.k.has_value() != cache.v.has_value())
+    fail(Message() << (cache.k ? "v" : "k") << ": the new keys and values come together, got " << (cache.k ? "k" : "v")
+                   << " alone");
+  const Arg aknew{"k", cache.k ? *cache.k : none, kAttentionDimNames, 4};
+  const Arg avnew{"v", cache.v ? *cache.v : none, kAttentionDimNames, 4};
+  int64_t appended = 0;
+  if (cache.k) {
+    const Operand fresh[3] = {{aq, aq}, {aknew, aknew}, {avnew, aknew, true}};
+    check_attention_tensors(fresh, aq, aknew, avnew, nullptr);
+    const int64_t want_k[4] = {q.shape[0], cache.k->shape[1], cache.k_cache.shape[2], cache.k_cache.shape[3]};
+    check_shape(aknew, want_k, "(batch as q, heads and head_dim as k_cache)");
+    const int64_t want_v[4] = {q.shape[0], cache.k->shape[1], cache.v_cache.shape[2], cache.v_cache.shape[3]};
+    check_shape(avnew, want_v, "(batch as q, rows as k, heads and head_dim as v_cache)");
+    appended = cache.k->shape[1];
+    if (!cache.cache_seqlens)
+      fail(Message() << "cache_seqlens: needed to append k and v (where each sequence's new rows go), got none");
+  }
+
+  // c2. the split count
+  if (cache.num_splits < 0 || cache.num_splits > kMaxDecodeSplits)
+    fail(Message() << "num_splits: expected 0 (chosen from the shape) or 1 to " << kMaxDecodeSplits << ", got "
+                   << cache.num_splits);
+
+  // c3. cache_seqlens: (batch) int32, contiguous
+  const Arg aseqlens{"cache_seqlens", cache.cache_seqlens ? *cache.cache_seqlens : none, kCacheSeqlensDimNames, 1};
+  if (cache.cache_seqlens) check_offsets_array(aseqlens, sizes.batch, "(batch, one per sequence of q)");
+
+  // c4 to c6. block_table: (batch, max_pages) int32, last dimension contiguous, 4-byte aligned;
+  // the pages: a power of two from 16 keys up; the capacity within 32-bit key indices
+  const Arg atable{"block_table", paged ? *cache.block_table : none, kBlockTableDimNames, 2};
+  int64_t capacity = sizes.seqlen_k;
+  KvPages pages;
+  if (paged) {
+    check_rank(atable);
+    check_sizes_not_negative(atable);
+    check_dtype(atable, DType::s32);
+    const int64_t want[2] = {sizes.batch, cache.block_table->shape[1]};
+    check_shape(atable, want, "(batch as q, max_pages)");
+    check_not_null(atable);
+    check_last_dim_contiguous(atable);
+    check_fp32_layout(atable, 1);
+    const int64_t page_size = cache.k_cache.shape[1];
+    if (page_size < 16 || (page_size & (page_size - 1)) != 0)
+      fail(Message() << "k_cache: page_size (shape[1]) must be a power of two >= 16 with block_table, got "
+                     << page_size);
+    const int64_t max_pages = cache.block_table->shape[1];
+    if (max_pages > 0 && cache.k_cache.shape[0] == 0)
+      fail(Message() << "k_cache: a paged cache needs at least one page (num_pages, shape[0]) for block_table's "
+                     << max_pages << " pages per sequence, got 0");
+    // (page_size < 2^31 by rule j, so the product is taken once max_pages is as small)
+    if (max_pages >= kCoordinateLimit || max_pages * page_size >= kCoordinateLimit)
+      fail(Message() << "block_table: max_pages x page_size = " << max_pages << " x " << page_size
+                     << " keys per sequence must be less than 2^31 (the kernel uses 32-bit key indices)");
+    capacity = max_pages * page_size;
+    pages.table = static_cast<const int*>(cache.block_table->data);
+    pages.table_stride = cache.block_table->stride[0];
+    pages.num_pages = static_cast<int>(cache.k_cache.shape[0]);
+    int shift = 0;
+    while ((int64_t{1} << shift) < page_size) ++shift;
+    pages.page_shift = shift;
+  } else {
+    pages.num_pages = static_cast<int>(sizes.batch);
+  }
+
+  // c7. the launch's tiles: one per block of positions of each sequence and chunk of packed
+  // query heads (128-row tiles, decode_plan.hpp's gqa_packing)
+  const GqaPacking packing =
+      gqa_packing(static_cast<int>(sizes.heads_kv > 0 ? sizes.heads_q / sizes.heads_kv : 1), 128);
+  const uint64_t tiles = saturating_mul(
+      saturating_mul(static_cast<uint64_t>(sizes.batch),
+                     static_cast<uint64_t>((sizes.seqlen_q + packing.positions - 1) / packing.positions)),
+      static_cast<uint64_t>(sizes.heads_q / packing.heads));
+  if (tiles >= static_cast<uint64_t>(kCoordinateLimit))
+    fail(Message() << "q: batch x heads / " << packing.heads << " x ceil(seqlen_q / " << packing.positions
+                   << ") = " << tiles << " work tiles must be less than 2^31 (the kernel uses 32-bit tile indices)");
+
+  // k. softmax scale; p. window, softcap, sinks (the window's bound over the capacity)
+  sizes.seqlen_k = capacity;
+  check_softmax_scale(options.softmax_scale);
+  check_model_options(options, sizes, false);
+
+  // l, m. out and lse apart from everything; the caches too when they are appended to
+  std::vector<const Arg*> tensors = {&aq, &ak, &av, &aout}, written = {&aout};
+  if (cache.k) {
+    tensors.push_back(&aknew);
+    tensors.push_back(&avnew);
+    written.push_back(&ak);
+    written.push_back(&av);
+  }
+  if (cache.cache_seqlens) tensors.push_back(&aseqlens);
+  if (paged) tensors.push_back(&atable);
+  const std::optional<Arg> asinks = sinks_arg(options);
+  add_sinks_and_lse(tensors, written, asinks, lse ? &alse : nullptr);
+  check_written_apart(tensors, written);
+
+  KvCacheCall call;
+  call.problem = forward_problem(sizes, q.dtype, options, lse.has_value());
+  call.pages = pages;
+  call.appended = appended;
+  call.num_splits = cache.num_splits;
+  call.work.cache_seqlens = cache.cache_seqlens ? static_cast<const int*>(cache.cache_seqlens->data) : nullptr;
+  call.work.capacity = static_cast<int>(capacity);
+  call.work.appended = static_cast<int>(std::min<int64_t>(appended, capacity));
   return call;
 }
 

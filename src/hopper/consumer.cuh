@@ -73,7 +73,10 @@ struct ConsumerTile {
   const TileContext& t;
   const FragmentCoords f;
   const PingPong turns;
-  const int m_start, row0;
+  // The tile's first query row and its row count (a KV cache's: positions, packing.positions),
+  // and the query rows of this thread's register halves (row1: a KV cache's packed positions
+  // only; otherwise the second half's row is row0 + 8, mask_scores).
+  int m_start, block_rows, row0, row1;  // (set in the constructor's body for a KV cache)
   const uint32_t q_rows;
   const float q_scale;  // softmax_scale log2(e), times Q's descale for FP8
   // FP8: the K and V descales of the work tile's last key tile (ordinal 0); the tile of
@@ -88,13 +91,22 @@ struct ConsumerTile {
         f(threadIdx.x % 128),
         turns{t_.warpgroup, Cfg::kConsumerWarpgroups},
         m_start(t_.m_block * Cfg::kBlockM),
+        block_rows(Cfg::kBlockM),
         row0(t_.m_block * Cfg::kBlockM + t_.warpgroup * 64 + f.row(0)),
+        row1(0),
         q_rows(ptx::smem_addr(ss_.q[t_.q_stage]) + t_.warpgroup * 64 * Cfg::kSwizzleBytes),
         q_scale(Cfg::kFp8 ? p.scale_log2 * p.q_descale.at(t_.batch, t_.head,
                                                            t_.q_block0 + (m_start + t_.warpgroup * 64) / Cfg::kDescaleRows)
                           : p.scale_log2),
         k_descale_last(Cfg::kFp8 ? &p.k_descale.at(t_.batch, t_.head / p.kv_group, t_.k_block0 + t_.n_end - 1) : nullptr),
-        v_descale_last(Cfg::kFp8 ? &p.v_descale.at(t_.batch, t_.head / p.kv_group, t_.k_block0 + t_.n_end - 1) : nullptr) {}
+        v_descale_last(Cfg::kFp8 ? &p.v_descale.at(t_.batch, t_.head / p.kv_group, t_.k_block0 + t_.n_end - 1) : nullptr) {
+    if constexpr (Cfg::kKvCache) {  // packed rows (decode_plan.hpp): positions, each row's own
+      m_start = first_row_of_block<Cfg>(t_.m_block, p);
+      block_rows = rows_of_block<Cfg>(p);
+      row0 = m_start + (t_.warpgroup * 64 + f.row(0)) / p.packing.heads;
+      row1 = m_start + (t_.warpgroup * 64 + f.row(1)) / p.packing.heads;
+    }
+  }
 
   // The key tile visited at ordinal it (the last first).
   __device__ __forceinline__ int key_tile(int it) const { return t.n_end - 1 - it; }
@@ -125,7 +137,7 @@ struct ConsumerTile {
   // sliding window); the others bound keys by seqlen_k alone.
   __device__ __forceinline__ KeyBand band() const { return Cfg::kCausal ? params.band : KeyBand{}; }
   __device__ __forceinline__ MaskedTiles masked() const {
-    return masked_tiles(m_start, Cfg::kBlockM, Cfg::kBlockN, t.seqlen_q, t.seqlen_k, band());
+    return masked_tiles(m_start, block_rows, Cfg::kBlockN, t.seqlen_q, t.seqlen_k, band());
   }
   // kLeftEdge: the tile may lie on a window's left edge (see run: never in the main loop).
   template <bool kLeftEdge>
@@ -133,7 +145,7 @@ struct ConsumerTile {
     const MaskedTiles m = masked();
     if (kLeftEdge ? m.needs(n) : n >= m.right_from)
       mask_scores<Cfg::kCausal, kLeftEdge && Cfg::kCausal>(s, f, row0, n * Cfg::kBlockN, t.seqlen_q, t.seqlen_k,
-                                                          band());
+                                                          band(), Cfg::kKvCache ? row1 : -1);
   }
   // How many of the tile's key tiles, the last visited, lie on a window's left edge.
   __device__ __forceinline__ int left_edge_tiles() const {

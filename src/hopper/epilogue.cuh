@@ -9,6 +9,7 @@
 
 #include "hopper/forward_params.hpp"
 #include "hopper/fragment.cuh"
+#include "hopper/log2e.hpp"
 #include "hopper/ptx/math.cuh"
 
 namespace warpattn::detail {
@@ -60,6 +61,62 @@ __device__ __forceinline__ void store_output(const float (&o)[Cfg::kHeadDim / 2]
     if (params.lse != nullptr && f.quad == 0 && out_row != nullptr)
       params.lse[batch * params.lse_stride_batch + head * params.lse_stride_head +
                  row * params.lse_stride_row] = lse[r];
+  }
+}
+
+// A KV cache's packed tile (decode_plan.hpp, GqaPacking): row r of the tile is position
+// first_position + r / packing.heads of query head chunk x packing.heads + r % packing.heads;
+// rows past positions x heads, and positions past seqlen_q, are not written.
+struct PackedRowPlace {
+  int position, head;
+  bool stored;
+};
+__device__ __forceinline__ PackedRowPlace packed_row_place(int tile_row, int first_position, int chunk,
+                                                           const GqaPacking& packing, int seqlen_q) {
+  const PackedRow pr = packed_row(tile_row, packing.heads);
+  const int position = first_position + pr.position;
+  return {position, chunk * packing.heads + pr.head_in_group,
+          pr.position < packing.positions && position < seqlen_q};
+}
+
+// The sinks (log2 units; -inf: none) of this thread's two rows' own query heads.
+__device__ __forceinline__ void packed_row_sinks(const ForwardParams& params, int warpgroup, const FragmentCoords& f,
+                                                 int first_position, int chunk, int seqlen_q, float (&sink_log2)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    sink_log2[r] = -INFINITY;
+    if (params.sinks == nullptr) continue;
+    const int head = packed_row_place(warpgroup * 64 + f.row(r), first_position, chunk, params.packing, seqlen_q).head;
+    sink_log2[r] = params.sinks[head * params.sinks_stride] * static_cast<float>(kLog2e);
+  }
+}
+
+// Whether either of this thread's rows is stored (the partial states of split keys are kept
+// and combined for those threads only).
+__device__ __forceinline__ bool holds_stored_rows(int warpgroup, const FragmentCoords& f, int first_position, int chunk,
+                                                  const GqaPacking& packing, int seqlen_q) {
+  return packed_row_place(warpgroup * 64 + f.row(0), first_position, chunk, packing, seqlen_q).stored ||
+         packed_row_place(warpgroup * 64 + f.row(1), first_position, chunk, packing, seqlen_q).stored;
+}
+
+template <class Cfg>
+__device__ __forceinline__ void store_packed_output(const float (&o)[Cfg::kHeadDim / 2], const float (&lse)[2],
+                                                    const ForwardParams& params, const FragmentCoords& f,
+                                                    int warpgroup, int first_position, int chunk, int batch,
+                                                    int seqlen_q) {
+  using Out = typename Cfg::OutElement;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const PackedRowPlace at =
+        packed_row_place(warpgroup * 64 + f.row(r), first_position, chunk, params.packing, seqlen_q);
+    Out* out_row = at.stored ? static_cast<Out*>(params.out) + batch * params.out_stride_batch +
+                                   static_cast<int64_t>(at.position) * params.out_stride_row +
+                                   static_cast<int64_t>(at.head) * params.out_stride_head
+                             : nullptr;
+    store_accumulator_row<Out, Cfg::kHeadDim>(o, r, f.quad, out_row, params.head_dim);
+    if (params.lse != nullptr && f.quad == 0 && out_row != nullptr)
+      params.lse[batch * params.lse_stride_batch + at.head * params.lse_stride_head +
+                 static_cast<int64_t>(at.position) * params.lse_stride_row] = lse[r];
   }
 }
 

@@ -34,6 +34,7 @@ struct ForwardConfig {
   static constexpr int kStages = kStages_;
   static constexpr bool kCausal = kCausal_;
   static constexpr bool kVarlen = false;  // VarlenConfig: packed variable-length batches
+  static constexpr bool kKvCache = false;  // KvCacheConfig: each sequence's own KV cache
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   // Q and K rows are stored as panels of kSwizzleBytes (the width of one swizzled TMA box
   // row): 128 bytes (64 16-bit or 128 FP8 elements), or 64 bytes when a whole row is that
@@ -108,6 +109,16 @@ struct ForwardConfig {
 template <class Base>
 struct VarlenConfig : Base {
   static constexpr bool kVarlen = true;
+};
+
+// The same kernel over KV caches (warpattn.hpp, KvCache): pieces of packed-row tiles that the
+// producer enumerates itself (decode/kv_cache_pieces.hpp), each sequence's Q, out and lse in its
+// own batch entry and its keys in its cache's pages (decode/kv_pages.hpp), loaded in boxes that
+// never cross a page.
+template <class Base>
+struct KvCacheConfig : VarlenConfig<Base> {
+  static constexpr bool kKvCache = true;
+  static_assert(!Base::kFp8, "KV caches are 16-bit");
 };
 
 }  // namespace warpattn::detail

@@ -49,7 +49,9 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
   turns.start();
   int kv = 0, q_iter = 0;  // as in the producer
   for (int i = 0;; ++i) {
-    const ScheduledTile w = ss.tiles.template receive<!Cfg::kCausal && !Cfg::kVarlen, Cfg::kVarlen>(i);
+    // (A KV cache's pieces carry their partial state's slot where a dense tile has its piece.)
+    const ScheduledTile w =
+        ss.tiles.template receive<(!Cfg::kCausal && !Cfg::kVarlen) || Cfg::kKvCache, Cfg::kVarlen>(i);
     if (w.is_end()) break;
     const int n_tiles = w.n_tiles;
     // The tile's sequence: a packed batch's own, or the launch's.
@@ -72,8 +74,16 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
         // FP8 P has 3 mantissa bits; splitting it would not buy the 16-bit path's precision.
         tile.run(o, softmax);
       } else {
-        if (sees_few_keys(w.m_block * Cfg::kBlockM, Cfg::kBlockM, seqlen_q, seqlen_k,
-                          Cfg::kCausal ? params.band : KeyBand{}))
+        // Two calls, not one through first_row_of_block/rows_of_block: that form reassociates the
+        // 16-bit causal kernels' row arithmetic (their SASS changed); this one keeps it as it was.
+        bool few_keys;
+        if constexpr (Cfg::kKvCache)  // a block of positions
+          few_keys = sees_few_keys(first_row_of_block<Cfg>(w.m_block, params), rows_of_block<Cfg>(params), seqlen_q,
+                                   seqlen_k, Cfg::kCausal ? params.band : KeyBand{});
+        else
+          few_keys = sees_few_keys(w.m_block * Cfg::kBlockM, Cfg::kBlockM, seqlen_q, seqlen_k,
+                                   Cfg::kCausal ? params.band : KeyBand{});
+        if (few_keys)
           tile.run_precise(o, softmax);
         else
           tile.run(o, softmax);
@@ -90,6 +100,19 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
       }
     }
     float lse[2];
+    if constexpr (Cfg::kKvCache) {  // packed rows: each row's own query head
+      const int first_position = first_row_of_block<Cfg>(w.m_block, params);
+      if (w.piece >= 0) {  // a piece of the tile's keys: its partial state, for combine_kvcache_splits_kernel
+        if (holds_stored_rows(warpgroup, f, first_position, w.head, params.packing, seqlen_q))
+          PartialState<Cfg>(params, w.piece, warpgroup, threadIdx.x % 128).store(o, softmax);
+        continue;
+      }
+      float sink_log2[2];
+      packed_row_sinks(params, warpgroup, f, first_position, w.head, seqlen_q, sink_log2);
+      softmax.finalize_rows(o, lse, sink_log2[0], sink_log2[1]);
+      store_packed_output<Cfg>(o, lse, params, f, warpgroup, first_position, w.head, w.batch, seqlen_q);
+      continue;
+    }
     // Read here rather than with the tile: a register held across the main loop costs more than
     // one load's latency per tile.
     const float sink_log2 = params.sinks != nullptr ? params.sinks[w.head * params.sinks_stride] * static_cast<float>(kLog2e)

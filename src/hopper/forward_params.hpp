@@ -2,6 +2,8 @@
 #pragma once
 #include <cstdint>
 
+#include "hopper/decode/decode_plan.hpp"
+#include "hopper/decode/kv_pages.hpp"
 #include "hopper/kv_tiles.hpp"
 #include "hopper/split_tail.hpp"
 
@@ -58,6 +60,16 @@ struct ForwardParams {
   // Always 0, unknown to ptxas (ptx::schedule_fence). One per fence of a basic block chain
   // (ptxas drops a second branch on a value it has already branched on); the main loop has one.
   uint32_t opaque_zero[1] = {0};
+  // (Last, so that the fields above keep their offsets in every other kernel.)
+  // A KV cache's launch (Cfg::kKvCache; warpattn.hpp, KvCache): where each key tile's boxes
+  // are in the cache (decode/kv_pages.hpp). q, out and lse keep their batch axis.
+  KvPages kv_pages;
+  // ... and how its tiles' rows pack query heads (decode/decode_plan.hpp): work tiles are
+  // (block of packing.positions query positions, chunk of packing.heads query heads, sequence);
+  // heads_q counts the chunks, kv_group the chunks per KV head, m_blocks the blocks of positions.
+  GqaPacking packing;
+  // ... and its pieces of work (kv_cache_pieces.hpp): the lengths, the split count, the total.
+  KvCacheWork kv_work;
 };
 
 }  // namespace warpattn::detail

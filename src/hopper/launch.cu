@@ -4,6 +4,7 @@
 
 #include "hopper/head_dim_dispatch.hpp"
 #include "hopper/launch.hpp"
+#include "hopper/decode/run_kvcache.cuh"
 #include "hopper/run_forward.cuh"
 
 namespace warpattn::detail {
@@ -24,6 +25,18 @@ void launch_forward_varlen_sm90(const ForwardProblem& p, const VarlenSequences& 
   with_16bit_element(p.dtype, [&](auto element) {
     with_head_dim(p.kernel_dim(), "kernel", [&](auto d) {
       run_forward_varlen_head_dim<decltype(element), decltype(d)::value>(p, seqs, q, k, v, out, lse, stream);
+    });
+  });
+}
+
+void launch_forward_kvcache_sm90(const ForwardProblem& p, const KvCacheWork& work, const KvPages& pages,
+                                 int num_splits, const NewRows* append, const TensorView& q,
+                                 const TensorView& k_cache, const TensorView& v_cache, const TensorView& out,
+                                 const std::optional<TensorView>& lse, cudaStream_t stream) {
+  with_16bit_element(p.dtype, [&](auto element) {
+    with_head_dim(p.kernel_dim(), "kernel", [&](auto d) {
+      run_forward_kvcache_head_dim<decltype(element), decltype(d)::value>(p, work, pages, num_splits, append, q,
+                                                                          k_cache, v_cache, out, lse, stream);
     });
   });
 }

@@ -4,6 +4,9 @@
 #include <optional>
 
 #include "api/problem.hpp"
+#include "hopper/decode/append_kv.hpp"
+#include "hopper/decode/decode_plan.hpp"
+#include "hopper/decode/kv_pages.hpp"
 #include "hopper/varlen/varlen_tiles.hpp"
 
 namespace warpattn::detail {
@@ -19,6 +22,15 @@ void launch_forward_sm90(const ForwardProblem& p, const TensorView& q, const Ten
 void launch_forward_varlen_sm90(const ForwardProblem& p, const VarlenSequences& seqs, const TensorView& q,
                                 const TensorView& k, const TensorView& v, const TensorView& out,
                                 const std::optional<TensorView>& lse, cudaStream_t stream);
+
+// Over KV caches (validate_forward_kvcache): q, out (B, Sq, Hq, D), lse (B, Hq, Sq), the caches
+// dense or paged (pages); p.batch, p.seqlen_q >= 1 and p.seqlen_k, the capacity, >= 1. The new
+// rows, if given (append), are written into the caches before the attention, once nothing else
+// can fail. num_splits: the pieces of each tile's keys (0: chosen here).
+void launch_forward_kvcache_sm90(const ForwardProblem& p, const KvCacheWork& work, const KvPages& pages,
+                                 int num_splits, const NewRows* append, const TensorView& q,
+                                 const TensorView& k_cache, const TensorView& v_cache, const TensorView& out,
+                                 const std::optional<TensorView>& lse, cudaStream_t stream);
 
 // FP8: p.dtype is the output's; seqlen_k >= 1.
 void launch_forward_fp8_sm90(const ForwardProblem& p, const Fp8Operands& fp8, const TensorView& out,

@@ -11,19 +11,21 @@
 namespace warpattn::detail {
 
 // s: one thread's slice of a 64 x kBlockN score tile. row0: query row of register half 0 (in
-// the sequence); key0: key index of the tile's first column. kBanded: the launch has a band
-// (causal or a window); otherwise only seqlen_k bounds the keys.
+// the sequence), the second's row0 + 8, or row1 where given (>= 0: a KV cache's packed rows,
+// whose positions need not be 8 apart); key0: key index of the tile's first column. kBanded:
+// the launch has a band (causal or a window); otherwise only seqlen_k bounds the keys.
 // kLeftEdge: also the left edge of a window (ConsumerTile::run masks it only in the tiles that
 // need it, after their P·V has completed: at d = 256 a bound per row does not fit beside O, P
 // and S in flight).
 template <bool kBanded, bool kLeftEdge, int kRegs>
 __device__ __forceinline__ void mask_scores(float (&s)[kRegs], const FragmentCoords& f, int row0, int key0,
-                                            int seqlen_q, int seqlen_k, const KeyBand& band) {
+                                            int seqlen_q, int seqlen_k, const KeyBand& band, int row1 = -1) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
+    const int row = r == 1 && row1 >= 0 ? row1 : row0 + 8 * r;
     // The row's first column of this tile it may not see, and (left edge) the first it sees.
-    const int end = (kBanded ? band_key_end(row0 + 8 * r, seqlen_q, seqlen_k, band) : seqlen_k) - key0;
-    const int begin = kLeftEdge ? band_key_begin(row0 + 8 * r, seqlen_q, seqlen_k, band) - key0 : 0;
+    const int end = (kBanded ? band_key_end(row, seqlen_q, seqlen_k, band) : seqlen_k) - key0;
+    const int begin = kLeftEdge ? band_key_begin(row, seqlen_q, seqlen_k, band) - key0 : 0;
 #pragma unroll
     for (int j = 0; j < kRegs / 4; ++j)
 #pragma unroll

@@ -14,18 +14,38 @@
 #include "hopper/tile_scheduler.cuh"
 #include "hopper/backward/workspace.hpp"
 #include "hopper/varlen/varlen_tiles.hpp"  // the work list walked by varlen launches
+#include "hopper/decode/kv_cache_pieces.hpp"  // ... and by KV-cache launches
 
 namespace warpattn::detail {
 
+// A KV cache's key tile (Cfg::kKvCache): params.kv_pages.boxes boxes of box_rows keys, each
+// from the page that holds it (decode/kv_pages.hpp), into the tile's rows of every panel.
+template <class Cfg>
+__device__ __forceinline__ void load_cache_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int n_block,
+                                                int head_kv, int batch, int seqlen_k, const KvPages& kv) {
+  using namespace ptx;
+  constexpr int kPanelCols = Cfg::kSwizzleBytes / 2;  // 16-bit elements
+  for (int j = 0; j < kv.boxes; ++j) {
+    const int row_in_tile = j * kv.box_rows;
+    const CacheBox box = cache_box(kv, batch, n_block * Cfg::kBlockN + row_in_tile, seqlen_k);
+#pragma unroll
+    for (int p = 0; p < Cfg::kPanels; ++p)
+      tma_load_5d(dst + (p * Cfg::kBlockN + row_in_tile) * Cfg::kSwizzleBytes, map, bar, p * kPanelCols, box.row, 0,
+                  head_kv, box.page);
+  }
+}
+
 // kKeysInner: the tensor is FP8's Vᵀ, keys innermost (its map is {keys, head_dim, 1, heads,
 // batch}); otherwise a (batch, seqlen, heads, head_dim) panel map. first_key: the sequence's
-// first key row in the tensor (packed batches; 0 otherwise).
+// first key row in the tensor (packed batches; 0 otherwise). kv: a KV cache's pages
+// (Cfg::kKvCache), with the sequence's length.
 template <class Cfg, bool kKeysInner = false>
 __device__ __forceinline__ void load_kv_tile(SharedStorage<Cfg>& ss, const CUtensorMap* map,
                                              uint8_t (&tiles)[Cfg::kStages][Cfg::kKVTileBytes],
                                              uint64_t (&full)[Cfg::kStages],
                                              uint64_t (&empty)[Cfg::kStages], int it, int n_block,
-                                             int head_kv, int batch, int first_key) {
+                                             int head_kv, int batch, int first_key,
+                                             const KvPages* kv = nullptr, int seqlen_k = 0) {
   using namespace ptx;
   const RingSlot slot = ring_slot<Cfg::kStages>(it);
   // The slot's previous occupant was released in the phase before this one; on the first lap
@@ -34,18 +54,52 @@ __device__ __forceinline__ void load_kv_tile(SharedStorage<Cfg>& ss, const CUten
   const uint32_t bar = smem_addr(&full[slot.stage]);
   mbarrier_arrive_expect_tx(bar, Cfg::kKVTileBytes);  // the full box, even past seqlen_k
   const int key = first_key + n_block * Cfg::kBlockN;
-  if constexpr (kKeysInner)
+  if constexpr (Cfg::kKvCache)
+    load_cache_tile<Cfg>(smem_addr(tiles[slot.stage]), map, bar, n_block, head_kv, batch, seqlen_k, *kv);
+  else if constexpr (kKeysInner)
     tma_load_5d(smem_addr(tiles[slot.stage]), map, bar, key, 0, 0, head_kv, batch);
   else
     load_panel_tile<Cfg::kPanels, Cfg::kBlockN, Cfg::kSwizzleBytes, Cfg::kFp8>(smem_addr(tiles[slot.stage]), map, bar,
                                                                               key, head_kv, batch);
 }
 
+// The first query row (a KV cache's: position) of query block m_block: KV-cache tiles hold
+// packing.positions positions of packing.heads query heads (decode_plan.hpp, GqaPacking).
+template <class Cfg>
+__device__ __forceinline__ int first_row_of_block(int m_block, const ForwardParams& params) {
+  if constexpr (Cfg::kKvCache)
+    return m_block * params.packing.positions;
+  else
+    return m_block * Cfg::kBlockM;
+}
+// The rows (a KV cache's: positions) of a query block.
+template <class Cfg>
+__device__ __forceinline__ int rows_of_block(const ForwardParams& params) {
+  if constexpr (Cfg::kKvCache)
+    return params.packing.positions;
+  else
+    return Cfg::kBlockM;
+}
+
+// A KV cache's Q tile (Cfg::kKvCache): packing.positions positions x packing.heads heads of the
+// chunk, a box per panel through the packed map (make_packed_q_tensor_map); the bytes it brings.
+template <class Cfg>
+__device__ __forceinline__ void load_packed_q(uint32_t dst, const CUtensorMap* map, uint32_t bar, int position,
+                                              int chunk, int batch, const GqaPacking& packing) {
+  using namespace ptx;
+  mbarrier_arrive_expect_tx(bar, Cfg::kPanels * Cfg::kSwizzleBytes * packing.heads * packing.positions);
+#pragma unroll
+  for (int p = 0; p < Cfg::kPanels; ++p)
+    tma_load_5d(dst + p * Cfg::kBlockM * Cfg::kSwizzleBytes, map, bar, p * (Cfg::kSwizzleBytes / 2), 0, position, chunk,
+                batch);
+}
+
 // The tiles the producer hands out whole (TileChooser::whole); a packed batch's count comes
 // from its plan, read once per CTA.
 template <class Cfg>
 __device__ __forceinline__ int whole_tiles(const ForwardParams& params) {
-  if constexpr (Cfg::kVarlen) return *params.varlen_tile_count;
+  if constexpr (Cfg::kKvCache) return params.kv_work.pieces;
+  else if constexpr (Cfg::kVarlen) return *params.varlen_tile_count;
   else if constexpr (Cfg::kCausal) return total_tiles(params);
   else return params.split.first_tile;
 }
@@ -55,7 +109,14 @@ __device__ __forceinline__ int whole_tiles(const ForwardParams& params) {
 template <class Cfg>
 __device__ __forceinline__ ScheduledTile schedule_tile(const TileChooser& chooser, const ForwardParams& params) {
   constexpr ScheduledTile kEnd{-1, 0, 0, 0, 0, -1, 0, 0, 0, 0};
-  if constexpr (Cfg::kVarlen) {  // never split: the plan's tile, two 16-byte loads
+  if constexpr (Cfg::kKvCache) {  // a piece of a tile (kv_cache_pieces.hpp); its slot: the piece's index when split
+    if (chooser.tile >= chooser.whole) return kEnd;
+    const TileGrid grid{params.m_blocks, params.heads_q, params.batch, 1};
+    const KvCachePiece pc = kv_cache_piece(chooser.tile, params.kv_work, grid, params.packing.positions, Cfg::kBlockN,
+                                           params.seqlen_q, Cfg::kCausal ? params.band : KeyBand{});
+    return {pc.tile.m_block, pc.tile.head, pc.tile.batch, pc.n_tiles, pc.n_end,
+            params.kv_work.splits > 1 ? chooser.tile : -1, 0, params.seqlen_q, 0, pc.seqlen_k};
+  } else if constexpr (Cfg::kVarlen) {  // never split: the plan's tile, two 16-byte loads
     if (chooser.tile >= chooser.whole) return kEnd;
     const int4* entry = reinterpret_cast<const int4*>(params.varlen_tiles + chooser.tile);
     const int4 a = entry[0], b = entry[1];
@@ -97,30 +158,41 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
   for (int i = 0; !w.is_end(); ++i) {
     const int n_tiles = w.n_tiles, n_end = w.n_end;  // key tiles n_end - 1 down to n_end - n_tiles
     const int head_kv = w.head / params.kv_group;
-    const int batch = Cfg::kVarlen ? 0 : w.batch;  // a packed batch's tensor maps have one batch entry
+    // A packed batch's tensor maps have one batch entry; a KV cache's q keeps its batch axis.
+    const int batch = Cfg::kVarlen && !Cfg::kKvCache ? 0 : w.batch;
+    const int seqlen_k = w.seqlen_k;  // (KV caches: the boxes past it are zero-filled)
     // FP8's Vᵀ keeps each sequence's keys from its padded row (quantize_fp8_varlen), K at the
     // caller's offset.
     const int v_first_key = Cfg::kFp8 && Cfg::kVarlen ? static_cast<int>(varlen_row0(w.k_offset, w.batch)) : w.k_offset;
     if (n_tiles > 0) {
       // The first K tile can go into a ring slot freed during the previous tile; Q must wait
       // until both consumers' last S GEMM of the tile that used its buffer has read it.
-      load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv, n_end - 1, head_kv, batch, w.k_offset);
+      load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv, n_end - 1, head_kv, batch, w.k_offset,
+                        &params.kv_pages, seqlen_k);
       const RingSlot qs = ring_slot<Cfg::kQStages>(q_iter);
       mbarrier_wait(smem_addr(&ss.q_empty[qs.stage]), qs.phase ^ 1);
       const uint32_t q_bar = smem_addr(&ss.q_full[qs.stage]);
-      mbarrier_arrive_expect_tx(q_bar, Cfg::kQTileBytes);
-      load_panel_tile<Cfg::kPanels, Cfg::kBlockM, Cfg::kSwizzleBytes, Cfg::kFp8>(
-          smem_addr(ss.q[qs.stage]), tm_q, q_bar, w.q_offset + w.m_block * Cfg::kBlockM, w.head, batch);
+      if constexpr (Cfg::kKvCache) {
+        load_packed_q<Cfg>(smem_addr(ss.q[qs.stage]), tm_q, q_bar, first_row_of_block<Cfg>(w.m_block, params), w.head,
+                           batch, params.packing);
+      } else {
+        mbarrier_arrive_expect_tx(q_bar, Cfg::kQTileBytes);
+        load_panel_tile<Cfg::kPanels, Cfg::kBlockM, Cfg::kSwizzleBytes, Cfg::kFp8>(
+            smem_addr(ss.q[qs.stage]), tm_q, q_bar, w.q_offset + w.m_block * Cfg::kBlockM, w.head, batch);
+      }
     }
     chooser.advance<!Cfg::kCausal>(params);
     const ScheduledTile next = schedule_tile<Cfg>(chooser, params);
     ss.tiles.publish(i + 1, next);
     if (n_tiles > 0) {
       for (int it = 1; it < n_tiles; ++it) {
-        load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, n_end - 1 - it, head_kv, batch, w.k_offset);
-        load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1, n_end - it, head_kv, batch, v_first_key);
+        load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, n_end - 1 - it, head_kv, batch, w.k_offset,
+                          &params.kv_pages, seqlen_k);
+        load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1, n_end - it, head_kv, batch,
+                                      v_first_key, &params.kv_pages, seqlen_k);
       }
-      load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + n_tiles - 1, n_end - n_tiles, head_kv, batch, v_first_key);
+      load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + n_tiles - 1, n_end - n_tiles, head_kv,
+                                    batch, v_first_key, &params.kv_pages, seqlen_k);
       kv += n_tiles;
       ++q_iter;
     }

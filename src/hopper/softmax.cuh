@@ -112,8 +112,14 @@ struct OnlineSoftmax {
   // and LSE = the sink.
   template <int kRegs>
   __device__ __forceinline__ void finalize(float (&o)[kRegs], float (&lse)[2], float sink_log2 = -INFINITY) {
+    finalize_rows(o, lse, sink_log2, sink_log2);
+  }
+  // The same with a sink of each row's own (a KV cache's packed rows belong to different heads).
+  template <int kRegs>
+  __device__ __forceinline__ void finalize_rows(float (&o)[kRegs], float (&lse)[2], float sink0_log2, float sink1_log2) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
+      const float sink_log2 = r == 0 ? sink0_log2 : sink1_log2;
       float l = quad_sum(row_sum[r]);
       float ref = row_max[r], o_scale = 1.f;
       if (sink_log2 != -INFINITY) {

@@ -82,6 +82,23 @@ CUtensorMap make_panel_tensor_map(const TensorView& t, const char* name, int box
   return encode(t, name, dims, strides, box, panel_bytes);
 }
 
+CUtensorMap make_packed_q_tensor_map(const TensorView& q, const char* name, int heads, int positions, int panel_bytes) {
+  const int64_t esize = dtype_size(q.dtype);  // 2
+  const auto bytes = [&](int64_t elements) { return static_cast<cuuint64_t>(elements * esize); };
+  const int64_t chunks = q.shape[2] / heads;
+  const cuuint64_t dims[5] = {static_cast<cuuint64_t>(q.shape[3]), static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(q.shape[1]), static_cast<cuuint64_t>(chunks),
+                              static_cast<cuuint64_t>(q.shape[0])};
+  // A size-1 axis is never stepped over: a natural stride (as make_panel_tensor_map's).
+  const cuuint64_t strides[4] = {bytes(heads == 1 ? q.shape[3] : q.stride[2]),
+                                 bytes(q.shape[1] == 1 ? q.shape[2] * q.shape[3] : q.stride[1]),
+                                 bytes(chunks == 1 ? heads * q.shape[3] : heads * q.stride[2]),
+                                 bytes(q.shape[0] == 1 ? q.shape[1] * q.shape[2] * q.shape[3] : q.stride[0])};
+  const cuuint32_t box[5] = {static_cast<cuuint32_t>(panel_bytes / esize), static_cast<cuuint32_t>(heads),
+                             static_cast<cuuint32_t>(positions), 1, 1};
+  return encode(q, name, dims, strides, box, panel_bytes);
+}
+
 CUtensorMap make_vt_tensor_map(const TensorView& vt, const char* name, int box_keys) {
   const int64_t batch = vt.shape[0], heads = vt.shape[1], dim = vt.shape[2], keys = vt.shape[3];
   auto stride_bytes = [&](int axis, int64_t natural) {  // e4m3: one byte per element

@@ -17,6 +17,11 @@ namespace warpattn::detail {
 // between compiled ones has the columns past it zero-filled.
 CUtensorMap make_panel_tensor_map(const TensorView& t, const char* name, int box_rows,
                                   int box_panels, int panel_bytes);
+// A KV cache launch's q (B, Sq, Hq, D), 16-bit, with its rows packed (decode_plan.hpp,
+// GqaPacking): {head_dim, heads of a chunk, seqlen, chunks, batch}, boxes of one panel x
+// `heads` x `positions`, landing as rows position x heads + head of the panel.
+CUtensorMap make_packed_q_tensor_map(const TensorView& q, const char* name, int heads, int positions, int panel_bytes);
+
 
 // FP8's Vᵀ (batch, heads, head_dim, keys) as {keys, head_dim, 1, heads, batch}: one box
 // {box_keys (128 = one 128-byte panel), head_dim, 1, 1, 1} lands as [d][128 B], 128B-swizzled,

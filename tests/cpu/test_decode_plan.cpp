@@ -72,34 +72,22 @@ TEST(default_splits_stay_in_bounds) {
     CHECK(s >= 1 && s <= kMaxDecodeSplits) << s;
     if (s > 1) {
       CHECK(2 * s <= blocks) << "at least two key blocks a split: " << s << " " << blocks;
-      CHECK(tiles * 5 < 4LL * sms) << "split only when the tiles leave SMs idle";
-      CHECK(tiles * (s - 1) < 2LL * sms) << "no more splits than two CTAs per SM need";
+      CHECK(split_rounds_cost(tiles, blocks, sms, s) < split_rounds_cost(tiles, blocks, sms, 1))
+          << "a split only where the model says it finishes sooner than the whole tiles";
     }
+    // The least modelled cost over every allowed count, the fewest pieces among equals.
+    for (int t = 1; t <= kMaxDecodeSplits && 2 * t <= blocks; ++t) {
+      const long long a = split_rounds_cost(tiles, blocks, sms, s), b = split_rounds_cost(tiles, blocks, sms, t);
+      CHECK(a < b || (a == b && s <= t) || tiles <= 0) << tiles << " " << blocks << " " << sms << ": " << s << " vs " << t;
+    }
+    // Tiles that fill whole rounds of the SMs stay whole.
+    if (tiles > 0 && tiles % sms == 0) CHECK(s == 1) << tiles << " tiles on " << sms << " SMs split " << s;
   }
-  // The example: B = 8, 32/8 heads, one new row (4 packed rows: one tile per KV head),
-  // 4096 cached keys in blocks of 128, 132 SMs: 64 tiles, 5 splits of 6-7 blocks.
-  CHECK(default_splits(64, 32, 132) == 5);
+  // The example: B = 8, 32/8 heads, one new row (one packed tile per KV head), 4096
+  // cached keys in 176-key blocks (24), 132 SMs: 64 tiles, two pieces each (one round of 128).
+  CHECK(default_splits(64, 24, 132) == 2);
+  CHECK(default_splits(64, 32, 132) == 2);   // 128-key blocks: 2 pieces of 16
   CHECK(default_splits(8, 32, 132) == 16);   // B = 1: capped by two blocks a split
   CHECK(default_splits(512, 32, 132) == 1);  // B = 64: the tiles fill the card
-}
-
-TEST(paged_rows_follow_the_block_table) {
-  std::mt19937_64 rng(5);
-  for (int page_size : {16, 32, 64, 128, 256}) {
-    const int pages = 40;
-    std::vector<int> table(pages);
-    for (int i = 0; i < pages; ++i) table[i] = static_cast<int>(rng() % 1000);
-    for (int key = 0; key < pages * page_size; ++key) {
-      const long long want = static_cast<long long>(table[key / page_size]) * page_size + key % page_size;
-      CHECK(paged_key_row(table.data(), key, page_size) == want) << page_size << " " << key;
-    }
-    // A 128-key block in one page: its rows consecutive from its first key's row.
-    const bool within = key_blocks_within_pages(page_size, 128);
-    CHECK(within == (page_size % 128 == 0)) << page_size;
-    if (within)
-      for (int block = 0; block * 128 < pages * page_size; ++block) {
-        const long long first = paged_key_row(table.data(), block * 128, page_size);
-        for (int i = 0; i < 128; ++i) CHECK(paged_key_row(table.data(), block * 128 + i, page_size) == first + i);
-      }
-  }
+  CHECK(default_splits(140, 32, 132) == 4);  // a second round of 8 tiles: 560 pieces in 5 rounds of 8 + 1
 }

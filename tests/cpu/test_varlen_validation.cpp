@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "expect_rejected.hpp"
 #include "harness.hpp"
 #include "warpattn/warpattn.hpp"
 
@@ -49,17 +50,6 @@ std::optional<std::string> error_of(const Call& c) {
   return std::nullopt;
 }
 
-void expect_rejected(const Call& c, const std::string& argument, std::initializer_list<const char*> expected, int line) {
-  const std::optional<std::string> message = error_of(c);
-  if (!message) {
-    CHECK(false) << "line " << line << ": accepted, expected an error about " << argument;
-    return;
-  }
-  CHECK(message->rfind(argument + ": ", 0) == 0) << "line " << line << ": should name " << argument << ": " << *message;
-  for (const char* text : expected)
-    CHECK(message->find(text) != std::string::npos) << "line " << line << ": missing \"" << text << "\" in: " << *message;
-}
-#define EXPECT_REJECTED(call, argument, ...) expect_rejected(call, argument, {__VA_ARGS__}, __LINE__)
 
 }  // namespace
 

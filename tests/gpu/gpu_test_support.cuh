@@ -11,9 +11,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
-#include <thread>
-#include <vector>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/host_float16.hpp"
@@ -246,5 +246,25 @@ inline void set_score_jump(DeviceTensor& q, DeviceTensor& k) {
   set(q, q.view.shape[1]);
   set(k, 128);
 }
+
+
+// A device int32 array (rank 1; reshaped by the caller where it needs another rank): the
+// offsets of packed batches, a KV cache's lengths and block table.
+struct DeviceInts {
+  int* mem = nullptr;
+  warpattn::TensorView view;
+  explicit DeviceInts(const std::vector<int>& h) {
+    if (cudaMalloc(&mem, std::max<size_t>(h.size(), 1) * 4) != cudaSuccess) throw std::runtime_error("cudaMalloc");
+    if (!h.empty()) cudaMemcpy(mem, h.data(), h.size() * 4, cudaMemcpyHostToDevice);
+    view.data = mem;
+    view.dtype = warpattn::DType::s32;
+    view.rank = 1;
+    view.shape[0] = static_cast<int64_t>(h.size());
+    view.stride[0] = 1;
+  }
+  ~DeviceInts() { cudaFree(mem); }
+  DeviceInts(const DeviceInts&) = delete;
+  DeviceInts& operator=(const DeviceInts&) = delete;
+};
 
 }  // namespace gpu_test

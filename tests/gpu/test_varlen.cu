@@ -11,29 +11,12 @@
 #include "gpu_test_support.cuh"
 #include "reference/reference.hpp"
 
+using gpu_test::DeviceInts;
 using gpu_test::DeviceTensor;
 using gpu_test::parallel_for;
 using warpattn::DType;
 
 namespace {
-
-// A device int32 array.
-struct DeviceInts {
-  int* mem = nullptr;
-  warpattn::TensorView view;
-  explicit DeviceInts(const std::vector<int>& h) {
-    if (cudaMalloc(&mem, std::max<size_t>(h.size(), 1) * 4) != cudaSuccess) throw std::runtime_error("cudaMalloc");
-    cudaMemcpy(mem, h.data(), h.size() * 4, cudaMemcpyHostToDevice);
-    view.data = mem;
-    view.dtype = DType::s32;
-    view.rank = 1;
-    view.shape[0] = static_cast<int64_t>(h.size());
-    view.stride[0] = 1;
-  }
-  ~DeviceInts() { cudaFree(mem); }
-  DeviceInts(const DeviceInts&) = delete;
-  DeviceInts& operator=(const DeviceInts&) = delete;
-};
 
 // The (total, heads, head_dim) view of a (1, total, heads, head_dim) tensor.
 warpattn::TensorView packed(const warpattn::TensorView& t) {

@@ -3,6 +3,19 @@ import numpy as np
 import pytest
 
 
+def gpu_missing():
+    """Why the GPU tests cannot run here (None: they can): PyTorch and an sm_90 device."""
+    try:
+        import torch
+    except ImportError:
+        return "PyTorch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if torch.cuda.get_device_capability() != (9, 0):
+        return "needs an sm_90 GPU, found sm_%d%d" % torch.cuda.get_device_capability()
+    return None
+
+
 @pytest.fixture
 def op_recording_backend():
     """(backend, ops): a torch.compile backend that records the call_function targets of the

@@ -28,7 +28,7 @@ def test_import_and_metadata():
     assert warpattn.backward_head_dims == tuple(range(8, 257, 8))
     assert getattr(warpattn, "fp8_head_dims", warpattn._warpattn.fp8_head_dims) == (64, 128, 256)
     assert warpattn.__version__
-    for name in ("flash_attn_func", "flash_attn_backward", "jax_flash_attn"):
+    for name in ("flash_attn_func", "flash_attn_backward", "jax_flash_attn", "flash_attn_with_kvcache"):
         assert name in warpattn.__all__
     assert "softmax_scale" in warpattn.flash_attn_func.__doc__
     assert "deterministic" in warpattn.flash_attn_backward.__doc__

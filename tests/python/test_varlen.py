@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import warpattn
+from conftest import gpu_missing
 from warpattn import _warpattn
 
 try:
@@ -21,17 +22,7 @@ except ImportError:
     torch = None
 
 
-def _gpu_missing():
-    if torch is None:
-        return "PyTorch is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    if torch.cuda.get_device_capability() != (9, 0):
-        return "needs an sm_90 GPU, found sm_%d%d" % torch.cuda.get_device_capability()
-    return None
-
-
-gpu = pytest.mark.skipif(_gpu_missing() is not None, reason=str(_gpu_missing()))
+gpu = pytest.mark.skipif(gpu_missing() is not None, reason=str(gpu_missing()))
 has_backward = pytest.mark.skipif(not hasattr(_warpattn, "backward_varlen"),
                                   reason="this build has no _warpattn.backward_varlen yet")
 

@@ -20,17 +20,37 @@ struct PackedRow {
 WARPATTN_HOST_DEVICE PackedRow packed_row(int row, int group) { return {row / group, row % group}; }
 WARPATTN_HOST_DEVICE int packed_rows(int seqlen_q, int group) { return seqlen_q * group; }
 
+// How a KV-cache launch packs its tiles' rows: `heads` query heads of one KV head (a divisor
+// of the GQA group, at most the tile's rows) at each of `positions` query positions, row r
+// being position r / heads of head r % heads (packed_row). heads = 1 is the unpacked layout.
+// A tile then covers positions x heads <= block_m rows; its work item is (block of positions,
+// chunk of `heads` query heads, sequence).
+struct GqaPacking {
+  int heads = 1, positions = 0;
+};
+// The largest divisor of the group that fits the tile: every query head of the group at once
+// where the group has at most block_m heads (so K and V are read once per KV head).
+WARPATTN_HOST_DEVICE GqaPacking gqa_packing(int group, int block_m) {
+  int heads = group < block_m ? group : block_m;
+  while (heads > 1 && group % heads != 0) --heads;
+  if (heads < 1) heads = 1;
+  return {heads, block_m / heads};
+}
+
 // ---- Splits of a sequence's keys. Key blocks [begin, end) of split `split` out of `splits`
 // over `key_blocks` blocks: as even as whole blocks allow (sizes differ by at most one block),
 // in order, covering every block once. A split past the blocks (more splits than blocks) is
-// empty.
+// empty. 32-bit arithmetic (the producer that works it out has 40 registers, and a 64-bit
+// division is a call): exact while splits x key_blocks < 2^32, which holds for splits <=
+// kMaxDecodeSplits = 128 and key_blocks < 2^25 (a capacity below 2^31 keys, validated, in
+// blocks of at least 80 keys).
 struct KeyBlockRange {
   int begin = 0, end = 0;
   WARPATTN_HOST_DEVICE bool empty() const { return end <= begin; }
 };
 WARPATTN_HOST_DEVICE KeyBlockRange split_key_blocks(int split, int splits, int key_blocks) {
-  const long long b = static_cast<long long>(split) * key_blocks / splits;
-  const long long e = static_cast<long long>(split + 1) * key_blocks / splits;
+  const unsigned n = static_cast<unsigned>(key_blocks), d = static_cast<unsigned>(splits);
+  const unsigned b = static_cast<unsigned>(split) * n / d, e = static_cast<unsigned>(split + 1) * n / d;
   return {static_cast<int>(b), static_cast<int>(e)};
 }
 
@@ -45,32 +65,51 @@ WARPATTN_HOST_DEVICE KeyBlockRange invariant_key_blocks(int split, int chunk_blo
   return {b, e};
 }
 
-// The default split count, from the shape and the SM count: one split when the tiles alone
-// fill most of the SMs; otherwise enough splits for about two CTAs per SM, but at least two
-// key blocks per split (a split's fixed cost, its Q load and its partial's write and combine,
-// against its blocks' reads) and at most kMaxDecodeSplits (the combine's per-row state).
-// tiles: (sequence, KV head, row tile) triples; key_blocks: the longest sequence's.
+// The default split count, from the shape and the SM count: the count whose pieces finish
+// soonest on the persistent grid, by a model of whole rounds. tiles x s pieces on
+// `multiprocessors` CTAs take ceil(tiles s / multiprocessors) rounds of one piece, and a piece
+// costs its ceil(key_blocks / s) key blocks plus a fixed part (its Q load, its partial state's
+// store and share of the combine: about kSplitPieceCost key blocks); ties go to fewer pieces, so
+// tiles that fill the SMs' rounds as well alone stay whole. At most kMaxDecodeSplits (the
+// combine's work per row) and two key blocks a piece. tiles: (sequence, head chunk, query block)
+// triples; key_blocks: the longest sequence's (the capacity's, when the lengths are on the device).
+// B = 8, 32/8 heads, one row, 4096 keys in 176-key blocks, 132 SMs: 64 tiles of 24 blocks -> 2
+// pieces of 12 (128 pieces in one round), not 5 (320 pieces in 3 rounds, the last 42% full).
 inline constexpr int kMaxDecodeSplits = 128;
+inline constexpr int kSplitPieceCost = 1;
+WARPATTN_HOST_DEVICE long long split_rounds_cost(long long tiles, int key_blocks, int multiprocessors, int splits) {
+  const long long rounds = (tiles * splits + multiprocessors - 1) / multiprocessors;
+  return rounds * ((key_blocks + splits - 1) / splits + kSplitPieceCost);
+}
 WARPATTN_HOST_DEVICE int default_splits(long long tiles, int key_blocks, int multiprocessors) {
-  if (tiles <= 0 || key_blocks <= 2 || tiles * 5 >= 4LL * multiprocessors) return 1;
-  long long s = (2LL * multiprocessors + tiles - 1) / tiles;
-  const int by_blocks = key_blocks / 2;
-  if (s > by_blocks) s = by_blocks;
-  if (s > kMaxDecodeSplits) s = kMaxDecodeSplits;
-  return s < 1 ? 1 : static_cast<int>(s);
+  if (tiles <= 0 || key_blocks <= 2 || multiprocessors <= 0) return 1;
+  const int limit = key_blocks / 2 < kMaxDecodeSplits ? key_blocks / 2 : kMaxDecodeSplits;
+  int best = 1;
+  long long best_cost = split_rounds_cost(tiles, key_blocks, multiprocessors, 1);
+  for (int s = 2; s <= limit; ++s) {
+    const long long cost = split_rounds_cost(tiles, key_blocks, multiprocessors, s);
+    if (cost < best_cost) best = s, best_cost = cost;
+  }
+  return best;
 }
 
-// ---- Paged caches: (num_pages, page_size, Hkv, d) with block_table[b][i] the page of the
-// sequence's keys i · page_size ... Key `key` of sequence b is row `paged_key_row` of the cache
-// viewed as (num_pages · page_size, Hkv, d).
-WARPATTN_HOST_DEVICE long long paged_key_row(const int* block_table_row, int key, int page_size) {
-  return static_cast<long long>(block_table_row[key / page_size]) * page_size + key % page_size;
-}
-// A key block of block_n keys starting at a multiple of block_n lies in one page (one TMA box
-// at paged_key_row of its first key) iff the page size is a multiple of block_n; otherwise the
-// block is gathered row by row.
-WARPATTN_HOST_DEVICE bool key_blocks_within_pages(int page_size, int block_n) {
-  return page_size > 0 && page_size % block_n == 0;
+// ---- A KV-cache launch's work (run_kvcache.cuh), enumerated on the device without a plan:
+// tiles (block of positions, chunk of packed heads, sequence) in tile_order.hpp's order over a
+// TileGrid of one chunk of heads, each cut into `splits` consecutive pieces of its key range,
+// `pieces` = tiles x splits in all. Sequence b's keys: cache_seqlens[b] clamped to [0, capacity]
+// (the capacity without cache_seqlens), plus the appended rows, at most the capacity.
+struct KvCacheWork {
+  const int* cache_seqlens = nullptr;
+  int appended = 0, capacity = 0, splits = 1, pieces = 0;
+};
+WARPATTN_HOST_DEVICE int kv_cache_keys(const KvCacheWork& w, int batch) {
+  int cached = w.capacity;
+  if (w.cache_seqlens != nullptr) {
+    const int n = w.cache_seqlens[batch];
+    cached = n < 0 ? 0 : (n > w.capacity ? w.capacity : n);
+  }
+  const long long keys = static_cast<long long>(cached) + w.appended;
+  return keys < w.capacity ? static_cast<int>(keys) : w.capacity;
 }
 
 }  // namespace warpattn::detail

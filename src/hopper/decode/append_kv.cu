@@ -1,0 +1,71 @@
+// The append of a KV-cache call (append_kv.hpp): a warp per new row of one (sequence, KV head),
+// each lane one 16-byte piece of the row (head dims up to 256: at most 32 pieces).
+#include <algorithm>
+#include <cstdint>
+
+#include "hopper/cuda_check.hpp"
+#include "hopper/decode/append_kv.hpp"
+
+namespace warpattn::detail {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+// One 16-bit tensor of the append: its base and strides (elements) over (batch or page, row,
+// head); the head dim is contiguous.
+struct RowTensor {
+  char* data;
+  int64_t stride[3];
+  __device__ char* row(int64_t a, int64_t r, int64_t h) const {
+    return data + 2 * (a * stride[0] + r * stride[1] + h * stride[2]);
+  }
+};
+RowTensor row_tensor(const TensorView& t) {
+  return {static_cast<char*>(t.data), {t.stride[0], t.stride[1], t.stride[2]}};
+}
+
+struct AppendArgs {
+  RowTensor k_new, v_new, k_cache, v_cache;
+  int64_t rows;  // B x S_new x Hkv
+  int new_rows, heads_kv, k_pieces, v_pieces;  // pieces: 16 bytes of a row
+  const int* cache_seqlens;
+  KvPages pages;
+  int capacity;
+};
+
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) append_kv_kernel(const __grid_constant__ AppendArgs a) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; r < a.rows; r += warps) {
+    const int h = static_cast<int>(r % a.heads_kv);
+    const int i = static_cast<int>(r / a.heads_kv % a.new_rows);
+    const int b = static_cast<int>(r / a.heads_kv / a.new_rows);
+    const int cached = min(max(a.cache_seqlens[b], 0), a.capacity);
+    const int64_t key = static_cast<int64_t>(cached) + i;
+    if (key >= a.capacity) continue;
+    const CacheBox at = cache_box(a.pages, b, static_cast<int>(key), a.capacity);
+    if (at.page < 0) continue;  // a page index outside the cache: never written
+    if (lane < a.k_pieces)
+      reinterpret_cast<uint4*>(a.k_cache.row(at.page, at.row, h))[lane] =
+          reinterpret_cast<const uint4*>(a.k_new.row(b, i, h))[lane];
+    if (lane < a.v_pieces)
+      reinterpret_cast<uint4*>(a.v_cache.row(at.page, at.row, h))[lane] =
+          reinterpret_cast<const uint4*>(a.v_new.row(b, i, h))[lane];
+  }
+}
+
+}  // namespace
+
+void append_kv(const TensorView& k_new, const TensorView& v_new, const TensorView& k_cache, const TensorView& v_cache,
+               const int* cache_seqlens, const KvPages& pages, int capacity, cudaStream_t stream) {
+  AppendArgs a{row_tensor(k_new), row_tensor(v_new), row_tensor(k_cache), row_tensor(v_cache),
+               k_new.shape[0] * k_new.shape[1] * k_new.shape[2], static_cast<int>(k_new.shape[1]),
+               static_cast<int>(k_new.shape[2]), static_cast<int>(k_new.shape[3] / 8),
+               static_cast<int>(v_new.shape[3] / 8), cache_seqlens, pages, capacity};
+  if (a.rows == 0) return;
+  const int64_t blocks = std::min<int64_t>((a.rows + kWarpsPerBlock - 1) / kWarpsPerBlock, 1 << 16);
+  append_kv_kernel<<<static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, stream>>>(a);
+  check_cuda(cudaGetLastError(), "append_kv_kernel: launch failed");
+}
+
+}  // namespace warpattn::detail

@@ -1,0 +1,4 @@
+// KV-cache forward kernels for __half, head dim 64.
+#include "hopper/decode/run_kvcache.cuh"
+
+WARPATTN_FORWARD_KVCACHE_INSTANCE(__half, 64)

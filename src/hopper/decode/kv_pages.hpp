@@ -1,0 +1,52 @@
+// Where a KV cache keeps a sequence's keys (issue 16; warpattn.hpp, KvCache): which page and
+// row of the cache's tensor map hold key `key` of sequence `batch`, as the forward kernel's
+// producer loads a key tile in boxes of box_rows keys. Host-and-device, so the CPU tests check
+// it against the layout's definition.
+//
+// The cache's tensor map is the 5-D panel map of a (pages, page rows, Hkv, D) tensor (tensor_map.hpp):
+//  * dense (B, S_cache, Hkv, D): page = the sequence, one box of the whole key tile;
+//  * paged (num_pages, page_size, Hkv, D): page = block_table[batch][key / page_size], boxes of
+//    box_rows keys, the largest power of two that divides both the page size and the key tile,
+//    so that every box lies in one page and starts on a swizzle atom (8 rows) of shared memory.
+// A box that starts at or past the sequence's length, or whose page index is outside the
+// cache, is loaded from page -1: outside the tensor, so TMA fills it with zeros and reads
+// nothing. Past the length its keys are masked; inside it (a broken block table) they are keys
+// of zeros (score 0, value 0): a wrong result for that sequence, never a read outside the cache.
+#pragma once
+#include <cstdint>
+
+#include "hopper/host_device.hpp"
+
+namespace warpattn::detail {
+
+struct KvPages {
+  const int* table = nullptr;  // (B, max_pages) block table, or null: a dense cache
+  int64_t table_stride = 0;    // between sequences' rows of the table, in entries
+  int num_pages = 0;           // pages of the cache (dense: B)
+  int page_shift = 0;          // log2(page_size) (paged)
+  int box_rows = 0, boxes = 1;  // a key tile is `boxes` boxes of box_rows keys
+};
+
+struct CacheBox {
+  int page, row;  // the box's coordinates in the cache's map (page -1: zero-filled)
+};
+
+WARPATTN_HOST_DEVICE CacheBox cache_box(const KvPages& kv, int batch, int key, int seqlen_k) {
+  if (key >= seqlen_k) return {-1, 0};
+  if (kv.table == nullptr) return {batch, key};
+  const int slot = key >> kv.page_shift;  // inside the table's row: seqlen_k is clamped to the capacity
+  const int page = kv.table[batch * kv.table_stride + slot];
+  if (page < 0 || page >= kv.num_pages) return {-1, 0};
+  return {page, key & ((1 << kv.page_shift) - 1)};
+}
+
+// The box height for a key tile of block_n keys over pages of 2^page_shift keys (paged), or
+// the whole tile (dense: page_shift < 0).
+WARPATTN_HOST_DEVICE int cache_box_rows(int block_n, int page_shift) {
+  if (page_shift < 0) return block_n;
+  const int tile_pow2 = block_n & -block_n;  // the largest power of two dividing block_n
+  const int page = 1 << page_shift;
+  return page < tile_pow2 ? page : tile_pow2;
+}
+
+}  // namespace warpattn::detail

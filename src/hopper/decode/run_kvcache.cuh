@@ -1,0 +1,104 @@
+// Host side of the forward over KV caches (warpattn.hpp, KvCache): the packed batches' kernel
+// (KvCacheConfig) on the pieces of (block of positions, chunk of packed heads, sequence) tiles
+// that its producer enumerates (kv_cache_pieces.hpp), the lengths read on the device, q, out and
+// lse with their batch axis, the keys loaded from each sequence's pages (kv_pages.hpp), and the
+// combine of split keys.
+#pragma once
+
+#include "hopper/decode/append_kv.hpp"
+#include "hopper/decode/combine_splits.cuh"
+#include "hopper/decode/decode_plan.hpp"
+#include "hopper/decode/kv_pages.hpp"
+#include "hopper/run_forward.cuh"
+#include "hopper/tile_shapes.hpp"
+
+namespace warpattn::detail {
+
+// How many pieces a KV-cache launch cuts each tile's keys into: the caller's num_splits (1 ..
+// kMaxDecodeSplits), or, for 0, decode_plan.hpp's default from the tiles, the capacity's key
+// tiles and the SMs (none in the batch-invariant mode, where a sequence's bits must not depend
+// on the batch); never so many that the pieces pass 2^31 or their partial states (slot_bytes
+// each) kMaxSplitPartialBytes, which a forced count over many tiles would.
+inline constexpr long long kMaxSplitPartialBytes = 1LL << 30;
+inline int kvcache_splits(int num_splits, long long tiles, int key_tiles, bool batch_invariant, size_t slot_bytes) {
+  int splits = num_splits > 0 ? num_splits
+                              : (batch_invariant ? 1 : default_splits(tiles, key_tiles, multiprocessor_count()));
+  while (splits > 1 && (tiles * splits >= (1LL << 31) ||
+                        tiles * splits * static_cast<long long>(slot_bytes) > kMaxSplitPartialBytes))
+    --splits;
+  return splits;
+}
+
+// q, out: (B, Sq, Hq, D); k_cache, v_cache: dense (B, S_cache, Hkv, D) or paged (num_pages,
+// page_size, Hkv, D); lse (B, Hq, Sq). p: batch B, seqlen_q Sq, seqlen_k the capacity (>= 1);
+// work: the lengths as validated (splits and pieces are set here); pages as validated (the box
+// sizes are set here, from the tile); num_splits as kvcache_splits takes it; append: the new
+// rows (or null), written once the tensor maps and the scheduler memory are in hand.
+template <class Cfg>
+void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages pages, int num_splits,
+                         const NewRows* append, const TensorView& q, const TensorView& k_cache,
+                         const TensorView& v_cache, const TensorView& out, const std::optional<TensorView>& lse,
+                         cudaStream_t stream) {
+  static_assert(Cfg::kKvCache, "a KvCacheConfig");
+  pages.box_rows = cache_box_rows(Cfg::kBlockN, pages.table != nullptr ? pages.page_shift : -1);
+  pages.boxes = Cfg::kBlockN / pages.box_rows;
+  ForwardParams params = base_forward_params<Cfg>(p, out, lse);
+  // GQA packing: a tile's rows are `heads` query heads of one KV head at `positions` positions,
+  // so K and V are read once per KV head (and a one-row decode step fills group rows, not one).
+  const GqaPacking packing = gqa_packing(params.kv_group, Cfg::kBlockM);
+  params.packing = packing;
+  params.heads_q /= packing.heads;   // the tiles' head axis: chunks of packed heads
+  params.kv_group /= packing.heads;  // chunks per KV head
+  params.m_blocks = ceil_div(params.seqlen_q, packing.positions);
+  params.kv_pages = pages;
+  const ForwardMaps maps{make_packed_q_tensor_map(q, "q", packing.heads, packing.positions, Cfg::kSwizzleBytes),
+                         make_panel_tensor_map(k_cache, "k_cache", pages.box_rows, Cfg::kPanels, Cfg::kSwizzleBytes),
+                         make_panel_tensor_map(v_cache, "v_cache", pages.box_rows, Cfg::kPanels, Cfg::kSwizzleBytes)};
+  // Validation keeps the tiles below 2^31 (validate_forward_kvcache).
+  const long long tiles = p.batch * static_cast<long long>(params.m_blocks) * params.heads_q;
+  // Split keys (flash-decoding): when the tiles cannot fill the SMs, each tile's key range is cut
+  // into pieces over CTAs, each leaving its partial state, combined in order afterwards. The
+  // pieces are enumerated by the producer itself (kv_cache_pieces.hpp): no plan before the launch.
+  work.splits = kvcache_splits(num_splits, tiles, ceil_div(params.seqlen_k, Cfg::kBlockN), p.batch_invariant,
+                               PartialState<Cfg>::kSlotBytes);
+  work.pieces = static_cast<int>(tiles * work.splits);
+  params.kv_work = work;
+  SchedulerWorkspace ws(stream, work.splits > 1 ? static_cast<size_t>(work.pieces) * PartialState<Cfg>::kSlotBytes : 0);
+  params.tile_counter = ws.tile_counter();
+  params.partials = ws.partials();
+  if (append != nullptr)
+    append_kv(append->k, append->v, k_cache, v_cache, work.cache_seqlens, pages, work.capacity, stream);
+  launch_forward_kernel<Cfg>(std::min<int64_t>(work.pieces, multiprocessor_count()), maps, params, stream);
+  if (work.splits > 1) {
+    combine_kvcache_splits_kernel<Cfg>
+        <<<dim3(static_cast<unsigned>(tiles), Cfg::kConsumerWarpgroups), 128, 0, stream>>>(params);
+    check_cuda(cudaGetLastError(), "combine_kvcache_splits_kernel: launch failed");
+  }
+}
+
+// Defined in forward_kvcache_<dtype>_d<dim>.cu, one file per dtype and head dim.
+template <class Element, int kHeadDim>
+void run_forward_kvcache_head_dim(const ForwardProblem& p, const KvCacheWork& work, const KvPages& pages,
+                                  int num_splits, const NewRows* append, const TensorView& q,
+                                  const TensorView& k_cache, const TensorView& v_cache, const TensorView& out,
+                                  const std::optional<TensorView>& lse, cudaStream_t stream);
+
+}  // namespace warpattn::detail
+
+// The body of each forward_kvcache_<dtype>_d<dim>.cu: the dense forward's tile shapes, banded
+// (causal or a sliding window) and not.
+#define WARPATTN_FORWARD_KVCACHE_INSTANCE(Element, kHeadDim)                                                   \
+  namespace warpattn::detail {                                                                               \
+  template <>                                                                                                \
+  void run_forward_kvcache_head_dim<Element, kHeadDim>(                                                      \
+      const ForwardProblem& p, const KvCacheWork& work, const KvPages& pages, int num_splits,                 \
+      const NewRows* append, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,       \
+      const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream) {                    \
+    if (p.banded)                                                                                            \
+      run_forward_kvcache<KvCacheConfig<ForwardConfigFor<Element, kHeadDim, true>>>(                         \
+          p, work, pages, num_splits, append, q, k_cache, v_cache, out, lse, stream);                        \
+    else                                                                                                     \
+      run_forward_kvcache<KvCacheConfig<ForwardConfigFor<Element, kHeadDim, false>>>(                        \
+          p, work, pages, num_splits, append, q, k_cache, v_cache, out, lse, stream);                        \
+  }                                                                                                          \
+  }
