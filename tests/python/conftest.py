@@ -16,6 +16,18 @@ def gpu_missing():
     return None
 
 
+# The model options' argument errors every entry point reports with the library's rules and
+# messages (window_size, softcap, sinks for 8 query heads): (keywords, error type, message).
+MODEL_OPTION_ERRORS = [
+    (dict(window_size=(-4, 0)), ValueError, r"^options\.window_left: .* got -4$"),
+    (dict(window_size=(0, 2), causal=True), ValueError, r"^options\.window_right: causal attention"),
+    (dict(softcap=float("nan")), ValueError, r"^options\.softcap: expected 0 \(off\) or a finite value > 0"),
+    (dict(sinks=np.zeros(2, np.float32)), ValueError, r"^sinks: expected shape \(8\)"),
+    (dict(sinks=np.zeros(8, np.int32)), TypeError, r"^sinks: expected a float32 tensor"),
+    (dict(window_size=(1,)), ValueError, r"^window_size: expected a pair"),
+]
+
+
 @pytest.fixture
 def op_recording_backend():
     """(backend, ops): a torch.compile backend that records the call_function targets of the

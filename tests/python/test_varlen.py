@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import warpattn
-from conftest import gpu_missing
+from conftest import MODEL_OPTION_ERRORS, gpu_missing
 from warpattn import _warpattn
 
 try:
@@ -155,13 +155,7 @@ def test_backward_arguments_without_a_gpu():
 def test_model_options_reach_the_library():
     # window_size, softcap and sinks (issue 19): the library's rules and messages, as for the dense call.
     args = packed()
-    cases = [(dict(window_size=(-4, 0)), ValueError, r"^options\.window_left: .* got -4$"),
-             (dict(window_size=(0, 2), causal=True), ValueError, r"^options\.window_right: causal attention"),
-             (dict(softcap=math.nan), ValueError, r"^options\.softcap: expected 0 \(off\) or a finite value > 0"),
-             (dict(sinks=np.zeros(2, np.float32)), ValueError, r"^sinks: expected shape \(8\)"),
-             (dict(sinks=np.zeros(8, np.int32)), TypeError, r"^sinks: expected a float32 tensor"),
-             (dict(window_size=(1,)), ValueError, r"^window_size: expected a pair")]
-    for options, error, message in cases:
+    for options, error, message in MODEL_OPTION_ERRORS:
         with pytest.raises(error, match=message):
             call(*args, **options)
     with pytest.raises(TypeError, match="q: CUDA tensor required"):
