@@ -652,3 +652,64 @@ def test_jax_refusals():
         warpattn.flash_attn_backward(q, q, q, q, q, lse, dq=q)
     with pytest.raises(ValueError, match="q: expected rank 4"):
         warpattn.jax_flash_attn(q[0], q, q)
+
+
+# ---------------------------------------------------------------- how PyTorch tensors are read
+# The binding reads a plain torch.Tensor's address, dtype, shape and strides from its attributes
+# (array_arg.hpp: DLPack's export was the largest host cost of a small call); anything else goes
+# through DLPack. The facts must be the same either way.
+
+class _ThroughDlpack:
+    """The tensor behind the DLPack protocol alone, so that the binding must take that path."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __dlpack__(self, *args, **kwargs):
+        return self.t.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+
+def _torch_tensors(torch):
+    base = torch.arange(2 * 6 * 3 * 8, dtype=torch.float32).reshape(2, 6, 3, 8)
+    yield base
+    yield base.to(torch.bfloat16).transpose(1, 2)           # strided view
+    yield base.to(torch.float16)[:, 1:5, :, 2:6]           # storage offset, non-contiguous
+    yield base[0, 0, 0]                                     # rank 1
+    yield base.sum()                                        # rank 0
+    yield base.new_empty((0, 3, 0, 8))                      # empty
+    yield base.to(torch.int32)[1]
+    yield base.to(torch.uint8).expand(2, 6, 3, 8)          # stride 0 nowhere here, but a view
+    yield base[:, :1].expand(2, 6, 3, 8)                   # stride 0
+    yield torch.nn.Parameter(base.to(torch.bfloat16), requires_grad=False)
+    yield base.to(torch.int8).flip(0).contiguous()
+    yield base.to(torch.float64)
+
+
+def test_torch_tensors_read_as_dlpack_reads_them():
+    torch = pytest.importorskip("torch")
+    for t in _torch_tensors(torch):
+        fast = _warpattn._array_facts(t)
+        slow = _warpattn._array_facts(_ThroughDlpack(t))
+        assert fast[-1] is False and slow[-1] is True, (t.dtype, t.shape)
+        assert fast[:-1] == slow[:-1], (t.dtype, t.shape, fast, slow)
+        assert fast[0] == t.data_ptr() and fast[3] == tuple(t.shape) and fast[4] == t.stride()
+
+
+def test_torch_tensors_the_fast_path_does_not_know_take_dlpack():
+    torch = pytest.importorskip("torch")
+    x = torch.zeros(2, 3, dtype=torch.bfloat16)
+    assert _warpattn._array_facts(torch.zeros(2, 3, dtype=torch.bool))[-1] is True  # a dtype outside its table
+
+    class Sub(torch.Tensor):
+        pass
+    assert _warpattn._array_facts(x.as_subclass(Sub))[-1] is True  # a subclass (FakeTensor's kind)
+    if hasattr(torch, "_neg_view"):  # a lazily negated view: whatever DLPack makes of it
+        assert _warpattn._array_facts(torch._neg_view(x))[-1] is True
+    for t in (x.clone().requires_grad_(), torch.nn.Parameter(x.clone())):  # as nanobind's DLPack import reads them
+        assert _warpattn._array_facts(t)[:-1] == _warpattn._array_facts(_ThroughDlpack(t.detach()))[:-1]
+    meta = torch.zeros(2, 3, device="meta")
+    with pytest.raises((TypeError, RuntimeError, BufferError)):  # neither CUDA nor the CPU: DLPack's answer
+        _warpattn._array_facts(meta)
