@@ -464,6 +464,26 @@ def test_torch_autograd_shapes(torch):
     assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
 
 
+def test_torch_calls_keep_the_dispatcher_where_it_is_needed(torch):
+    # torch_op._call runs an op's body directly only for eager calls on plain CUDA tensors that
+    # want no gradient from it; everything else meets the op (fake implementations, autograd
+    # formulas or refusals, subclasses, modes, tracing, the profiler).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from warpattn.torch_op import _may_skip_dispatcher
+    cpu = torch.zeros(2, 3)
+    assert not _may_skip_dispatcher((cpu, None, 1.0, True))  # host memory: the op refuses it by name
+    assert not _may_skip_dispatcher((torch.zeros(2, 3, device="meta"),))  # the fake implementation
+    assert _may_skip_dispatcher((None, 1.0, False))  # no tensor, no mode: nothing needs the op
+    with FakeTensorMode():
+        assert not _may_skip_dispatcher((None,))  # a dispatch mode
+    with torch.autograd.profiler.profile():
+        assert not _may_skip_dispatcher((None,))  # the profiler records the op
+    traced = []
+    torch.jit.trace(lambda x: traced.append(_may_skip_dispatcher((None,))) or x * 2, (cpu,), check_trace=False)
+    assert traced == [False]
+    assert not torch.compile(lambda: _may_skip_dispatcher((None,)), backend="eager", fullgraph=True)()
+
+
 def test_torch_compile_traces_forward_and_backward(torch, op_recording_backend):
     q, k, v = meta_qkv(torch)
     backend, ops = op_recording_backend
