@@ -85,8 +85,8 @@ void run_forward_kvcache_head_dim(const ForwardProblem& p, const KvCacheWork& wo
 
 }  // namespace warpattn::detail
 
-// The body of each forward_kvcache_<dtype>_d<dim>.cu: the dense forward's tile shapes, banded
-// (causal or a sliding window) and not.
+// The body of each forward_kvcache_<dtype>_d<dim>.cu: banded (causal or a sliding window) and not,
+// both in the banded tile's shape (tile_shapes.hpp, KvCacheForwardConfigFor).
 #define WARPATTN_FORWARD_KVCACHE_INSTANCE(Element, kHeadDim)                                                   \
   namespace warpattn::detail {                                                                               \
   template <>                                                                                                \
@@ -95,10 +95,10 @@ void run_forward_kvcache_head_dim(const ForwardProblem& p, const KvCacheWork& wo
       const NewRows* append, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,       \
       const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream) {                    \
     if (p.banded)                                                                                            \
-      run_forward_kvcache<KvCacheConfig<ForwardConfigFor<Element, kHeadDim, true>>>(                         \
+      run_forward_kvcache<KvCacheConfig<KvCacheForwardConfigFor<Element, kHeadDim, true>>>(                  \
           p, work, pages, num_splits, append, q, k_cache, v_cache, out, lse, stream);                        \
     else                                                                                                     \
-      run_forward_kvcache<KvCacheConfig<ForwardConfigFor<Element, kHeadDim, false>>>(                        \
+      run_forward_kvcache<KvCacheConfig<KvCacheForwardConfigFor<Element, kHeadDim, false>>>(                 \
           p, work, pages, num_splits, append, q, k_cache, v_cache, out, lse, stream);                        \
   }                                                                                                          \
   }
