@@ -9,6 +9,7 @@
 #include "hopper/decode/combine_splits.cuh"
 #include "hopper/decode/decode_plan.hpp"
 #include "hopper/decode/kv_pages.hpp"
+#include "hopper/dependent_launch.cuh"
 #include "hopper/run_forward.cuh"
 #include "hopper/tile_shapes.hpp"
 
@@ -70,9 +71,9 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
     append_kv(append->k, append->v, k_cache, v_cache, work.cache_seqlens, pages, work.capacity, stream);
   launch_forward_kernel<Cfg>(std::min<int64_t>(work.pieces, multiprocessor_count()), maps, params, stream);
   if (work.splits > 1) {
-    combine_kvcache_splits_kernel<Cfg>
-        <<<dim3(static_cast<unsigned>(tiles), Cfg::kConsumerWarpgroups), 128, 0, stream>>>(params);
-    check_cuda(cudaGetLastError(), "combine_kvcache_splits_kernel: launch failed");
+    // Scheduled while the attention's last pieces still run (the kernel waits for them itself).
+    launch_dependent(combine_kvcache_splits_kernel<Cfg>, dim3(static_cast<unsigned>(tiles), Cfg::kConsumerWarpgroups),
+                     dim3(128), stream, "combine_kvcache_splits_kernel: launch failed", params);
   }
 }
 
