@@ -8,14 +8,18 @@
 #include "hopper/decode/kv_cache_pieces.hpp"
 #include "hopper/epilogue.cuh"
 #include "hopper/forward_params.hpp"
+#include "hopper/ptx/grid_dependency.cuh"
 #include "hopper/split_tail_combine.cuh"
 
 namespace warpattn::detail {
 
-// Grid (tiles, consumer warpgroups), 128 threads. Every thread runs to the end: the store's
+// Grid (tiles, consumer warpgroups), 128 threads, launched with launch_dependent. Every thread runs to the end: the store's
 // shuffles need whole warps.
 template <class Cfg>
 __global__ void __launch_bounds__(128) combine_kvcache_splits_kernel(const __grid_constant__ ForwardParams params) {
+  // Launched as the attention's dependent (dependent_launch.cuh): its partial states are
+  // complete and visible only past this wait.
+  ptx::wait_for_preceding_grid();
   const int tile = static_cast<int>(blockIdx.x), splits = params.kv_work.splits;
   const WorkTile w = tile_coords(tile, TileGrid{params.m_blocks, params.heads_q, params.batch, 1});
   const int warpgroup = static_cast<int>(blockIdx.y), thread = static_cast<int>(threadIdx.x);
