@@ -9,7 +9,8 @@ mkdir -p "$OUT"
 STAGES=${STAGES:-"ctest cli bench"}  # also: primitives, forward, fp8, devices, sanitize, python, bench_backward, ncu, ncu_fp8
 # python: PY_PARTS (default gpu cpu training varlen kvcache transformers jax_ffi), VARLEN_BENCH=1 for the varlen mixes,
 #   DECODE_BENCH=1 for the KV-cache benchmark (python -m warpattn.bench --decode; DECODE_BENCH_ARGS, default --quick),
-#   JAX_BENCH=1 for warpattn under jax.jit beside cuDNN (python -m warpattn.bench_jax; JAX_BENCH_ARGS)
+#   JAX_BENCH=1 for warpattn under jax.jit beside cuDNN (python -m warpattn.bench_jax; JAX_BENCH_ARGS),
+#   MODEL_OPTIONS_BENCH=1 for scripts/bench_model_options.py, HOST_COST=1 for scripts/host_cost.py
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 # The first half of the README's test command: scripts/build.sh (every core).
 if ! bash scripts/build.sh > "$OUT/build.log" 2>&1; then
@@ -124,6 +125,11 @@ if stage python; then
       (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 -m warpattn.bench --decode \
         --out "$OUT/bench-decode.json" ${DECODE_BENCH_ARGS:---quick} > "$OUT/decode-bench.log" 2>&1)
       echo "decode bench rc=$?"; tail -12 "$OUT/decode-bench.log"
+    fi
+    if [ -n "${MODEL_OPTIONS_BENCH:-}" ]; then  # issue 19's window / softcap / sinks beside warpattn's causal forward
+      (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 "$OLDPWD/scripts/bench_model_options.py" \
+        > "$OUT/model-options.log" 2>&1)
+      echo "model options bench rc=$?"; cat "$OUT/model-options.log"
     fi
     if [ -n "${HOST_COST:-}" ]; then
       (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 120 python3 "$OLDPWD/scripts/host_cost.py" 2>&1 | tee "$OUT/host_cost.log")
