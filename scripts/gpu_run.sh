@@ -6,7 +6,7 @@
 set -u -o pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-"ctest cli bench"}  # also: primitives, forward, fp8, devices, sanitize, python, bench_backward, ncu, ncu_fp8
+STAGES=${STAGES:-"ctest cli bench"}  # also: primitives, forward, fp8, devices, sanitize, fa3, python, bench_backward, ncu, ncu_fp8
 # python: PY_PARTS (default gpu cpu training varlen kvcache transformers jax_ffi), VARLEN_BENCH=1 for the varlen mixes,
 #   DECODE_BENCH=1 for the KV-cache benchmark (python -m warpattn.bench --decode; DECODE_BENCH_ARGS, default --quick),
 #   JAX_BENCH=1 for warpattn under jax.jit beside cuDNN (python -m warpattn.bench_jax; JAX_BENCH_ARGS),
@@ -94,6 +94,17 @@ if stage bench_backward; then
     > "$OUT/bench-backward.log" 2>&1
   echo "bench_backward rc=$?"; tail -20 "$OUT/bench-backward.log"
 fi
+if stage fa3; then
+  # FlashAttention-3 for issue 19's side-by-side (carry .fa3, made by ../shared/fa3/prepare.sh):
+  # the BF16 forward with windows and softcap (scripts/fa3_model_profile.sh); the python stage's
+  # MODEL_OPTIONS_BENCH then times it beside warpattn.
+  if bash scripts/fa3_model_profile.sh && FA3_PROFILE=model timeout -k 5 ${FA3_TIMEOUT:-400} bash .fa3/build.sh \
+      > "$OUT/fa3-build.log" 2>&1; then
+    echo "fa3 build ok: $(tail -1 "$OUT/fa3-build.log")"
+  else
+    echo "fa3 build failed:"; tail -5 "$OUT/fa3-build.log"
+  fi
+fi
 if stage python; then
   # The package as a user installs it (no network there: no build isolation), its tests, and
   # the benchmark through the package (quick unless PY_BENCH_ARGS says otherwise).
@@ -128,7 +139,7 @@ if stage python; then
     fi
     if [ -n "${MODEL_OPTIONS_BENCH:-}" ]; then  # issue 19's window / softcap / sinks beside warpattn's causal forward
       (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 "$OLDPWD/scripts/bench_model_options.py" \
-        > "$OUT/model-options.log" 2>&1)
+        --json "$OUT/model-options.json" > "$OUT/model-options.log" 2>&1)
       echo "model options bench rc=$?"; cat "$OUT/model-options.log"
     fi
     if [ -n "${HOST_COST:-}" ]; then
