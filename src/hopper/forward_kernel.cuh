@@ -78,9 +78,9 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
         // Two calls, not one through first_row_of_block/rows_of_block: that form reassociates the
         // 16-bit causal kernels' row arithmetic (their SASS changed); this one keeps it as it was.
         bool few_keys;
-        if constexpr (Cfg::kKvCache)  // a block of positions
-          few_keys = sees_few_keys(first_row_of_block<Cfg>(w.m_block, params), rows_of_block<Cfg>(params), seqlen_q,
-                                   seqlen_k, Cfg::kCausal ? params.band : KeyBand{});
+        if constexpr (Cfg::kKvCache)  // a block of positions, or the prefill block its first lies in
+          few_keys = kvcache_sees_few_keys(first_row_of_block<Cfg>(w.m_block, params), rows_of_block<Cfg>(params),
+                                           seqlen_q, seqlen_k, Cfg::kCausal ? params.band : KeyBand{}, Cfg::kBlockM);
         else
           few_keys = sees_few_keys(w.m_block * Cfg::kBlockM, Cfg::kBlockM, seqlen_q, seqlen_k,
                                    Cfg::kCausal ? params.band : KeyBand{});
