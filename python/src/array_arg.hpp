@@ -82,6 +82,7 @@ inline Torch* torch_if_imported() {
     return nullptr;
   }
   static Torch t;
+  t.known_count = 0;  // a failed attempt below may have filled some
   bool ok = true;
   const auto attr = [&](PyObject* from, const char* name) -> PyObject* {
     PyObject* a = ok ? PyObject_GetAttrString(from, name) : nullptr;
@@ -101,7 +102,8 @@ inline Torch* torch_if_imported() {
                {"uint8", code::UInt, 8},     {"int8", code::Int, 8}};
   for (const auto& e : table) {
     PyObject* d = attr(module, e.name);
-    if (d != nullptr) t.known[t.known_count++] = {d, nb::dlpack::dtype{static_cast<uint8_t>(e.c), e.bits, 1}};
+    if (d != nullptr && t.known_count < 8)
+      t.known[t.known_count++] = {d, nb::dlpack::dtype{static_cast<uint8_t>(e.c), e.bits, 1}};
   }
   Py_DECREF(module);
   if (!ok || !PyType_Check(tensor) || !PyType_Check(parameter)) {
