@@ -94,7 +94,7 @@ void launch_backward_kernels(const BackwardParams& p, const BackwardTensors& t, 
     auto kernel = attention_backward_kernel<Cfg>;
     constexpr int kSmem = sizeof(BackwardSharedStorage<Cfg>);
     static_assert(kSmem <= 227 * 1024, "more shared memory than a CTA may have on sm_90");
-    allow_shared_memory(kernel, kSmem, "attention_backward_kernel: setting its shared-memory size");
+    allow_shared_memory<attention_backward_kernel<Cfg>>(kSmem, "attention_backward_kernel: setting its shared-memory size");
     kernel<<<main_grid, Cfg::kThreads, kSmem, stream>>>(tm_q, tm_k, tm_v, tm_do, p);
     check_cuda(cudaGetLastError(), "attention_backward_kernel: launch failed");
   }
