@@ -1,22 +1,81 @@
-"""Issue 19's quick speed check (a probe, not the benchmark): warpattn's causal forward with a
-sliding window, softcap and sinks beside its own plain causal forward on the same tensors,
-TFLOP/s over the work inside the band (4 · keys seen · d per row and head). 16384 tokens,
-H · d = 2048, BF16, median of triton's do_bench."""
+"""Issue 19's speed check: warpattn's causal forward with a sliding window, softcap and sinks beside
+its own plain causal forward on the same tensors, and beside FlashAttention-3 where its bundle is
+built (.fa3/hopper, FA3_PROFILE=model: scripts/fa3_model_profile.sh) on the same tensors and
+options (FA3 has no sinks). TFLOP/s over the work inside the band (4 · keys seen · d per row and
+head). 16384 tokens, H · d = 2048, BF16, median of triton's do_bench; with FA3, 3 passes
+alternating the two and the ratio as the median of the passes' ratios.
+
+    python3 scripts/bench_model_options.py [--json PATH]
+"""
+import json
+import os
+import statistics
+import sys
+
 import torch
 import triton
 import warpattn
 
 N = 16384
-for d in (64, 128, 256):
-    h = 2048 // d
-    q, k, v = (torch.randn(1, N, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    sinks = torch.randn(h, device="cuda")
-    rows = torch.arange(N, device="cuda", dtype=torch.float64)
-    for label, opts in [("causal", {}), ("window 4096", dict(window_size=(4095, 0))),
-                        ("window 1024", dict(window_size=(1023, 0))), ("window 256", dict(window_size=(255, 0))),
-                        ("softcap 30", dict(softcap=30.0)), ("sinks", dict(sinks=sinks))]:
-        left = opts.get("window_size", (N, 0))[0]
-        keys = torch.minimum(rows + 1, torch.full_like(rows, left + 1)).sum().item()
-        ms = triton.testing.do_bench(lambda: warpattn.flash_attn_func(q, k, v, causal=True, **opts),
-                                     warmup=25, rep=100, return_mode="median")
-        print(f"d={d:3d} {label:12s} {4 * keys * d * h / ms / 1e9:7.1f} TFLOP/s  {ms * 1e3:8.1f} us", flush=True)
+PASSES = 3
+
+
+def fa3_module():
+    root = os.path.join(os.getcwd(), ".fa3", "hopper")
+    if not os.path.isdir(root):
+        root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".fa3", "hopper")
+    if not os.path.isdir(root):
+        return None
+    sys.path.insert(0, os.path.abspath(root))
+    try:
+        import flash_attn_interface
+        return flash_attn_interface
+    except Exception as e:  # not built, or built without this profile
+        print("FlashAttention-3 not importable (%s: %s): warpattn alone" % (type(e).__name__, e), flush=True)
+        return None
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def main():
+    fa3 = fa3_module()
+    rows_out = []
+    for d in (64, 128, 256):
+        h = 2048 // d
+        q, k, v = (torch.randn(1, N, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        sinks = torch.randn(h, device="cuda")
+        rows = torch.arange(N, device="cuda", dtype=torch.float64)
+        for label, opts in [("causal", {}), ("window 4096", dict(window_size=(4095, 0))),
+                            ("window 1024", dict(window_size=(1023, 0))), ("window 256", dict(window_size=(255, 0))),
+                            ("softcap 30", dict(softcap=30.0)), ("sinks", dict(sinks=sinks))]:
+            left = opts.get("window_size", (N, 0))[0]
+            keys = torch.minimum(rows + 1, torch.full_like(rows, left + 1)).sum().item()
+            flop = 4 * keys * d * h
+            ours = lambda: warpattn.flash_attn_func(q, k, v, causal=True, **opts)  # noqa: E731
+            theirs = None
+            if fa3 is not None and "sinks" not in opts:
+                fa3_opts = {key: val for key, val in opts.items()}
+                theirs = lambda: fa3.flash_attn_func(q, k, v, causal=True, **fa3_opts)  # noqa: E731
+            ms_ours, ms_theirs = [], []
+            for _ in range(PASSES if theirs is not None else 1):
+                ms_ours.append(bench(ours))
+                if theirs is not None:
+                    ms_theirs.append(bench(theirs))
+            row = {"d": d, "option": label, "warpattn_tflops": flop / statistics.median(ms_ours) / 1e9,
+                   "warpattn_us": statistics.median(ms_ours) * 1e3}
+            text = f"d={d:3d} {label:12s} warpattn {row['warpattn_tflops']:7.1f} TFLOP/s {row['warpattn_us']:8.1f} us"
+            if theirs is not None:
+                ratio = statistics.median(t / o for o, t in zip(ms_ours, ms_theirs))
+                row.update(fa3_tflops=flop / statistics.median(ms_theirs) / 1e9, warpattn_over_fa3=ratio)
+                text += f"   FA3 {row['fa3_tflops']:7.1f} TFLOP/s   warpattn/FA3 {ratio:.3f}"
+            print(text, flush=True)
+            rows_out.append(row)
+    if "--json" in sys.argv:
+        with open(sys.argv[sys.argv.index("--json") + 1], "w") as f:
+            json.dump({"tokens": N, "passes": PASSES, "rows": rows_out}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -6,10 +6,11 @@
 set -u -o pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-"ctest cli bench"}  # also: primitives, forward, fp8, devices, sanitize, python, bench_backward, ncu, ncu_fp8
+STAGES=${STAGES:-"ctest cli bench"}  # also: primitives, forward, fp8, devices, sanitize, fa3, python, bench_backward, ncu, ncu_fp8
 # python: PY_PARTS (default gpu cpu training varlen kvcache transformers jax_ffi), VARLEN_BENCH=1 for the varlen mixes,
 #   DECODE_BENCH=1 for the KV-cache benchmark (python -m warpattn.bench --decode; DECODE_BENCH_ARGS, default --quick),
-#   JAX_BENCH=1 for warpattn under jax.jit beside cuDNN (python -m warpattn.bench_jax; JAX_BENCH_ARGS)
+#   JAX_BENCH=1 for warpattn under jax.jit beside cuDNN (python -m warpattn.bench_jax; JAX_BENCH_ARGS),
+#   MODEL_OPTIONS_BENCH=1 for scripts/bench_model_options.py, HOST_COST=1 for scripts/host_cost.py
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 # The first half of the README's test command: scripts/build.sh (every core).
 if ! bash scripts/build.sh > "$OUT/build.log" 2>&1; then
@@ -93,6 +94,17 @@ if stage bench_backward; then
     > "$OUT/bench-backward.log" 2>&1
   echo "bench_backward rc=$?"; tail -20 "$OUT/bench-backward.log"
 fi
+if stage fa3; then
+  # FlashAttention-3 for issue 19's side-by-side (carry .fa3, made by ../shared/fa3/prepare.sh):
+  # the BF16 forward with windows and softcap (scripts/fa3_model_profile.sh); the python stage's
+  # MODEL_OPTIONS_BENCH then times it beside warpattn.
+  if bash scripts/fa3_model_profile.sh && FA3_PROFILE=model timeout -k 5 ${FA3_TIMEOUT:-400} bash .fa3/build.sh \
+      > "$OUT/fa3-build.log" 2>&1; then
+    echo "fa3 build ok: $(tail -1 "$OUT/fa3-build.log")"
+  else
+    echo "fa3 build failed:"; tail -5 "$OUT/fa3-build.log"
+  fi
+fi
 if stage python; then
   # The package as a user installs it (no network there: no build isolation), its tests, and
   # the benchmark through the package (quick unless PY_BENCH_ARGS says otherwise).
@@ -124,6 +136,11 @@ if stage python; then
       (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 -m warpattn.bench --decode \
         --out "$OUT/bench-decode.json" ${DECODE_BENCH_ARGS:---quick} > "$OUT/decode-bench.log" 2>&1)
       echo "decode bench rc=$?"; tail -12 "$OUT/decode-bench.log"
+    fi
+    if [ -n "${MODEL_OPTIONS_BENCH:-}" ]; then  # issue 19's window / softcap / sinks beside warpattn's causal forward
+      (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 "$OLDPWD/scripts/bench_model_options.py" \
+        --json "$OUT/model-options.json" > "$OUT/model-options.log" 2>&1)
+      echo "model options bench rc=$?"; cat "$OUT/model-options.log"
     fi
     if [ -n "${HOST_COST:-}" ]; then
       (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 120 python3 "$OLDPWD/scripts/host_cost.py" 2>&1 | tee "$OUT/host_cost.log")

@@ -1,9 +1,14 @@
-"""Host cost per call at a tiny shape, through the Python API: warpattn (dense BF16 and FP8)
-beside cuDNN through SDPA. The shape is small enough that the GPU finishes each call long
-before the host has issued the next, so wall time per call is the host's cost.
+"""Host cost per call at tiny shapes, through the Python API and below it, beside cuDNN through
+SDPA (issue 16's bar: 20 us a call through Python). The shapes are small enough that the GPU
+finishes each call long before the host has issued the next, so wall time per call is the host's
+cost. The rows peel the layers off one at a time: the public call, the binding alone (tensors
+allocated, the stream known), the C ABI through ctypes (the library alone, plus ctypes' ~1 us),
+and what a call cannot avoid (two allocations, one kernel launch).
 
     python3 scripts/host_cost.py            # after pip install . (or with the package on PYTHONPATH)
 """
+import ctypes
+import os
 import time
 
 import torch
@@ -11,6 +16,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import warpattn
+from warpattn import _warpattn
+from warpattn.bench import describe, load_warpattn
 
 
 def per_call_us(fn, calls=2000, repeats=5):
@@ -28,22 +35,66 @@ def per_call_us(fn, calls=2000, repeats=5):
     return best[len(best) // 2]
 
 
+def c_abi_forward(q, k, v, out):
+    """warpattn_forward of the package's libwarpattn.so through ctypes, descriptors built once."""
+    lib = load_warpattn(os.path.join(os.path.dirname(warpattn.__file__), "libwarpattn.so"))
+    refs = [ctypes.byref(describe(t, "bfloat16")) for t in (q, k, v, out)]
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    err = ctypes.create_string_buffer(1024)
+    fn = lib.warpattn_forward
+
+    def call():
+        if fn(refs[0], refs[1], refs[2], refs[3], None, 0, 0.0, 0, stream, err, len(err)) != 0:
+            raise RuntimeError(err.value.decode())
+    return call
+
+
 def main():
     q, k, v = (torch.randn(1, 128, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out = torch.empty_like(q)
+    lse = torch.empty(1, 4, 128, device="cuda")
+    qg = q.clone().requires_grad_()
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     ops = warpattn.quantize_fp8(q, k, v)
-    rows = [("warpattn flash_attn_func", lambda: warpattn.flash_attn_func(q, k, v)),
-            ("warpattn flash_attn_func, out given", lambda: warpattn.flash_attn_func(q, k, v, out=q.new_empty(q.shape))),
-            ("warpattn flash_attn_fp8_func (check_descales=False)",
-             lambda: warpattn.flash_attn_fp8_func(ops, check_descales=False))]
+    stream = torch.cuda.current_stream().cuda_stream
+    # Decode: one sequence, one row, 8 query heads on 8 KV heads, 128 cached keys, d = 128.
+    dq = torch.randn(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
+    kc, vc = (torch.randn(1, 128, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lens = torch.full((1,), 128, dtype=torch.int32, device="cuda")
+    pages = torch.randn(2, kc.shape[1], 8, 128, device="cuda", dtype=torch.bfloat16)
+    table = torch.zeros(1, 1, dtype=torch.int32, device="cuda")
+    dout = torch.empty_like(dq)
+    rows = [
+        ("warpattn flash_attn_func", lambda: warpattn.flash_attn_func(q, k, v)),
+        ("warpattn flash_attn_func, out given", lambda: warpattn.flash_attn_func(q, k, v, out=out)),
+        ("warpattn flash_attn_func, q requires grad (forward)", lambda: warpattn.flash_attn_func(qg, k, v)),
+        ("  the binding alone (_warpattn.forward, lse too)",
+         lambda: _warpattn.forward(q, k, v, out, lse, None, False, stream)),
+        ("  the library alone (C ABI through ctypes)", c_abi_forward(q, k, v, out)),
+        ("warpattn flash_attn_fp8_func (check_descales=False)",
+         lambda: warpattn.flash_attn_fp8_func(ops, check_descales=False)),
+        ("warpattn flash_attn_with_kvcache, dense, lengths",
+         lambda: warpattn.flash_attn_with_kvcache(dq, kc, vc, cache_seqlens=lens)),
+        ("warpattn flash_attn_with_kvcache, paged",
+         lambda: warpattn.flash_attn_with_kvcache(dq, pages, pages, cache_seqlens=lens, block_table=table)),
+        ("  the binding alone (_warpattn.forward_kvcache, dense)",
+         lambda: _warpattn.forward_kvcache(dq, kc, vc, dout, None, None, None, lens, None, None, False, stream)),
+    ]
 
     def cudnn():
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             return F.scaled_dot_product_attention(qt, kt, vt)
-    rows.append(("cuDNN through SDPA", cudnn))
-    print("host cost per call, B=1 N=128 H=4 d=64 bf16 (median of 5 x 2000 calls):")
+    rows += [
+        ("cuDNN through SDPA", cudnn),
+        ("SDPA, default backend", lambda: F.scaled_dot_product_attention(qt, kt, vt)),
+        ("floor: two torch.empty (out and lse)",
+         lambda: (torch.empty_like(q), torch.empty(1, 4, 128, device="cuda"))),
+        ("floor: one kernel launch (torch.cuda._sleep(1))", lambda: torch.cuda._sleep(1)),
+    ]
+    print("host cost per call, B=1 N=128 H=4 d=64 bf16; decode B=1 Sq=1 8/8 heads 128 keys d=128 "
+          "(median of 5 x 2000 calls):")
     for name, fn in rows:
-        print("  %-52s %6.1f us" % (name, per_call_us(fn)))
+        print("  %-56s %6.1f us" % (name, per_call_us(fn)))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "array_arg.hpp"
 #include "warpattn/fp8.hpp"
 #include "warpattn/warpattn.hpp"
 
@@ -18,7 +19,9 @@ namespace nb = nanobind;
 
 namespace {
 
-using AnyArray = nb::ndarray<nb::ro>;  // any device, dtype, shape and strides
+// Any device, dtype, shape and strides: PyTorch tensors read from their attributes, anything else
+// through DLPack (array_arg.hpp).
+using AnyArray = warpattn_py::Array;
 
 // The dtype warpattn calls it, or a TypeError naming the argument and what it takes (`expected`).
 warpattn::DType dtype_of(const AnyArray& a, const char* name,
@@ -414,6 +417,18 @@ size_t backward_workspace_bytes(const AnyArray& q, std::optional<float> softmax_
   }
 }
 
+// What the binding read of an array (array_arg.hpp), for the tests: (address, DLPack dtype code,
+// bits, shape, strides, DLPack device type, whether it came through DLPack).
+nb::tuple array_facts(const AnyArray& a) {
+  nb::list shape, strides;
+  for (size_t i = 0; i < a.ndim(); ++i) {
+    shape.append(a.shape(i));
+    strides.append(a.stride(i));
+  }
+  return nb::make_tuple(reinterpret_cast<uintptr_t>(a.data()), a.dtype().code, a.dtype().bits, nb::tuple(shape),
+                        nb::tuple(strides), a.device_type(), a.through_dlpack());
+}
+
 }  // namespace
 
 NB_MODULE(_warpattn, m) {
@@ -497,6 +512,7 @@ NB_MODULE(_warpattn, m) {
         "FP8 attention on quantize_fp8's operands; out fp16 or bf16. window_left, window_right, sinks and "
         "batch_invariant as forward's; softcap is refused (the 16-bit forward only).");
   m.attr("fp8_head_dims") = nb::make_tuple(64, 128, 256);
+  m.def("_array_facts", &array_facts, nb::arg("a"), "What the binding reads of an array (tests).");
   m.def("quantize_fp8_varlen", &quantize_fp8_varlen, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("fp8_q"),
         nb::arg("fp8_k"), nb::arg("vt"), nb::arg("q_descale"), nb::arg("k_descale"), nb::arg("v_descale"),
         nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("rotate"), nb::arg("seed"), nb::arg("per_tensor"),

@@ -242,9 +242,23 @@ def _current_stream(fw, x):
         with cupy.cuda.Device(x.device.id):
             return cupy.cuda.get_current_stream().ptr
     if fw == "torch" and x.is_cuda:
-        import torch
-        return torch.cuda.current_stream(x.device).cuda_stream
+        return _torch_raw_stream()(x.get_device())
     return 0
+
+
+_raw_stream = None
+
+
+def _torch_raw_stream():
+    """PyTorch's current stream of a device index as an integer: torch._C's own accessor (what
+    torch.compile's generated code calls) costs a fraction of torch.cuda.current_stream, which
+    builds a Stream object per call; that where a build lacks it."""
+    global _raw_stream
+    if _raw_stream is None:
+        import torch
+        _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+            lambda index: torch.cuda.current_stream(index).cuda_stream)
+    return _raw_stream
 
 
 # ---------------------------------------------------------------------------------- JAX

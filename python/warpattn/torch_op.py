@@ -2,9 +2,11 @@
 varlen batches), each pair joined by register_autograd, so that flash_attn_func and
 flash_attn_varlen_func are differentiable and work under torch.compile and CUDA graph capture, on
 PyTorch's current stream; and the forward over KV caches (flash_attn_with_kvcache, inference
-only: no autograd formula), whose appending op declares the caches it writes (mutates_args). The public calls reach the forward op through an autograd.Function
-with the same formula where a gradient is wanted (cheaper per call: _autograd_function), directly
-where not.
+only: no autograd formula), whose appending op declares the caches it writes (mutates_args). The
+public calls reach the forward op through an autograd.Function with the same formula where a
+gradient is wanted (cheaper per call: _autograd_function), directly where not; and in eager
+PyTorch on plain CUDA tensors each op's body runs without the dispatcher (_call), which is needed
+only under torch.compile, tracing, the profiler, modes and subclasses.
 
 The forward ops take the model options (window_left, window_right, softcap, sinks), and so do
 the backward ops, which return the sinks' gradient too (dsinks, float32 (heads,); an empty (0,)
@@ -20,6 +22,53 @@ import torch
 
 from . import _warpattn
 from .api import _current_stream, flash_attn_backward as _flash_attn_backward
+
+
+# ------------------------------------------------------------------ the dispatcher, where needed
+# Each op's body also runs directly, without PyTorch's dispatcher, where nothing the dispatcher
+# gives is in play: the dispatcher's path costs ~7.5 us a call on the 2-core dev machine
+# (scripts/torch_op_overhead_cpu.py; about 3x that on the H200 host's slower thread), against
+# issue 16's bar of 20 us for a whole call. What needs the op (torch.compile and export, jit
+# tracing, the profiler's op events, dispatch and function modes such as FakeTensorMode,
+# functorch's transforms, tensor subclasses such as FakeTensor or DTensor) is each a condition of
+# _may_skip_dispatcher. CUDA graph capture needs nothing of it: the body allocates through
+# PyTorch's caching allocator and synchronises nothing, as the op does.
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+_function_mode_enabled = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+
+
+def _may_skip_dispatcher(args):
+    if (torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.autograd._profiler_enabled()
+            or _dispatch_modes() or _function_mode_enabled() or _functorch_active()):
+        return False
+    # CUDA tensors only (meta and CPU ones meet the fake implementation or the refusal through
+    # the op), and none that wants a gradient from the op itself (its formula, or PyTorch's
+    # refusal where it has none).
+    grad = torch.is_grad_enabled()
+    for a in args:
+        if isinstance(a, torch.Tensor) and (type(a) not in _PLAIN_TENSORS or not a.is_cuda or (grad and a.requires_grad)):
+            return False
+    return True
+
+
+_BODIES = {}  # id(op) -> the op's undecorated body (kept here, not set on PyTorch's op object)
+
+
+def _custom_op(name, mutates_args=()):
+    """torch.library.custom_op, with the undecorated body kept for _call."""
+    def register(body):
+        op = torch.library.custom_op(name, mutates_args=mutates_args)(body)
+        _BODIES[id(op)] = body
+        return op
+    return register
+
+
+def _call(op, *args):
+    """op(*args), through the dispatcher only where _may_skip_dispatcher says it is needed."""
+    return _BODIES[id(op)](*args) if _may_skip_dispatcher(args) else op(*args)
 
 
 def _lse_like(q):
@@ -47,7 +96,7 @@ def _with_dsinks(grads, q):
     return tuple(grads) if len(grads) == 4 else tuple(grads) + (q.new_empty((0,), dtype=torch.float32),)
 
 
-@torch.library.custom_op("warpattn::flash_attn_forward", mutates_args=())
+@_custom_op("warpattn::flash_attn_forward")
 def flash_attn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float],
                        causal: bool, deterministic: bool, batch_invariant: bool = False, window_left: int = -1,
                        window_right: int = -1, softcap: float = 0.0,
@@ -66,7 +115,7 @@ def _(q, k, v, softmax_scale, causal, deterministic, batch_invariant=False, wind
     return _forward_outputs(q, v)
 
 
-@torch.library.custom_op("warpattn::flash_attn_backward", mutates_args=())
+@_custom_op("warpattn::flash_attn_backward")
 def flash_attn_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         out: torch.Tensor, lse: torch.Tensor, dlse: Optional[torch.Tensor],
                         softmax_scale: Optional[float], causal: bool, deterministic: bool, window_left: int = -1,
@@ -129,8 +178,8 @@ def _backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, sinks = ctx.saved_tensors
     # contiguous(): sum() and expand() hand down stride-0 gradients, which the kernel cannot read.
     dout = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
-    dq, dk, dv, dsinks = flash_attn_backward(dout, q, k, v, out, lse, grad_lse, ctx.softmax_scale, ctx.causal,
-                                             ctx.deterministic, ctx.window_left, ctx.window_right, ctx.softcap, sinks)
+    dq, dk, dv, dsinks = _call(flash_attn_backward, dout, q, k, v, out, lse, grad_lse, ctx.softmax_scale, ctx.causal,
+                               ctx.deterministic, ctx.window_left, ctx.window_right, ctx.softcap, sinks)
     # The inputs after q, k, v: softmax_scale, causal, deterministic, batch_invariant, window_left,
     # window_right, softcap (no gradient), then the sinks.
     return (dq, dk, dv) + (None,) * 7 + (None if sinks is None else dsinks,)
@@ -151,7 +200,7 @@ def _autograd_function(op, setup_context, backward, name):
     the pattern torch.compile traces for FlashAttention 2's own interface. The op keeps its
     register_autograd for whoever calls it directly (torch.ops.warpattn.*, opcheck)."""
     def forward(ctx, *inputs):
-        output = op(*inputs)
+        output = _call(op, *inputs)
         setup_context(ctx, inputs, output)
         return output
     return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),
@@ -164,9 +213,9 @@ _FlashAttnFunction = _autograd_function(flash_attn_forward, _setup_context, _bac
 def flash_attn_torch(q, k, v, softmax_scale, causal, return_lse, out, deterministic, batch_invariant=False,
                      window_left=-1, window_right=-1, softcap=0.0, sinks=None):
     if out is None:
-        call = _FlashAttnFunction.apply if _needs_grad(q, k, v, sinks) else flash_attn_forward
-        o, lse = call(q, k, v, softmax_scale, causal, deterministic, batch_invariant, window_left, window_right,
-                      softcap, sinks)
+        args = (q, k, v, softmax_scale, causal, deterministic, batch_invariant, window_left, window_right, softcap,
+                sinks)
+        o, lse = _FlashAttnFunction.apply(*args) if _needs_grad(q, k, v, sinks) else _call(flash_attn_forward, *args)
         return (o, lse) if return_lse else o
     # Writing into a caller's tensor is outside the custom op (a graph break under compile), and
     # outside autograd: refused where a gradient could be asked for, as PyTorch's own out= are.
@@ -191,7 +240,7 @@ def _varlen_outputs(q, v):
     return q.new_empty(_out_shape(q, v)), _varlen_lse_like(q)
 
 
-@torch.library.custom_op("warpattn::flash_attn_varlen_forward", mutates_args=())
+@_custom_op("warpattn::flash_attn_varlen_forward")
 def flash_attn_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                               cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
                               max_seqlen_k: int, softmax_scale: Optional[float], causal: bool,
@@ -211,7 +260,7 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k
     return _varlen_outputs(q, v)
 
 
-@torch.library.custom_op("warpattn::flash_attn_varlen_backward", mutates_args=())
+@_custom_op("warpattn::flash_attn_varlen_backward")
 def flash_attn_varlen_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                out: torch.Tensor, lse: torch.Tensor, dlse: Optional[torch.Tensor],
                                cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
@@ -248,8 +297,8 @@ def _varlen_setup_context(ctx, inputs, output):
 def _varlen_backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks = ctx.saved_tensors
     dout = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
-    dq, dk, dv, dsinks = flash_attn_varlen_backward(dout, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
-                                                    seqused_k, *ctx.options, *ctx.model, sinks)
+    dq, dk, dv, dsinks = _call(flash_attn_varlen_backward, dout, q, k, v, out, lse, grad_lse, cu_seqlens_q,
+                               cu_seqlens_k, seqused_k, *ctx.options, *ctx.model, sinks)
     # The inputs after q, k, v: the offsets and lengths, the options (no gradient), then the sinks.
     return (dq, dk, dv) + (None,) * 12 + (None if sinks is None else dsinks,)
 
@@ -263,9 +312,10 @@ def flash_attn_varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_
                             softmax_scale, causal, return_lse, out, deterministic, batch_invariant=False,
                             window_left=-1, window_right=-1, softcap=0.0, sinks=None):
     if out is None:
-        call = _FlashAttnVarlenFunction.apply if _needs_grad(q, k, v, sinks) else flash_attn_varlen_forward
-        o, lse = call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                      causal, deterministic, batch_invariant, window_left, window_right, softcap, sinks)
+        args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                deterministic, batch_invariant, window_left, window_right, softcap, sinks)
+        o, lse = (_FlashAttnVarlenFunction.apply(*args) if _needs_grad(q, k, v, sinks)
+                  else _call(flash_attn_varlen_forward, *args))
         return (o, lse) if return_lse else o
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise RuntimeError("out: flash_attn_varlen_func(..., out=...) is not differentiable, but q, k or v "
@@ -295,7 +345,7 @@ def _kvcache_run(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_
                               window_right=window_right, softcap=softcap, sinks=sinks, num_splits=num_splits)
 
 
-@torch.library.custom_op("warpattn::flash_attn_kvcache_forward", mutates_args=())
+@_custom_op("warpattn::flash_attn_kvcache_forward")
 def flash_attn_kvcache_forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                cache_seqlens: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
                                softmax_scale: Optional[float], causal: bool, batch_invariant: bool = False,
@@ -315,7 +365,7 @@ def _(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal, ba
     return _kvcache_outputs(q, v_cache)
 
 
-@torch.library.custom_op("warpattn::flash_attn_kvcache_append_forward", mutates_args=("k_cache", "v_cache"))
+@_custom_op("warpattn::flash_attn_kvcache_append_forward", mutates_args=("k_cache", "v_cache"))
 def flash_attn_kvcache_append_forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                       k: torch.Tensor, v: torch.Tensor, cache_seqlens: torch.Tensor,
                                       block_table: Optional[torch.Tensor], softmax_scale: Optional[float],
@@ -347,13 +397,13 @@ def flash_attn_kvcache_torch(q, k_cache, v_cache, k, v, cache_seqlens, block_tab
         _kvcache_run(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, *model, out, lse)
         return (out, lse) if return_lse else out
     if k is None and v is None:
-        o, lse = flash_attn_kvcache_forward(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal,
-                                            *model)
+        o, lse = _call(flash_attn_kvcache_forward, q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale,
+                       causal, *model)
     elif k is None or v is None or cache_seqlens is None:
         # The op's schema needs k, v and cache_seqlens: the library's own message for what is missing.
         o, lse = _kvcache_outputs(q, v_cache)
         _kvcache_run(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, *model, o, lse)
     else:
-        o, lse = flash_attn_kvcache_append_forward(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
-                                                   softmax_scale, causal, *model)
+        o, lse = _call(flash_attn_kvcache_append_forward, q, k_cache, v_cache, k, v, cache_seqlens, block_table,
+                       softmax_scale, causal, *model)
     return (o, lse) if return_lse else o

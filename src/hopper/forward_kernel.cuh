@@ -10,6 +10,7 @@
 #include "hopper/kv_tiles.hpp"
 #include "hopper/log2e.hpp"
 #include "hopper/producer.cuh"
+#include "hopper/ptx/grid_dependency.cuh"
 #include "hopper/ptx/mbarrier.cuh"
 #include "hopper/ptx/tma.cuh"
 #include "hopper/ptx/warpgroup.cuh"
@@ -77,9 +78,9 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
         // Two calls, not one through first_row_of_block/rows_of_block: that form reassociates the
         // 16-bit causal kernels' row arithmetic (their SASS changed); this one keeps it as it was.
         bool few_keys;
-        if constexpr (Cfg::kKvCache)  // a block of positions
-          few_keys = sees_few_keys(first_row_of_block<Cfg>(w.m_block, params), rows_of_block<Cfg>(params), seqlen_q,
-                                   seqlen_k, Cfg::kCausal ? params.band : KeyBand{});
+        if constexpr (Cfg::kKvCache)  // a block of positions, or the prefill block its first lies in
+          few_keys = kvcache_sees_few_keys(first_row_of_block<Cfg>(w.m_block, params), rows_of_block<Cfg>(params),
+                                           seqlen_q, seqlen_k, Cfg::kCausal ? params.band : KeyBand{}, Cfg::kBlockM);
         else
           few_keys = sees_few_keys(w.m_block * Cfg::kBlockM, Cfg::kBlockM, seqlen_q, seqlen_k,
                                    Cfg::kCausal ? params.band : KeyBand{});
@@ -133,6 +134,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   auto& ss = *reinterpret_cast<SharedStorage<Cfg>*>(smem_raw);
 
+  // A KV-cache launch's combine (when its keys are split) may be scheduled from here on: it
+  // waits for this grid's end itself (dependent_launch.cuh), and cannot take an SM before a CTA
+  // of this persistent grid leaves one.
+  if constexpr (Cfg::kKvCache) ptx::allow_dependent_launch();
   if (threadIdx.x == 0) init_barriers(ss);
   __syncthreads();  // the last CTA-wide barrier: roles split below
 

@@ -111,4 +111,21 @@ WARPATTN_HOST_DEVICE bool sees_few_keys(int m_start, int block_m, int seqlen_q, 
   return (first < last ? first : last) < kPreciseKeyLimit;
 }
 
+// The same for a KV cache's tile (decode: rows are the step's new positions, aligned
+// bottom-right on the sequence's keys): its own rows, or the prefill block that holds its first
+// row's position. A causal prefill of the sequence (seqlen_q = seqlen_k, query blocks of
+// prefill_block_m rows) takes the precise path for a whole block when some row of it sees few
+// keys, so a decode step whose row lies in such a block takes it too, and its bits equal the
+// prefill's for that row (issue 18): without this, a sequence of exactly prefill_block_m keys
+// decoded its last row on the fast path, while the prefill's first block (whose first row sees
+// one key) took the precise one.
+WARPATTN_HOST_DEVICE bool kvcache_sees_few_keys(int m_start, int rows, int seqlen_q, int seqlen_k, const KeyBand& band,
+                                                int prefill_block_m) {
+  if (sees_few_keys(m_start, rows, seqlen_q, seqlen_k, band)) return true;
+  const int position = seqlen_k - seqlen_q + m_start;  // >= 0 here: a row before the first key sees none
+  if (position < 0) return true;
+  const int block_start = position / prefill_block_m * prefill_block_m;
+  return sees_few_keys(block_start, prefill_block_m, seqlen_k, seqlen_k, band);
+}
+
 }  // namespace warpattn::detail

@@ -92,8 +92,7 @@ template <class Cfg>
 void launch_forward_kernel(int64_t blocks, const ForwardMaps& maps, const ForwardParams& params, cudaStream_t stream) {
   auto kernel = attention_forward_kernel<Cfg>;
   constexpr int kSmem = sizeof(SharedStorage<Cfg>);
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-             "attention_forward_kernel: setting its shared-memory size");
+  allow_shared_memory<attention_forward_kernel<Cfg>>(kSmem, "attention_forward_kernel: setting its shared-memory size");
   kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, params);
   check_cuda(cudaGetLastError(), "attention_forward_kernel: launch failed");
 }

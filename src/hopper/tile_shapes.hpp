@@ -75,6 +75,15 @@ using Fp8ForwardConfigFor = ForwardConfig<__nv_fp8_e4m3, kHeadDim, 128, kFp8Stag
 template <class Element, int kHeadDim, bool kCausal>
 using ForwardConfigFor = ForwardConfig<Element, kHeadDim, TileShape<kHeadDim, kCausal>::kBlockN,
                                        TileShape<kHeadDim, kCausal>::kStages, kCausal>;
+// KV caches (decode, run_kvcache.cuh): the banded tile's shape whatever the mask, so that a key
+// tile is a power of two keys where the dense forward's is not (176 at d = 128): a paged cache's
+// key tile then comes in one box per panel from pages of 128 keys up (kv_pages.hpp's boxes are the
+// largest power of two dividing both), where 176-key tiles took 11 boxes of 16 keys per panel
+// (run 122: paged 18-57% slower than dense). d = 128: 128 x 128, 3 stages (192 KB of keys and
+// values in flight against 180); d = 64 and 256 are the dense forward's tiles already.
+template <class Element, int kHeadDim, bool kBanded>
+using KvCacheForwardConfigFor = ForwardConfig<Element, kHeadDim, TileShape<kHeadDim, true>::kBlockN,
+                                              TileShape<kHeadDim, true>::kStages, kBanded>;
 template <class Element, int kHeadDim, bool kCausal>
 using TallForwardConfigFor =
     ForwardConfig<Element, kHeadDim, TallTileShape<kHeadDim, kCausal>::kBlockN, TallTileShape<kHeadDim, kCausal>::kStages,

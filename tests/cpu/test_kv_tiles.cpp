@@ -86,6 +86,32 @@ TEST(few_key_blocks_are_those_with_a_row_under_the_limit) {
   CHECK(sees_few_keys(0, 128, 4096, 4096, {300, 0}));  // rows 0..126 see 1..127
 }
 
+// A KV cache's tile takes the precise path where the causal prefill's block holding its first
+// row does (issue 18: a decode step's bits equal the prefill's last row), and wherever a row of
+// its own sees few keys (the accuracy rule): one decode row of every length up to 700 against the
+// prefill's block decision, and tiles of several positions against their own rows.
+TEST(kvcache_tiles_take_the_prefill_blocks_precise_path) {
+  using warpattn::detail::KeyBand;
+  using warpattn::detail::kvcache_sees_few_keys;
+  using warpattn::detail::sees_few_keys;
+  const KeyBand bands[] = {{warpattn::detail::kUnbounded, 0}, {100, 0}, {127, 0}, {128, 0}, {300, 0}};
+  for (const KeyBand& band : bands)
+    for (int L = 1; L <= 700; ++L) {
+      const int block = (L - 1) / 128 * 128;  // the prefill's block holding row L - 1
+      const bool want = sees_few_keys(block, 128, L, L, band);
+      CHECK(kvcache_sees_few_keys(0, 1, 1, L, band, 128) == want)
+          << "L " << L << " band " << band.left << ": got " << !want << " want " << want;
+    }
+  CHECK(kvcache_sees_few_keys(0, 1, 1, 128, {warpattn::detail::kUnbounded, 0}, 128));    // the old exception
+  CHECK(!kvcache_sees_few_keys(0, 1, 1, 129, {warpattn::detail::kUnbounded, 0}, 128));   // past the first block
+  for (const KeyBand& band : bands)
+    for (int L = 1; L <= 400; L += 7)
+      for (int sq = 1; sq <= 40 && sq <= L + 8; sq += 3)
+        for (int rows = 1; rows <= 16; rows *= 2)
+          for (int m = 0; m < sq; m += rows)
+            if (sees_few_keys(m, rows, sq, L, band)) CHECK(kvcache_sees_few_keys(m, rows, sq, L, band, 128));
+}
+
 // The band functions against brute force over every (row, key) pair, windows included: the
 // visited range is exactly the tiles with a visible key, the masked tiles exactly those with a
 // hidden pair, and sees_few_keys exactly "some row of the block sees 1..limit-1 keys or fewer".

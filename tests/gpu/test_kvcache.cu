@@ -975,16 +975,16 @@ HARNESS_MAIN()
 // the same key tiles in the same order, and WGMMA keeps rows independent, so the row's online
 // softmax and its P·V sums are the same operations on the same values; GQA packing only moves
 // the row within its tile. Both causal (one new row sees every key either way; the causal
-// kernels' tiles). One exception, not tested: a sequence of exactly 128 keys, whose prefill
-// block holds rows that see fewer than kPreciseKeyLimit keys (its first sees one) and takes the
-// precise path, while the decode row sees 128 and does not. From the cache as it is, and with
-// the step's key and value appended to a cache of L - 1.
+// kernels' tiles). A decode row takes the precise path where the prefill block holding it does
+// (kvcache_sees_few_keys: the first block, whose first row sees one key), so 127, 128 and 129
+// keys around the first block's end are cases too. From the cache as it is, and with the step's
+// key and value appended to a cache of L - 1.
 TEST(kvcache_decode_equals_prefill_last_row) {
   REQUIRE_HOPPER();
   const uint64_t seed = gpu_test::fresh_seed();
   const int64_t Hq = 8, Hkv = 2;
   for (int d : {64, 128, 256})
-    for (int L : {1, 37, 129, 300, 1000, 2047}) {  // (below 2048: d = 64's dense prefill takes tall tiles there)
+    for (int L : {1, 37, 127, 128, 129, 256, 300, 1000, 2047}) {  // (below 2048: d = 64's dense prefill takes tall tiles there)
       DeviceTensor q(DType::bf16, 1, L, Hq, d, false), k(DType::bf16, 1, L, Hkv, d, false),
           v(DType::bf16, 1, L, Hkv, d, false), out(DType::bf16, 1, L, Hq, d, false);
       q.fill_normal(seed + 3 * L + d), k.fill_normal(seed + 5 * L + d + 1), v.fill_normal(seed + 7 * L + d + 2);

@@ -464,6 +464,26 @@ def test_torch_autograd_shapes(torch):
     assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
 
 
+def test_torch_calls_keep_the_dispatcher_where_it_is_needed(torch):
+    # torch_op._call runs an op's body directly only for eager calls on plain CUDA tensors that
+    # want no gradient from it; everything else meets the op (fake implementations, autograd
+    # formulas or refusals, subclasses, modes, tracing, the profiler).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from warpattn.torch_op import _may_skip_dispatcher
+    cpu = torch.zeros(2, 3)
+    assert not _may_skip_dispatcher((cpu, None, 1.0, True))  # host memory: the op refuses it by name
+    assert not _may_skip_dispatcher((torch.zeros(2, 3, device="meta"),))  # the fake implementation
+    assert _may_skip_dispatcher((None, 1.0, False))  # no tensor, no mode: nothing needs the op
+    with FakeTensorMode():
+        assert not _may_skip_dispatcher((None,))  # a dispatch mode
+    with torch.autograd.profiler.profile():
+        assert not _may_skip_dispatcher((None,))  # the profiler records the op
+    traced = []
+    torch.jit.trace(lambda x: traced.append(_may_skip_dispatcher((None,))) or x * 2, (cpu,), check_trace=False)
+    assert traced == [False]
+    assert not torch.compile(lambda: _may_skip_dispatcher((None,)), backend="eager", fullgraph=True)()
+
+
 def test_torch_compile_traces_forward_and_backward(torch, op_recording_backend):
     q, k, v = meta_qkv(torch)
     backend, ops = op_recording_backend
@@ -652,3 +672,74 @@ def test_jax_refusals():
         warpattn.flash_attn_backward(q, q, q, q, q, lse, dq=q)
     with pytest.raises(ValueError, match="q: expected rank 4"):
         warpattn.jax_flash_attn(q[0], q, q)
+
+
+# ---------------------------------------------------------------- how PyTorch tensors are read
+# The binding reads a plain torch.Tensor's address, dtype, shape and strides from its attributes
+# (array_arg.hpp: DLPack's export was the largest host cost of a small call); anything else goes
+# through DLPack. The facts must be the same either way.
+
+class _ThroughDlpack:
+    """The tensor behind the DLPack protocol alone, so that the binding must take that path."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __dlpack__(self, *args, **kwargs):
+        return self.t.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+
+def _torch_tensors(torch):
+    base = torch.arange(2 * 6 * 3 * 8, dtype=torch.float32).reshape(2, 6, 3, 8)
+    yield base
+    yield base.to(torch.bfloat16).transpose(1, 2)           # strided view
+    yield base.to(torch.float16)[:, 1:5, :, 2:6]           # storage offset, non-contiguous
+    yield base[0, 0, 0]                                     # rank 1
+    yield base.sum()                                        # rank 0
+    yield base.new_empty((0, 3, 0, 8))                      # empty
+    yield base.to(torch.int32)[1]
+    yield base.to(torch.uint8).expand(2, 6, 3, 8)          # stride 0 nowhere here, but a view
+    yield base[:, :1].expand(2, 6, 3, 8)                   # stride 0
+    yield torch.nn.Parameter(base.to(torch.bfloat16), requires_grad=False)
+    yield base.to(torch.int8).flip(0).contiguous()
+    yield base.to(torch.float64)
+    yield base[:, 1:2]                                      # size-1 axes (whose strides nothing steps over)
+    yield torch.zeros(1, 128, 4, 64, dtype=torch.bfloat16).transpose(0, 1)
+
+
+def _facts_that_matter(facts):
+    """_array_facts without the strides of size-1 axes, which no access steps over (the library
+    and its tensor maps ignore them) and which DLPack exporters may normalise."""
+    address, code, bits, shape, strides, device, _ = facts
+    return address, code, bits, shape, tuple(st for n, st in zip(shape, strides) if n != 1), device
+
+
+def test_torch_tensors_read_as_dlpack_reads_them():
+    torch = pytest.importorskip("torch")
+    for t in _torch_tensors(torch):
+        fast = _warpattn._array_facts(t)
+        slow = _warpattn._array_facts(_ThroughDlpack(t))
+        assert fast[-1] is False and slow[-1] is True, (t.dtype, t.shape)
+        assert _facts_that_matter(fast) == _facts_that_matter(slow), (t.dtype, t.shape, fast, slow)
+        assert fast[0] == t.data_ptr() and fast[3] == tuple(t.shape) and fast[4] == t.stride()
+
+
+def test_torch_tensors_the_fast_path_does_not_know_take_dlpack():
+    torch = pytest.importorskip("torch")
+    x = torch.zeros(2, 3, dtype=torch.bfloat16)
+    assert _warpattn._array_facts(torch.zeros(2, 3, dtype=torch.bool))[-1] is True  # a dtype outside its table
+
+    class Sub(torch.Tensor):
+        pass
+    assert _warpattn._array_facts(x.as_subclass(Sub))[-1] is True  # a subclass (FakeTensor's kind)
+    if hasattr(torch, "_neg_view"):  # a lazily negated view: whatever DLPack makes of it
+        assert _warpattn._array_facts(torch._neg_view(x))[-1] is True
+    for t in (x.clone().requires_grad_(), torch.nn.Parameter(x.clone())):  # as nanobind's DLPack import reads them
+        assert (_facts_that_matter(_warpattn._array_facts(t))
+                == _facts_that_matter(_warpattn._array_facts(_ThroughDlpack(t.detach()))))
+    meta = torch.zeros(2, 3, device="meta")
+    with pytest.raises((TypeError, RuntimeError, BufferError)):  # neither CUDA nor the CPU: DLPack's answer
+        _warpattn._array_facts(meta)

@@ -107,6 +107,28 @@ def test_cuda_graph_capture():
 
 
 @pytest.mark.gpu
+def test_eager_calls_skip_the_dispatcher_and_give_the_ops_bits(monkeypatch):
+    # Eager calls on plain CUDA tensors run the ops' bodies directly (torch_op._call: the
+    # dispatcher's host cost); under the profiler they go through the op. The bits are the same.
+    from torch.profiler import ProfilerActivity, profile
+    from warpattn import torch_op
+    q, k, v = (torch.randn(1, 300, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    bodies = []
+    key = id(torch_op.flash_attn_forward)
+    body = torch_op._BODIES[key]
+    monkeypatch.setitem(torch_op._BODIES, key, lambda *a: bodies.append(1) or body(*a))
+    direct = warpattn.flash_attn_func(q, k, v, causal=True)
+    assert bodies == [1]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        through_op = warpattn.flash_attn_func(q, k, v, causal=True)
+    assert bodies == [1] and any("warpattn::flash_attn_forward" in e.key for e in prof.key_averages())
+    assert torch.equal(direct, through_op)
+    qg = q.clone().requires_grad_()
+    warpattn.flash_attn_func(qg, k, v).sum().backward()  # the autograd.Function's forward: directly
+    assert bodies == [1, 1] and qg.grad is not None and torch.isfinite(qg.grad).all()
+
+
+@pytest.mark.gpu
 def test_argument_errors_on_cuda_tensors():
     q, k, v = (torch.randn(1, 128, 4, 100, device="cuda", dtype=torch.float16) for _ in range(3))
     with pytest.raises(ValueError, match="must be a multiple of 8 from 8 to 256, got 100"):

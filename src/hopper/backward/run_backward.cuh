@@ -11,6 +11,7 @@
 #include "hopper/backward/row_terms.cuh"
 #include "hopper/backward/workspace.hpp"
 #include "hopper/cuda_check.hpp"
+#include "hopper/device_info.hpp"
 #include "hopper/kv_tiles.hpp"
 #include "hopper/log2e.hpp"
 #include "hopper/launch.hpp"
@@ -93,8 +94,7 @@ void launch_backward_kernels(const BackwardParams& p, const BackwardTensors& t, 
     auto kernel = attention_backward_kernel<Cfg>;
     constexpr int kSmem = sizeof(BackwardSharedStorage<Cfg>);
     static_assert(kSmem <= 227 * 1024, "more shared memory than a CTA may have on sm_90");
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-               "attention_backward_kernel: setting its shared-memory size");
+    allow_shared_memory<attention_backward_kernel<Cfg>>(kSmem, "attention_backward_kernel: setting its shared-memory size");
     kernel<<<main_grid, Cfg::kThreads, kSmem, stream>>>(tm_q, tm_k, tm_v, tm_do, p);
     check_cuda(cudaGetLastError(), "attention_backward_kernel: launch failed");
   }

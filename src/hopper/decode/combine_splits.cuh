@@ -8,14 +8,18 @@
 #include "hopper/decode/kv_cache_pieces.hpp"
 #include "hopper/epilogue.cuh"
 #include "hopper/forward_params.hpp"
+#include "hopper/ptx/grid_dependency.cuh"
 #include "hopper/split_tail_combine.cuh"
 
 namespace warpattn::detail {
 
-// Grid (tiles, consumer warpgroups), 128 threads. Every thread runs to the end: the store's
+// Grid (tiles, consumer warpgroups), 128 threads, launched with launch_dependent. Every thread runs to the end: the store's
 // shuffles need whole warps.
 template <class Cfg>
 __global__ void __launch_bounds__(128) combine_kvcache_splits_kernel(const __grid_constant__ ForwardParams params) {
+  // Launched as the attention's dependent (dependent_launch.cuh): its partial states are
+  // complete and visible only past this wait.
+  ptx::wait_for_preceding_grid();
   const int tile = static_cast<int>(blockIdx.x), splits = params.kv_work.splits;
   const WorkTile w = tile_coords(tile, TileGrid{params.m_blocks, params.heads_q, params.batch, 1});
   const int warpgroup = static_cast<int>(blockIdx.y), thread = static_cast<int>(threadIdx.x);
@@ -25,8 +29,12 @@ __global__ void __launch_bounds__(128) combine_kvcache_splits_kernel(const __gri
 #pragma unroll
   for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
   OnlineSoftmax s(Cfg::kPLog2Offset, Cfg::kStaleLog2);
-  if (holds_stored_rows(warpgroup, f, first_position, w.head, params.packing, seqlen_q))
+  // Unrolled so that the next piece's loads are in flight while one piece is added (each piece
+  // is an L2 round trip, and a long cache's tile can have tens of them).
+  if (holds_stored_rows(warpgroup, f, first_position, w.head, params.packing, seqlen_q)) {
+#pragma unroll 2
     for (int i = 0; i < splits; ++i) PartialState<Cfg>(params, tile * splits + i, warpgroup, thread).add_to(o, s);
+  }
   float sink_log2[2], lse[2];
   packed_row_sinks(params, warpgroup, f, first_position, w.head, seqlen_q, sink_log2);
   s.finalize_rows(o, lse, sink_log2[0], sink_log2[1]);

@@ -9,6 +9,7 @@
 #include "hopper/decode/combine_splits.cuh"
 #include "hopper/decode/decode_plan.hpp"
 #include "hopper/decode/kv_pages.hpp"
+#include "hopper/dependent_launch.cuh"
 #include "hopper/run_forward.cuh"
 #include "hopper/tile_shapes.hpp"
 
@@ -70,9 +71,9 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
     append_kv(append->k, append->v, k_cache, v_cache, work.cache_seqlens, pages, work.capacity, stream);
   launch_forward_kernel<Cfg>(std::min<int64_t>(work.pieces, multiprocessor_count()), maps, params, stream);
   if (work.splits > 1) {
-    combine_kvcache_splits_kernel<Cfg>
-        <<<dim3(static_cast<unsigned>(tiles), Cfg::kConsumerWarpgroups), 128, 0, stream>>>(params);
-    check_cuda(cudaGetLastError(), "combine_kvcache_splits_kernel: launch failed");
+    // Scheduled while the attention's last pieces still run (the kernel waits for them itself).
+    launch_dependent(combine_kvcache_splits_kernel<Cfg>, dim3(static_cast<unsigned>(tiles), Cfg::kConsumerWarpgroups),
+                     dim3(128), stream, "combine_kvcache_splits_kernel: launch failed", params);
   }
 }
 
@@ -85,8 +86,8 @@ void run_forward_kvcache_head_dim(const ForwardProblem& p, const KvCacheWork& wo
 
 }  // namespace warpattn::detail
 
-// The body of each forward_kvcache_<dtype>_d<dim>.cu: the dense forward's tile shapes, banded
-// (causal or a sliding window) and not.
+// The body of each forward_kvcache_<dtype>_d<dim>.cu: banded (causal or a sliding window) and not,
+// both in the banded tile's shape (tile_shapes.hpp, KvCacheForwardConfigFor).
 #define WARPATTN_FORWARD_KVCACHE_INSTANCE(Element, kHeadDim)                                                   \
   namespace warpattn::detail {                                                                               \
   template <>                                                                                                \
@@ -95,10 +96,10 @@ void run_forward_kvcache_head_dim(const ForwardProblem& p, const KvCacheWork& wo
       const NewRows* append, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,       \
       const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream) {                    \
     if (p.banded)                                                                                            \
-      run_forward_kvcache<KvCacheConfig<ForwardConfigFor<Element, kHeadDim, true>>>(                         \
+      run_forward_kvcache<KvCacheConfig<KvCacheForwardConfigFor<Element, kHeadDim, true>>>(                  \
           p, work, pages, num_splits, append, q, k_cache, v_cache, out, lse, stream);                        \
     else                                                                                                     \
-      run_forward_kvcache<KvCacheConfig<ForwardConfigFor<Element, kHeadDim, false>>>(                        \
+      run_forward_kvcache<KvCacheConfig<KvCacheForwardConfigFor<Element, kHeadDim, false>>>(                 \
           p, work, pages, num_splits, append, q, k_cache, v_cache, out, lse, stream);                        \
   }                                                                                                          \
   }
