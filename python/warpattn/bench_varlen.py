@@ -21,6 +21,7 @@ What each figure is:
   cudnn_padded     cuDNN (SDPA's CUDNN_ATTENTION backend) on the dense batch padded to the
                    longest sequence, without a mask: what padding costs (its output is not the
                    ragged one; skipped when the padded batch would not fit, --max-padded-gb).
+  warpattn_invariant  with --batch-invariant: the same call with batch_invariant=True (issue 18).
   dense_equiv      warpattn's dense kernel on the dense-equivalent batch: B' = round(T^2 / sum S^2)
                    sequences of T / B' tokens, the same T tokens and (to rounding) the same
                    attention work as the ragged batch.
@@ -49,6 +50,7 @@ except ImportError:
 
 TOTAL_TOKENS, HIDDEN = 65536, 2048
 MIXES = ("uniform", "longtail", "onelong")
+INVARIANT = "warpattn_invariant"  # --batch-invariant: flash_attn_varlen_func with batch_invariant=True
 
 
 def mix_lengths(name, seed=0, total=TOTAL_TOKENS):
@@ -94,16 +96,19 @@ def dense_equivalent(lengths):
 
 # ---------------------------------------------------------------------------- the launchers
 
-def varlen_call(lib, torch, q, k, v, out, cu, max_len, dtype, causal):
+def varlen_call(lib, torch, q, k, v, out, cu, max_len, dtype, causal, batch_invariant=False):
     """A zero-argument launcher of warpattn's varlen forward: the Python extension, or the C
-    ABI's warpattn_forward_varlen through ctypes (--lib)."""
+    ABI's warpattn_forward_varlen through ctypes (--lib; the default mode only)."""
     stream = torch.cuda.current_stream().cuda_stream
     if lib is None:
         from warpattn import _warpattn
 
         def launch_ext():
-            _warpattn.forward_varlen(q, k, v, out, None, cu, cu, None, max_len, max_len, None, causal, stream)
+            _warpattn.forward_varlen(q, k, v, out, None, cu, cu, None, max_len, max_len, None, causal, stream,
+                                     batch_invariant)
         return launch_ext
+    if batch_invariant:
+        raise ValueError("--batch-invariant: through the Python extension only (leave out --lib)")
     fn = lib.warpattn_forward_varlen
     ptr = ctypes.POINTER(WarpattnTensor)
     fn.argtypes = [ptr] * 8 + [ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_int,
@@ -180,8 +185,13 @@ def main(argv=None):
                    help="skip cuDNN's padded batch when its q, k, v and output would take more (default 24)")
     p.add_argument("--warmup-ms", type=float, default=25.0)
     p.add_argument("--rep-ms", type=float, default=200.0)
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="also time flash_attn_varlen_func's batch_invariant mode on the same tensors (issue 18's "
+                        "cost: at most 10%% slower), and check that its timed calls repeat their first call's bits")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
+    if args.batch_invariant and args.lib:
+        p.error("--batch-invariant: through the Python extension only (leave out --lib)")
 
     import torch
     if not torch.cuda.is_available():
@@ -210,6 +220,13 @@ def main(argv=None):
                 launches["warpattn"] = varlen_call(lib, torch, q, k, v, out, cu, longest, args.dtype, causal)
                 launches["warpattn"]()
                 torch.cuda.synchronize()
+                if args.batch_invariant:
+                    out_inv = torch.empty_like(q)
+                    launches[INVARIANT] = varlen_call(lib, torch, q, k, v, out_inv, cu, longest, args.dtype, causal,
+                                                      batch_invariant=True)
+                    launches[INVARIANT]()
+                    torch.cuda.synchronize()
+                    first_inv = out_inv.clone()
                 b_eq, n_eq = dense_equivalent(lengths)
                 dq_, dk_, dv_ = (torch.randn(b_eq, n_eq, x, d, device="cuda", dtype=dt) for x in (h, hkv, hkv))
                 d_out = torch.empty_like(dq_)
@@ -241,11 +258,21 @@ def main(argv=None):
                 ms = {name: statistics.median(t) for name, t in times.items()}
                 tflops = {name: (work_eq if name == "dense_equiv" else work) / (t * 1e-3) / 1e12
                           for name, t in ms.items()}
+                invariant = None
+                if args.batch_invariant:
+                    # The time ratio as the median of the per-pass ratios (the passes interleave them).
+                    ratio = statistics.median(a / b for a, b in zip(times[INVARIANT], times["warpattn"]))
+                    invariant = {"time_ratio": ratio, "bits_repeat": bool(torch.equal(out_inv, first_inv)),
+                                 "rel_l2_vs_default": ((out_inv.float() - out.float()).norm()
+                                                       / out.float().norm()).item()}
+                    del out_inv, first_inv
                 row = {"mix": mix, "d": d, "H": h, "Hkv": hkv, "causal": causal, "B": len(lengths),
                        "total_tokens": total, "longest": longest, "flops": work,
                        "dense_equiv": {"B": b_eq, "N": n_eq, "flops": work_eq}, "ms": ms, "ms_per_pass": times,
                        "tflops": tflops, "ragged_efficiency": tflops["warpattn"] / tflops["dense_equiv"],
                        "notes": notes, "check": check}
+                if invariant is not None:
+                    row["batch_invariant"] = invariant
                 rows.append(row)
                 peers = [n for n in ("fa2_njt", "cudnn_njt", "cudnn_padded") if n in tflops]
                 print("  d=%-3d %-6s %s  ragged eff %.3f  (dense-equiv %dx%d)  %s%s" % (
@@ -253,6 +280,10 @@ def main(argv=None):
                     "  ".join("%s %6.1f" % (n, t) for n, t in tflops.items()), row["ragged_efficiency"], b_eq, n_eq,
                     check, "".join("  [%s: %s]" % kv for kv in notes.items() if not kv[1].startswith("transposed"))),
                     flush=True)
+                if invariant is not None:
+                    print("    batch_invariant: time ratio %.3f over the default, bits %s, rel L2 vs default %.1e" % (
+                        invariant["time_ratio"], "repeat" if invariant["bits_repeat"] else "DIFFER",
+                        invariant["rel_l2_vs_default"]), flush=True)
                 if peers and any(tflops["warpattn"] <= tflops[n] for n in peers):
                     print("    warpattn is not the fastest here", flush=True)
                 del launches, q, k, v, out, dq_, dk_, dv_, d_out
