@@ -161,14 +161,14 @@ if stage python; then
 fi
 if stage ncu; then
   # Nsight Compute on one launch per shape in $NCU_SHAPES ("d:N:causal" ...; 16k tokens, H*d = 2048
-  # as in the sweep), reported by ncu_report.
+  # as in the sweep), reported by ncu_report. NCU_CLI_ARGS: more flags of the CLI (--softcap 30).
   for shape in ${NCU_SHAPES:-128:512:0 64:1024:0}; do
     IFS=: read -r d n c <<< "$shape"
     name="ncu-d$d-n$n-c$c"
     timeout -k 5 ${NCU_TIMEOUT:-200} ncu --clock-control none --kernel-name regex:attention_forward \
       --launch-skip 2 --launch-count 1 --set full --import-source no -f -o "/tmp/$name" \
       ./build/warpattn --batch $((16384 / n)) --heads $((2048 / d)) --seqlen-q "$n" --head-dim "$d" \
-      --dtype bf16 --causal "$c" --iters 1 --warmup 2 --check-rows 1 > "/tmp/$name.run.log" 2>&1
+      --dtype bf16 --causal "$c" --iters 1 --warmup 2 --check-rows 1 ${NCU_CLI_ARGS:-} > "/tmp/$name.run.log" 2>&1
     echo "ncu $shape rc=$?"
     ncu_report "$name"
   done

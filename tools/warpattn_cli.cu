@@ -93,6 +93,7 @@ struct Options {
   int check_rows = 16;  // sampled query rows per (batch, head) checked against fp64
   std::optional<uint64_t> seed;
   std::string json_path;
+  float softcap = 0;  // > 0: Gemma 2's logit soft cap (ForwardOptions::softcap), checked and timed
 };
 
 void print_usage(FILE* to) {
@@ -116,6 +117,7 @@ void print_usage(FILE* to) {
                "  --warmup N         untimed launches before timing (default 10)\n"
                "  --check-rows N     query rows checked per (batch, head) (default 16)\n"
                "  --seed N           random seed (default: from the clock; printed)\n"
+               "  --softcap X        soft-cap the logits at X > 0 (default 0: off)\n"
                "  --json PATH        also write the results as JSON to PATH\n"
                "  -h, --help         this text\n"
                "\n"
@@ -208,6 +210,18 @@ Options parse_options(int argc, char** argv) {
       o.check_rows = static_cast<int>(std::min<int64_t>(parse_int(arg, next(), 1), 1 << 20));
     } else if (arg == "--seed") {
       o.seed = static_cast<uint64_t>(parse_int(arg, next(), 0));
+    } else if (arg == "--softcap") {
+      const std::string text = next();
+      size_t used = 0;
+      float value = -1;
+      try {
+        value = std::stof(text, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != text.size() || !(value >= 0) || !std::isfinite(value))
+        throw UsageError("--softcap: expected a finite number >= 0, got '" + text + "'");
+      o.softcap = value;
     } else if (arg == "--json") {
       o.json_path = next();
       if (o.json_path.empty()) throw UsageError("--json: expected a path");
@@ -431,6 +445,7 @@ struct Config {
   int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
   warpattn::DType dtype;
   bool causal;
+  float softcap;
 };
 
 struct Result {
@@ -541,6 +556,7 @@ void check_configuration(const Config& c, const DeviceBuffer& q, const DeviceBuf
   CUDA_CHECK(cudaMemsetAsync(lse.get(), 0xFF, lse.bytes(), stream));
   warpattn::ForwardOptions options;
   options.causal = c.causal;
+  options.softcap = c.softcap;
   warpattn::forward(qv, kv, vv, ov, lv, options, stream);
   CUDA_CHECK(cudaStreamSynchronize(stream));
 
@@ -576,6 +592,7 @@ void check_configuration(const Config& c, const DeviceBuffer& q, const DeviceBuf
   // The library's default scale, computed as it is documented (in float).
   shape.softmax_scale = static_cast<double>(1.f / std::sqrt(static_cast<float>(c.head_dim)));
   shape.causal = c.causal;
+  shape.softcap = c.softcap;
   std::vector<double> ref_out, ref_lse;
   run_reference(shape, hq, hk, hv, tasks, ref_out, ref_lse);
 
@@ -632,6 +649,7 @@ Result run_configuration(const Config& c, const Options& o, uint64_t seed, uint6
     // Timed without LSE: the plain inference forward, as PyTorch's SDPA anchors run it.
     warpattn::ForwardOptions options;
     options.causal = c.causal;
+    options.softcap = c.softcap;
     auto launch = [&] { warpattn::forward(qv, kv, vv, ov, std::nullopt, options, stream); };
     const std::vector<float> ms = time_each_launch(launch, o.warmup, o.iters, stream);
     r.ms = median(ms);
@@ -752,7 +770,8 @@ void write_json(const std::string& path, const DeviceInfo& dev, const Options& o
     f << "    {\"impl\": \"warpattn\", \"dtype\": \"" << torch_name(c.dtype)
       << "\", \"B\": " << c.batch << ", \"H\": " << c.heads_q << ", \"H_kv\": " << c.heads_kv
       << ", \"N\": " << c.seqlen_q << ", \"N_k\": " << c.seqlen_k << ", \"d\": " << c.head_dim
-      << ", \"causal\": " << (c.causal ? "true" : "false") << ", \"pass\": \"fwd\""
+      << ", \"causal\": " << (c.causal ? "true" : "false") << ", \"softcap\": " << c.softcap
+      << ", \"pass\": \"fwd\""
       << ", \"ms\": " << json_number(r.ms) << ", \"ms_min\": " << json_number(r.ms_min)
       << ", \"ms_max\": " << json_number(r.ms_max) << ", \"tflops\": " << json_number(r.tflops)
       << ", \"gemm_tflops\": " << json_number(r.gemm_tflops)
@@ -798,6 +817,7 @@ int run(int argc, char** argv) {
       static_cast<long long>(o.kv_heads), static_cast<long long>(o.seqlen_q),
       static_cast<long long>(o.seqlen_k), static_cast<long long>(o.head_dim), o.iters, o.warmup,
       o.check_rows, static_cast<unsigned long long>(seed));
+  if (o.softcap > 0) std::printf("softcap %g\n", o.softcap);
   std::fflush(stdout);
 
   Stream stream;
@@ -820,7 +840,7 @@ int run(int argc, char** argv) {
     std::fflush(stdout);
     for (const bool causal : o.causal) {
       const Config c{o.batch,    o.heads,    o.kv_heads, o.seqlen_q,
-                     o.seqlen_k, o.head_dim, dtype,      causal};
+                     o.seqlen_k, o.head_dim, dtype,      causal,     o.softcap};
       results.push_back(run_configuration(c, o, seed, ++config_index, gemm_rate, stream.get()));
       const Result& r = results.back();
       std::printf("  %s causal=%d: %s\n", short_name(dtype), causal ? 1 : 0,
