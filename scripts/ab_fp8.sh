@@ -8,6 +8,9 @@
 #     TESTS="test_gpu_fp8:fp8_accuracy_on_outlier_data" bash scripts/ab_fp8.sh --points d=256 N=16384 causal=0
 # BUILD_ONLY=1 builds and stops (to build while something else runs). A variant is NAME=FLAGS (FLAGS: CMAKE_CUDA_FLAGS, the WARPATTN_TUNE_* knobs; empty for the
 # code as it is). Writes $OUT/ab/<name>-pass<k>.md and <name>-<test>[-<filter>].log; prints the rows.
+# AB_BENCH: a command to run instead of bench_fp8 (from /tmp, with the variant's package on
+# PYTHONPATH; give paths absolute), e.g. AB_BENCH="python3 $PWD/scripts/bench_model_options.py";
+# its last AB_LINES (20) lines are printed, the whole log kept as $OUT/ab/<name>-pass<k>.log.
 set -u -o pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT/ab" && out=$(cd "$OUT/ab" && pwd)
@@ -33,6 +36,13 @@ done
 for pass in $(seq 1 ${PASSES:-2}); do
   for v in $VARIANTS; do
     name=$(name_of "$v")
+    if [ -n "${AB_BENCH:-}" ]; then  # another benchmark: a command run with the variant's package
+      (cd /tmp && PYTHONPATH=/tmp/pkg-$name timeout -k 5 ${BENCH_TIMEOUT:-300} bash -c "$AB_BENCH" \
+        > "$out/$name-pass$pass.log" 2>&1)
+      echo "$name pass $pass rc=$?"
+      tail -${AB_LINES:-20} "$out/$name-pass$pass.log"
+      continue
+    fi
     (cd /tmp && PYTHONPATH=/tmp/pkg-$name timeout -k 5 ${BENCH_TIMEOUT:-300} python3 -m warpattn.bench_fp8 \
       --out "/tmp/ab-$name-$pass" --tag "$name" "$@" > "/tmp/ab-$name-$pass.log" 2>&1)
     echo "$name pass $pass rc=$?"
