@@ -34,7 +34,6 @@ from .api import _current_stream, flash_attn_backward as _flash_attn_backward
 # _may_skip_dispatcher. CUDA graph capture needs nothing of it: the body allocates through
 # PyTorch's caching allocator and synchronises nothing, as the op does.
 
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 _function_mode_enabled = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
@@ -49,9 +48,16 @@ def _may_skip_dispatcher(args):
     # refusal where it has none).
     grad = torch.is_grad_enabled()
     for a in args:
-        if isinstance(a, torch.Tensor) and (type(a) not in _PLAIN_TENSORS or not a.is_cuda or (grad and a.requires_grad)):
+        t = type(a)
+        if t is torch.Tensor or t is torch.nn.Parameter:
+            if not a.is_cuda or (grad and a.requires_grad):
+                return False
+        elif t not in _NOT_TENSORS and isinstance(a, torch.Tensor):  # a subclass
             return False
     return True
+
+
+_NOT_TENSORS = (type(None), bool, int, float)  # the ops' other arguments, told apart without isinstance
 
 
 _BODIES = {}  # id(op) -> the op's undecorated body (kept here, not set on PyTorch's op object)
