@@ -221,11 +221,18 @@ def flash_attn_torch(q, k, v, softmax_scale, causal, return_lse, out, determinis
     if out is None:
         args = (q, k, v, softmax_scale, causal, deterministic, batch_invariant, window_left, window_right, softcap,
                 sinks)
-        o, lse = _FlashAttnFunction.apply(*args) if _needs_grad(q, k, v, sinks) else _call(flash_attn_forward, *args)
-        return (o, lse) if return_lse else o
+        if _needs_grad(q, k, v, sinks):
+            o, lse = _FlashAttnFunction.apply(*args)
+            return (o, lse) if return_lse else o
+        if return_lse or not _may_skip_dispatcher(args):
+            o, lse = _call(flash_attn_forward, *args)
+            return (o, lse) if return_lse else o
+        # Eager, no gradient, no lse asked for: the call below into a new out, without the lse the
+        # op would allocate and the kernel store (one allocation fewer: issue 16's host cost).
+        out = q.new_empty(_out_shape(q, v))
     # Writing into a caller's tensor is outside the custom op (a graph break under compile), and
     # outside autograd: refused where a gradient could be asked for, as PyTorch's own out= are.
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    elif torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise RuntimeError("out: flash_attn_func(..., out=...) is not differentiable, but q, k or v "
                            "requires grad; call it without out=, or under torch.no_grad()")
     lse = _lse_like(q) if return_lse else None
@@ -397,6 +404,9 @@ def flash_attn_kvcache_torch(q, k_cache, v_cache, k, v, cache_seqlens, block_tab
                              return_lse, out, batch_invariant=False, window_left=-1, window_right=-1, softcap=0.0,
                              sinks=None, num_splits=0):
     model = (batch_invariant, window_left, window_right, softcap, sinks, num_splits)
+    if out is None and k is None and v is None and not return_lse and _may_skip_dispatcher(
+            (q, k_cache, v_cache, cache_seqlens, block_table, sinks)):
+        out = q.new_empty(_out_shape(q, v_cache))  # eager and no lse asked for: none allocated (as above)
     if out is not None:
         # Writing into a caller's tensor is outside the custom ops (a graph break under compile).
         lse = _lse_like(q) if return_lse else None
