@@ -515,6 +515,10 @@ def test_attend_over_the_cache(dtype, page_size, causal, hkv, sq, attention_refe
     assert out.shape == q.shape and lse.shape == (b, hq, sq) and lse.dtype == torch.float32
     assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])  # only read
     check_against_reference(q, k_cache, v_cache, table, lens, out, lse, attention_reference, causal)
+    # Without return_lse an eager call allocates no lse (torch_op.flash_attn_kvcache_torch).
+    alone = warpattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, block_table=table,
+                                             causal=causal)
+    check_against_reference(q, k_cache, v_cache, table, lens, alone, None, attention_reference, causal)
 
 
 @gpu
