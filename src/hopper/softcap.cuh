@@ -32,8 +32,22 @@ __device__ __forceinline__ float reciprocal_of_at_least_one(float d) {
 // softmax then takes them with softcap log2(e) in place of scale log2(e). kFmaReciprocal: the
 // reciprocal on the FMA pipe (the forward below d = 256, whose softmax the MUFU unit bounds), or
 // MUFU.RCP (d = 256, GEMM-bound, where the Newton steps' registers spilled; and the backward).
-template <bool kFmaReciprocal, int kRegs>
+// WARPATTN_TUNE_SOFTCAP_TANH=1 (a tuning build, not a supported mode): the forward takes
+// tanh.approx.f32 instead, one MUFU op per score as FlashAttention-3 does, to measure what the
+// precise form costs against it (run 129: softcap at 0.72-0.80 of FA3's speed) and what the
+// approximation costs in accuracy (the GPU tests' bounds).
+#ifndef WARPATTN_TUNE_SOFTCAP_TANH
+#define WARPATTN_TUNE_SOFTCAP_TANH 0
+#endif
+// kForward: the forward's scores (the backward keeps the precise form whatever the tuning).
+template <bool kFmaReciprocal, bool kForward, int kRegs>
 __device__ __forceinline__ void softcap_scores(float (&s)[kRegs], float ex2_scale) {
+  if constexpr (WARPATTN_TUNE_SOFTCAP_TANH && kForward) {
+    const float x_scale = ex2_scale * 0.34657359027997264f;  // scale / softcap = ex2_scale ln(2) / 2
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) s[i] = ptx::tanh_approx(s[i] * x_scale);
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < kRegs; ++i) {
     const float d = ptx::exp2_approx(s[i] * ex2_scale) + 1.f;
