@@ -2,10 +2,11 @@
 // the softmax, so no logit leaves (-softcap, softcap).
 //
 // tanh(x) = 1 - 2 / (2^(2 log2(e) x) + 1): one MUFU.EX2 per score and, in the forward below
-// d = 256, a reciprocal on the FMA pipe, about 2e-7 absolute (the same as with MUFU.RCP: scripts/softcap_rcp_sim.py). The MUFU
-// unit is what the forward's softmax saturates at d = 64 and 128 (one EX2 per score already), so
-// the EX2 + RCP form cost softcap 49% at d = 64 and 32% at d = 128 (run 121); the reciprocal's
-// seven FMA-pipe instructions take the place of one MUFU op where the FMA pipe has room.
+// d = 256, a reciprocal on the FMA pipe, about 2e-7 absolute (the same as with MUFU.RCP:
+// scripts/softcap_rcp_sim.py). The EX2 + RCP form cost softcap 49% at d = 64 and 32% at d = 128
+// (run 121); moving the reciprocal's one MUFU op to seven FMA-pipe instructions bought nothing
+// measurable (run 127: 0.53 and 0.67 of causal's TFLOP/s, against 0.51 and 0.68), so what bounds
+// softcap there is still to be profiled (the CLI's --softcap under Nsight Compute).
 // tanh.approx.f32 would take one MUFU op but is only good to 2^-11 relative: at a logit of 30
 // under softcap 50 that is 0.015, which moves P by 1.5%, several times the 16-bit rounding of P
 // the rest of the kernel is held to. Large |x| saturate exactly: 2^(+big) = inf gives 1,
