@@ -884,13 +884,15 @@ TEST(kvcache_bad_arguments_write_nothing) {
   };
   std::vector<Bad> bad;
   {
-    Bad b{"page_size 24", paged, plain};
-    b.cache.k_cache = p24k.view, b.cache.v_cache = p24v.view;
+    // Pages of any size from 1 are valid (pages of 24 and 8 were refused before pages-any).
+    Bad b{"page_size 0", paged, plain};
+    b.cache.k_cache = p8k.view, b.cache.v_cache = p8v.view;
+    b.cache.k_cache.shape[1] = b.cache.v_cache.shape[1] = 0;
     bad.push_back(b);
   }
   {
-    Bad b{"page_size 8", paged, plain};
-    b.cache.k_cache = p8k.view, b.cache.v_cache = p8v.view;
+    Bad b{"k pages of 24, v pages of 8", paged, plain};
+    b.cache.k_cache = p24k.view, b.cache.v_cache = p8v.view;
     bad.push_back(b);
   }
   {
