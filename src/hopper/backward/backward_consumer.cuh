@@ -59,7 +59,7 @@ struct BackwardConsumer {
   // softcap log2(e) - LSE log2(e)).
   __device__ __forceinline__ void probabilities(float (&s)[kM / 2], int stage, int q0) const {
     const float* lse = ss.lse_log2[stage];
-    if (kBackwardHasSoftcap<kD> && p.softcap_ex2 != 0.f) softcap_scores<false, false>(s, p.softcap_ex2);
+    if (kBackwardHasSoftcap<kD> && p.softcap_ex2 != 0.f) softcap_scores<false>(s, p.softcap_ex2);
     const float c = p.probability_log2;
 #pragma unroll
     for (int j = 0; j < kM / 8; ++j) {

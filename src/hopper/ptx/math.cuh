@@ -21,9 +21,8 @@ __device__ __forceinline__ float rcp_approx(float x) {
   return y;
 }
 
-// tanh(x) in one MUFU.TANH; the PTX ISA gives its maximum relative error as about 2^-11
-// (tools/probes/p_tanh_approx.cu measures it on the card). Only for softcap's A/B tuning
-// (WARPATTN_TUNE_SOFTCAP_TANH, softcap.cuh).
+// tanh(x) in one MUFU.TANH; the PTX ISA gives its maximum relative error as about 2^-11, the
+// H200 measured 1.1e-5 (tools/probes/p_tanh_approx.cu). The forward's softcap (softcap.cuh).
 __device__ __forceinline__ float tanh_approx(float x) {
   float y;
   asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
