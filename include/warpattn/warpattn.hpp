@@ -255,7 +255,9 @@ void validate_backward_varlen(const TensorView& dout, const TensorView& q, const
 //   dense: k_cache, v_cache (B, S_cache, Hkv, D): sequence b's keys are k_cache[b, 0 .. len), or
 //   paged: k_cache, v_cache (num_pages, page_size, Hkv, D) with block_table (B, max_pages)
 //          int32: sequence b's key j is k_cache[block_table[b][j / page_size], j % page_size].
-//          page_size is a power of two from 16 up (vLLM's 16, FlashAttention's 256, ...).
+//          page_size is any size from 1 key (SGLang's 1, vLLM's 16, FlashAttention's 256, ...);
+//          a key tile is loaded in boxes of the largest power of two dividing both the page
+//          size and the tile, so pages of 16 keys and more, powers of two, load fastest.
 // A sequence's capacity is S_cache (dense) or max_pages x page_size (paged).
 struct KvCache {
   TensorView k_cache, v_cache;

@@ -9,10 +9,17 @@ from . import _warpattn
 _FRAMEWORKS = {"torch": "torch", "cupy": "cupy", "jax": "jax", "jaxlib": "jax", "numpy": "numpy"}
 
 
+_FRAMEWORK_OF_TYPE = {}  # type -> framework, for the types seen to be one (a call's host cost)
+
+
 def framework_of(x, name):
     """'torch', 'cupy', 'jax' or 'numpy'; TypeError for anything else."""
+    fw = _FRAMEWORK_OF_TYPE.get(type(x))
+    if fw is not None:
+        return fw
     root = type(x).__module__.split(".")[0]
     if root in _FRAMEWORKS and hasattr(x, "__dlpack__"):
+        _FRAMEWORK_OF_TYPE[type(x)] = _FRAMEWORKS[root]
         return _FRAMEWORKS[root]
     raise TypeError("%s: expected a DLPack tensor (PyTorch, JAX, CuPy or NumPy), got %s.%s"
                     % (name, type(x).__module__, type(x).__name__))
@@ -81,6 +88,9 @@ def _window(window_size):
 def _model_options(window_size, softcap, sinks):
     """The keyword arguments of the module's forward calls: window_left, window_right, softcap,
     sinks (None or a tensor of the call's framework, checked by the library)."""
+    if (type(window_size) is tuple and len(window_size) == 2 and type(window_size[0]) is int
+            and type(window_size[1]) is int and window_size == (-1, -1)):  # the default, without _window's checks
+        return {"window_left": -1, "window_right": -1, "softcap": float(softcap), "sinks": sinks}
     left, right = _window(window_size)
     return {"window_left": left, "window_right": right, "softcap": float(softcap), "sinks": sinks}
 

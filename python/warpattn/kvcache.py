@@ -78,9 +78,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     q: (batch, seqlen_q, heads, head_dim), float16 or bfloat16 on a CUDA device, head_dim a
     multiple of 8 from 8 to 256. k_cache, v_cache: dense (batch, seqlen_cache, heads_kv,
     head_dim), or paged (num_pages, page_size, heads_kv, head_dim) with block_table, a
-    (batch, max_pages) int32 tensor whose row b lists sequence b's pages in order (page_size a
-    power of two from 16; sequence b's key j is row j % page_size of page block_table[b,
-    j // page_size]); heads a multiple of heads_kv (GQA/MQA); q's dtype; the strides rules of
+    (batch, max_pages) int32 tensor whose row b lists sequence b's pages in order (page_size
+    any size from 1 key, fastest from 16 up where it is a power of two: a key tile comes in
+    boxes of the largest power of two dividing the page size; sequence b's key j is row
+    j % page_size of page block_table[b, j // page_size]); heads a multiple of heads_kv (GQA/MQA); q's dtype; the strides rules of
     flash_attn_func. cache_seqlens: None (every cache full: seqlen_cache, or max_pages x
     page_size keys), a (batch,) int32 tensor on the device, or an int (FlashAttention's
     convenience: a (batch,) int32 tensor filled with it is made on q's device; under CUDA graph

@@ -34,7 +34,6 @@ from .api import _current_stream, flash_attn_backward as _flash_attn_backward
 # _may_skip_dispatcher. CUDA graph capture needs nothing of it: the body allocates through
 # PyTorch's caching allocator and synchronises nothing, as the op does.
 
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 _function_mode_enabled = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
@@ -49,9 +48,16 @@ def _may_skip_dispatcher(args):
     # refusal where it has none).
     grad = torch.is_grad_enabled()
     for a in args:
-        if isinstance(a, torch.Tensor) and (type(a) not in _PLAIN_TENSORS or not a.is_cuda or (grad and a.requires_grad)):
+        t = type(a)
+        if t is torch.Tensor or t is torch.nn.Parameter:
+            if not a.is_cuda or (grad and a.requires_grad):
+                return False
+        elif t not in _NOT_TENSORS and isinstance(a, torch.Tensor):  # a subclass
             return False
     return True
+
+
+_NOT_TENSORS = (type(None), bool, int, float)  # the ops' other arguments, told apart without isinstance
 
 
 _BODIES = {}  # id(op) -> the op's undecorated body (kept here, not set on PyTorch's op object)
@@ -215,11 +221,18 @@ def flash_attn_torch(q, k, v, softmax_scale, causal, return_lse, out, determinis
     if out is None:
         args = (q, k, v, softmax_scale, causal, deterministic, batch_invariant, window_left, window_right, softcap,
                 sinks)
-        o, lse = _FlashAttnFunction.apply(*args) if _needs_grad(q, k, v, sinks) else _call(flash_attn_forward, *args)
-        return (o, lse) if return_lse else o
+        if _needs_grad(q, k, v, sinks):
+            o, lse = _FlashAttnFunction.apply(*args)
+            return (o, lse) if return_lse else o
+        if return_lse or not _may_skip_dispatcher(args):
+            o, lse = _call(flash_attn_forward, *args)
+            return (o, lse) if return_lse else o
+        # Eager, no gradient, no lse asked for: the call below into a new out, without the lse the
+        # op would allocate and the kernel store (one allocation fewer: issue 16's host cost).
+        out = q.new_empty(_out_shape(q, v))
     # Writing into a caller's tensor is outside the custom op (a graph break under compile), and
     # outside autograd: refused where a gradient could be asked for, as PyTorch's own out= are.
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    elif torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise RuntimeError("out: flash_attn_func(..., out=...) is not differentiable, but q, k or v "
                            "requires grad; call it without out=, or under torch.no_grad()")
     lse = _lse_like(q) if return_lse else None
@@ -391,6 +404,9 @@ def flash_attn_kvcache_torch(q, k_cache, v_cache, k, v, cache_seqlens, block_tab
                              return_lse, out, batch_invariant=False, window_left=-1, window_right=-1, softcap=0.0,
                              sinks=None, num_splits=0):
     model = (batch_invariant, window_left, window_right, softcap, sinks, num_splits)
+    if out is None and k is None and v is None and not return_lse and _may_skip_dispatcher(
+            (q, k_cache, v_cache, cache_seqlens, block_table, sinks)):
+        out = q.new_empty(_out_shape(q, v_cache))  # eager and no lse asked for: none allocated (as above)
     if out is not None:
         # Writing into a caller's tensor is outside the custom ops (a graph break under compile).
         lse = _lse_like(q) if return_lse else None

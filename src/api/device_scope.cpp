@@ -1,5 +1,7 @@
 #include "api/device_scope.hpp"
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 
 #include "api/message.hpp"
@@ -41,7 +43,12 @@ int device_of(const NamedView& t) {
 }
 
 // The kernels are built for sm_90a only, and sm_90a code runs on compute capability 9.0 alone.
+// A device found to be one is remembered (two runtime calls fewer per call: issue 16's host
+// cost); one that is not is asked again, and refused, every time.
 void require_sm90(int device) {
+  static std::atomic<uint64_t> known_sm90{0};  // bit d: device d is sm_90 (past 63: asked every time)
+  const uint64_t bit = device >= 0 && device < 64 ? uint64_t{1} << device : 0;
+  if (bit != 0 && (known_sm90.load(std::memory_order_relaxed) & bit) != 0) return;
   int major = 0, minor = 0;
   if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device); e != cudaSuccess)
     no_hopper_after(e, "cudaDeviceGetAttribute");
@@ -50,6 +57,7 @@ void require_sm90(int device) {
   if (major != 9 || minor != 0)
     no_hopper("found sm_" + std::to_string(major) + std::to_string(minor) + " (device " + std::to_string(device) +
               ", where the tensors are)");
+  known_sm90.fetch_or(bit, std::memory_order_relaxed);
 }
 
 // `stream` must belong to `device`. The special handles (0, cudaStreamLegacy,

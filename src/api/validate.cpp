@@ -1254,7 +1254,7 @@ KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, 
   if (cache.cache_seqlens) check_offsets_array(aseqlens, sizes.batch, "(batch, one per sequence of q)");
 
   // c4 to c6. block_table: (batch, max_pages) int32, last dimension contiguous, 4-byte aligned;
-  // the pages: a power of two from 16 keys up; the capacity within 32-bit key indices
+  // the pages: any size from 1 key; the capacity within 32-bit key indices
   const Arg atable{"block_table", paged ? *cache.block_table : none, kBlockTableDimNames, 2};
   int64_t capacity = sizes.seqlen_k;
   KvPages pages;
@@ -1268,9 +1268,8 @@ KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, 
     check_last_dim_contiguous(atable);
     check_fp32_layout(atable, 1);
     const int64_t page_size = cache.k_cache.shape[1];
-    if (page_size < 16 || (page_size & (page_size - 1)) != 0)
-      fail(Message() << "k_cache: page_size (shape[1]) must be a power of two >= 16 with block_table, got "
-                     << page_size);
+    if (page_size < 1)
+      fail(Message() << "k_cache: page_size (shape[1]) must be at least 1 with block_table, got " << page_size);
     const int64_t max_pages = cache.block_table->shape[1];
     if (max_pages > 0 && cache.k_cache.shape[0] == 0)
       fail(Message() << "k_cache: a paged cache needs at least one page (num_pages, shape[0]) for block_table's "
@@ -1283,9 +1282,7 @@ KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, 
     pages.table = static_cast<const int*>(cache.block_table->data);
     pages.table_stride = cache.block_table->stride[0];
     pages.num_pages = static_cast<int>(cache.k_cache.shape[0]);
-    int shift = 0;
-    while ((int64_t{1} << shift) < page_size) ++shift;
-    pages.page_shift = shift;
+    pages.page_size = static_cast<int>(page_size);
   } else {
     pages.num_pages = static_cast<int>(sizes.batch);
   }

@@ -162,7 +162,7 @@ struct ConsumerTile {
     if (it == t.n_tiles - 1) release_slot(&ss.q_empty[t.q_stage]);
     if constexpr (Cfg::kIntScores) lift_int_scores(s);
     if constexpr (!Cfg::kFp8)
-      if (params.softcap_ex2 != 0.f) softcap_scores<(Cfg::kHeadDim < 256)>(s, params.softcap_ex2);
+      if (params.softcap_ex2 != 0.f) softcap_scores<true>(s, params.softcap_ex2);
     mask_if_needed<kLeftEdge>(s, key_tile(it));
   }
 

@@ -1,43 +1,33 @@
 // Softcap (Gemma 2, Grok): scores become softcap * tanh(scale * s / softcap) before the mask and
 // the softmax, so no logit leaves (-softcap, softcap).
 //
-// tanh(x) = 1 - 2 / (2^(2 log2(e) x) + 1): one MUFU.EX2 per score and, in the forward below
-// d = 256, a reciprocal on the FMA pipe, about 2e-7 absolute (the same as with MUFU.RCP: scripts/softcap_rcp_sim.py). The MUFU
-// unit is what the forward's softmax saturates at d = 64 and 128 (one EX2 per score already), so
-// the EX2 + RCP form cost softcap 49% at d = 64 and 32% at d = 128 (run 121); the reciprocal's
-// seven FMA-pipe instructions take the place of one MUFU op where the FMA pipe has room.
-// tanh.approx.f32 would take one MUFU op but is only good to 2^-11 relative: at a logit of 30
-// under softcap 50 that is 0.015, which moves P by 1.5%, several times the 16-bit rounding of P
-// the rest of the kernel is held to. Large |x| saturate exactly: 2^(+big) = inf gives 1,
-// 2^(-big) = 0 gives -1; NaN stays NaN.
+// The forward takes tanh.approx.f32: one MUFU op per score, as FlashAttention-3 does. The PTX ISA
+// bounds its relative error by about 2^-11, but on the H200 it measured 1.1e-5 relative and 8e-6
+// absolute over 121M inputs (tools/probes/p_tanh_approx.cu, run 133): a logit error of 2.4e-4 at
+// softcap 30, which moves P by 0.024%, a tenth of P's 16-bit rounding. It made softcap 1.27x,
+// 1.23x and 1.10x faster at d = 64, 128 and 256 (run 134) than the form below, which the forward
+// took before (one MUFU.EX2 and one MUFU.RCP per score; moving the reciprocal to the FMA pipe had
+// bought nothing, run 127).
+// The backward keeps tanh(x) = 1 - 2 / (2^(2 log2(e) x) + 1), about 2e-7 absolute
+// (scripts/softcap_rcp_sim.py): its GEMMs, not the MUFU unit, bound it. Large |x| saturate
+// exactly (2^(+big) = inf gives 1, 2^(-big) = 0 gives -1); NaN stays NaN in both forms.
 #pragma once
 
 #include "hopper/ptx/math.cuh"
 
 namespace warpattn::detail {
 
-// 1 / d for d >= 1 (or NaN) without the MUFU unit: a seed from the exponent bits (within 12.5%),
-// then three Newton steps r += r (1 - d r), each squaring the relative error (2^-3 -> 2^-24).
-// d past 2^100 (inf: a saturated 2^x) is taken as 2^100, whose reciprocal is 0 to tanh's
-// precision; the comparison keeps a NaN a NaN (fminf would not).
-__device__ __forceinline__ float reciprocal_of_at_least_one(float d) {
-  d = d > 0x1p100f ? 0x1p100f : d;
-  float r = __int_as_float(0x7EF311C7 - __float_as_int(d));
-#pragma unroll
-  for (int step = 0; step < 3; ++step) r = fmaf(r, fmaf(-d, r, 1.f), r);
-  return r;
-}
-
 // s (raw scores) -> tanh(scale s / softcap), given ex2_scale = 2 log2(e) scale / softcap. The
-// softmax then takes them with softcap log2(e) in place of scale log2(e). kFmaReciprocal: the
-// reciprocal on the FMA pipe (the forward below d = 256, whose softmax the MUFU unit bounds), or
-// MUFU.RCP (d = 256, GEMM-bound, where the Newton steps' registers spilled; and the backward).
-template <bool kFmaReciprocal, int kRegs>
+// softmax then takes them with softcap log2(e) in place of scale log2(e).
+template <bool kForward, int kRegs>
 __device__ __forceinline__ void softcap_scores(float (&s)[kRegs], float ex2_scale) {
+  if constexpr (kForward) {
+    const float x_scale = ex2_scale * 0.34657359027997264f;  // scale / softcap = ex2_scale ln(2) / 2
 #pragma unroll
-  for (int i = 0; i < kRegs; ++i) {
-    const float d = ptx::exp2_approx(s[i] * ex2_scale) + 1.f;
-    s[i] = fmaf(-2.f, kFmaReciprocal ? reciprocal_of_at_least_one(d) : ptx::rcp_approx(d), 1.f);
+    for (int i = 0; i < kRegs; ++i) s[i] = ptx::tanh_approx(s[i] * x_scale);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) s[i] = fmaf(-2.f, ptx::rcp_approx(ptx::exp2_approx(s[i] * ex2_scale) + 1.f), 1.f);
   }
 }
 

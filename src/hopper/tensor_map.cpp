@@ -3,7 +3,10 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
+
+#include "hopper/tensor_map_cache.hpp"
 
 namespace warpattn::detail {
 namespace {
@@ -36,17 +39,28 @@ CUtensorMap encode(const TensorView& t, const char* name, const cuuint64_t (&dim
   const CUtensorMapDataType type = t.dtype == DType::bf16   ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                    : t.dtype == DType::f16  ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                             : CU_TENSOR_MAP_DATA_TYPE_UINT8;
-  CUtensorMap map;
-  const CUresult r = tensor_map_encoder()(
-      &map, type, 5, t.data, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      swizzle_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw Error(std::string(name) + ": cuTensorMapEncodeTiled failed (CUresult " +
-                std::to_string(static_cast<int>(r)) + ") for a tensor of shape (" +
-                std::to_string(t.shape[0]) + ", " + std::to_string(t.shape[1]) + ", " +
-                std::to_string(t.shape[2]) + ", " + std::to_string(t.shape[3]) + ")");
-  return map;
+  TensorMapKey key;
+  key.data = t.data;
+  std::copy(dims, dims + 5, key.dims);
+  std::copy(strides, strides + 4, key.strides);
+  std::copy(box, box + 5, key.box);
+  key.type = static_cast<int32_t>(type);
+  key.swizzle = swizzle_bytes;
+  // 16 maps: a forward takes 3, a KV-cache call up to 5, a backward 4.
+  thread_local TensorMapCache<16> recent;
+  return recent.get(key, [&](const TensorMapKey&) {
+    CUtensorMap map;
+    const CUresult r = tensor_map_encoder()(
+        &map, type, 5, t.data, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+        swizzle_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+      throw Error(std::string(name) + ": cuTensorMapEncodeTiled failed (CUresult " +
+                  std::to_string(static_cast<int>(r)) + ") for a tensor of shape (" +
+                  std::to_string(t.shape[0]) + ", " + std::to_string(t.shape[1]) + ", " +
+                  std::to_string(t.shape[2]) + ", " + std::to_string(t.shape[3]) + ")");
+    return map;
+  });
 }
 
 }  // namespace

@@ -125,8 +125,9 @@ TEST(kvcache_valid_calls) {
           const Call c = make_call(s);
           EXPECT_ACCEPTED(c, "hkv " << hkv << " d " << d << " paged " << paged);
         }
-  // Page sizes: every power of two from 16 (vLLM's 16, FlashAttention's 256, ...)
-  for (int64_t ps : {16, 32, 64, 128, 256, 512, 1024}) {
+  // Page sizes: any from 1 (SGLang's 1, vLLM's 16, FlashAttention's 256, and sizes that are not
+  // powers of two)
+  for (int64_t ps : {1, 2, 3, 8, 12, 16, 24, 32, 48, 64, 100, 128, 256, 512, 1024}) {
     Spec s;
     s.page_size = ps;
     const Call c = make_paged(s);
@@ -225,21 +226,19 @@ TEST(kvcache_call_sizes_dense) {
 }
 
 TEST(kvcache_call_sizes_paged) {
-  for (int64_t ps : {16, 32, 64, 128, 256, 1024}) {
+  for (int64_t ps : {1, 5, 16, 32, 48, 64, 128, 256, 1024}) {
     Spec s;  // 40 pages, 10 pages per sequence
     s.page_size = ps;
     const Call c = make_paged(s);
     REQUIRE(!error_of(c)) << *error_of(c);
     const warpattn::detail::KvCacheCall k = validated(c);
     const int64_t capacity = 10 * ps;
-    int shift = 0;
-    while ((1 << shift) < ps) ++shift;
     CHECK(k.problem.batch == 3 && k.problem.seqlen_q == 4 && k.problem.seqlen_k == capacity)
         << ps << ": " << k.problem.batch << " " << k.problem.seqlen_q << " " << k.problem.seqlen_k;
     CHECK(k.problem.heads_q == 8 && k.problem.heads_kv == 2 && k.problem.head_dim == 128);
     CHECK(k.pages.table == static_cast<const int*>(fake(kTable)));
     CHECK(k.pages.table_stride == 10 && k.pages.num_pages == 40) << k.pages.table_stride << " " << k.pages.num_pages;
-    CHECK(k.pages.page_shift == shift && (1 << k.pages.page_shift) == ps) << ps << " " << k.pages.page_shift;
+    CHECK(k.pages.page_size == ps) << ps << " " << k.pages.page_size;
     CHECK(k.work.capacity == capacity && k.work.appended == 2);
     CHECK(k.work.cache_seqlens == static_cast<const int*>(fake(kSeqlens)));
     CHECK(k.appended == 2);
@@ -442,12 +441,11 @@ TEST(kvcache_block_table_rules) {
     s.num_pages = 0;
     EXPECT_REJECTED(make_paged(s), "k_cache", "a paged cache needs at least one page", "got 0");
   }
-  // page sizes: a power of two from 16
-  for (int64_t ps : {24, 8, 48, 1, 100}) {
+  // page sizes: at least 1
+  {
     Spec s;
-    s.page_size = ps;
-    const std::string got = "got " + std::to_string(ps);
-    EXPECT_REJECTED(make_paged(s), "k_cache", "page_size (shape[1]) must be a power of two >= 16", got.c_str());
+    s.page_size = 0;
+    EXPECT_REJECTED(make_paged(s), "k_cache", "page_size (shape[1]) must be at least 1", "got 0");
   }
   // capacity: max_pages x page_size < 2^31
   Spec s;
@@ -606,10 +604,12 @@ TEST(cache_box_follows_the_block_table) {
   std::mt19937_64 rng(16);
   int bad = 0;
   for (int trial = 0; trial < 400; ++trial) {
-    const int batch = 1 + static_cast<int>(rng() % 4), shift = 4 + static_cast<int>(rng() % 4);
+    // Page sizes: powers of two from 16 and any size from 1 to 100
+    const int batch = 1 + static_cast<int>(rng() % 4);
+    const int page_size = trial % 2 ? 16 << (rng() % 4) : 1 + static_cast<int>(rng() % 100);
     const int max_pages = 1 + static_cast<int>(rng() % 6), num_pages = 1 + static_cast<int>(rng() % 12);
     const int stride = max_pages + static_cast<int>(rng() % 3);
-    const int page_size = 1 << shift, capacity = max_pages * page_size;
+    const int capacity = max_pages * page_size;
     // Entries mostly valid, some negative or past the cache (never read, zero-filled)
     std::vector<int> table(static_cast<size_t>(batch) * stride, 12345);
     for (int b = 0; b < batch; ++b)
@@ -621,7 +621,7 @@ TEST(cache_box_follows_the_block_table) {
       }
     KvPages kv;
     kv.table = table.data(), kv.table_stride = stride, kv.num_pages = num_pages;
-    kv.page_shift = shift;
+    kv.page_size = page_size;
     for (int b = 0; b < batch; ++b) {
       const int seqlen = static_cast<int>(rng() % (capacity + 1));
       for (int key = 0; key < capacity + 40; ++key) {
@@ -660,42 +660,47 @@ TEST(cache_box_dense) {
 }
 
 TEST(cache_box_rows_values) {
-  CHECK(cache_box_rows(176, 7) == 16) << cache_box_rows(176, 7);
-  CHECK(cache_box_rows(128, 4) == 16) << cache_box_rows(128, 4);
-  CHECK(cache_box_rows(128, 8) == 128) << cache_box_rows(128, 8);
-  CHECK(cache_box_rows(80, 8) == 16) << cache_box_rows(80, 8);
-  CHECK(cache_box_rows(128, 7) == 128) << cache_box_rows(128, 7);
-  CHECK(cache_box_rows(64, 10) == 64) << cache_box_rows(64, 10);
-  CHECK(cache_box_rows(176, 4) == 16) << cache_box_rows(176, 4);
-  CHECK(cache_box_rows(192, 8) == 64) << cache_box_rows(192, 8);
-  for (int block_n : {64, 80, 128, 176, 192, 256}) CHECK(cache_box_rows(block_n, -1) == block_n) << block_n;
-  // The largest power of two dividing both, and at least a swizzle atom (8 rows)
+  CHECK(cache_box_rows(176, 128) == 16) << cache_box_rows(176, 128);
+  CHECK(cache_box_rows(128, 16) == 16) << cache_box_rows(128, 16);
+  CHECK(cache_box_rows(128, 256) == 128) << cache_box_rows(128, 256);
+  CHECK(cache_box_rows(80, 256) == 16) << cache_box_rows(80, 256);
+  CHECK(cache_box_rows(128, 128) == 128) << cache_box_rows(128, 128);
+  CHECK(cache_box_rows(64, 1024) == 64) << cache_box_rows(64, 1024);
+  CHECK(cache_box_rows(192, 256) == 64) << cache_box_rows(192, 256);
+  CHECK(cache_box_rows(128, 1) == 1) << cache_box_rows(128, 1);
+  CHECK(cache_box_rows(128, 48) == 16) << cache_box_rows(128, 48);
+  CHECK(cache_box_rows(80, 24) == 8) << cache_box_rows(80, 24);
+  CHECK(cache_box_rows(128, 12) == 4) << cache_box_rows(128, 12);
+  CHECK(cache_box_rows(128, 7) == 1) << cache_box_rows(128, 7);
+  for (int block_n : {64, 80, 128, 176, 192, 256}) CHECK(cache_box_rows(block_n, 0) == block_n) << block_n;
+  // The largest power of two dividing both
   for (int block_n = 16; block_n <= 256; block_n += 16)
-    for (int shift = 4; shift <= 12; ++shift) {
-      const int rows = cache_box_rows(block_n, shift), page = 1 << shift;
-      CHECK(rows > 0 && block_n % rows == 0 && page % rows == 0 && rows % 8 == 0) << block_n << " " << shift << " " << rows;
-      CHECK(block_n % (2 * rows) != 0 || page % (2 * rows) != 0) << "not the largest: " << block_n << " " << shift;
+    for (int page = 1; page <= 4096; page += page < 300 ? 1 : 97) {
+      const int rows = cache_box_rows(block_n, page);
+      CHECK(rows > 0 && block_n % rows == 0 && page % rows == 0 && (rows & (rows - 1)) == 0)
+          << block_n << " " << page << " " << rows;
+      CHECK(block_n % (2 * rows) != 0 || page % (2 * rows) != 0) << "not the largest: " << block_n << " " << page;
     }
 }
 
 TEST(cache_boxes_lie_within_one_page) {
   std::mt19937_64 rng(3);
   for (int block_n : {64, 80, 128, 176, 192, 256})
-    for (int shift = 4; shift <= 9; ++shift) {
-      const int rows = cache_box_rows(block_n, shift), page_size = 1 << shift;
+    for (int page_size : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 100, 128, 256, 512}) {
+      const int rows = cache_box_rows(block_n, page_size);
       const int max_pages = 1 + (4 * block_n) / page_size, num_pages = 3 * max_pages;
       const int batch = 2;
       std::vector<int> table(batch * max_pages);
       for (int& e : table) e = static_cast<int>(rng() % num_pages);
       KvPages kv;
       kv.table = table.data(), kv.table_stride = max_pages, kv.num_pages = num_pages;
-      kv.page_shift = shift, kv.box_rows = rows, kv.boxes = block_n / rows;
+      kv.page_size = page_size, kv.box_rows = rows, kv.boxes = block_n / rows;
       const int capacity = max_pages * page_size;
       for (int b = 0; b < batch; ++b)
         for (int start = 0; start < capacity; start += rows) {
           const CacheBox first = cache_box(kv, b, start, capacity);
-          CHECK(first.page == table[b * max_pages + start / page_size]) << block_n << " " << shift << " " << start;
-          CHECK(first.row % 8 == 0) << "a box starts on a swizzle atom: " << first.row;
+          CHECK(first.page == table[b * max_pages + start / page_size]) << block_n << " " << page_size << " " << start;
+          CHECK(first.row % rows == 0) << "a box starts on a multiple of its rows: " << first.row;
           for (int i = 1; i < rows && start + i < capacity; ++i) {
             const CacheBox k = cache_box(kv, b, start + i, capacity);
             CHECK(k.page == first.page && k.row == first.row + i)

@@ -575,6 +575,12 @@ TEST(kvcache_dense_f16_d128) { run_dense_matrix(DType::f16, 128); }
 TEST(kvcache_dense_f16_d256) { run_dense_matrix(DType::f16, 256); }
 TEST(kvcache_dense_f16_d80) { run_dense_matrix(DType::f16, 80); }
 
+// Pages of any size: one key (SGLang's), three (boxes of one row and pages that are not a power
+// of two), eight (a box a swizzle atom) and 48 (boxes of 16, pages of three of them).
+TEST(kvcache_paged_ps1) { run_paged(1); }
+TEST(kvcache_paged_ps3) { run_paged(3); }
+TEST(kvcache_paged_ps8) { run_paged(8); }
+TEST(kvcache_paged_ps48) { run_paged(48); }
 TEST(kvcache_paged_ps16) { run_paged(16); }
 TEST(kvcache_paged_ps64) { run_paged(64); }
 TEST(kvcache_paged_ps128) { run_paged(128); }
@@ -634,7 +640,7 @@ TEST(kvcache_append_paged) {
   REQUIRE_HOPPER();
   std::mt19937_64 rng(parameter_seed());
   for (int64_t s_new : {1, 4})
-    for (int page_size : {16, 64, 128, 256}) {
+    for (int page_size : {1, 12, 16, 64, 128, 256}) {
       check_case(append_case(DType::bf16, 128, s_new, s_new, true, page_size, rng));
       check_case(append_case(page_size == 64 ? DType::f16 : DType::bf16, page_size == 16 ? 80 : 64, s_new, 1,
                              page_size != 128, page_size, rng));
@@ -878,13 +884,15 @@ TEST(kvcache_bad_arguments_write_nothing) {
   };
   std::vector<Bad> bad;
   {
-    Bad b{"page_size 24", paged, plain};
-    b.cache.k_cache = p24k.view, b.cache.v_cache = p24v.view;
+    // Pages of any size from 1 are valid (pages of 24 and 8 were refused before pages-any).
+    Bad b{"page_size 0", paged, plain};
+    b.cache.k_cache = p8k.view, b.cache.v_cache = p8v.view;
+    b.cache.k_cache.shape[1] = b.cache.v_cache.shape[1] = 0;
     bad.push_back(b);
   }
   {
-    Bad b{"page_size 8", paged, plain};
-    b.cache.k_cache = p8k.view, b.cache.v_cache = p8v.view;
+    Bad b{"k pages of 24, v pages of 8", paged, plain};
+    b.cache.k_cache = p24k.view, b.cache.v_cache = p8v.view;
     bad.push_back(b);
   }
   {

@@ -51,6 +51,9 @@ def check(q, k, v, causal, scale=None):
     assert torch.equal(finite, lse.isfinite())  # -inf exactly where a row sees no key
     if finite.any():
         assert (lse[finite] - want_lse[finite]).abs().max().item() <= 1e-4
+    # Without return_lse an eager call allocates no lse (torch_op.flash_attn_torch): the same bound.
+    alone = warpattn.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal)
+    assert not alone.isnan().any() and rel_l2(alone, want) <= TOL[q.dtype], rel_l2(alone, want)
 
 
 @pytest.mark.gpu
@@ -117,12 +120,15 @@ def test_eager_calls_skip_the_dispatcher_and_give_the_ops_bits(monkeypatch):
     key = id(torch_op.flash_attn_forward)
     body = torch_op._BODIES[key]
     monkeypatch.setitem(torch_op._BODIES, key, lambda *a: bodies.append(1) or body(*a))
+    # Neither a gradient nor lse wanted: not even the body (the binding, into a new out, no lse).
     direct = warpattn.flash_attn_func(q, k, v, causal=True)
-    assert bodies == [1]
+    assert bodies == []
+    with_lse, lse = warpattn.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    assert bodies == [1] and torch.isfinite(lse).all()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        through_op = warpattn.flash_attn_func(q, k, v, causal=True)
+        through_op = warpattn.flash_attn_func(q, k, v, causal=True, return_lse=True)[0]
     assert bodies == [1] and any("warpattn::flash_attn_forward" in e.key for e in prof.key_averages())
-    assert torch.equal(direct, through_op)
+    assert torch.equal(direct, through_op) and torch.equal(with_lse, through_op)
     qg = q.clone().requires_grad_()
     warpattn.flash_attn_func(qg, k, v).sum().backward()  # the autograd.Function's forward: directly
     assert bodies == [1, 1] and qg.grad is not None and torch.isfinite(qg.grad).all()

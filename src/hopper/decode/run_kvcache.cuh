@@ -41,7 +41,7 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
                          const TensorView& v_cache, const TensorView& out, const std::optional<TensorView>& lse,
                          cudaStream_t stream) {
   static_assert(Cfg::kKvCache, "a KvCacheConfig");
-  pages.box_rows = cache_box_rows(Cfg::kBlockN, pages.table != nullptr ? pages.page_shift : -1);
+  pages.box_rows = cache_box_rows(Cfg::kBlockN, pages.table != nullptr ? pages.page_size : 0);
   pages.boxes = Cfg::kBlockN / pages.box_rows;
   ForwardParams params = base_forward_params<Cfg>(p, out, lse);
   // GQA packing: a tile's rows are `heads` query heads of one KV head at `positions` positions,

@@ -21,6 +21,14 @@ __device__ __forceinline__ float rcp_approx(float x) {
   return y;
 }
 
+// tanh(x) in one MUFU.TANH; the PTX ISA gives its maximum relative error as about 2^-11, the
+// H200 measured 1.1e-5 (tools/probes/p_tanh_approx.cu). The forward's softcap (softcap.cuh).
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // log2(x) in one MUFU.LG2 (relative error about 2^-22): the LSE needs no more.
 __device__ __forceinline__ float log2_approx(float x) {
   float y;
