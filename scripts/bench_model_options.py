@@ -1,9 +1,11 @@
 """Issue 19's speed check: warpattn's causal forward with a sliding window, softcap and sinks beside
 its own plain causal forward on the same tensors, and beside FlashAttention-3 where its bundle is
 built (.fa3/hopper, FA3_PROFILE=model: scripts/fa3_model_profile.sh) on the same tensors and
-options (FA3 has no sinks). TFLOP/s over the work inside the band (4 · keys seen · d per row and
-head). 16384 tokens, H · d = 2048, BF16, median of triton's do_bench; with FA3, 3 passes
-alternating the two and the ratio as the median of the passes' ratios.
+options (FA3 has no sinks), and beside cuDNN's causal attention with its sliding window through
+the cuDNN frontend where that wheel is installed (scripts/cudnn_band.py; causal and windows:
+cuDNN has no softcap or sinks there). TFLOP/s over the work inside the band (4 · keys seen · d
+per row and head). 16384 tokens, H · d = 2048, BF16, median of triton's do_bench; with a peer, 3
+passes alternating them and each ratio as the median of the passes' ratios.
 
     python3 scripts/bench_model_options.py [--json PATH]
 """
@@ -35,6 +37,25 @@ def fa3_module():
         return None
 
 
+def cudnn_runner(q, k, v, opts):
+    """cuDNN's run of this point and its output, or None (with the reason printed once)."""
+    if "softcap" in opts or "sinks" in opts:
+        return None
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    try:
+        from cudnn_band import cudnn_causal_band
+        return cudnn_causal_band(q, k, v, opts.get("window_size", (None, 0))[0])
+    except Exception as e:  # the frontend not installed, or cuDNN refusing the graph
+        if not getattr(cudnn_runner, "said", False):
+            print("cuDNN's sliding window not available (%s: %s)" % (type(e).__name__, str(e)[:200]), flush=True)
+            cudnn_runner.said = True
+        return None
+
+
+def rel_l2(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
 def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
@@ -58,11 +79,14 @@ def main():
             if fa3 is not None and "sinks" not in opts:
                 fa3_opts = {key: val for key, val in opts.items()}
                 theirs = lambda: fa3.flash_attn_func(q, k, v, causal=True, **fa3_opts)  # noqa: E731
-            ms_ours, ms_theirs = [], []
-            for _ in range(PASSES if theirs is not None else 1):
+            cudnn_run = cudnn_runner(q, k, v, opts)
+            ms_ours, ms_theirs, ms_cudnn = [], [], []
+            for _ in range(PASSES if theirs is not None or cudnn_run is not None else 1):
                 ms_ours.append(bench(ours))
                 if theirs is not None:
                     ms_theirs.append(bench(theirs))
+                if cudnn_run is not None:
+                    ms_cudnn.append(bench(cudnn_run[0]))
             row = {"d": d, "option": label, "warpattn_tflops": flop / statistics.median(ms_ours) / 1e9,
                    "warpattn_us": statistics.median(ms_ours) * 1e3}
             text = f"d={d:3d} {label:12s} warpattn {row['warpattn_tflops']:7.1f} TFLOP/s {row['warpattn_us']:8.1f} us"
@@ -70,6 +94,13 @@ def main():
                 ratio = statistics.median(t / o for o, t in zip(ms_ours, ms_theirs))
                 row.update(fa3_tflops=flop / statistics.median(ms_theirs) / 1e9, warpattn_over_fa3=ratio)
                 text += f"   FA3 {row['fa3_tflops']:7.1f} TFLOP/s   warpattn/FA3 {ratio:.3f}"
+            if cudnn_run is not None:
+                ratio = statistics.median(t / o for o, t in zip(ms_ours, ms_cudnn))
+                # the same band? (a sanity check of the window's convention, not the accuracy test)
+                err = rel_l2(cudnn_run[1], ours())
+                row.update(cudnn_tflops=flop / statistics.median(ms_cudnn) / 1e9, warpattn_over_cudnn=ratio,
+                           cudnn_rel_l2_to_warpattn=err)
+                text += f"   cuDNN {row['cudnn_tflops']:7.1f} TFLOP/s   warpattn/cuDNN {ratio:.3f} (rel L2 {err:.1e})"
             print(text, flush=True)
             rows_out.append(row)
     if "--json" in sys.argv:

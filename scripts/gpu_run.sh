@@ -109,6 +109,10 @@ if stage python; then
   # The package as a user installs it (no network there: no build isolation), its tests, and
   # the benchmark through the package (quick unless PY_BENCH_ARGS says otherwise).
   if timeout -k 5 300 python3 -m pip install -q --no-build-isolation --no-deps . > "$OUT/pip.log" 2>&1; then
+    # Wheels carried in .wheels/ (no network there): the cuDNN frontend for bench_model_options.
+    if ls .wheels/*.whl > /dev/null 2>&1; then
+      python3 -m pip install -q --no-deps --no-index .wheels/*.whl >> "$OUT/pip.log" 2>&1 || echo "wheels: install failed"
+    fi
     # The XLA FFI handlers are built only where the build found jax (warpattn.jax_ffi).
     (cd /tmp && python3 -c "import warpattn, jax; from warpattn import jax_ffi; print('JAX FFI handlers built:', jax_ffi.available(), 'jax', jax.__version__)")
     for part in ${PY_PARTS:-gpu cpu training varlen kvcache transformers jax_ffi}; do  # separately: a crash in one part still leaves the others' results
