@@ -10,7 +10,7 @@ import operator
 
 from . import _warpattn
 from .api import (_INT32, _array_module, _check_rank, _common_framework, _current_stream, _jax_run, _lse_shape,
-                  _model_options, _no_out, _scale, _wait_for_jax_arrays, device_of)
+                  _model_options, _no_out, _scale, _torch_ops, _wait_for_jax_arrays, device_of)
 
 
 def _cache_length(cache_seqlens):
@@ -128,11 +128,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     scale, causal, batch_invariant = _scale(softmax_scale), bool(causal), bool(batch_invariant)
     model = dict(_model_options(window_size, softcap, sinks), num_splits=operator.index(num_splits))
     if fw == "torch":
-        from .torch_op import flash_attn_kvcache_torch
         if length is not None:
             cache_seqlens = _full_lengths(fw, q, length)
-        return flash_attn_kvcache_torch(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, causal,
-                                        return_lse, out, batch_invariant, **model)
+        return _torch_ops().flash_attn_kvcache_torch(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale,
+                                                     causal, return_lse, out, batch_invariant, **model)
     if fw == "jax":
         _no_out(out)
         given = dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens, block_table=block_table,
