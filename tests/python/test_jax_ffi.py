@@ -1673,7 +1673,7 @@ def test_kvcache_append_under_jit(paged):
     # The grown caches: the new rows at each sequence's length, nothing else changed; the
     # attention over them that of a call without the append on those caches, bitwise.
     q, kc, vc, table, lens, new_k, new_v = kvcache_case(5 + paged, paged)
-    before_k, before_v = np.asarray(kc), np.asarray(vc)
+    before_k, before_v = np.array(kc), np.array(vc)  # copies: the call donates the caches
 
     def step(q, kc, vc, nk, nv, l, t):
         return jax_ffi.flash_attn_with_kvcache(q, kc, vc, nk, nv, cache_seqlens=l, block_table=t, causal=True)
