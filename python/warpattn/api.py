@@ -35,6 +35,19 @@ def _common_framework(q, **others):
     return fw
 
 
+_torch_op = None
+
+
+def _torch_ops():
+    """warpattn.torch_op, imported on the first PyTorch call (the package imports without
+    PyTorch) and then kept: an import statement in a function costs each call ~1.5 us."""
+    global _torch_op
+    if _torch_op is None:
+        from . import torch_op
+        _torch_op = torch_op
+    return _torch_op
+
+
 def _check_rank(q):
     if len(q.shape) != 4:
         raise ValueError("q: expected rank 4 (batch, seqlen, heads, head_dim), got rank %d" % len(q.shape))
@@ -129,9 +142,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False,
     scale = _scale(softmax_scale)
     model = _model_options(window_size, softcap, sinks)
     if fw == "torch":
-        from .torch_op import flash_attn_torch
-        return flash_attn_torch(q, k, v, scale, bool(causal), return_lse, out, bool(deterministic),
-                                bool(batch_invariant), **model)
+        return _torch_ops().flash_attn_torch(q, k, v, scale, bool(causal), return_lse, out, bool(deterministic),
+                                             bool(batch_invariant), **model)
     if fw == "jax":
         ffi = _jax_ffi()
         if ffi is None:

@@ -9,7 +9,7 @@ import operator
 
 from . import _warpattn
 from .api import (_array_module, _common_framework, _current_stream, _jax_ffi, _jax_run, _model_options, _no_out,
-                  _scale, _wait_for_jax_arrays, device_of)
+                  _scale, _torch_ops, _wait_for_jax_arrays, device_of)
 
 
 def _check_rank(q):
@@ -81,9 +81,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     scale, causal = _scale(softmax_scale), bool(causal)
     model = _model_options(window_size, softcap, sinks)
     if fw == "torch":
-        from .torch_op import flash_attn_varlen_torch
-        return flash_attn_varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, *lengths, scale, causal,
-                                       return_lse, out, bool(deterministic), bool(batch_invariant), **model)
+        return _torch_ops().flash_attn_varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, *lengths, scale,
+                                                    causal, return_lse, out, bool(deterministic),
+                                                    bool(batch_invariant), **model)
     if fw == "jax":
         _no_out(out)
         ffi = _jax_ffi()

@@ -28,7 +28,7 @@ struct ForwardProblem : ProblemSizes {
   float softmax_scale = 1.f;  // resolved: the option, or 1/sqrt(head_dim)
   bool causal = false;
   bool has_lse = false;
-  bool batch_invariant = false;  // no split tail; packed batches: no tile height from the longest sequence
+  bool batch_invariant = false;  // no split tail; packed batches: tile shapes not from the longest sequence
   // The keys each row sees (causal and window_size resolved, kUnbounded for an open side), and
   // whether that is a band at all: then the banded kernels (Cfg::kCausal) run.
   KeyBand band;

@@ -743,3 +743,16 @@ def test_torch_tensors_the_fast_path_does_not_know_take_dlpack():
     meta = torch.zeros(2, 3, device="meta")
     with pytest.raises((TypeError, RuntimeError, BufferError)):  # neither CUDA nor the CPU: DLPack's answer
         _warpattn._array_facts(meta)
+
+
+def test_bench_varlen_mixes():
+    # The ragged benchmark's mixes: fixed by their seed, the token budget met, and the short mix
+    # below d = 64's tall-tile threshold (2048 rows), where the batch-invariant mode's cost shows.
+    from warpattn.bench_varlen import MIXES, TOTAL_TOKENS, mix_lengths
+    for name in MIXES:
+        lengths = mix_lengths(name)
+        assert lengths == mix_lengths(name) and min(lengths) >= 1
+        if name != "onelong":
+            assert sum(lengths) == TOTAL_TOKENS
+    short = mix_lengths("short")
+    assert max(short) < 2048 and len(short) > 32
