@@ -326,7 +326,7 @@ def flash_attn(q, k, v, softmax_scale=None, causal=False, return_lse=False, dete
     window_size (left, right), softcap and sinks: as warpattn.flash_attn_func takes them;
     window_size and softcap static (attributes of the call), sinks a float32 (heads,) array (an
     operand), differentiable too: jax.grad gives the sinks their gradient. softcap's backward
-    needs head_dim 72 to 256 (the library's ValueError when the gradient is traced at 64 or less)."""
+    runs at every head dim (at 64 or less in the head-dim-128 kernel)."""
     _check_rank(q)
     _check_on_gpu(q=q, k=k, v=v, sinks=sinks)
     return _attention(q, k, v, sinks, _scale(softmax_scale), bool(causal), bool(return_lse), bool(deterministic),

@@ -11,11 +11,10 @@ only under torch.compile, tracing, the profiler, modes and subclasses.
 The forward ops take the model options (window_left, window_right, softcap, sinks), and so do
 the backward ops, which return the sinks' gradient too (dsinks, float32 (heads,); an empty (0,)
 tensor when there are no sinks, since an op's tuple of outputs cannot hold None): register_autograd
-hands it to the sinks input, so learned sinks (requires_grad) train. What the backward kernels do
-not have (softcap at head_dim 64 or less) is the library's ValueError when the backward op runs, as every
-other argument error of the backward: not in the autograd formula, so that torch.compile can still
-trace the backward of such a call (it does so ahead of time whenever an input requires grad) and
-only a backward that actually runs fails, eagerly or compiled alike."""
+hands it to the sinks input, so learned sinks (requires_grad) train. An argument error of the
+backward is the library's ValueError when the backward op runs: not in the autograd formula, so
+that torch.compile can still trace the backward of such a call (it does so ahead of time whenever
+an input requires grad) and only a backward that actually runs fails, eagerly or compiled alike."""
 from typing import Optional, Tuple
 
 import torch
