@@ -84,6 +84,23 @@ def main():
     def cudnn():
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             return F.scaled_dot_product_attention(qt, kt, vt)
+    # Training (issue 14): one forward and its backward through autograd (torch.autograd.grad,
+    # so nothing accumulates), warpattn's and cuDNN's through SDPA, on the same tensors.
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    grad_out = torch.randn_like(q)
+
+    def forward_backward(forward):
+        def call():
+            torch.autograd.grad(forward(*leaves), leaves, grad_out)
+        return call
+
+    def cudnn_bshd(a, b, c):
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return F.scaled_dot_product_attention(a.transpose(1, 2), b.transpose(1, 2), c.transpose(1, 2)).transpose(1, 2)
+    rows += [
+        ("warpattn forward + backward (autograd)", forward_backward(warpattn.flash_attn_func)),
+        ("cuDNN through SDPA, forward + backward", forward_backward(cudnn_bshd)),
+    ]
     rows += [
         ("cuDNN through SDPA", cudnn),
         ("SDPA, default backend", lambda: F.scaled_dot_product_attention(qt, kt, vt)),
