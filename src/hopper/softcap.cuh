@@ -5,9 +5,9 @@
 // bounds its relative error by about 2^-11, but on the H200 it measured 1.1e-5 relative and 8e-6
 // absolute over 121M inputs (tools/probes/p_tanh_approx.cu, run 133): a logit error of 2.4e-4 at
 // softcap 30, which moves P by 0.024%, a tenth of P's 16-bit rounding. It made softcap 1.27x,
-// 1.23x and 1.10x faster at d = 64, 128 and 256 (run 134) than the form below, which the forward
-// took before (one MUFU.EX2 and one MUFU.RCP per score; moving the reciprocal to the FMA pipe had
-// bought nothing, run 127).
+// 1.25x and 1.12x faster at d = 64, 128 and 256 (run 134, means of 2 passes) than the form
+// below, which the forward took before (one MUFU.EX2 and one MUFU.RCP per score; moving the
+// reciprocal to the FMA pipe had bought nothing, run 127).
 // The backward keeps tanh(x) = 1 - 2 / (2^(2 log2(e) x) + 1), about 2e-7 absolute
 // (scripts/softcap_rcp_sim.py): its GEMMs, not the MUFU unit, bound it. Large |x| saturate
 // exactly (2^(+big) = inf gives 1, 2^(-big) = 0 gives -1); NaN stays NaN in both forms.
