@@ -26,6 +26,7 @@
 #include "hopper/ptx/tma.cuh"
 #include "hopper/ptx/warpgroup.cuh"
 #include "hopper/softmax.cuh"
+#include "probe_host.hpp"
 
 using namespace warpattn;
 using namespace warpattn::detail;
@@ -148,37 +149,14 @@ __global__ void __launch_bounds__(384, 1) alternating_key_tiles(const __grid_con
   }
 }
 
-namespace {
-
-// A (rows, 128) bf16 tensor as a 5-D panel map: boxes of 64 columns x box_rows rows, 128B swizzle.
-CUtensorMap panel_map(const void* data, int rows, int box_rows) {
-  CUtensorMap map;
-  const cuuint64_t row_bytes = kD * 2;
-  const cuuint64_t dims[5] = {kD, static_cast<cuuint64_t>(rows), 1, 1, 1};
-  const cuuint64_t strides[4] = {row_bytes, row_bytes * rows, row_bytes * rows, row_bytes * rows};
-  const cuuint32_t box[5] = {64, static_cast<cuuint32_t>(box_rows), 1, 1, 1}, elements[5] = {1, 1, 1, 1, 1};
-  const CUresult r = cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<void*>(data), dims,
-                                            strides, box, elements, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    std::printf("FAIL: cuTensorMapEncodeTiled returned %d\n", static_cast<int>(r));
-    std::exit(1);
-  }
-  return map;
-}
-
-}  // namespace
-
 int main() {
   const int n_keys = 1100;  // 9 tiles of 128, the last of 76 keys
   std::mt19937 rng(2028);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<__nv_bfloat16> hq(kM * kD), hk(n_keys * kD), hv(n_keys * kD);
-  std::vector<double> q(hq.size()), k(hk.size()), v(hv.size());
-  for (size_t i = 0; i < hq.size(); ++i) q[i] = __bfloat162float(hq[i] = __float2bfloat16(normal(rng)));
-  for (size_t i = 0; i < hk.size(); ++i) k[i] = __bfloat162float(hk[i] = __float2bfloat16(normal(rng)));
-  for (size_t i = 0; i < hv.size(); ++i) v[i] = __bfloat162float(hv[i] = __float2bfloat16(normal(rng)));
+  std::vector<__nv_bfloat16> hq, hk, hv;
+  std::vector<double> q, k, v;
+  normal_bf16(rng, kM * kD, hq, q);
+  normal_bf16(rng, size_t(n_keys) * kD, hk, k);
+  normal_bf16(rng, size_t(n_keys) * kD, hv, v);
   const double scale = 1.0 / std::sqrt(double(kD));
   __nv_bfloat16 *dq, *dk, *dv;
   float *d_o, *d_ref, *d_sum;
@@ -194,7 +172,8 @@ int main() {
   cudaMemset(d_o, 0xFF, 2 * kM * kD * 4);  // NaN poison
   cudaMemset(d_ref, 0xFF, 2 * kM * 4);
   cudaMemset(d_sum, 0xFF, 2 * kM * 4);
-  const CUtensorMap tq = panel_map(dq, kM, kM), tk = panel_map(dk, n_keys, kN), tv = panel_map(dv, n_keys, kN);
+  const CUtensorMap tq = bf16_panel_map(dq, kD, kM, kM), tk = bf16_panel_map(dk, kD, n_keys, kN),
+                    tv = bf16_panel_map(dv, kD, n_keys, kN);
   cudaFuncSetAttribute(alternating_key_tiles, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   alternating_key_tiles<<<1, 384, kSmem>>>(tq, tk, tv, n_keys, static_cast<float>(scale * M_LOG2E), d_o, d_ref, d_sum);
   if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {

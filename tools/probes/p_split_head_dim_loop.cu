@@ -28,6 +28,7 @@
 #include "hopper/ptx/tma.cuh"
 #include "hopper/ptx/warpgroup.cuh"
 #include "hopper/softmax.cuh"
+#include "probe_host.hpp"
 
 using namespace warpattn;
 using namespace warpattn::detail;
@@ -152,36 +153,14 @@ __global__ void __launch_bounds__(384, 1) split_head_dim_loop(const __grid_const
     for (int r = 0; r < 2; ++r) lse_out[w * kM + f.row(r)] = lse[r];
 }
 
-namespace {
-
-// A (rows, 512) bf16 tensor as the kernels' 5-D panel map: boxes of 64 columns x 64 rows, 128B swizzle.
-CUtensorMap panel_map(const void* data, int rows) {
-  CUtensorMap map;
-  const cuuint64_t dims[5] = {kD, static_cast<cuuint64_t>(rows), 1, 1, 1};
-  const cuuint64_t row_bytes = kD * 2, strides[4] = {row_bytes, row_bytes * rows, row_bytes * rows, row_bytes * rows};
-  const cuuint32_t box[5] = {64, 64, 1, 1, 1}, elements[5] = {1, 1, 1, 1, 1};
-  const CUresult r = cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<void*>(data), dims,
-                                            strides, box, elements, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    std::printf("FAIL: cuTensorMapEncodeTiled returned %d\n", static_cast<int>(r));
-    std::exit(1);
-  }
-  return map;
-}
-
-}  // namespace
-
 int main() {
   const int n_keys = 1000;  // 16 tiles, the last of 40 keys
   std::mt19937 rng(2027);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<__nv_bfloat16> hq(kM * kD), hk(n_keys * kD), hv(n_keys * kD);
-  std::vector<double> q(hq.size()), k(hk.size()), v(hv.size());
-  for (size_t i = 0; i < hq.size(); ++i) q[i] = __bfloat162float(hq[i] = __float2bfloat16(normal(rng)));
-  for (size_t i = 0; i < hk.size(); ++i) k[i] = __bfloat162float(hk[i] = __float2bfloat16(normal(rng)));
-  for (size_t i = 0; i < hv.size(); ++i) v[i] = __bfloat162float(hv[i] = __float2bfloat16(normal(rng)));
+  std::vector<__nv_bfloat16> hq, hk, hv;
+  std::vector<double> q, k, v;
+  normal_bf16(rng, kM * kD, hq, q);
+  normal_bf16(rng, size_t(n_keys) * kD, hk, k);
+  normal_bf16(rng, size_t(n_keys) * kD, hv, v);
   const double scale = 1.0 / std::sqrt(double(kD));
   __nv_bfloat16 *dq, *dk, *dv;
   float *dout, *dlse;
@@ -195,7 +174,8 @@ int main() {
   cudaMemcpy(dv, hv.data(), hv.size() * 2, cudaMemcpyHostToDevice);
   cudaMemset(dout, 0xFF, kM * kD * 4);  // NaN poison
   cudaMemset(dlse, 0xFF, 2 * kM * 4);
-  const CUtensorMap tq = panel_map(dq, kM), tk = panel_map(dk, n_keys), tv = panel_map(dv, n_keys);
+  const CUtensorMap tq = bf16_panel_map(dq, kD, kM, 64), tk = bf16_panel_map(dk, kD, n_keys, 64),
+                    tv = bf16_panel_map(dv, kD, n_keys, 64);
   cudaFuncSetAttribute(split_head_dim_loop, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   split_head_dim_loop<<<1, 384, kSmem>>>(tq, tk, tv, n_keys, static_cast<float>(scale * M_LOG2E), dout, dlse);
   if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {

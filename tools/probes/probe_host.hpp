@@ -1,0 +1,35 @@
+// Host pieces the TMA probes share (p_split_head_dim_loop.cu, p_alternating_key_tiles.cu).
+#pragma once
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+// A row-major (rows, cols) bf16 tensor as the kernels' 5-D panel map: boxes of 64 columns x
+// box_rows rows, 128B swizzle (one panel per box, as make_panel_tensor_map's).
+inline CUtensorMap bf16_panel_map(const void* data, int cols, int rows, int box_rows) {
+  CUtensorMap map;
+  const cuuint64_t row_bytes = static_cast<cuuint64_t>(cols) * 2;
+  const cuuint64_t dims[5] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows), 1, 1, 1};
+  const cuuint64_t strides[4] = {row_bytes, row_bytes * rows, row_bytes * rows, row_bytes * rows};
+  const cuuint32_t box[5] = {64, static_cast<cuuint32_t>(box_rows), 1, 1, 1}, elements[5] = {1, 1, 1, 1, 1};
+  const CUresult r = cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<void*>(data), dims,
+                                            strides, box, elements, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    std::printf("FAIL: cuTensorMapEncodeTiled returned %d\n", static_cast<int>(r));
+    std::exit(1);
+  }
+  return map;
+}
+
+// n N(0, 1) values rounded to bf16, and the same values in double for the reference.
+inline void normal_bf16(std::mt19937& rng, size_t n, std::vector<__nv_bfloat16>& bf16, std::vector<double>& exact) {
+  std::normal_distribution<float> normal(0.f, 1.f);
+  bf16.resize(n), exact.resize(n);
+  for (size_t i = 0; i < n; ++i) exact[i] = __bfloat162float(bf16[i] = __float2bfloat16(normal(rng)));
+}
