@@ -20,44 +20,18 @@ namespace warpattn::detail {
 
 // A KV cache's key tile (Cfg::kKvCache): params.kv_pages.boxes boxes of box_rows keys, each
 // from the page that holds it (decode/kv_pages.hpp), into the tile's rows of every panel.
-// The boxes go in groups of kCacheLookups: a group's block-table loads are issued together
-// (they are independent), then its boxes, so a key tile waits for one global load's latency
-// per group, not per box (run 131: pages of 16, eight boxes looked up one after the other,
-// took 1.7x the time of a dense cache); the first group's loads go out before the producer
-// waits for the ring slot, which hides them whenever the ring is full.
-inline constexpr int kCacheLookups = 8;
-struct CachePageEntries {
-  int entry[kCacheLookups];  // loaded, not yet looked at (cache_page_entry)
-};
-template <class Cfg>
-__device__ __forceinline__ CachePageEntries look_up_pages(const KvPages& kv, int batch, int n_block, int j0,
-                                                          int seqlen_k) {
-  CachePageEntries e;
-#pragma unroll
-  for (int u = 0; u < kCacheLookups; ++u)  // (past the tile's boxes: no look-up)
-    e.entry[u] = j0 + u < kv.boxes
-                     ? cache_page_entry(kv, batch, n_block * Cfg::kBlockN + (j0 + u) * kv.box_rows, seqlen_k)
-                     : -1;
-  return e;
-}
 template <class Cfg>
 __device__ __forceinline__ void load_cache_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int n_block,
-                                                int head_kv, int batch, int seqlen_k, const KvPages& kv,
-                                                const CachePageEntries& first_group) {
+                                                int head_kv, int batch, int seqlen_k, const KvPages& kv) {
   using namespace ptx;
   constexpr int kPanelCols = Cfg::kSwizzleBytes / 2;  // 16-bit elements
-  for (int j0 = 0; j0 < kv.boxes; j0 += kCacheLookups) {
-    const CachePageEntries e = j0 == 0 ? first_group : look_up_pages<Cfg>(kv, batch, n_block, j0, seqlen_k);
+  for (int j = 0; j < kv.boxes; ++j) {
+    const int row_in_tile = j * kv.box_rows;
+    const CacheBox box = cache_box(kv, batch, n_block * Cfg::kBlockN + row_in_tile, seqlen_k);
 #pragma unroll
-    for (int u = 0; u < kCacheLookups; ++u) {
-      if (j0 + u >= kv.boxes) break;
-      const int row_in_tile = (j0 + u) * kv.box_rows;
-      const CacheBox box = cache_box_of_entry(kv, e.entry[u], n_block * Cfg::kBlockN + row_in_tile);
-#pragma unroll
-      for (int p = 0; p < Cfg::kPanels; ++p)
-        tma_load_5d(dst + (p * Cfg::kBlockN + row_in_tile) * Cfg::kSwizzleBytes, map, bar, p * kPanelCols, box.row, 0,
-                    head_kv, box.page);
-    }
+    for (int p = 0; p < Cfg::kPanels; ++p)
+      tma_load_5d(dst + (p * Cfg::kBlockN + row_in_tile) * Cfg::kSwizzleBytes, map, bar, p * kPanelCols, box.row, 0,
+                  head_kv, box.page);
   }
 }
 
@@ -74,8 +48,6 @@ __device__ __forceinline__ void load_kv_tile(SharedStorage<Cfg>& ss, const CUten
                                              const KvPages* kv = nullptr, int seqlen_k = 0) {
   using namespace ptx;
   const RingSlot slot = ring_slot<Cfg::kStages>(it);
-  CachePageEntries pages;
-  if constexpr (Cfg::kKvCache) pages = look_up_pages<Cfg>(*kv, batch, n_block, 0, seqlen_k);
   // The slot's previous occupant was released in the phase before this one; on the first lap
   // the "preceding phase" of a fresh barrier counts as complete.
   mbarrier_wait(smem_addr(&empty[slot.stage]), slot.phase ^ 1);
@@ -83,7 +55,7 @@ __device__ __forceinline__ void load_kv_tile(SharedStorage<Cfg>& ss, const CUten
   mbarrier_arrive_expect_tx(bar, Cfg::kKVTileBytes);  // the full box, even past seqlen_k
   const int key = first_key + n_block * Cfg::kBlockN;
   if constexpr (Cfg::kKvCache)
-    load_cache_tile<Cfg>(smem_addr(tiles[slot.stage]), map, bar, n_block, head_kv, batch, seqlen_k, *kv, pages);
+    load_cache_tile<Cfg>(smem_addr(tiles[slot.stage]), map, bar, n_block, head_kv, batch, seqlen_k, *kv);
   else if constexpr (kKeysInner)
     tma_load_5d(smem_addr(tiles[slot.stage]), map, bar, key, 0, 0, head_kv, batch);
   else

@@ -35,23 +35,13 @@ struct CacheBox {
   int page, row;  // the box's coordinates in the cache's map (page -1: zero-filled)
 };
 
-// In two steps, so that a producer can have several boxes' block-table loads in flight before it
-// uses any (the first step loads, the second only decides): the page entry of the box holding
-// `key` (paged: the block table's, read as it is; dense: the sequence; past seqlen_k: -1) ...
-WARPATTN_HOST_DEVICE int cache_page_entry(const KvPages& kv, int batch, int key, int seqlen_k) {
-  if (key >= seqlen_k) return -1;
-  if (kv.table == nullptr) return batch;
-  return kv.table[batch * kv.table_stride + key / kv.page_size];  // seqlen_k is clamped to the capacity
-}
-// ... and the box's coordinates from that entry.
-WARPATTN_HOST_DEVICE CacheBox cache_box_of_entry(const KvPages& kv, int entry, int key) {
-  if (entry < 0) return {-1, 0};  // past seqlen_k
-  if (kv.table == nullptr) return {entry, key};
-  if (entry >= kv.num_pages) return {-1, 0};  // a bad table entry
-  return {entry, key % kv.page_size};
-}
 WARPATTN_HOST_DEVICE CacheBox cache_box(const KvPages& kv, int batch, int key, int seqlen_k) {
-  return cache_box_of_entry(kv, cache_page_entry(kv, batch, key, seqlen_k), key);
+  if (key >= seqlen_k) return {-1, 0};
+  if (kv.table == nullptr) return {batch, key};
+  const int slot = key / kv.page_size;  // inside the table's row: seqlen_k is clamped to the capacity
+  const int page = kv.table[batch * kv.table_stride + slot];
+  if (page < 0 || page >= kv.num_pages) return {-1, 0};
+  return {page, key - slot * kv.page_size};
 }
 
 // The box height for a key tile of block_n keys over pages of page_size keys (paged), or the
