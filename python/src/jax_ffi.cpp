@@ -1,6 +1,6 @@
 // warpattn as XLA FFI custom calls: JAX runs them inside jax.jit on XLA's own stream, with XLA's
-// buffers (nothing copied, no host synchronisation). Six calls: the forward and backward, dense
-// and packed, and FP8's pair (quantize_fp8, forward_fp8). Each handler builds
+// buffers (nothing copied, no host synchronisation). Seven calls: the forward and backward, dense
+// and packed, FP8's pair (quantize_fp8, forward_fp8), and the forward over KV caches. Each handler builds
 // warpattn::TensorView s from the buffers (dense, row-major), calls the C++ API on the stream XLA
 // passes, and returns a warpattn::Error as an InvalidArgument error with the same message.
 //
@@ -38,6 +38,7 @@ constexpr const char* kForwardVarlen = "warpattn_forward_varlen";
 constexpr const char* kBackwardVarlen = "warpattn_backward_varlen";
 constexpr const char* kQuantizeFp8 = "warpattn_quantize_fp8";
 constexpr const char* kForwardFp8 = "warpattn_forward_fp8";
+constexpr const char* kForwardKvcache = "warpattn_forward_kvcache";
 
 // The backward's uint8 workspace result is this many bytes larger than the library asks for:
 // XLA aligns its buffers to less than the 256 bytes the library wants, so the handler starts
@@ -152,6 +153,10 @@ struct Attrs {
   int32_t window_left = -1, window_right = -1;
   float softcap = 0.0f;
   bool has_sinks = false;
+  // the KV-cache call's: which of its optional operands and results came (in the order of
+  // kvcache_call), and its split count
+  bool has_new_kv = false, has_cache_seqlens = false, has_block_table = false, has_lse = false;
+  int32_t num_splits = 0;
   // quantize_fp8's
   bool rotate = true;
   uint64_t seed = 0;
@@ -313,6 +318,56 @@ warpattn::VarlenBatch varlen_batch(const Buf& cu_seqlens_q, const Buf& cu_seqlen
   batch.max_seqlen_q = a.max_seqlen_q;
   batch.max_seqlen_k = a.max_seqlen_k;
   return batch;
+}
+
+// The KV-cache call (warpattn::forward_kvcache). Operands: q, k_cache, v_cache, then those the
+// flags name, in this order: k and v (has_new_kv), cache_seqlens, block_table, sinks. Results:
+// out, then lse (has_lse), then with k and v the grown caches, which XLA aliases to the k_cache
+// and v_cache operands (input_output_aliases: with those donated, the append is in place; else
+// XLA copies them into the results first): the call appends into and attends over the results.
+struct ForwardKvcache {
+  TensorView q, out;
+  std::optional<TensorView> lse;
+  warpattn::KvCache cache;
+  warpattn::ForwardOptions options;
+};
+
+ForwardKvcache kvcache_call(const std::vector<Buf>& operands, const std::vector<Buf>& results, const Attrs& a,
+                            Extra extra) {
+  size_t next = 3, next_result = 1;
+  const auto operand = [&](bool given) { return given && next < operands.size() ? &operands[next++] : nullptr; };
+  const auto result = [&](bool given) {
+    return given && next_result < results.size() ? &results[next_result++] : nullptr;
+  };
+  const Buf* k = operand(a.has_new_kv);
+  const Buf* v = operand(a.has_new_kv);
+  const Buf* cache_seqlens = operand(a.has_cache_seqlens);
+  const Buf* block_table = operand(a.has_block_table);
+  const Buf* sinks = operand(a.has_sinks);
+  if (next != operands.size())
+    fail("kvcache: " + std::to_string(operands.size()) + " operands, but the call's flags name " + std::to_string(next));
+  const Buf* lse = result(a.has_lse);
+  const Buf* k_grown = result(a.has_new_kv);
+  const Buf* v_grown = result(a.has_new_kv);
+  if (next_result != results.size())
+    fail("kvcache: " + std::to_string(results.size()) + " results, but the call's flags name " +
+         std::to_string(next_result));
+  if (a.has_new_kv && (!k || !v || !k_grown || !v_grown)) fail("k, v: has_new_kv without both and the grown caches");
+  // The caches are read where they are written when appending (the aliased results).
+  const Buf& k_cache = a.has_new_kv ? *k_grown : operands[1];
+  const Buf& v_cache = a.has_new_kv ? *v_grown : operands[2];
+  ForwardKvcache f{view_of(operands[0], "q", 4, k16Bit, extra), view_of(results[0], "out", 4, k16Bit, extra),
+                   std::nullopt, {}, forward_options(a)};
+  if (lse) f.lse = view_of(*lse, "lse", 3, "float32", extra);
+  f.cache.k_cache = view_of(k_cache, "k_cache", 4, k16Bit, extra);
+  f.cache.v_cache = view_of(v_cache, "v_cache", 4, k16Bit, extra);
+  if (k) f.cache.k = view_of(*k, "k", 4, k16Bit, extra);
+  if (v) f.cache.v = view_of(*v, "v", 4, k16Bit, extra);
+  if (cache_seqlens) f.cache.cache_seqlens = view_of(*cache_seqlens, "cache_seqlens", 1, "int32", extra);
+  if (block_table) f.cache.block_table = view_of(*block_table, "block_table", 2, "int32", extra);
+  f.cache.num_splits = a.num_splits;
+  f.options.sinks = sinks_view(sinks);
+  return f;
 }
 
 // ---- handlers
@@ -522,6 +577,35 @@ ffi::Error forward_fp8_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
   });
 }
 
+// The KV-cache call: its operands and results as their flags say (kvcache_call); never folded
+// under vmap (warpattn.jax_ffi runs one call per example: a block table's pages are per cache).
+ffi::Error forward_kvcache_impl(cudaStream_t stream, ffi::RemainingArgs operands, ffi::RemainingRets results,
+                                bool causal, bool has_scale, float softmax_scale, bool batch_invariant,
+                                int32_t window_left, int32_t window_right, float softcap, bool has_new_kv,
+                                bool has_cache_seqlens, bool has_block_table, bool has_sinks, bool has_lse,
+                                int32_t num_splits) {
+  return guarded([&] {
+    std::vector<Buf> ops, res;
+    for (size_t i = 0; i < operands.size(); ++i) {
+      const auto b = operands.get<ffi::AnyBuffer>(i);
+      if (b.has_error()) fail("kvcache: operand " + std::to_string(i) + " is not a buffer");
+      ops.push_back(buf_of(*b));
+    }
+    for (size_t i = 0; i < results.size(); ++i) {
+      auto b = results.get<ffi::AnyBuffer>(i);
+      if (b.has_error()) fail("kvcache: result " + std::to_string(i) + " is not a buffer");
+      res.push_back(buf_of(*b.value()));
+    }
+    if (ops.size() < 3 || res.empty()) fail("kvcache: expected q, k_cache, v_cache and out at least");
+    Attrs a = with_model_options(scale_attrs(causal, has_scale, softmax_scale, batch_invariant), window_left,
+                                 window_right, softcap);
+    a.has_new_kv = has_new_kv, a.has_cache_seqlens = has_cache_seqlens, a.has_block_table = has_block_table;
+    a.has_sinks = has_sinks, a.has_lse = has_lse, a.num_splits = num_splits;
+    const ForwardKvcache f = kvcache_call(ops, res, a, Extra::refuse);
+    warpattn::forward_kvcache(f.q, f.cache, f.out, f.lse, f.options, stream);
+  });
+}
+
 // The model options' attributes (issue 19), after each call's own: the same three in the same
 // order for every forward and backward target.
 template <class B>
@@ -658,6 +742,23 @@ auto bind_forward_fp8(B b) {
       .template Attr<bool>("batch_invariant"));
 }
 
+template <class B>
+auto bind_forward_kvcache(B b) {
+  return bind_model_options(std::move(b)
+      .RemainingArgs()   // q, k_cache, v_cache[, k, v][, cache_seqlens][, block_table][, sinks]
+      .RemainingRets()   // out[, lse][, the grown k_cache and v_cache]
+      .template Attr<bool>("causal")
+      .template Attr<bool>("has_scale")
+      .template Attr<float>("softmax_scale")
+      .template Attr<bool>("batch_invariant"))
+      .template Attr<bool>("has_new_kv")
+      .template Attr<bool>("has_cache_seqlens")
+      .template Attr<bool>("has_block_table")
+      .template Attr<bool>("has_sinks")
+      .template Attr<bool>("has_lse")
+      .template Attr<int32_t>("num_splits");
+}
+
 auto on_gpu() { return ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>(); }
 
 XLA_FFI_DEFINE_HANDLER(kForwardHandler, forward_impl, bind_forward(on_gpu()));
@@ -666,6 +767,7 @@ XLA_FFI_DEFINE_HANDLER(kForwardVarlenHandler, forward_varlen_impl, bind_forward_
 XLA_FFI_DEFINE_HANDLER(kBackwardVarlenHandler, backward_varlen_impl, bind_backward_varlen(on_gpu()));
 XLA_FFI_DEFINE_HANDLER(kQuantizeFp8Handler, quantize_fp8_impl, bind_quantize_fp8(on_gpu()));
 XLA_FFI_DEFINE_HANDLER(kForwardFp8Handler, forward_fp8_impl, bind_forward_fp8(on_gpu()));
+XLA_FFI_DEFINE_HANDLER(kForwardKvcacheHandler, forward_kvcache_impl, bind_forward_kvcache(on_gpu()));
 
 // The host check: the same handlers without a stream, to be registered for XLA's CPU platform by
 // tests on machines without a GPU. They decode the call frame, build the views (folding vmap's
@@ -678,12 +780,14 @@ constexpr auto forward_varlen_on_host = [](auto... a) { return forward_varlen_im
 constexpr auto backward_varlen_on_host = [](auto... a) { return backward_varlen_impl(nullptr, a...); };
 constexpr auto quantize_fp8_on_host = [](auto... a) { return quantize_fp8_impl(nullptr, a...); };
 constexpr auto forward_fp8_on_host = [](auto... a) { return forward_fp8_impl(nullptr, a...); };
+constexpr auto forward_kvcache_on_host = [](auto... a) { return forward_kvcache_impl(nullptr, a...); };
 XLA_FFI_DEFINE_HANDLER(kForwardHostCheck, forward_on_host, bind_forward(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER(kBackwardHostCheck, backward_on_host, bind_backward(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER(kForwardVarlenHostCheck, forward_varlen_on_host, bind_forward_varlen(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER(kBackwardVarlenHostCheck, backward_varlen_on_host, bind_backward_varlen(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER(kQuantizeFp8HostCheck, quantize_fp8_on_host, bind_quantize_fp8(ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER(kForwardFp8HostCheck, forward_fp8_on_host, bind_forward_fp8(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER(kForwardKvcacheHostCheck, forward_kvcache_on_host, bind_forward_kvcache(ffi::Ffi::Bind()));
 
 // ---- trace-time validation from Python
 
@@ -739,6 +843,11 @@ Attrs attrs_of(const nb::dict& d) {
   a.window_right = attr<int32_t>(d, "window_right", -1);
   a.softcap = attr<float>(d, "softcap", 0.0f);
   a.has_sinks = attr<bool>(d, "has_sinks", false);
+  a.has_new_kv = attr<bool>(d, "has_new_kv", false);
+  a.has_cache_seqlens = attr<bool>(d, "has_cache_seqlens", false);
+  a.has_block_table = attr<bool>(d, "has_block_table", false);
+  a.has_lse = attr<bool>(d, "has_lse", false);
+  a.num_splits = attr<int32_t>(d, "num_splits", 0);
   return a;
 }
 
@@ -804,6 +913,13 @@ void validate(const std::string& target, nb::handle operand_specs, nb::handle re
       const ForwardFp8 f = forward_fp8_call(ops.data(), res[0], res.size() > 1 ? &res[1] : nullptr,
                                             ops.size() > 6 ? &ops[6] : nullptr, a, Extra::refuse);
       warpattn::validate_forward_fp8(f.fp8, f.out, f.lse, f.options);
+    } else if (target == kForwardKvcache) {
+      expect_count(target, "operands", ops.size(), 3, 8);
+      expect_count(target, "results", res.size(), 1, 4);
+      const std::vector<Buf> operands(ops.data(), ops.data() + ops.size());
+      const std::vector<Buf> results(res.data(), res.data() + res.size());
+      const ForwardKvcache f = kvcache_call(operands, results, a, Extra::refuse);
+      warpattn::validate_forward_kvcache(f.q, f.cache, f.out, f.lse, f.options);
     } else {
       throw nb::value_error(("jax_ffi_validate: no warpattn FFI target named " + target).c_str());
     }
@@ -854,7 +970,8 @@ void add_jax_ffi(nb::module_& m) {
                            {kForwardVarlen, kForwardVarlenHandler},
                            {kBackwardVarlen, kBackwardVarlenHandler},
                            {kQuantizeFp8, kQuantizeFp8Handler},
-                           {kForwardFp8, kForwardFp8Handler}});
+                           {kForwardFp8, kForwardFp8Handler},
+                           {kForwardKvcache, kForwardKvcacheHandler}});
       },
       "{XLA FFI target name: PyCapsule of its handler}, for jax.ffi.register_ffi_target(..., platform='CUDA').");
   m.def(
@@ -865,7 +982,8 @@ void add_jax_ffi(nb::module_& m) {
                            {kForwardVarlen, kForwardVarlenHostCheck},
                            {kBackwardVarlen, kBackwardVarlenHostCheck},
                            {kQuantizeFp8, kQuantizeFp8HostCheck},
-                           {kForwardFp8, kForwardFp8HostCheck}});
+                           {kForwardFp8, kForwardFp8HostCheck},
+                           {kForwardKvcache, kForwardKvcacheHostCheck}});
       },
       "For tests without a GPU: the same names and handlers without a stream, for platform='cpu'. Each decodes "
       "its call, builds the views and checks every argument rule, then fails at the library's device check "

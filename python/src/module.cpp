@@ -477,7 +477,7 @@ NB_MODULE(_warpattn, m) {
         "Writes the gradients of forward(q, k, v) -> out, lse into dq, dk, dv, given dout = dL/d(out), on "
         "`stream`. workspace: a contiguous device array of at least backward_workspace_bytes bytes, 256-byte "
         "aligned (None: taken from warpattn's memory pool, which is refused during CUDA graph capture). "
-        "window_left, window_right, softcap, sinks: the forward call's (softcap at head dims 128 and 256); "
+        "window_left, window_right, softcap, sinks: the forward call's (softcap at every head dim); "
         "dsinks: with sinks, a (heads,) float32 tensor the call writes the sinks' gradient into.");
   m.def("backward_workspace_bytes", &backward_workspace_bytes, nb::arg("q"), nb::arg("softmax_scale").none() = nb::none(),
         nb::arg("causal") = false, nb::arg("deterministic") = false, nb::kw_only(), nb::arg("window_left") = -1,

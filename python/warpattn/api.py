@@ -35,6 +35,19 @@ def _common_framework(q, **others):
     return fw
 
 
+_torch_op = None
+
+
+def _torch_ops():
+    """warpattn.torch_op, imported on the first PyTorch call (the package imports without
+    PyTorch) and then kept: an import statement in a function costs each call ~1.5 us."""
+    global _torch_op
+    if _torch_op is None:
+        from . import torch_op
+        _torch_op = torch_op
+    return _torch_op
+
+
 def _check_rank(q):
     if len(q.shape) != 4:
         raise ValueError("q: expected rank 4 (batch, seqlen, heads, head_dim), got rank %d" % len(q.shape))
@@ -52,7 +65,7 @@ def _lse_shape(q):
 # The model options (ForwardOptions and BackwardOptions in warpattn.hpp). Python converts
 # window_size to the library's two ints and leaves every rule to the library (ValueError with its
 # message), so that each entry point reports a bad value the same way, the backward's included
-# (softcap at head_dim 64 or less, which its kernels do not have yet, is its ValueError too). With sinks
+# (softcap runs at every head dim: at 64 or less in the 128 kernel). With sinks
 # the backward also writes their gradient, dsinks: fp32, one per query head.
 
 _INT32 = (-2 ** 31, 2 ** 31 - 1)
@@ -115,7 +128,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False,
     (on XLA's stream; under jax.jit and jax.grad too), or without the FFI handlers the eager
     DLPack path (warpattn.jax_flash_attn for gradients).
     Model options, as FlashAttention takes them, differentiable too (PyTorch: sinks that require
-    grad get their gradient; softcap's backward needs head_dim 72 to 256, a ValueError at 64 or less):
+    grad get their gradient; softcap's backward at 64 or less runs in the head-dim-128 kernel):
     window_size=(left, right), a
     sliding window in which query row i sees key j iff i + seqlen_k - seqlen_q - left <= j <=
     i + seqlen_k - seqlen_q + right (-1: that side unbounded; with causal, right must be -1 or
@@ -129,9 +142,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False,
     scale = _scale(softmax_scale)
     model = _model_options(window_size, softcap, sinks)
     if fw == "torch":
-        from .torch_op import flash_attn_torch
-        return flash_attn_torch(q, k, v, scale, bool(causal), return_lse, out, bool(deterministic),
-                                bool(batch_invariant), **model)
+        return _torch_ops().flash_attn_torch(q, k, v, scale, bool(causal), return_lse, out, bool(deterministic),
+                                             bool(batch_invariant), **model)
     if fw == "jax":
         ffi = _jax_ffi()
         if ffi is None:
@@ -166,7 +178,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=Fals
     current stream (PyTorch, CuPy) and returns without synchronising; JAX arrays go through
     warpattn.jax_ffi (XLA's stream), or without its handlers are waited for and the result
     handed back once computed. PyTorch users get this through autograd. window_size, softcap and
-    sinks: those of the forward call (softcap at head dims 72 to 256: a ValueError at 64 or less).
+    sinks: those of the forward call (softcap at every head dim).
     """
     fw = _common_framework(q, dout=dout, k=k, v=v, out=out, lse=lse, dq=dq, dk=dk, dv=dv, sinks=sinks)
     model = _model_options(window_size, softcap, sinks)

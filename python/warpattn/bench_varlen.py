@@ -8,7 +8,9 @@ FlashAttention-2 and cuDNN, one process, the same tensors.
 The mixes (self-attention, Sq = Sk per sequence, about 64K tokens each, drawn with a fixed seed):
   uniform   lengths uniform in [1, 8192] up to 65536 tokens;
   longtail  log-normal lengths, median 1024 (sigma 1.5), capped at 32768, up to 65536 tokens;
-  onelong   one 32768-token sequence and 256 short ones (uniform in [1, 255]).
+  onelong   one 32768-token sequence and 256 short ones (uniform in [1, 255]);
+  short     lengths uniform in [1, 2047] up to 65536 tokens: none reaches d = 64's tall tiles,
+            which the batch-invariant mode takes whatever the lengths (its cost shows here).
 Heads: H = 2048 / d (the sweep's H*d), K/V heads as many (--hkv for GQA); BF16 by default.
 
 What each figure is:
@@ -49,7 +51,7 @@ except ImportError:
     from bench import WarpattnTensor, describe, load_warpattn, make_timer, sdpa_inputs, warpattn_call
 
 TOTAL_TOKENS, HIDDEN = 65536, 2048
-MIXES = ("uniform", "longtail", "onelong")
+MIXES = ("uniform", "longtail", "onelong", "short")
 INVARIANT = "warpattn_invariant"  # --batch-invariant: flash_attn_varlen_func with batch_invariant=True
 
 
@@ -63,6 +65,8 @@ def mix_lengths(name, seed=0, total=TOTAL_TOKENS):
     while used < total:
         if name == "uniform":
             n = int(rng.integers(1, 8193))
+        elif name == "short":
+            n = int(rng.integers(1, 2048))
         elif name == "longtail":
             n = int(min(max(round(rng.lognormal(math.log(1024), 1.5)), 1), 32768))
         else:

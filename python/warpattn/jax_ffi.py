@@ -5,10 +5,11 @@
     dq, dk, dv = jax.grad(lambda q, k, v: jax_ffi.flash_attn(q, k, v).sum(), argnums=(0, 1, 2))(q, k, v)
     out = jax.jit(lambda q, k, v: jax_ffi.flash_attn_fp8(jax_ffi.quantize_fp8(q, k, v), causal=True))(q, k, v)
 
-The kernels are registered with XLA (jax.ffi.register_ffi_target, platform "CUDA") as six
+The kernels are registered with XLA (jax.ffi.register_ffi_target, platform "CUDA") as seven
 custom calls: warpattn_forward, warpattn_backward, warpattn_forward_varlen,
-warpattn_backward_varlen, and FP8's warpattn_quantize_fp8 and warpattn_forward_fp8 (forward
-only: FP8 has no backward). XLA hands them its buffers and its stream: nothing is copied, nothing
+warpattn_backward_varlen, FP8's warpattn_quantize_fp8 and warpattn_forward_fp8 (forward
+only: FP8 has no backward), and warpattn_forward_kvcache (flash_attn_with_kvcache: inference
+only, the grown caches returned). XLA hands them its buffers and its stream: nothing is copied, nothing
 waits for the host, and the calls compose with jax.jit, jax.grad (jax.custom_vjp over the
 forward and backward calls; the sliding window, softcap and sinks included, the sinks getting
 their gradient from the backward call's dsinks result) and jax.vmap. Shapes and dtypes are
@@ -50,7 +51,8 @@ FORWARD_VARLEN = "warpattn_forward_varlen"
 BACKWARD_VARLEN = "warpattn_backward_varlen"
 QUANTIZE_FP8 = "warpattn_quantize_fp8"
 FORWARD_FP8 = "warpattn_forward_fp8"
-TARGETS = (FORWARD, BACKWARD, FORWARD_VARLEN, BACKWARD_VARLEN, QUANTIZE_FP8, FORWARD_FP8)
+FORWARD_KVCACHE = "warpattn_forward_kvcache"
+TARGETS = (FORWARD, BACKWARD, FORWARD_VARLEN, BACKWARD_VARLEN, QUANTIZE_FP8, FORWARD_FP8, FORWARD_KVCACHE)
 
 _UNAVAILABLE = (
     "warpattn.jax_ffi: this build of warpattn has no XLA FFI handlers (jax was not importable when the "
@@ -324,7 +326,7 @@ def flash_attn(q, k, v, softmax_scale=None, causal=False, return_lse=False, dete
     window_size (left, right), softcap and sinks: as warpattn.flash_attn_func takes them;
     window_size and softcap static (attributes of the call), sinks a float32 (heads,) array (an
     operand), differentiable too: jax.grad gives the sinks their gradient. softcap's backward
-    needs head_dim 72 to 256 (the library's ValueError when the gradient is traced at 64 or less)."""
+    runs at every head dim (at 64 or less in the head-dim-128 kernel)."""
     _check_rank(q)
     _check_on_gpu(q=q, k=k, v=v, sinks=sinks)
     return _attention(q, k, v, sinks, _scale(softmax_scale), bool(causal), bool(return_lse), bool(deterministic),
@@ -347,6 +349,48 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks, max_seqlens,
                              _scale(softmax_scale), bool(causal), bool(return_lse), bool(deterministic),
                              bool(batch_invariant), _model(window_size, softcap))
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, sinks=None,
+                            batch_invariant=False, num_splits=0, return_lse=False):
+    """warpattn.flash_attn_with_kvcache on JAX arrays on a CUDA device, eagerly or under jax.jit:
+    attention of q (batch, seqlen_q, heads, head_dim) over each sequence's KV cache, dense
+    (batch, S_cache, heads_kv, head_dim) or paged (num_pages, page_size, heads_kv, head_dim) with
+    block_table (batch, max_pages) int32, cache_seqlens (batch,) int32 (None: every cache full),
+    read on the device only. k, v (batch, seqlen_new, heads_kv, head_dim), both or neither: appended
+    at cache_seqlens before the attention. JAX arrays are immutable, so the grown caches are
+    results: returns (out, k_cache, v_cache) (out: (out, lse) with return_lse); donate the caches
+    (jax.jit(..., donate_argnums=...)) and XLA appends in place, else it copies them first. The
+    other arguments as warpattn.flash_attn_with_kvcache's (softmax_scale, causal, window_size,
+    softcap, batch_invariant and num_splits static; sinks a float32 (heads,) array). Returns out,
+    or (out, lse), without k and v. Inference only: no gradient (JAX refuses to differentiate
+    through the call). Under vmap, one call per example. Argument errors: ValueError with the
+    library's message when traced."""
+    _check_rank(q)
+    _check_on_gpu(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, cache_seqlens=cache_seqlens,
+                  block_table=block_table, sinks=sinks)
+    if (k is None) != (v is None):
+        raise ValueError("k, v: give both new keys and values, or neither")
+    appending = k is not None
+    optional = [x for x in (k, v, cache_seqlens, block_table, sinks) if x is not None]
+    operands = (q, k_cache, v_cache) + tuple(optional)
+    results = [_like(q, shape=q.shape[:-1] + v_cache.shape[-1:])]  # out: the caches' value head dim
+    if return_lse:
+        results.append(_like(q, jnp.float32, (q.shape[0], q.shape[2], q.shape[1])))
+    if appending:
+        results += [_like(k_cache), _like(v_cache)]
+    attrs = _attrs(_scale(softmax_scale), bool(causal), bool(batch_invariant), model=_model(window_size, softcap))
+    attrs.update(has_new_kv=np.bool_(appending), has_cache_seqlens=np.bool_(cache_seqlens is not None),
+                 has_block_table=np.bool_(block_table is not None), has_sinks=np.bool_(sinks is not None),
+                 has_lse=np.bool_(return_lse), num_splits=np.int32(num_splits))
+    _validate(FORWARD_KVCACHE, operands, results, attrs)
+    # The grown caches alias the cache operands (results 2-3, or 1-2 without lse).
+    aliases = {1: len(results) - 2, 2: len(results) - 1} if appending else {}
+    outs = jax.ffi.ffi_call(FORWARD_KVCACHE, results, vmap_method="sequential",
+                            input_output_aliases=aliases)(*operands, **attrs)
+    attended = (outs[0], outs[1]) if return_lse else outs[0]
+    return (attended, outs[-2], outs[-1]) if appending else attended
 
 
 def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=False, deterministic=False,

@@ -17,7 +17,7 @@ def jax_flash_attn(q, k, v, softmax_scale=None, causal=False, deterministic=Fals
     in q, k and v, and in the sinks when given (jax.grad, jax.vjp; head dims:
     warpattn.backward_head_dims). Shapes and dtypes as flash_attn_func; deterministic: the
     backward gives the same bits on every run (slower). window_size, softcap and sinks as
-    flash_attn_func takes them (softcap's backward at head_dim 128 and 256)."""
+    flash_attn_func takes them (softcap's backward at every head dim)."""
     if _common_framework(q, k=k, v=v, sinks=sinks) != "jax":
         raise TypeError("q: expected a JAX array, got %s.%s (flash_attn_func takes the others)"
                         % (type(q).__module__, type(q).__name__))

@@ -1,16 +1,17 @@
 """flash_attn_with_kvcache: attention of new queries over each sequence's KV cache, dense or
 paged, with the new keys and values appended into the cache in place first, in FlashAttention's
 conventions (warpattn::forward_kvcache), for any DLPack tensor (PyTorch: torch.library custom
-ops in torch_op.py, for CUDA graph capture and torch.compile; CuPy; JAX: eagerly, without the
-append). Inference only: no gradients, as FlashAttention's flash_attn_with_kvcache has none.
+ops in torch_op.py, for CUDA graph capture and torch.compile; CuPy; JAX: through the XLA FFI
+call where the build has it, under jax.jit too, else eagerly; without the append either way,
+which warpattn.jax_ffi.flash_attn_with_kvcache offers, returning the grown caches). Inference only: no gradients, as FlashAttention's flash_attn_with_kvcache has none.
 
 This module imports no framework: each is imported by the first call that takes its tensors.
 """
 import operator
 
 from . import _warpattn
-from .api import (_INT32, _array_module, _check_rank, _common_framework, _current_stream, _jax_run, _lse_shape,
-                  _model_options, _no_out, _scale, _wait_for_jax_arrays, device_of)
+from .api import (_INT32, _array_module, _check_rank, _common_framework, _current_stream, _jax_ffi, _jax_run,
+                  _lse_shape, _model_options, _no_out, _scale, _torch_ops, _wait_for_jax_arrays, device_of)
 
 
 def _cache_length(cache_seqlens):
@@ -52,14 +53,20 @@ def _out_shape(q, v_cache):
     return tuple(q.shape[:-1]) + (v_cache.shape[-1],)  # the caches' value head dim
 
 
-def _refuse_jax(k, v, **arrays):
-    """JAX arrays run eagerly (no XLA FFI handler for the caches yet): refused when traced, and
-    refused with new keys and values, whose append into the caches in place JAX arrays cannot
-    express (they are immutable)."""
+def _refuse_jax_append(k, v):
+    """New keys and values with JAX arrays: refused, since their append into the caches in place
+    cannot be expressed (JAX arrays are immutable)."""
     if k is not None or v is not None:
         raise TypeError("k, v: JAX arrays are immutable, so appending into k_cache and v_cache in place cannot be "
-                        "expressed; write the new rows into the caches yourself (cache.at[...].set(...)) and call "
-                        "without k and v, with cache_seqlens counting them")
+                        "expressed; call warpattn.jax_ffi.flash_attn_with_kvcache, which returns the grown caches, "
+                        "or write the new rows into the caches yourself (cache.at[...].set(...)) and call without "
+                        "k and v, with cache_seqlens counting them")
+
+
+def _refuse_jax(k, v, **arrays):
+    """JAX arrays without the XLA FFI handlers run eagerly: refused when traced, and refused with
+    new keys and values (_refuse_jax_append)."""
+    _refuse_jax_append(k, v)
     import jax
     tracer = getattr(jax.core, "Tracer", ())
     for name, a in arrays.items():
@@ -128,13 +135,22 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     scale, causal, batch_invariant = _scale(softmax_scale), bool(causal), bool(batch_invariant)
     model = dict(_model_options(window_size, softcap, sinks), num_splits=operator.index(num_splits))
     if fw == "torch":
-        from .torch_op import flash_attn_kvcache_torch
         if length is not None:
             cache_seqlens = _full_lengths(fw, q, length)
-        return flash_attn_kvcache_torch(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, causal,
-                                        return_lse, out, batch_invariant, **model)
+        return _torch_ops().flash_attn_kvcache_torch(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale,
+                                                     causal, return_lse, out, batch_invariant, **model)
     if fw == "jax":
         _no_out(out)
+        ffi = _jax_ffi()
+        if ffi is not None:  # the XLA FFI call: under jax.jit too
+            _refuse_jax_append(k, v)
+            if length is not None:
+                import jax.numpy as jnp
+                cache_seqlens = jnp.full((int(q.shape[0]),), length, jnp.int32)
+            return ffi.flash_attn_with_kvcache(
+                q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table, softmax_scale=scale,
+                causal=causal, window_size=(model["window_left"], model["window_right"]), softcap=model["softcap"],
+                sinks=sinks, batch_invariant=batch_invariant, num_splits=model["num_splits"], return_lse=return_lse)
         given = dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens, block_table=block_table,
                      sinks=sinks)
         given = {name: t for name, t in given.items() if t is not None and hasattr(t, "__dlpack__")}

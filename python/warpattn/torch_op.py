@@ -11,11 +11,10 @@ only under torch.compile, tracing, the profiler, modes and subclasses.
 The forward ops take the model options (window_left, window_right, softcap, sinks), and so do
 the backward ops, which return the sinks' gradient too (dsinks, float32 (heads,); an empty (0,)
 tensor when there are no sinks, since an op's tuple of outputs cannot hold None): register_autograd
-hands it to the sinks input, so learned sinks (requires_grad) train. What the backward kernels do
-not have (softcap at head_dim 64 or less) is the library's ValueError when the backward op runs, as every
-other argument error of the backward: not in the autograd formula, so that torch.compile can still
-trace the backward of such a call (it does so ahead of time whenever an input requires grad) and
-only a backward that actually runs fails, eagerly or compiled alike."""
+hands it to the sinks input, so learned sinks (requires_grad) train. An argument error of the
+backward is the library's ValueError when the backward op runs: not in the autograd formula, so
+that torch.compile can still trace the backward of such a call (it does so ahead of time whenever
+an input requires grad) and only a backward that actually runs fails, eagerly or compiled alike."""
 from typing import Optional, Tuple
 
 import torch
@@ -37,19 +36,29 @@ from .api import _current_stream, flash_attn_backward as _flash_attn_backward
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 _function_mode_enabled = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+# Bound once (the same function objects, which torch.compile recognises): each module attribute
+# looked up per call costs on the host path.
+_is_compiling, _jit_tracing = torch.compiler.is_compiling, torch.jit.is_tracing
+_profiler_enabled, _grad_enabled = torch.autograd._profiler_enabled, torch.is_grad_enabled
+
+
+def _modes_active():
+    """Whether anything that needs the op is in play: compile or export, jit tracing, the profiler,
+    dispatch or function modes, functorch's transforms."""
+    return bool(_is_compiling() or _jit_tracing() or _profiler_enabled() or _dispatch_modes()
+                or _function_mode_enabled() or _functorch_active())
 
 
 def _may_skip_dispatcher(args):
-    if (torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.autograd._profiler_enabled()
-            or _dispatch_modes() or _function_mode_enabled() or _functorch_active()):
+    if _modes_active():
         return False
     # CUDA tensors only (meta and CPU ones meet the fake implementation or the refusal through
     # the op), and none that wants a gradient from the op itself (its formula, or PyTorch's
     # refusal where it has none).
-    grad = torch.is_grad_enabled()
+    grad = _grad_enabled()
     for a in args:
         t = type(a)
-        if t is torch.Tensor or t is torch.nn.Parameter:
+        if t in _PLAIN_TENSORS:
             if not a.is_cuda or (grad and a.requires_grad):
                 return False
         elif t not in _NOT_TENSORS and isinstance(a, torch.Tensor):  # a subclass
@@ -57,7 +66,20 @@ def _may_skip_dispatcher(args):
     return True
 
 
-_NOT_TENSORS = (type(None), bool, int, float)  # the ops' other arguments, told apart without isinstance
+def _plain_cuda(*tensors):
+    """_may_skip_dispatcher for a caller that names the call's tensors (None: not given) and has
+    found that none wants a gradient (_needs_grad): no mode needs the op, and each is a plain
+    CUDA tensor."""
+    if _modes_active():
+        return False
+    for t in tensors:
+        if t is not None and (type(t) not in _PLAIN_TENSORS or not t.is_cuda):
+            return False
+    return True
+
+
+_PLAIN_TENSORS = frozenset((torch.Tensor, torch.nn.Parameter))
+_NOT_TENSORS = frozenset((type(None), bool, int, float))  # the ops' other arguments, told apart without isinstance
 
 
 _BODIES = {}  # id(op) -> the op's undecorated body (kept here, not set on PyTorch's op object)
@@ -195,7 +217,12 @@ flash_attn_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _needs_grad(*tensors):
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    if not _grad_enabled():
+        return False
+    for t in tensors:  # (a loop, not any() over a generator: a call's host cost)
+        if t is not None and t.requires_grad:
+            return True
+    return False
 
 
 def _autograd_function(op, setup_context, backward, name):
@@ -224,7 +251,7 @@ def flash_attn_torch(q, k, v, softmax_scale, causal, return_lse, out, determinis
         if _needs_grad(q, k, v, sinks):
             o, lse = _FlashAttnFunction.apply(*args)
             return (o, lse) if return_lse else o
-        if return_lse or not _may_skip_dispatcher(args):
+        if return_lse or not _plain_cuda(q, k, v, sinks):
             o, lse = _call(flash_attn_forward, *args)
             return (o, lse) if return_lse else o
         # Eager, no gradient, no lse asked for: the call below into a new out, without the lse the

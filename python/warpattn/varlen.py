@@ -9,7 +9,7 @@ import operator
 
 from . import _warpattn
 from .api import (_array_module, _common_framework, _current_stream, _jax_ffi, _jax_run, _model_options, _no_out,
-                  _scale, _wait_for_jax_arrays, device_of)
+                  _scale, _torch_ops, _wait_for_jax_arrays, device_of)
 
 
 def _check_rank(q):
@@ -72,7 +72,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     sequence's bits do not depend on the other sequences (no tile height chosen from the longest;
     the backward deterministic). window_size, softcap and sinks: as warpattn.flash_attn_func takes
     them, the window aligned bottom-right within each sequence; differentiable as there (PyTorch:
-    sinks that require grad get their gradient; softcap's backward at head_dim 128 and 256).
+    sinks that require grad get their gradient; softcap's backward at every head dim).
     """
     fw = _common_framework(q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
                            out=out, sinks=sinks)
@@ -81,9 +81,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     scale, causal = _scale(softmax_scale), bool(causal)
     model = _model_options(window_size, softcap, sinks)
     if fw == "torch":
-        from .torch_op import flash_attn_varlen_torch
-        return flash_attn_varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, *lengths, scale, causal,
-                                       return_lse, out, bool(deterministic), bool(batch_invariant), **model)
+        return _torch_ops().flash_attn_varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, *lengths, scale,
+                                                    causal, return_lse, out, bool(deterministic),
+                                                    bool(batch_invariant), **model)
     if fw == "jax":
         _no_out(out)
         ffi = _jax_ffi()
@@ -132,7 +132,7 @@ def flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens
     warpattn.backward_head_dims. Runs on the current stream (PyTorch, CuPy); JAX arrays go
     through warpattn.jax_ffi (XLA's stream), or without its handlers are waited for and the
     result handed back once computed. PyTorch users get this through autograd. window_size, softcap
-    and sinks: the forward's (softcap at head dims 72 to 256: a ValueError at 64 or less).
+    and sinks: the forward's (softcap at every head dim).
     """
     fw = _common_framework(q, dout=dout, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q,
                            cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k, dq=dq, dk=dk, dv=dv, sinks=sinks)

@@ -28,7 +28,7 @@ struct ForwardProblem : ProblemSizes {
   float softmax_scale = 1.f;  // resolved: the option, or 1/sqrt(head_dim)
   bool causal = false;
   bool has_lse = false;
-  bool batch_invariant = false;  // no split tail; packed batches: no tile height from the longest sequence
+  bool batch_invariant = false;  // no split tail; packed batches: tile shapes not from the longest sequence
   // The keys each row sees (causal and window_size resolved, kUnbounded for an open side), and
   // whether that is a band at all: then the banded kernels (Cfg::kCausal) run.
   KeyBand band;
@@ -118,6 +118,10 @@ struct BackwardProblem : ProblemSizes {
   int64_t sinks_stride = 1;
   float* dsinks = nullptr;
   int64_t dsinks_stride = 1;
+  // The compiled head dim that runs the backward: kernel_dim(), except that a softcap at head
+  // dims 64 or less runs in the 128 kernel (its columns past head_dim zero-filled, as for 72 to
+  // 120): the 64 kernel has no softcap (the tanh's derivative spilled its registers there).
+  int backward_kernel_dim() const { return softcap != 0.f && kernel_dim() == 64 ? 128 : kernel_dim(); }
 };
 
 // The tensors of one backward call, validated.

@@ -566,7 +566,7 @@ size_t backward_workspace_bytes_of(const Arg& q, const BackwardProblem& p) {
   const uint64_t rows = p.varlen ? saturating_add(u(p.seqlen_q), saturating_mul(saturating_add(u(p.batch), 1), 128))
                                  : saturating_add(u(p.seqlen_q), 128);
   const uint64_t row_count = saturating_mul(saturating_mul(p.varlen ? 1 : u(p.batch), u(p.heads_q)), rows);
-  const uint64_t columns = u(p.kernel_dim());  // dQ's accumulator: the kernel's columns
+  const uint64_t columns = u(p.backward_kernel_dim());  // dQ's accumulator: the kernel's columns
   const uint64_t bound = saturating_add(saturating_mul(row_count, saturating_mul(saturating_add(columns, 3), 4)), 1024);
   if (bound >= kLimit) {
     Message m;
@@ -782,13 +782,7 @@ BackwardProblem validate_backward_views(const BackwardTensors& t, const Backward
   // k. softmax scale
   check_softmax_scale(options.softmax_scale);
   check_window(options.window_left, options.window_right, options.causal, sizes);
-  check_softcap(options.softcap);
-  if (options.softcap != 0.f && sizes.kernel_dim() == 64) {  // compiled out there: it spilled
-    Message m;
-    m << "options.softcap: the backward has no softcap at head_dim 64 or less yet (72 to 256 have), got "
-      << options.softcap;
-    fail(m);
-  }
+  check_softcap(options.softcap);  // (at head dims 64 or less the 128 kernel runs it: backward_kernel_dim)
 
   // p, the sinks: as the forward's, and their gradient dsinks, written, shaped as them
   const char* const* sink_names = kSinksDimNames;
@@ -890,6 +884,7 @@ BackwardProblem workspace_problem(const TensorView& q, int64_t batch, const Back
   p.causal = options.causal;
   p.deterministic = options.deterministic || options.batch_invariant;
   p.varlen = varlen;
+  p.softcap = options.softcap;  // at head dims 64 or less: the 128 kernel's columns (backward_kernel_dim)
   if (options.sinks) p.sinks = static_cast<const float*>(options.sinks->data);  // their partial sums' room
   return p;
 }

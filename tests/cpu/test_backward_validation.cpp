@@ -723,14 +723,22 @@ TEST(backward_window_and_softcap_rules) {
   EXPECT_REJECTED(c, "options.window_right", "expected -1 or 0 with causal, got 2");
   c.options.window_right = 0, c.options.softcap = -1.f;
   EXPECT_REJECTED(c, "options.softcap", "expected 0 (off) or a finite value > 0, got -1");
-  // Every head dim that runs in the 64 kernel lacks the softcap, padded or not; those padded
-  // into the 128 kernel (72 upwards) have it.
+  // Softcap at every head dim: the 64 kernel has none, so at 8 to 64 the 128 kernel runs it, and
+  // the workspace is sized for the 128 kernel's columns (dQ's accumulator).
   for (int64_t d : {8, 32, 48, 56, 64}) {
     Sizes small;
     small.head_dim = d;
     Call cd = make_call(small);
     cd.options.softcap = 30.f;
-    EXPECT_REJECTED(cd, "options.softcap", "the backward has no softcap at head_dim 64 or less yet (72 to 256 have), got 30");
+    EXPECT_VALID(cd);
+    warpattn::BackwardOptions plain = cd.options, capped = cd.options;
+    plain.softcap = 0.f;
+    const TensorView q_d = cd.q;
+    TensorView q_128 = cd.q;
+    q_128.shape[3] = 128;
+    CHECK(warpattn::backward_workspace_bytes(q_d, capped) == warpattn::backward_workspace_bytes(q_128, plain))
+        << "d=" << d << ": softcap's workspace is not the 128 kernel's";
+    CHECK(warpattn::backward_workspace_bytes(q_d, capped) > warpattn::backward_workspace_bytes(q_d, plain)) << d;
   }
   for (int64_t d : {72, 80, 200}) {
     Sizes padded;

@@ -26,7 +26,7 @@ struct Case {
   bool deterministic = false;
   std::optional<float> softmax_scale;
   int window_left = -1, window_right = -1;  // a sliding window (issue 19)
-  float softcap = 0;                          // and a softcap (head dims 72 to 256)
+  float softcap = 0;                          // and a softcap (at 64 and below in the 128 kernel)
   bool sinks = false;                         // sinks N(1, 2^2) per query head, and their gradient
   // q, k, v and dout's memory outside the view set to NaN before the fill: a padded head dim's
   // missing columns must come from TMA's zero fill, never from the gaps of strided tensors.
@@ -359,8 +359,8 @@ void run_window_matrix(DType dtype, int head_dim) {
                    {257, 1000, false, 200, -1, 0, false, false}});
 }
 
-// Softcap's gradient through tanh (d = 72 to 256; the backward refuses it at 64 and below),
-// alone and with a window, causal and not, and deterministic.
+// Softcap's gradient through tanh (at head dims 64 and below the 128 kernel runs it, its columns
+// past the head dim zero-filled), alone and with a window, causal and not, and deterministic.
 void run_softcap_matrix(DType dtype, int head_dim) {
   REQUIRE_HOPPER();
   run_model_cases(dtype, head_dim,
@@ -381,6 +381,8 @@ TEST(backward_sinks) {
   run_model_cases(DType::bf16, 256, {{300, 900, true, 200, -1, 0, true, false}});
   run_model_cases(DType::f16, 128, {{513, 257, false, 100, -1, 30, true, false}});
 }
+TEST(backward_softcap_bf16_d64) { run_softcap_matrix(DType::bf16, 64); }
+TEST(backward_softcap_f16_d64) { run_softcap_matrix(DType::f16, 64); }
 TEST(backward_softcap_bf16_d128) { run_softcap_matrix(DType::bf16, 128); }
 TEST(backward_softcap_bf16_d256) { run_softcap_matrix(DType::bf16, 256); }
 TEST(backward_softcap_f16_d128) { run_softcap_matrix(DType::f16, 128); }
@@ -452,38 +454,19 @@ TEST(backward_padded_head_dims) {
   check_case(scaled);
 }
 
-// The window, sinks and softcap at padded head dims: the window and sinks at every size, the
-// softcap from 72 up (where the 128 and 256 kernels run; the backward refuses it below).
+// The window, sinks and softcap at padded head dims, every size (softcap at 40 and 16 in the
+// 128 kernel).
 TEST(backward_padded_head_dims_window_softcap_sinks) {
   REQUIRE_HOPPER();
-  run_model_cases(DType::bf16, 40, {{700, 700, true, 100, 0, 0, true, false}, {300, 900, false, 64, 64, 0, false, true}});
+  run_model_cases(DType::bf16, 40,
+                  {{700, 700, true, 100, 0, 0, true, false}, {300, 900, false, 64, 64, 0, false, true},
+                   {700, 700, false, -1, -1, 30, false, false}, {513, 257, true, 100, -1, 20, true, true}});
+  run_model_cases(DType::f16, 16, {{300, 900, true, -1, -1, 10, false, false}});
   run_model_cases(DType::bf16, 80,
                   {{700, 700, false, -1, -1, 30, false, false}, {513, 257, true, 100, -1, 20, true, false},
                    {300, 900, true, 200, -1, 0, true, true}});
   run_model_cases(DType::f16, 200,
                   {{700, 700, true, -1, -1, 50, false, true}, {257, 700, false, 128, 5, 30, true, false}});
-}
-
-// The softcap refusal at the head dims the d = 64 kernel runs (8 to 64): before any launch,
-// with the message validation gives.
-TEST(backward_refuses_softcap_at_head_dim_64_and_below) {
-  REQUIRE_HOPPER();
-  for (int d : {32, 48, 64}) {
-    Case c;
-    c.head_dim = d, c.softcap = 30;
-    Tensors t(c);
-    warpattn::BackwardOptions bo;
-    bo.softcap = 30;
-    std::string message;
-    try {
-      warpattn::backward(t.dout.view, t.q.view, t.k.view, t.v.view, t.out.view, t.lse_view(c), t.dq.view, t.dk.view,
-                         t.dv.view, bo);
-    } catch (const warpattn::Error& e) {
-      message = e.what();
-    }
-    CHECK(message.rfind("options.softcap: the backward has no softcap at head_dim 64 or less yet (72 to 256 have)", 0) == 0)
-        << "d=" << d << ": " << message;
-  }
 }
 
 TEST(backward_planted_faults_fail) {

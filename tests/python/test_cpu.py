@@ -266,8 +266,8 @@ def test_fp8_model_options_reach_the_library():
 
 def test_backward_takes_model_options(monkeypatch):
     # The explicit backward takes the forward's options (issue 19) with the library's rules and
-    # messages; softcap only at head_dim 72 to 256 (the library's ValueError at 64 and below); a
-    # valid call is refused at the host memory.
+    # messages, softcap at every head dim (at 64 and below the 128 kernel runs it); a valid call is
+    # refused at the host memory.
     args = backward_args(d=128)
     sinks = np.zeros(8, np.float32)
     with pytest.raises(TypeError, match="dout: CUDA tensor required"):
@@ -279,12 +279,9 @@ def test_backward_takes_model_options(monkeypatch):
     for options, message in cases:
         with pytest.raises(ValueError, match=message):
             warpattn.flash_attn_backward(*args, **options)
-    for d in (32, 64):
-        with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 or less yet "
-                                             r"\(72 to 256 have\), got 30"):
+    for d in (32, 64, 80):  # 32 and 64 in the 128 kernel (backward_kernel_dim), 80 padded into it
+        with pytest.raises(TypeError, match="dout: CUDA tensor required"):
             warpattn.flash_attn_backward(*backward_args(d=d), softcap=30.0)
-    with pytest.raises(TypeError, match="dout: CUDA tensor required"):  # padded into the 128 kernel: it has it
-        warpattn.flash_attn_backward(*backward_args(d=80), softcap=30.0)
     with pytest.raises(TypeError, match="sinks: expected a DLPack tensor"):
         warpattn.flash_attn_backward(*args, sinks=[0.0] * 8)
     # What reaches the module: the options as keywords, and with sinks a dsinks to write (float32,
@@ -543,9 +540,8 @@ def test_torch_ops_take_the_model_options(torch):
 
 
 def test_torch_backward_op_takes_model_options(torch):
-    # The real implementation hands them to the library: a valid call is refused at the host memory,
-    # softcap at head_dim 64 is the library's ValueError (as every argument error of the backward),
-    # and the lse gradient's refusal comes first, as without them.
+    # The real implementation hands them to the library: a valid call (softcap at head_dim 64 too)
+    # is refused at the host memory, and the lse gradient's refusal comes first, as without them.
     q = torch.zeros(1, 128, 2, 64, dtype=torch.float16)
     lse = torch.zeros(1, 2, 128)
     backward = torch.ops.warpattn.flash_attn_backward
@@ -555,7 +551,7 @@ def test_torch_backward_op_takes_model_options(torch):
                           (False, (-1, -1, 0.0, torch.zeros(2))), (True, (-1, 0, 0.0, None))):
         with pytest.raises(TypeError, match="dout: CUDA tensor required"):
             backward(q, q, q, q, q, lse, None, None, causal, False, *model)
-    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 or less yet"):
+    with pytest.raises(TypeError, match="dout: CUDA tensor required"):
         backward(q, q, q, q, q, lse, None, None, False, False, -1, -1, 30.0, None)
     q = torch.zeros(1, 128, 2, 128, dtype=torch.float16)
     with pytest.raises(TypeError, match="dout: CUDA tensor required"):
@@ -618,11 +614,12 @@ def test_torch_gradients_flow_through_model_options(torch, host_forward, host_ba
     assert host_backward[-1]["dsinks"].shape == (2,) and host_backward[-1]["dsinks"].dtype == torch.float32
 
 
-def test_torch_softcap_at_head_dim_64_fails_in_the_backward(torch, host_forward):
-    # The forward runs; the backward is the library's ValueError (its kernels have no softcap at 64).
+def test_torch_softcap_at_head_dim_64_reaches_the_backward(torch, host_forward):
+    # The forward runs, and so does the backward's every argument rule (at head_dim 64 the 128
+    # kernel runs the softcap): the call stops only at the host memory.
     q, k, v = host_qkv(torch)
     out = warpattn.flash_attn_func(q, k, v, softcap=30.0)
-    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 or less yet"):
+    with pytest.raises(TypeError, match="dout: CUDA tensor required"):
         out.float().sum().backward()
 
 
@@ -743,3 +740,16 @@ def test_torch_tensors_the_fast_path_does_not_know_take_dlpack():
     meta = torch.zeros(2, 3, device="meta")
     with pytest.raises((TypeError, RuntimeError, BufferError)):  # neither CUDA nor the CPU: DLPack's answer
         _warpattn._array_facts(meta)
+
+
+def test_bench_varlen_mixes():
+    # The ragged benchmark's mixes: fixed by their seed, the token budget met, and the short mix
+    # below d = 64's tall-tile threshold (2048 rows), where the batch-invariant mode's cost shows.
+    from warpattn.bench_varlen import MIXES, TOTAL_TOKENS, mix_lengths
+    for name in MIXES:
+        lengths = mix_lengths(name)
+        assert lengths == mix_lengths(name) and min(lengths) >= 1
+        if name != "onelong":
+            assert sum(lengths) == TOTAL_TOKENS
+    short = mix_lengths("short")
+    assert max(short) < 2048 and len(short) > 32

@@ -665,11 +665,6 @@ def test_model_options_cuda_graph_capture(attention_reference):
 DSINKS_TOL = 1e-2
 
 
-def softcap_at_64(d, options):
-    """Whether this call's backward is the one the library refuses: softcap at head_dim 64 or
-    less (the head dims the d = 64 kernel runs, padded or not)."""
-    return d <= 64 and options.get("softcap", 0.0) != 0.0
-
 
 def model_grads(q, k, v, dout, options, deterministic=False, fn=None):
     """dq, dk, dv and the sinks' gradient (None without sinks) through autograd, the sinks a leaf
@@ -687,13 +682,9 @@ def model_grads(q, k, v, dout, options, deterministic=False, fn=None):
     return tuple(t.grad for t in leaves) + (None if sinks is None else sinks.grad,)
 
 
-def check_model_grads_or_softcap_refusal(q, k, v, dout, options, reference_grads):
-    """The gradients against the float64 reference, or, for softcap at a head dim the d = 64
-    kernel runs (no softcap in its backward yet), the library's ValueError when it runs."""
-    if softcap_at_64(q.shape[-1], options):
-        with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 or less yet"):
-            model_grads(q, k, v, dout, options)
-        return
+def check_model_grads(q, k, v, dout, options, reference_grads):
+    """The gradients against the float64 reference (softcap at head dims 64 and below included:
+    the 128 kernel runs it there)."""
     check_grads_against_fp64(q, k, v, dout, options, model_grads(q, k, v, dout, options), reference_grads)
 
 
@@ -741,7 +732,7 @@ def test_model_options_gradients_against_fp64(dtype, d, case, sq, sk, attention_
     v = torch.randn(2, sk, heads_kv, d, device="cuda", dtype=dtype)
     dout = torch.randn_like(q)
     options = model_options(case, 8)
-    check_model_grads_or_softcap_refusal(q, k, v, dout, options, attention_reference_grads)
+    check_model_grads(q, k, v, dout, options, attention_reference_grads)
 
 
 @pytest.mark.gpu
@@ -865,7 +856,7 @@ def test_model_options_cupy_inputs(attention_reference):
     check_against_fp64(q, k, v, attention_reference, torch.from_dlpack(out), torch.from_dlpack(lse),
                        dict(options, sinks=sinks))
     # The explicit backward on CuPy arrays: dsinks fourth, a CuPy array, the autograd's bits
-    # (deterministic), and softcap at head_dim 64 the library's ValueError.
+    # (deterministic), and softcap at head_dim 64 there too.
     dout = torch.randn_like(q)
     grads = warpattn.flash_attn_backward(*(cupy.from_dlpack(t) for t in (dout, q, k, v)), out, lse,
                                          sinks=cupy.from_dlpack(sinks), deterministic=True, **options)
@@ -875,8 +866,10 @@ def test_model_options_cupy_inputs(attention_reference):
     for name, got, expected in zip(GRAD_NAMES + ("dsinks",), grads, want):
         assert torch.equal(torch.from_dlpack(got), expected), name
     q64, k64, v64 = (cupy.from_dlpack(t[..., :64].contiguous()) for t in (q, k, v))
-    with pytest.raises(ValueError, match="options.softcap: the backward has no softcap at head_dim 64 or less yet"):
-        warpattn.flash_attn_backward(q64, q64, k64, v64, q64, lse, **options)
+    out64, lse64 = warpattn.flash_attn_func(q64, k64, v64, return_lse=True, **options)
+    grads64 = warpattn.flash_attn_backward(q64, q64, k64, v64, out64, lse64, **options)
+    cupy.cuda.get_current_stream().synchronize()
+    assert all(bool(cupy.isfinite(g).all()) for g in grads64)
 
 
 # ---------------------------------------------------------------- padded head dims
@@ -926,12 +919,12 @@ def test_padded_head_dims_gradients_against_fp64(dtype, d, causal, sq, sk, atten
 @pytest.mark.parametrize("case", sorted(MODEL_CASES))
 def test_padded_head_dims_model_options_against_fp64(d, case, attention_reference, attention_reference_grads):
     # The window, softcap and sinks at a padded head dim in each kernel's range, forward and
-    # gradients; softcap's backward at 40 (the d = 64 kernel) is the library's ValueError.
+    # gradients; softcap's backward at 40 runs in the 128 kernel.
     q, k, v, dout = padded_case(case, torch.bfloat16, d, False, 300, 777)
     options = model_options(case, 8)
     out, lse = warpattn.flash_attn_func(q, k, v, return_lse=True, **options)
     check_against_fp64(q, k, v, attention_reference, out, lse, options)
-    check_model_grads_or_softcap_refusal(q, k, v, dout, options, attention_reference_grads)
+    check_model_grads(q, k, v, dout, options, attention_reference_grads)
 
 
 @pytest.mark.gpu
@@ -995,17 +988,16 @@ def test_value_head_dim_compiled_and_refused():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [32, 64])
-def test_softcap_backward_refused_at_head_dim_64_and_below(d):
-    # The forward has the softcap at every head dim; the backward's d = 64 kernel, which runs 8 to
-    # 64, has not: the library's ValueError, before any launch.
-    q, k, v, dout = padded_case("softcap", torch.bfloat16, d, False, 128, 128)
-    out, lse = warpattn.flash_attn_func(q, k, v, softcap=30.0, return_lse=True)
-    assert not out.isnan().any()
-    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 or less yet "
-                                         r"\(72 to 256 have\), got 30"):
-        warpattn.flash_attn_backward(dout, q, k, v, out, lse, softcap=30.0)
-    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 or less yet"):
-        model_grads(q, k, v, dout, dict(softcap=30.0))
+@pytest.mark.parametrize("causal", [False, True])
+def test_softcap_backward_at_head_dim_64_and_below(d, causal, attention_reference_grads):
+    # The backward's d = 64 kernel has no softcap: at 8 to 64 the 128 kernel runs it, its columns
+    # past d zero-filled. The explicit backward and autograd, against the float64 reference.
+    q, k, v, dout = padded_case("softcap", torch.bfloat16, d, causal, 300, 500)
+    options = dict(softcap=30.0, causal=causal)
+    out, lse = warpattn.flash_attn_func(q, k, v, return_lse=True, **options)
+    explicit = warpattn.flash_attn_backward(dout, q, k, v, out, lse, **options)
+    check_grads_against_fp64(q, k, v, dout, options, tuple(explicit) + (None,), attention_reference_grads)
+    check_model_grads(q, k, v, dout, options, attention_reference_grads)
 
 
 # ---------------------------------------------------------------- two GPUs

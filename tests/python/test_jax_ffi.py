@@ -264,6 +264,32 @@ def host_check_cases():
             packed_kv, packed_lse, cu_q, cu_k, packed_sinks),
         "vmap_backward_sinks": (jax.vmap(lambda q, l, s: jax_ffi.flash_attn_backward(q, q, q, q, q, l, sinks=s)),
                                 mapped, jnp.zeros((3,) + lse.shape, jnp.float32), jnp.zeros((3, 2), jnp.float32)),
+        # The KV-cache call (issue 16): its optional operands and results as its flags name them.
+        **kvcache_host_cases(),
+    }
+
+
+def kvcache_host_cases():
+    q = jnp.zeros((2, 3, 8, 64), BF16)
+    cache, pages = jnp.zeros((2, 96, 2, 64), BF16), jnp.zeros((7, 16, 2, 64), BF16)
+    new = jnp.zeros((2, 3, 2, 64), BF16)
+    lens, table = jnp.array([5, 90], jnp.int32), jnp.array([[3, 0, 6, 1, 2, 4], [5, 1, 2, 3, 4, 0]], jnp.int32)
+    sinks = jnp.zeros(8, jnp.float32)
+    return {
+        "kvcache_dense_full": (lambda q, c: jax_ffi.flash_attn_with_kvcache(q, c, c), q, cache),
+        "kvcache_dense_lengths": (lambda q, c, l: jax_ffi.flash_attn_with_kvcache(q, c, c, cache_seqlens=l,
+                                                                                  causal=True), q, cache, lens),
+        "kvcache_paged_lse_model_options": (lambda q, p, l, t, s: jax_ffi.flash_attn_with_kvcache(
+            q, p, p, cache_seqlens=l, block_table=t, window_size=(8, 0), causal=True, softcap=10.0, sinks=s,
+            num_splits=3, return_lse=True), q, pages, lens, table, sinks),
+        "kvcache_append": (lambda q, c, n, l: jax_ffi.flash_attn_with_kvcache(q, c, c, n, n, cache_seqlens=l),
+                           q, cache, new, lens),
+        "kvcache_paged_append_lse": (lambda q, p, n, l, t: jax_ffi.flash_attn_with_kvcache(
+            q, p, p, n, n, cache_seqlens=l, block_table=t, return_lse=True, batch_invariant=True),
+            q, pages, new, lens, table),
+        "vmap_kvcache": (jax.vmap(lambda q, c, l: jax_ffi.flash_attn_with_kvcache(q, c, c, cache_seqlens=l)),
+                         jnp.zeros((3,) + q.shape, BF16), jnp.zeros((3,) + cache.shape, BF16),
+                         jnp.zeros((3, 2), jnp.int32)),
     }
 
 
@@ -398,6 +424,48 @@ def test_varlen_trace_time_errors():
     with pytest.raises(TypeError, match="max_seqlen_q: expected a Python int .*, got a traced value"):
         jax.jit(lambda q, k, v, a, b, n: jax_ffi.flash_attn_varlen(q, k, v, a, b, n, 10)).trace(
             q, k, k, cu, cu, 10)
+
+
+def test_kvcache_lowering():
+    # The KV-cache call: its flags, its operands in their order, and with new keys and values the
+    # grown caches as results aliased to the cache operands (in place where the caller donates).
+    q, cache, new = SDS((2, 1, 8, 128), BF16), SDS((2, 4096, 2, 128), BF16), SDS((2, 1, 2, 128), BF16)
+    lens, table, pages = SDS((2,), jnp.int32), SDS((2, 4), jnp.int32), SDS((9, 1024, 2, 128), BF16)
+    text = lower_for_cuda(lambda q, c, l: jax_ffi.flash_attn_with_kvcache(q, c, c, cache_seqlens=l, causal=True),
+                          q, cache, lens)
+    [call] = custom_calls(text, "warpattn_forward_kvcache")
+    assert "has_cache_seqlens = true" in call and "has_new_kv = false" in call and "has_lse = false" in call
+    assert "output_operand_aliases" not in call
+    paged = custom_calls(lower_for_cuda(lambda q, p, l, t: jax_ffi.flash_attn_with_kvcache(
+        q, p, p, cache_seqlens=l, block_table=t, num_splits=5, return_lse=True), q, pages, lens, table),
+        "warpattn_forward_kvcache")[0]
+    assert "has_block_table = true" in paged and "num_splits = 5 : i32" in paged and "has_lse = true" in paged
+    assert "-> (tensor<2x1x8x128xbf16>, tensor<2x8x1xf32>)" in paged
+
+    def append(q, c, n, l):
+        (out, lse), k_cache, v_cache = jax_ffi.flash_attn_with_kvcache(q, c, c, n, n, cache_seqlens=l,
+                                                                        return_lse=True)
+        return out, lse, k_cache, v_cache
+    text = jax.jit(append, donate_argnums=1).trace(q, cache, new, lens).lower(lowering_platforms=("cuda",)).as_text()
+    [call] = custom_calls(text, "warpattn_forward_kvcache")
+    assert "has_new_kv = true" in call
+    assert "output_operand_aliases = [#stablehlo.output_operand_alias<output_tuple_indices = [2], operand_index = 1" in call
+    assert "output_tuple_indices = [3], operand_index = 2" in call
+    assert "tf.aliasing_output" in text  # the donated cache is the grown one's buffer
+
+
+def test_kvcache_trace_time_errors():
+    q, cache, lens = jnp.zeros((2, 1, 8, 64), BF16), jnp.zeros((2, 64, 2, 64), BF16), jnp.zeros(2, jnp.int32)
+    call = jax.jit(lambda q, c, v, l: jax_ffi.flash_attn_with_kvcache(q, c, v, cache_seqlens=l))
+    with pytest.raises(ValueError, match=re.escape("v_cache: expected shape (2, 64, 3, 64) (same as k_cache)")):
+        call.trace(q, jnp.zeros((2, 64, 3, 64), BF16), cache, lens)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        call.trace(q, cache, cache, jnp.zeros(2, jnp.float32))
+    with pytest.raises(ValueError, match="k, v: give both"):
+        jax.jit(lambda q, c: jax_ffi.flash_attn_with_kvcache(q, c, c, k=q)).trace(q, cache)
+    with pytest.raises(ValueError, match="page_size"):
+        jax.jit(lambda q, p, t: jax_ffi.flash_attn_with_kvcache(q, p, p, block_table=t)).trace(
+            q, jnp.zeros((4, 0, 2, 64), BF16), jnp.zeros((2, 2), jnp.int32))
 
 
 def test_arrays_off_the_gpu_are_refused():
@@ -580,21 +648,21 @@ def test_gradients_through_model_options_lowering():
 
 def test_model_option_gradient_errors_are_the_librarys_messages():
     # What the backward refuses is refused when the gradient is traced, with the library's message
-    # (softcap at head_dim 64, sinks of the wrong shape), as the NumPy path gives it.
+    # (sinks of the wrong shape), as the NumPy path gives it; softcap at head_dim 64 is not refused
+    # (the 128 kernel runs its backward there).
     q, k, v = qkv_specs(hkv=2)
     lse = SDS((2, 8, 256), jnp.float32)
     with pytest.raises(ValueError) as numpy_error:
         warpattn.flash_attn_backward(*(np.zeros(t.shape, np.float16) for t in (q, q, k, v, q)),
-                                     np.zeros(lse.shape, np.float32), softcap=2.0)
-    assert str(numpy_error.value).startswith("options.softcap: the backward has no softcap at head_dim 64 or less yet")
+                                     np.zeros(lse.shape, np.float32), sinks=np.zeros(3, np.float32))
+    assert str(numpy_error.value).startswith("sinks: expected shape (8)")
     with pytest.raises(ValueError) as ffi_error:
-        lower_for_cuda(jax.grad(lambda q, k, v: jax_ffi.flash_attn(q, k, v, softcap=2.0).astype(jnp.float32).sum()),
-                       q, k, v)
+        lower_for_cuda(lambda q, k, v, l: jax_ffi.flash_attn_backward(q, q, k, v, q, l, sinks=jnp.zeros(3)), q, k, v,
+                       lse)
     assert first_line(ffi_error.value) == str(numpy_error.value)
-    with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 or less yet"):
-        jax_ffi.flash_attn_backward(q, q, k, v, q, lse, softcap=2.0)
-    with pytest.raises(ValueError, match=r"^sinks: expected shape \(8\)"):
-        jax_ffi.flash_attn_backward(q, q, k, v, q, lse, sinks=SDS((3,), jnp.float32))
+    text = lower_for_cuda(jax.grad(lambda q, k, v: jax_ffi.flash_attn(q, k, v, softcap=2.0).astype(jnp.float32).sum()),
+                          q, k, v)
+    assert "softcap = 2.000000e+00" in custom_calls(text, "warpattn_backward")[0]
     # The forward alone (no gradient through the call) runs at head_dim 64 with softcap.
     lower_for_cuda(lambda q, k, v: jax.vjp(lambda q: jax_ffi.flash_attn(q, k, v, softcap=5.0), q)[0], q, k, v)
     text = lower_for_cuda(jax.value_and_grad(lambda q, k, v: (
@@ -872,6 +940,9 @@ def public_calls():
         "jax_flash_attn_model_options": (lambda q, k, v: warpattn.jax_flash_attn(q, k, v, window_size=(16, 0),
                                                                                  causal=True),
                                          (q, k, v), "warpattn_forward"),
+        "flash_attn_with_kvcache": (lambda q, c, l: warpattn.flash_attn_with_kvcache(q, c, c, cache_seqlens=l,
+                                                                                     causal=True, return_lse=True),
+                                    (q, k, SDS((k.shape[0],), jnp.int32)), "warpattn_forward_kvcache"),
     }
 
 
@@ -1301,19 +1372,14 @@ def fp64(*arrays):
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("case", sorted(JAX_MODEL_CASES))
 def test_model_options_gradients_against_fp64(dtype, d, case, attention_reference_grads):
-    # jax.jit(jax.vjp) in q, k, v and the sinks, every case; softcap at head_dim 64 is the
-    # library's ValueError when the gradient is traced (the forward alone runs).
+    # jax.jit(jax.vjp) in q, k, v and the sinks, every case (softcap at head_dim 64 in the 128
+    # kernel).
     q, k, v, dout = random_case(70 + d + len(case), dtype, 2, 300, 500, 8, 2, d)
     options = jax_model_options(case, 8)
     sinks = options.pop("sinks", None)
 
     def fn(q, k, v, s):
         return jax_ffi.flash_attn(q, k, v, sinks=s, **options)
-    if d <= 64 and options.get("softcap"):
-        with pytest.raises(ValueError, match=r"^options\.softcap: the backward has no softcap at head_dim 64 or less yet"):
-            model_vjp(fn, q, k, v, sinks, dout)
-        jax.block_until_ready(jax.jit(fn)(q, k, v, sinks))
-        return
     got = model_vjp(fn, q, k, v, sinks, dout)
     want = attention_reference_grads(*fp64(q, k, v, dout), options.get("causal", False),
                                      options.get("window_size", (-1, -1)), options.get("softcap", 0.0),
@@ -1561,3 +1627,67 @@ def test_shard_map_over_heads_on_two_gpus():
     # FP8 per block over heads: each block's scale is per head, so the split leaves the bits as well.
     fp8 = lambda q, k, v: jax_ffi.flash_attn_fp8(jax_ffi.quantize_fp8(q, k, v), causal=True)  # noqa: E731
     assert np.array_equal(bits(jax.jit(sharded(fp8, mesh, HEADS, 3))(*args[:3])), bits(jax.jit(fp8)(q, k, v)))
+
+
+def kvcache_case(seed, paged, b=3, sq=2, hq=8, hkv=2, d=128, capacity=700, page=16):
+    """q, the caches (dense, or the same keys in pages of `page` in a shuffled order), the block
+    table or None, lengths below the capacity, and new keys and values of sq rows."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), 5)
+    q = jax.random.normal(keys[0], (b, sq, hq, d), jnp.float32).astype(BF16)
+    k = jax.random.normal(keys[1], (b, capacity, hkv, d), jnp.float32).astype(BF16)
+    v = jax.random.normal(keys[2], (b, capacity, hkv, d), jnp.float32).astype(BF16)
+    new_k, new_v = (jax.random.normal(x, (b, sq, hkv, d), jnp.float32).astype(BF16) for x in keys[3:5])
+    lens = jnp.array([(seed * 37 + 101 * i) % (capacity - sq) for i in range(b)], jnp.int32)
+    if not paged:
+        return q, k, v, None, lens, new_k, new_v
+    per = -(-capacity // page)
+    order = np.random.default_rng(seed).permutation(b * per).astype(np.int32)
+    pad = per * page - capacity
+    k_pages = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b * per, page, hkv, d)
+    v_pages = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b * per, page, hkv, d)
+    inverse = np.argsort(order)
+    return (q, k_pages[inverse], v_pages[inverse], jnp.asarray(order.reshape(b, per)), lens, new_k, new_v)
+
+
+@gpu
+@pytest.mark.parametrize("paged", [False, True])
+def test_kvcache_equals_the_dlpack_path_bitwise(paged):
+    need_dlpack_memory()
+    q, kc, vc, table, lens, _, _ = kvcache_case(3 + paged, paged)
+    call = lambda q, kc, vc, l, t: warpattn.flash_attn_with_kvcache(  # noqa: E731
+        q, kc, vc, cache_seqlens=l, block_table=t, causal=True, return_lse=True)
+    out, lse = jax.jit(call)(q, kc, vc, lens, table)
+    with dlpack_fallback():
+        want_out, want_lse = call(q, kc, vc, lens, table)
+    assert np.array_equal(np.asarray(out), np.asarray(want_out)) and np.array_equal(np.asarray(lse), np.asarray(want_lse))
+
+
+@gpu
+@pytest.mark.parametrize("paged", [False, True])
+def test_kvcache_append_under_jit(paged):
+    # The grown caches: the new rows at each sequence's length, nothing else changed; the
+    # attention over them that of a call without the append on those caches, bitwise.
+    q, kc, vc, table, lens, new_k, new_v = kvcache_case(5 + paged, paged)
+    before_k, before_v = np.array(kc), np.array(vc)  # copies: the call donates the caches
+
+    def step(q, kc, vc, nk, nv, l, t):
+        return jax_ffi.flash_attn_with_kvcache(q, kc, vc, nk, nv, cache_seqlens=l, block_table=t, causal=True)
+    out, k_grown, v_grown = jax.jit(step, donate_argnums=(1, 2))(q, kc, vc, new_k, new_v, lens, table)
+    again = jax_ffi.flash_attn_with_kvcache(q, k_grown, v_grown, cache_seqlens=lens + q.shape[1], block_table=table,
+                                            causal=True)
+    assert np.array_equal(np.asarray(out), np.asarray(again))
+    grown = [np.array(k_grown), np.array(v_grown)]
+    page = kc.shape[1]
+    for b, n in enumerate(np.asarray(lens)):
+        for r in range(q.shape[1]):
+            key = int(n) + r
+            where = (int(np.asarray(table)[b, key // page]), key % page) if paged else (b, key)
+            for got, new in zip(grown, (new_k, new_v)):
+                assert np.array_equal(got[where], np.asarray(new)[b, r]), (b, r)
+                got[where] = 0
+    for got, before in zip(grown, (before_k, before_v)):
+        written = [(b, int(n) + r) for b, n in enumerate(np.asarray(lens)) for r in range(q.shape[1])]
+        for b, key in written:
+            where = (int(np.asarray(table)[b, key // page]), key % page) if paged else (b, key)
+            before[where] = 0
+        assert np.array_equal(got, before)

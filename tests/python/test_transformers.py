@@ -731,9 +731,6 @@ def test_fake_kernels_get_the_options(env):
 
 
 def test_model_option_refusals():
-    q, k, v = (t.requires_grad_() for t in _qkv(d=64))
-    with pytest.raises(NotImplementedError, match=r"softcapping \(softcap=50\) in training at head_dim 64"):
-        wt.warpattn_attention_forward(_Module(), q, k, v, None, softcap=50.0)
     with pytest.raises(NotImplementedError, match="transformers passes attention sinks as s_aux"):
         wt.warpattn_attention_forward(_Module(), *_qkv(), None, sinks=torch.zeros(4))
 

@@ -36,8 +36,7 @@ The model options pass through as transformers' own FlashAttention path
 Padded batches and packed sequences get the same options (each packed sequence its own window).
 
 What warpattn does not do is refused with NotImplementedError naming it, never done by another
-implementation behind the caller's back: logit softcapping at a head dim whose backward warpattn
-lacks (64 or less) while gradients are wanted, position biases, dropout > 0, attention weights
+implementation behind the caller's back: position biases, dropout > 0, attention weights
 (output_attentions), head dims other than warpattn.supported_head_dims, a value head dim
 different from the query's, float32 inputs outside autocast, masks other than a 2-D padding mask
 (4-D or float masks, padding masks with holes, masks overlaid with
@@ -142,11 +141,6 @@ def _model_options(sliding_window, softcap, s_aux, causal, kv_length, q):
     return options
 
 
-# Head dims with softcap's backward: those run by the 128 and 256 kernels (python/warpattn/api.py:
-# a ValueError at 64 or less when it runs).
-_SOFTCAP_BACKWARD_HEAD_DIMS = tuple(d for d in warpattn.backward_head_dims if d > 64)
-
-
 def _refuse_what_warpattn_lacks(query, key, value, mask, dropout, softcap, kwargs):
     def refuse(what):
         raise NotImplementedError("warpattn: %s; use another attn_implementation for this model" % what)
@@ -163,11 +157,6 @@ def _refuse_what_warpattn_lacks(query, key, value, mask, dropout, softcap, kwarg
         refuse("head_dim %d is not supported (supported: %s)" % (d, ", ".join(map(str, warpattn.supported_head_dims))))
     if key.shape[-1] != d or value.shape[-1] != d:
         refuse("key/value head dims (%d, %d) differ from the query's (%d)" % (key.shape[-1], value.shape[-1], d))
-    # Refused here, in the forward, rather than left to the backward's ValueError mid-step.
-    if (softcap and d not in _SOFTCAP_BACKWARD_HEAD_DIMS and torch.is_grad_enabled()
-            and any(t.requires_grad for t in (query, key, value))):
-        refuse("logit softcapping (softcap=%g) in training at head_dim %d: warpattn's backward has softcap at head "
-               "dims %d to %d only" % (softcap, d, _SOFTCAP_BACKWARD_HEAD_DIMS[0], _SOFTCAP_BACKWARD_HEAD_DIMS[-1]))
     if mask is not None and not (isinstance(mask, torch.Tensor) and mask.dim() == 2
                                  and not mask.dtype.is_floating_point):
         what = type(mask).__name__

@@ -20,8 +20,9 @@ struct RowsView {
 #endif
 };
 
-// Head dims whose backward has a softcap: at d = 64 (128-row query blocks, S and dP in 128
-// registers) the tanh's derivative spilled; validation refuses it there.
+// Head dims whose backward kernel has a softcap: at d = 64 (128-row query blocks, S and dP in 128
+// registers) the tanh's derivative spilled; a softcap at head dims 64 or less runs in the 128
+// kernel instead (BackwardProblem::backward_kernel_dim).
 template <int kHeadDim>
 inline constexpr bool kBackwardHasSoftcap = kHeadDim >= 128;
 

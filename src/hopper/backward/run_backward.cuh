@@ -105,7 +105,7 @@ void launch_backward_kernels(const BackwardParams& p, const BackwardTensors& t, 
 
 template <class Cfg>
 void run_backward(const BackwardProblem& pr, const BackwardTensors& t, void* workspace, cudaStream_t stream) {
-  const BackwardWorkspaceLayout layout(pr.batch, pr.heads_q, pr.seqlen_q, pr.kernel_dim(), pr.deterministic,
+  const BackwardWorkspaceLayout layout(pr.batch, pr.heads_q, pr.seqlen_q, pr.backward_kernel_dim(), pr.deterministic,
                                        pr.sinks != nullptr);
   const BackwardParams p = backward_params<Cfg>(pr, t, layout, workspace);
   if (pr.seqlen_q == 0) {  // no query row: no gradient reaches K or V (and Q has no map), nor sinks
@@ -126,7 +126,7 @@ void run_backward(const BackwardProblem& pr, const BackwardTensors& t, void* wor
 template <class Cfg>
 void run_backward_varlen(const BackwardProblem& pr, const BackwardTensors& t, const VarlenSequences& seqs,
                          void* workspace, cudaStream_t stream) {
-  const BackwardWorkspaceLayout layout(1, pr.heads_q, varlen_padded_rows(pr.seqlen_q, pr.batch), pr.kernel_dim(),
+  const BackwardWorkspaceLayout layout(1, pr.heads_q, varlen_padded_rows(pr.seqlen_q, pr.batch), pr.backward_kernel_dim(),
                                        pr.deterministic, pr.sinks != nullptr);
   BackwardParams p = backward_params<Cfg>(pr, t, layout, workspace);
   if (pr.seqlen_q == 0) {  // no query row: no gradient reaches K or V (and Q has no map), nor sinks
