@@ -17,17 +17,27 @@ namespace warpattn::detail {
 
 // How many pieces a KV-cache launch cuts each tile's keys into: the caller's num_splits (1 ..
 // kMaxDecodeSplits), or, for 0, decode_plan.hpp's default from the tiles, the capacity's key
-// tiles and the SMs (none in the batch-invariant mode, where a sequence's bits must not depend
-// on the batch); never so many that the pieces pass 2^31 or their partial states (slot_bytes
-// each) kMaxSplitPartialBytes, which a forced count over many tiles would.
+// tiles and the SMs; never so many that the pieces pass 2^31 or their partial states (slot_bytes
+// each) kMaxSplitPartialBytes, which a forced count over many tiles would. The batch-invariant
+// mode's default cuts each tile into chunks fixed by its own key count (invariant_chunks), not
+// by the batch's tiles; where those would pass the limits, no tile is split (still invariant).
 inline constexpr long long kMaxSplitPartialBytes = 1LL << 30;
-inline int kvcache_splits(int num_splits, long long tiles, int key_tiles, bool batch_invariant, size_t slot_bytes) {
-  int splits = num_splits > 0 ? num_splits
-                              : (batch_invariant ? 1 : default_splits(tiles, key_tiles, multiprocessor_count()));
-  while (splits > 1 && (tiles * splits >= (1LL << 31) ||
-                        tiles * splits * static_cast<long long>(slot_bytes) > kMaxSplitPartialBytes))
-    --splits;
-  return splits;
+struct KvCacheSplits {
+  int splits;
+  bool invariant_chunks;
+};
+inline bool kvcache_splits_fit(long long tiles, int splits, size_t slot_bytes) {
+  return tiles * splits < (1LL << 31) && tiles * splits * static_cast<long long>(slot_bytes) <= kMaxSplitPartialBytes;
+}
+inline KvCacheSplits kvcache_splits(int num_splits, long long tiles, int key_tiles, int block_n, bool batch_invariant,
+                                    size_t slot_bytes) {
+  if (num_splits == 0 && batch_invariant) {
+    const int n = invariant_launch_splits(key_tiles, block_n);
+    return n > 1 && kvcache_splits_fit(tiles, n, slot_bytes) ? KvCacheSplits{n, true} : KvCacheSplits{1, false};
+  }
+  int splits = num_splits > 0 ? num_splits : default_splits(tiles, key_tiles, multiprocessor_count());
+  while (splits > 1 && !kvcache_splits_fit(tiles, splits, slot_bytes)) --splits;
+  return {splits, false};
 }
 
 // q, out: (B, Sq, Hq, D); k_cache, v_cache: dense (B, S_cache, Hkv, D) or paged (num_pages,
@@ -60,8 +70,9 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   // Split keys (flash-decoding): when the tiles cannot fill the SMs, each tile's key range is cut
   // into pieces over CTAs, each leaving its partial state, combined in order afterwards. The
   // pieces are enumerated by the producer itself (kv_cache_pieces.hpp): no plan before the launch.
-  work.splits = kvcache_splits(num_splits, tiles, ceil_div(params.seqlen_k, Cfg::kBlockN), p.batch_invariant,
-                               PartialState<Cfg>::kSlotBytes);
+  const KvCacheSplits splits = kvcache_splits(num_splits, tiles, ceil_div(params.seqlen_k, Cfg::kBlockN), Cfg::kBlockN,
+                                              p.batch_invariant, PartialState<Cfg>::kSlotBytes);
+  work.splits = splits.splits, work.invariant_chunks = splits.invariant_chunks;
   work.pieces = static_cast<int>(tiles * work.splits);
   params.kv_work = work;
   SchedulerWorkspace ws(stream, work.splits > 1 ? static_cast<size_t>(work.pieces) * PartialState<Cfg>::kSlotBytes : 0);
