@@ -45,7 +45,10 @@ __device__ __forceinline__ void init_barriers(SharedStorage<Cfg>& ss) {
 template <class Cfg>
 __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, const ForwardParams& params,
                                                        int warpgroup) {
-  const PingPong turns{warpgroup, Cfg::kConsumerWarpgroups};
+  const PingPong turns{warpgroup, Cfg::kConsumerWarpgroups, !Cfg::kDecodeTile};
+  // A decode tile's warpgroups hold the same 64 rows (Cfg::kDecodeTile): their stores as
+  // warpgroup 0's.
+  const int row_warpgroup = Cfg::kDecodeTile ? 0 : warpgroup;
   const FragmentCoords f(threadIdx.x % 128);
   turns.start();
   int kv = 0, q_iter = 0;  // as in the producer
@@ -71,7 +74,12 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
       }
       ptx::mbarrier_wait(ptx::smem_addr(&ss.q_full[qs.stage]), qs.phase);
       const ConsumerTile<Cfg> tile(ss, params, t);
-      if constexpr (Cfg::kFp8) {
+      if (Cfg::kDecodeTile && !Ordinals<Cfg>::any(warpgroup, n_tiles)) {
+        // A decode tile of one key tile: warpgroup 1 has none; its state stays empty (the
+        // combine adds it exactly) and it frees Q for the next tile. (Waiting for Q first keeps
+        // it from running a tile ahead: two arrivals of one warpgroup would free the buffer.)
+        release_slot(&ss.q_empty[qs.stage]);
+      } else if constexpr (Cfg::kFp8) {
         // FP8 P has 3 mantissa bits; splitting it would not buy the 16-bit path's precision.
         tile.run(o, softmax);
       } else {
@@ -104,7 +112,7 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
     if constexpr (Cfg::kKvCache) {  // packed rows: each row's own query head
       const int first_position = first_row_of_block<Cfg>(w.m_block, params);
       if (w.piece >= 0) {  // a piece of the tile's keys: its partial state, for combine_kvcache_splits_kernel
-        if (holds_stored_rows(warpgroup, f, first_position, w.head, params.packing, seqlen_q))
+        if (holds_stored_rows(row_warpgroup, f, first_position, w.head, params.packing, seqlen_q))
           PartialState<Cfg>(params, w.piece, warpgroup, threadIdx.x % 128).store(o, softmax);
         continue;
       }

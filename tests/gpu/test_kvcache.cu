@@ -979,15 +979,15 @@ TEST(kvcache_bad_arguments_write_nothing) {
 HARNESS_MAIN()
 
 // ---- Issue 18: a decode step equals the prefill's last row, bitwise, in the batch-invariant
-// mode (no split keys: one chunk). The KV-cache kernel and the dense one take the same tile
+// mode with num_splits = 1. The KV-cache kernel and the dense one take the same tile
 // widths, visit the same key tiles in the same order, and WGMMA keeps rows independent, so the row's online
 // softmax and its P·V sums are the same operations on the same values; GQA packing only moves
 // the row within its tile. Both causal (one new row sees every key either way; the causal
 // kernels' tiles). A decode row takes the precise path where the prefill block holding it does
 // (kvcache_sees_few_keys: the first block, whose first row sees one key), so 127, 128 and 129
 // keys around the first block's end are cases too. From the cache as it is, and with the step's
-// key and value appended to a cache of L - 1. Caches of more than 2048 keys split into chunks
-// in this mode (decode_plan.hpp's invariant_chunk_blocks), so there num_splits = 1 is given.
+// key and value appended to a cache of L - 1, with num_splits = 1, which in this mode asks for
+// exactly that (run_kvcache.cuh's kvcache_takes_decode_tile).
 TEST(kvcache_decode_equals_prefill_last_row) {
   REQUIRE_HOPPER();
   const uint64_t seed = gpu_test::fresh_seed();
@@ -1030,9 +1030,10 @@ TEST(kvcache_decode_equals_prefill_last_row) {
         DeviceInts lens({append ? L - 1 : L});
         warpattn::KvCache cache;
         cache.k_cache = kc.view, cache.v_cache = vc.view, cache.cache_seqlens = lens.view;
-        // Past one chunk (2048 keys) the mode splits the keys in chunks; one split keeps the
-        // prefill's single pass.
-        if (L > 2048) cache.num_splits = 1;
+        // num_splits = 1: the prefill's single pass, on the 128-row tile (without it, the mode
+        // splits caches past 2048 keys into chunks, and takes the decode tile, whose warpgroups
+        // alternate key tiles: other bits, still the sequence's alone).
+        cache.num_splits = 1;
         if (append) {
           // the cache's row L - 1 poisoned first: the append must bring it back
           CUDA_OK(cudaMemset(kc.mem + (L - 1) * kc.view.stride[1], 0xFF, Hkv * d * 2));
