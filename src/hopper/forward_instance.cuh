@@ -34,13 +34,15 @@ void run_fp8_causal(const ForwardProblem& p, const Fp8Operands& f, const TensorV
       p, f.q, f.k, f.vt, out, lse, stream, &f);
 }
 
-// Packed batches take the tall tiles where the dense kernel would for their longest sequence
-// (FlashAttention's max_seqlen_q, a hint: a wrong one costs speed, not correctness). Run 106:
-// with the normal tiles only, d = 64 reached 0.82-0.90 of the dense kernel on the issue's mixes.
-// The batch-invariant mode takes them whatever the lengths: their key tiles (112 keys) give
-// other bits than the normal tiles' (128), so the choice must not follow the batch's longest
-// sequence; with the normal tiles instead, it cost 1.08-1.18x the default's time (run 132).
-inline bool packed_takes_tall_tiles(const ForwardProblem& p, const VarlenSequences& seqs) {
+// Packed 16-bit batches at d = 64 take the tall tiles whatever their lengths. Run 106: with the
+// normal tiles only, d = 64 reached 0.82-0.90 of the dense kernel on the issue's mixes; run 139
+// (bench_varlen, 3 passes): where the longest sequence is short (the `short` mix, all below
+// 2048 rows) the tall tiles took 0.85x the normal tiles' time without a mask and 1.00x causal,
+// and on the other mixes the two choices were the same kernel. So the batch-invariant mode, whose
+// choice must not follow the batch's longest sequence (112-key tiles give other bits than the
+// normal tiles' 128), costs nothing here. FP8 batches keep FlashAttention's max_seqlen_q hint (a
+// wrong one costs speed, not correctness): their tall tiles are not timed on short batches.
+inline bool packed_fp8_takes_tall_tiles(const ForwardProblem& p, const VarlenSequences& seqs) {
   return p.batch_invariant || seqs.max_seqlen_q >= kTallTileMinRows;
 }
 template <class Element, int kHeadDim, bool kCausal>
@@ -48,17 +50,17 @@ void run_forward_varlen_causal(const ForwardProblem& p, const VarlenSequences& s
                                const TensorView& k, const TensorView& v, const TensorView& out,
                                const std::optional<TensorView>& lse, cudaStream_t stream) {
   if constexpr (kHasTallTiles<kHeadDim>)
-    if (packed_takes_tall_tiles(p, seqs))
-      return run_forward_varlen<VarlenConfig<TallForwardConfigFor<Element, kHeadDim, kCausal>>>(p, seqs, q, k, v, out,
-                                                                                               lse, stream);
-  run_forward_varlen<VarlenConfig<ForwardConfigFor<Element, kHeadDim, kCausal>>>(p, seqs, q, k, v, out, lse, stream);
+    run_forward_varlen<VarlenConfig<TallForwardConfigFor<Element, kHeadDim, kCausal>>>(p, seqs, q, k, v, out, lse,
+                                                                                      stream);
+  else
+    run_forward_varlen<VarlenConfig<ForwardConfigFor<Element, kHeadDim, kCausal>>>(p, seqs, q, k, v, out, lse, stream);
 }
 
 template <int kHeadDim, bool kCausal, class Out, class QKElement>
 void run_fp8_varlen_causal(const ForwardProblem& p, const VarlenSequences& seqs, const Fp8Operands& f,
                            const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream) {
   if constexpr (kHasTallTiles<kHeadDim>)
-    if (packed_takes_tall_tiles(p, seqs))
+    if (packed_fp8_takes_tall_tiles(p, seqs))
       return run_forward_varlen<VarlenConfig<Fp8ForwardConfigFor<kHeadDim, kCausal, Out, QKElement, 3>>>(
           p, seqs, f.q, f.k, f.vt, out, lse, stream, &f);
   run_forward_varlen<VarlenConfig<Fp8ForwardConfigFor<kHeadDim, kCausal, Out, QKElement>>>(p, seqs, f.q, f.k, f.vt, out,
