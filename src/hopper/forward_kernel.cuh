@@ -22,19 +22,21 @@
 
 namespace warpattn::detail {
 
+// issuers: the threads that load each K and V tile (a KV cache's cache_issuers; 1 otherwise),
+// each arriving on its full barrier; the issuers past the producer read the tiles too.
 template <class Cfg>
-__device__ __forceinline__ void init_barriers(SharedStorage<Cfg>& ss) {
+__device__ __forceinline__ void init_barriers(SharedStorage<Cfg>& ss, int issuers) {
   using namespace ptx;
 #pragma unroll
   for (int s = 0; s < Cfg::kQStages; ++s) {
     mbarrier_init(smem_addr(&ss.q_full[s]), 1);
     mbarrier_init(smem_addr(&ss.q_empty[s]), Cfg::kConsumerWarpgroups);
   }
-  ss.tiles.init(128 * Cfg::kConsumerWarpgroups);
+  ss.tiles.init(128 * Cfg::kConsumerWarpgroups + issuers - 1);
 #pragma unroll
   for (int s = 0; s < Cfg::kStages; ++s) {
-    mbarrier_init(smem_addr(&ss.k_full[s]), 1);
-    mbarrier_init(smem_addr(&ss.v_full[s]), 1);
+    mbarrier_init(smem_addr(&ss.k_full[s]), issuers);
+    mbarrier_init(smem_addr(&ss.v_full[s]), issuers);
     mbarrier_init(smem_addr(&ss.k_empty[s]), Cfg::kConsumerWarpgroups);
     mbarrier_init(smem_addr(&ss.v_empty[s]), Cfg::kConsumerWarpgroups);
   }
@@ -146,7 +148,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // waits for this grid's end itself (dependent_launch.cuh), and cannot take an SM before a CTA
   // of this persistent grid leaves one.
   if constexpr (Cfg::kKvCache) ptx::allow_dependent_launch();
-  if (threadIdx.x == 0) init_barriers(ss);
+  int issuers = 1;
+  if constexpr (Cfg::kKvCache) issuers = cache_issuers(params.kv_pages);
+  if (threadIdx.x == 0) init_barriers(ss, issuers);
   __syncthreads();  // the last CTA-wide barrier: roles split below
 
   // Broadcast from lane 0 so that ptxas knows the value is the same in the whole warp: what
@@ -159,6 +163,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       prefetch_tensor_map(&tm_k);
       prefetch_tensor_map(&tm_v);
       run_producer<Cfg>(ss, &tm_q, &tm_k, &tm_v, params);
+    } else if constexpr (Cfg::kKvCache) {
+      const int warp = static_cast<int>(threadIdx.x) / 32;
+      if (threadIdx.x % 32 == 0 && warp < issuers) run_cache_issuer<Cfg>(ss, &tm_k, &tm_v, params, warp);
     }
   } else {
     acquire_registers<Cfg::kConsumerRegisters>();
