@@ -14,6 +14,7 @@
 #include "hopper/consumer_gemms.cuh"
 #include "hopper/forward_params.hpp"
 #include "hopper/fragment.cuh"
+#include "hopper/key_tile_ordinals.hpp"
 #include "hopper/kv_tiles.hpp"
 #include "hopper/mask.cuh"
 #include "hopper/producer.cuh"
@@ -81,23 +82,10 @@ __device__ __forceinline__ void release_slot(uint64_t* empty_bar) {
   }
 }
 
-// The key-tile ordinals a consumer warpgroup visits in a work tile: every one, or for a decode
-// tile (Cfg::kDecodeTile) those of its own parity, warpgroup w's w, w + 2, ... Functions of
-// the warpgroup, not a member of ConsumerTile: the 16-bit causal kernels' SASS changed with one.
+// The key tiles a warpgroup visits (a decode tile's: alternate ring ordinals). A template of
+// the flag, not a member of ConsumerTile: the 16-bit causal kernels' SASS changed with one.
 template <class Cfg>
-struct Ordinals {
-  static constexpr int kStep = Cfg::kDecodeTile ? 2 : 1;
-  static __device__ __forceinline__ int first(int warpgroup) { return Cfg::kDecodeTile ? warpgroup : 0; }
-  // Whether warpgroup has any of n_tiles ordinals (a decode tile's warpgroup 1 has none of one).
-  static __device__ __forceinline__ bool any(int warpgroup, int n_tiles) { return first(warpgroup) < n_tiles; }
-  static __device__ __forceinline__ int last(int warpgroup, int n_tiles) {
-    return Cfg::kDecodeTile ? n_tiles - 1 - ((n_tiles - 1 - warpgroup) & 1) : n_tiles - 1;
-  }
-  // The first of its ordinals at or past `from` (>= its first).
-  static __device__ __forceinline__ int at_or_after(int warpgroup, int from) {
-    return Cfg::kDecodeTile ? from + ((from - warpgroup) & 1) : from;
-  }
-};
+using Ordinals = KeyTileOrdinals<Cfg::kDecodeTile>;
 
 template <class Cfg>
 struct ConsumerTile {
@@ -275,7 +263,7 @@ struct ConsumerTile {
 
     // First key tile: S only. (The caller runs a warpgroup with any ordinals only.)
     constexpr int kStep = Ords::kStep;
-    const int first = Ords::first(t.warpgroup);
+    const int first = Ords::first(t.warpgroup, t.kv_base);
     scores_alone(s, first);
     const VTerms v0 = v_terms(first);
     softmax.step<true, Cfg::kIntScores>(s, alpha, score_scale(first), v0.log2, v0.inv);
@@ -316,7 +304,7 @@ struct ConsumerTile {
     }
     if constexpr (Cfg::kCausal) {
       const int from = Cfg::kDecodeTile
-                           ? Ords::at_or_after(t.warpgroup, left_edge > first + kStep ? left_edge : first + kStep)
+                           ? Ords::at_or_after(first, left_edge > first + kStep ? left_edge : first + kStep)
                            : (left_edge > 1 ? left_edge : 1);
       for (int it = from; it < t.n_tiles; it += kStep) {
         const float c = score_scale(it);
@@ -333,7 +321,7 @@ struct ConsumerTile {
     }
 
     // Last P·V.
-    pv_alone(o, ring_slot<Cfg::kStages>(t.kv_base + Ords::last(t.warpgroup, t.n_tiles)), p);
+    pv_alone(o, ring_slot<Cfg::kStages>(t.kv_base + Ords::last(first, t.n_tiles)), p);
   }
 
   // The same attention with P carried in two 16-bit parts and no overlap inside the
@@ -343,7 +331,7 @@ struct ConsumerTile {
   // short for the overlap to matter. Two turns per key tile.
   __device__ __forceinline__ void run_precise(float (&o)[Cfg::kHeadDim / 2], OnlineSoftmax& softmax) const {
     using namespace ptx;
-    for (int it = Ords::first(t.warpgroup); it < t.n_tiles; it += Ords::kStep) {
+    for (int it = Ords::first(t.warpgroup, t.kv_base); it < t.n_tiles; it += Ords::kStep) {
       const RingSlot slot = ring_slot<Cfg::kStages>(t.kv_base + it);
       float s[Cfg::kBlockN / 2];
       scores_alone(s, it);

@@ -128,6 +128,7 @@ struct KvCacheConfig : VarlenConfig<Base> {
   static constexpr bool kDecodeTile = kDecodeTile_;
   static_assert(!Base::kFp8, "KV caches are 16-bit");
   static_assert(!kDecodeTile || Base::kConsumerWarpgroups == 2, "a decode tile's two warpgroups alternate key tiles");
+  static_assert(!kDecodeTile || Base::kStages % 2 == 0, "a decode tile's ring stages each serve one warpgroup (Ordinals)");
 };
 
 }  // namespace warpattn::detail

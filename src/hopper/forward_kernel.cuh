@@ -76,8 +76,8 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
       }
       ptx::mbarrier_wait(ptx::smem_addr(&ss.q_full[qs.stage]), qs.phase);
       const ConsumerTile<Cfg> tile(ss, params, t);
-      if (Cfg::kDecodeTile && !Ordinals<Cfg>::any(warpgroup, n_tiles)) {
-        // A decode tile of one key tile: warpgroup 1 has none; its state stays empty (the
+      if (Cfg::kDecodeTile && !Ordinals<Cfg>::any(Ordinals<Cfg>::first(warpgroup, kv), n_tiles)) {
+        // A decode tile of one key tile: one warpgroup has none; its state stays empty (the
         // combine adds it exactly) and it frees Q for the next tile. (Waiting for Q first keeps
         // it from running a tile ahead: two arrivals of one warpgroup would free the buffer.)
         release_slot(&ss.q_empty[qs.stage]);

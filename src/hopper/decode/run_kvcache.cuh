@@ -117,7 +117,7 @@ void run_forward_kvcache_band(const ForwardProblem& p, const KvCacheWork& work, 
   // loop's counters) out of the consumers' 232 registers.
   if constexpr (kHeadDim <= 128)
     if (kvcache_takes_decode_tile(p, num_splits))
-      return run_forward_kvcache<KvCacheConfig<Base, true>>(p, work, pages, num_splits, append, q, k_cache, v_cache,
+      return run_forward_kvcache<KvCacheConfig<DecodeTileForwardConfigFor<Element, kHeadDim, kBanded>, true>>(p, work, pages, num_splits, append, q, k_cache, v_cache,
                                                             out, lse, stream);
   run_forward_kvcache<KvCacheConfig<Base>>(p, work, pages, num_splits, append, q, k_cache, v_cache, out, lse, stream);
 }
