@@ -10,7 +10,8 @@ STAGES=${STAGES:-"ctest cli bench"}  # also: primitives, forward, fp8, devices, 
 # python: PY_PARTS (default gpu cpu training varlen kvcache transformers jax_ffi), VARLEN_BENCH=1 for the varlen mixes,
 #   DECODE_BENCH=1 for the KV-cache benchmark (python -m warpattn.bench --decode; DECODE_BENCH_ARGS, default --quick),
 #   JAX_BENCH=1 for warpattn under jax.jit beside cuDNN (python -m warpattn.bench_jax; JAX_BENCH_ARGS),
-#   MODEL_OPTIONS_BENCH=1 for scripts/bench_model_options.py, HOST_COST=1 for scripts/host_cost.py
+#   MODEL_OPTIONS_BENCH=1 for scripts/bench_model_options.py, HOST_COST=1 for scripts/host_cost.py,
+#   STRESS=1 for scripts/stress_kvcache.py (STRESS_ARGS)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 # The first half of the README's test command: scripts/build.sh (every core).
 if ! bash scripts/build.sh > "$OUT/build.log" 2>&1; then
@@ -126,6 +127,10 @@ if stage python; then
       fi
       grep -E "FAILED|Error|SKIPPED|Fatal|line [0-9]+ in" "$OUT/pytest-$part.log" | head -12
     done
+    if [ -n "${STRESS:-}" ]; then  # every KV-cache variant repeated, bitwise against its first call
+      (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${STRESS_TIMEOUT:-300} python3 "$OLDPWD/scripts/stress_kvcache.py" \
+        ${STRESS_ARGS:-} 2>&1 | tee "$OUT/stress.log")
+    fi
     if [ -z "${SKIP_PY_BENCH:-}" ]; then
       (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 -m warpattn.bench --out "$OUT" \
         ${PY_BENCH_ARGS:---quick} > "$OUT/pybench.log" 2> "$OUT/pybench.err")

@@ -14,6 +14,9 @@ What each figure is:
   warpattn        warpattn.flash_attn_with_kvcache on the dense cache (B, S, Hkv, d), through the
                   Python API (its host cost included, as a user pays it).
   warpattn_s<N>   the same with num_splits=N forced (--splits), to see the default's choice.
+  warpattn_invariant  the dense cache with batch_invariant=True (--batch-invariant): its keys split
+                  in chunks fixed by each sequence's length (issue 18's bar: at most 1.10x the
+                  default's time).
   warpattn_paged  the same keys in a paged cache (pages of --page-size keys, a random page
                   order), with block_table.
   cudnn           PyTorch SDPA's CUDNN_ATTENTION backend on (B, H, Sq, d) / (B, Hkv, S, d) views
@@ -61,6 +64,8 @@ def parse_args(argv):
     p.add_argument("--splits", default="0", metavar="N[,N...]",
                    help="num_splits values to time warpattn's dense cache at (0: its own choice; e.g. 0,1,2,4,8 to "
                    "see how default_splits chose), each as warpattn_s<N> beside warpattn")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="also time batch_invariant=True on the dense cache (warpattn_invariant)")
     p.add_argument("--out", default="bench-decode.json")
     p.add_argument("--warmup-ms", type=float, default=25.0)
     p.add_argument("--rep-ms", type=float, default=100.0)
@@ -168,6 +173,10 @@ def bench_point(torch, warpattn, timer, p, args, gen):
         if n > 0:
             runs["warpattn_s%d" % n] = (lambda n=n: warpattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens,
                                                                                    num_splits=n, out=out))
+    if args.batch_invariant:
+        out_invariant = torch.empty_like(q)
+        runs["warpattn_invariant"] = lambda: warpattn.flash_attn_with_kvcache(
+            q, k, v, cache_seqlens=lens, batch_invariant=True, out=out_invariant)
     notes, results = {}, {}
     kp, vp, table = paged_copy(torch, k, v, args.page_size, gen)
     out_paged = torch.empty_like(q)
@@ -199,7 +208,10 @@ def bench_point(torch, warpattn, timer, p, args, gen):
         results[name] = {"ms": ms, "passes_ms": ts, "GB_per_s": moved_bytes(p) / (ms * 1e-3) / 1e9,
                          "note": notes.get(name)}
     if reference is not None:
-        for name, o in (("warpattn", out), ("warpattn_paged", out_paged)):
+        outs = [("warpattn", out), ("warpattn_paged", out_paged)]
+        if args.batch_invariant:
+            outs.append(("warpattn_invariant", out_invariant))
+        for name, o in outs:
             if name in times:
                 results[name]["rel_l2_vs_sdpa"] = rel_l2(torch, o, reference)
     return results
@@ -251,9 +263,11 @@ def main(argv=None):
                 if "GB_per_s" in res:
                     res["of_copy_rate"] = res["GB_per_s"] * 1e9 / rate
             ref = r.get("cudnn", {}).get("ms")
-            for name in ("warpattn", "warpattn_paged"):
+            for name in ("warpattn", "warpattn_paged", "warpattn_invariant"):
                 if ref and "ms" in r.get(name, {}):
                     r[name]["cudnn_over_this"] = ref / r[name]["ms"]
+            if "ms" in r.get("warpattn_invariant", {}) and "ms" in r.get("warpattn", {}):
+                r["warpattn_invariant"]["over_default"] = r["warpattn_invariant"]["ms"] / r["warpattn"]["ms"]
             rows.append(dict(p, cache_MB=cache_bytes(p) / 1e6, results=r))
             print("B=%d S=%d %d/%d d=%d Sq=%d: %s" % (
                 p["B"], p["S"], p["Hq"], p["Hkv"], p["d"], p["Sq"], "  ".join(

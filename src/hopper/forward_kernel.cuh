@@ -22,19 +22,21 @@
 
 namespace warpattn::detail {
 
+// issuers: the threads that load each K and V tile (a KV cache's cache_issuers; 1 otherwise),
+// each arriving on its full barrier; the issuers past the producer read the tiles too.
 template <class Cfg>
-__device__ __forceinline__ void init_barriers(SharedStorage<Cfg>& ss) {
+__device__ __forceinline__ void init_barriers(SharedStorage<Cfg>& ss, int issuers) {
   using namespace ptx;
 #pragma unroll
   for (int s = 0; s < Cfg::kQStages; ++s) {
     mbarrier_init(smem_addr(&ss.q_full[s]), 1);
     mbarrier_init(smem_addr(&ss.q_empty[s]), Cfg::kConsumerWarpgroups);
   }
-  ss.tiles.init(128 * Cfg::kConsumerWarpgroups);
+  ss.tiles.init(128 * Cfg::kConsumerWarpgroups + issuers - 1);
 #pragma unroll
   for (int s = 0; s < Cfg::kStages; ++s) {
-    mbarrier_init(smem_addr(&ss.k_full[s]), 1);
-    mbarrier_init(smem_addr(&ss.v_full[s]), 1);
+    mbarrier_init(smem_addr(&ss.k_full[s]), issuers);
+    mbarrier_init(smem_addr(&ss.v_full[s]), issuers);
     mbarrier_init(smem_addr(&ss.k_empty[s]), Cfg::kConsumerWarpgroups);
     mbarrier_init(smem_addr(&ss.v_empty[s]), Cfg::kConsumerWarpgroups);
   }
@@ -45,7 +47,10 @@ __device__ __forceinline__ void init_barriers(SharedStorage<Cfg>& ss) {
 template <class Cfg>
 __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, const ForwardParams& params,
                                                        int warpgroup) {
-  const PingPong turns{warpgroup, Cfg::kConsumerWarpgroups};
+  const PingPong turns{warpgroup, Cfg::kConsumerWarpgroups, !Cfg::kDecodeTile};
+  // A decode tile's warpgroups hold the same 64 rows (Cfg::kDecodeTile): their stores as
+  // warpgroup 0's.
+  const int row_warpgroup = Cfg::kDecodeTile ? 0 : warpgroup;
   const FragmentCoords f(threadIdx.x % 128);
   turns.start();
   int kv = 0, q_iter = 0;  // as in the producer
@@ -71,7 +76,12 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
       }
       ptx::mbarrier_wait(ptx::smem_addr(&ss.q_full[qs.stage]), qs.phase);
       const ConsumerTile<Cfg> tile(ss, params, t);
-      if constexpr (Cfg::kFp8) {
+      if (Cfg::kDecodeTile && !Ordinals<Cfg>::any(Ordinals<Cfg>::first(warpgroup, kv), n_tiles)) {
+        // A decode tile of one key tile: one warpgroup has none; its state stays empty (the
+        // combine adds it exactly) and it frees Q for the next tile. (Waiting for Q first keeps
+        // it from running a tile ahead: two arrivals of one warpgroup would free the buffer.)
+        release_slot(&ss.q_empty[qs.stage]);
+      } else if constexpr (Cfg::kFp8) {
         // FP8 P has 3 mantissa bits; splitting it would not buy the 16-bit path's precision.
         tile.run(o, softmax);
       } else {
@@ -104,7 +114,7 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
     if constexpr (Cfg::kKvCache) {  // packed rows: each row's own query head
       const int first_position = first_row_of_block<Cfg>(w.m_block, params);
       if (w.piece >= 0) {  // a piece of the tile's keys: its partial state, for combine_kvcache_splits_kernel
-        if (holds_stored_rows(warpgroup, f, first_position, w.head, params.packing, seqlen_q))
+        if (holds_stored_rows(row_warpgroup, f, first_position, w.head, params.packing, seqlen_q))
           PartialState<Cfg>(params, w.piece, warpgroup, threadIdx.x % 128).store(o, softmax);
         continue;
       }
@@ -138,7 +148,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // waits for this grid's end itself (dependent_launch.cuh), and cannot take an SM before a CTA
   // of this persistent grid leaves one.
   if constexpr (Cfg::kKvCache) ptx::allow_dependent_launch();
-  if (threadIdx.x == 0) init_barriers(ss);
+  int issuers = 1;
+  if constexpr (Cfg::kKvCache) issuers = cache_issuers(params.kv_pages);
+  if (threadIdx.x == 0) init_barriers(ss, issuers);
   __syncthreads();  // the last CTA-wide barrier: roles split below
 
   // Broadcast from lane 0 so that ptxas knows the value is the same in the whole warp: what
@@ -151,6 +163,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       prefetch_tensor_map(&tm_k);
       prefetch_tensor_map(&tm_v);
       run_producer<Cfg>(ss, &tm_q, &tm_k, &tm_v, params);
+    } else if constexpr (Cfg::kKvCache) {
+      const int warp = static_cast<int>(threadIdx.x) / 32;
+      if (threadIdx.x % 32 == 0 && warp < issuers) run_cache_issuer<Cfg>(ss, &tm_k, &tm_v, params, warp);
     }
   } else {
     acquire_registers<Cfg::kConsumerRegisters>();

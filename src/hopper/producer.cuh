@@ -19,13 +19,15 @@
 namespace warpattn::detail {
 
 // A KV cache's key tile (Cfg::kKvCache): params.kv_pages.boxes boxes of box_rows keys, each
-// from the page that holds it (decode/kv_pages.hpp), into the tile's rows of every panel.
+// from the page that holds it (decode/kv_pages.hpp), into the tile's rows of every panel; this
+// issuer's share of them (cache_issuers: issuer i of n the boxes i, i + n, ...).
 template <class Cfg>
 __device__ __forceinline__ void load_cache_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int n_block,
-                                                int head_kv, int batch, int seqlen_k, const KvPages& kv) {
+                                                int head_kv, int batch, int seqlen_k, const KvPages& kv, int issuer,
+                                                int issuers) {
   using namespace ptx;
   constexpr int kPanelCols = Cfg::kSwizzleBytes / 2;  // 16-bit elements
-  for (int j = 0; j < kv.boxes; ++j) {
+  for (int j = issuer; j < kv.boxes; j += issuers) {
     const int row_in_tile = j * kv.box_rows;
     const CacheBox box = cache_box(kv, batch, n_block * Cfg::kBlockN + row_in_tile, seqlen_k);
 #pragma unroll
@@ -38,25 +40,31 @@ __device__ __forceinline__ void load_cache_tile(uint32_t dst, const CUtensorMap*
 // kKeysInner: the tensor is FP8's Vᵀ, keys innermost (its map is {keys, head_dim, 1, heads,
 // batch}); otherwise a (batch, seqlen, heads, head_dim) panel map. first_key: the sequence's
 // first key row in the tensor (packed batches; 0 otherwise). kv: a KV cache's pages
-// (Cfg::kKvCache), with the sequence's length.
+// (Cfg::kKvCache), with the sequence's length; issuer: which of its cache_issuers this thread
+// is (each arrives on the full barrier with its own boxes' bytes).
 template <class Cfg, bool kKeysInner = false>
 __device__ __forceinline__ void load_kv_tile(SharedStorage<Cfg>& ss, const CUtensorMap* map,
                                              uint8_t (&tiles)[Cfg::kStages][Cfg::kKVTileBytes],
                                              uint64_t (&full)[Cfg::kStages],
                                              uint64_t (&empty)[Cfg::kStages], int it, int n_block,
                                              int head_kv, int batch, int first_key,
-                                             const KvPages* kv = nullptr, int seqlen_k = 0) {
+                                             const KvPages* kv = nullptr, int seqlen_k = 0, int issuer = 0) {
   using namespace ptx;
   const RingSlot slot = ring_slot<Cfg::kStages>(it);
   // The slot's previous occupant was released in the phase before this one; on the first lap
   // the "preceding phase" of a fresh barrier counts as complete.
   mbarrier_wait(smem_addr(&empty[slot.stage]), slot.phase ^ 1);
   const uint32_t bar = smem_addr(&full[slot.stage]);
-  mbarrier_arrive_expect_tx(bar, Cfg::kKVTileBytes);  // the full box, even past seqlen_k
   const int key = first_key + n_block * Cfg::kBlockN;
-  if constexpr (Cfg::kKvCache)
-    load_cache_tile<Cfg>(smem_addr(tiles[slot.stage]), map, bar, n_block, head_kv, batch, seqlen_k, *kv);
-  else if constexpr (kKeysInner)
+  if constexpr (Cfg::kKvCache) {
+    const int issuers = cache_issuers(*kv), mine = (kv->boxes - issuer + issuers - 1) / issuers;
+    mbarrier_arrive_expect_tx(bar, mine * kv->box_rows * Cfg::kPanels * Cfg::kSwizzleBytes);  // (even past seqlen_k)
+    load_cache_tile<Cfg>(smem_addr(tiles[slot.stage]), map, bar, n_block, head_kv, batch, seqlen_k, *kv, issuer,
+                         issuers);
+    return;
+  }
+  mbarrier_arrive_expect_tx(bar, Cfg::kKVTileBytes);  // the full box, even past seqlen_k
+  if constexpr (kKeysInner)
     tma_load_5d(smem_addr(tiles[slot.stage]), map, bar, key, 0, 0, head_kv, batch);
   else
     load_panel_tile<Cfg::kPanels, Cfg::kBlockN, Cfg::kSwizzleBytes, Cfg::kFp8>(smem_addr(tiles[slot.stage]), map, bar,
@@ -110,12 +118,13 @@ template <class Cfg>
 __device__ __forceinline__ ScheduledTile schedule_tile(const TileChooser& chooser, const ForwardParams& params) {
   constexpr ScheduledTile kEnd{-1, 0, 0, 0, 0, -1, 0, 0, 0, 0};
   if constexpr (Cfg::kKvCache) {  // a piece of a tile (kv_cache_pieces.hpp); its slot: the piece's index when split
+                                  // (or a decode tile: its two warpgroups' states are always combined)
     if (chooser.tile >= chooser.whole) return kEnd;
     const TileGrid grid{params.m_blocks, params.heads_q, params.batch, 1};
     const KvCachePiece pc = kv_cache_piece(chooser.tile, params.kv_work, grid, params.packing.positions, Cfg::kBlockN,
                                            params.seqlen_q, Cfg::kCausal ? params.band : KeyBand{});
     return {pc.tile.m_block, pc.tile.head, pc.tile.batch, pc.n_tiles, pc.n_end,
-            params.kv_work.splits > 1 ? chooser.tile : -1, 0, params.seqlen_q, 0, pc.seqlen_k};
+            Cfg::kDecodeTile || params.kv_work.splits > 1 ? chooser.tile : -1, 0, params.seqlen_q, 0, pc.seqlen_k};
   } else if constexpr (Cfg::kVarlen) {  // never split: the plan's tile, two 16-byte loads
     if (chooser.tile >= chooser.whole) return kEnd;
     const int4* entry = reinterpret_cast<const int4*>(params.varlen_tiles + chooser.tile);
@@ -202,6 +211,34 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
       w = ss.tiles.own(i + 1);
     else
       w = next;
+  }
+}
+
+// The other issuers of a KV-cache launch's key tiles (cache_issuers > 1: lane 0 of producer
+// warps 1 .. issuers - 1): they receive each tile as the consumers do and load their share of
+// its K and V boxes, in the producer's order (K of the first key tile, then K of tile it with V
+// of tile it - 1, then the last V), so every full barrier gets all its issuers' arrivals.
+template <class Cfg>
+__device__ __forceinline__ void run_cache_issuer(SharedStorage<Cfg>& ss, const CUtensorMap* tm_k,
+                                                 const CUtensorMap* tm_v, const ForwardParams& params, int issuer) {
+  static_assert(Cfg::kKvCache, "a KV cache's issuer");
+  int kv = 0;
+  for (int i = 0;; ++i) {
+    const ScheduledTile w = ss.tiles.template receive<true, true>(i);
+    if (w.is_end()) break;
+    const int n_tiles = w.n_tiles, n_end = w.n_end, head_kv = w.head / params.kv_group;
+    if (n_tiles == 0) continue;
+    load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv, n_end - 1, head_kv, w.batch, 0, &params.kv_pages,
+                      w.seqlen_k, issuer);
+    for (int it = 1; it < n_tiles; ++it) {
+      load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, n_end - 1 - it, head_kv, w.batch, 0,
+                        &params.kv_pages, w.seqlen_k, issuer);
+      load_kv_tile<Cfg>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1, n_end - it, head_kv, w.batch, 0,
+                        &params.kv_pages, w.seqlen_k, issuer);
+    }
+    load_kv_tile<Cfg>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + n_tiles - 1, n_end - n_tiles, head_kv, w.batch, 0,
+                      &params.kv_pages, w.seqlen_k, issuer);
+    kv += n_tiles;
   }
 }
 

@@ -40,7 +40,12 @@ struct TileShape<256, kCausal> {
 // come 112 at a time: with 128 the precise path's P in two parts spills out of 160 registers;
 // run 48 beside 96 (WARPATTN_TUNE_TALL_BLOCK_N): BF16 N = 16k +4%, causal +4%, N = 4096 +1..2%;
 // FP16 -1..+2%.
-inline constexpr int64_t kTallTileMinRows = 2048;
+// WARPATTN_TUNE_TALL_MIN_ROWS moves the threshold for an A/B (scripts/ab_fp8.sh with AB_BENCH):
+// run 139 found packed short batches faster on the tall tiles, which dense N = 1024 may share.
+#ifndef WARPATTN_TUNE_TALL_MIN_ROWS
+#define WARPATTN_TUNE_TALL_MIN_ROWS 2048
+#endif
+inline constexpr int64_t kTallTileMinRows = WARPATTN_TUNE_TALL_MIN_ROWS;
 template <int kHeadDim>
 inline constexpr bool kHasTallTiles = kHeadDim == 64;
 #ifndef WARPATTN_TUNE_TALL_BLOCK_N
@@ -84,6 +89,11 @@ using ForwardConfigFor = ForwardConfig<Element, kHeadDim, TileShape<kHeadDim, kC
 template <class Element, int kHeadDim, bool kBanded>
 using KvCacheForwardConfigFor = ForwardConfig<Element, kHeadDim, TileShape<kHeadDim, true>::kBlockN,
                                               TileShape<kHeadDim, true>::kStages, kBanded>;
+// The decode tile's (KvCacheConfig<Base, true>): the same keys a tile, on an even ring (3 stages
+// at d = 128 become 2): its warpgroups take alternate ring ordinals, each stage one warpgroup's.
+template <class Element, int kHeadDim, bool kBanded>
+using DecodeTileForwardConfigFor = ForwardConfig<Element, kHeadDim, TileShape<kHeadDim, true>::kBlockN,
+                                                 TileShape<kHeadDim, true>::kStages / 2 * 2, kBanded>;
 template <class Element, int kHeadDim, bool kCausal>
 using TallForwardConfigFor =
     ForwardConfig<Element, kHeadDim, TallTileShape<kHeadDim, kCausal>::kBlockN, TallTileShape<kHeadDim, kCausal>::kStages,

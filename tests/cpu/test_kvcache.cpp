@@ -866,6 +866,64 @@ TEST(kvcache_pieces_cover_each_tile_once_in_order) {
   }
 }
 
+// Issue 18: in the batch-invariant mode a tile's pieces are chunks of its own key range, fixed
+// by that range alone: the same non-empty pieces, in the same order, whatever the launch's split
+// count (the batch's longest sequence sets it), then empty ones; and the launch's count always
+// has room for every tile's chunks up to the capacity.
+TEST(kvcache_invariant_pieces_depend_on_the_tile_alone) {
+  using namespace warpattn::detail;
+  std::mt19937_64 rng(18);
+  for (int trial = 0; trial < 400; ++trial) {
+    const bool causal = trial % 2 == 1;
+    const int block_n = trial % 3 == 0 ? 80 : 128, positions = 1 << (rng() % 6);
+    const int seqlen_q = 1 + static_cast<int>(rng() % 40);
+    const int len = static_cast<int>(rng() % (trial % 5 == 0 ? 400000 : 20000));
+    const KeyBand band = causal_band(causal);
+    // The sequence alone (capacity: its length) and inside launches of larger capacities.
+    std::vector<std::vector<std::pair<int, int>>> seen;
+    for (int capacity : {len, len + 1, len + 5000, len + 300000}) {
+      if (capacity < 1) continue;
+      const int lens[1] = {len};
+      KvCacheWork w;
+      w.cache_seqlens = lens, w.capacity = capacity, w.invariant_chunks = true;
+      w.splits = invariant_launch_splits((capacity + block_n - 1) / block_n, block_n);
+      CHECK(w.splits >= 1 && w.splits <= kMaxDecodeSplits) << w.splits;
+      const TileGrid grid{(seqlen_q + positions - 1) / positions, 1, 1, 1};
+      for (int m = 0; m < grid.m_blocks; ++m) {
+        const int u = m;  // one chunk of heads, one sequence: tile u is block u
+        const KvCachePiece first = kv_cache_piece(u * w.splits, w, grid, positions, block_n, seqlen_q, band);
+        const KeyTileRange want = kv_tile_range(first.tile.m_block, positions, block_n, seqlen_q, len, band);
+        std::vector<std::pair<int, int>> pieces;
+        int covered = want.begin;
+        bool empty_seen = false;
+        for (int i = 0; i < w.splits; ++i) {
+          const KvCachePiece pc = kv_cache_piece(u * w.splits + i, w, grid, positions, block_n, seqlen_q, band);
+          CHECK(pc.n_tiles >= 0 && pc.n_end - pc.n_tiles == covered) << "piece " << i << " of block " << m;
+          covered = pc.n_end;
+          if (pc.n_tiles == 0) {
+            empty_seen = true;
+          } else {
+            CHECK(!empty_seen) << "a non-empty piece after an empty one, piece " << i;
+            pieces.push_back({pc.n_end - pc.n_tiles, pc.n_end});
+          }
+        }
+        CHECK(covered == want.end) << "the pieces end at " << covered << ", the range at " << want.end << ", capacity "
+                                   << capacity << ", len " << len;
+        if (seen.size() <= static_cast<size_t>(m)) seen.resize(m + 1);
+        if (seen[m].empty() && pieces.size() > 0 && capacity == len) seen[m] = pieces;
+        if (capacity != len && !seen[m].empty())
+          CHECK(pieces == seen[m]) << "block " << m << " of a sequence of " << len << " keys is cut differently at capacity "
+                                   << capacity;
+      }
+    }
+  }
+  // The chunks are 2048 keys until a tile would pass kMaxDecodeSplits of them.
+  CHECK(invariant_chunk_blocks(16, 128) == 16 && invariant_chunk_blocks(2048, 128) == 16 &&
+        invariant_chunk_blocks(2049, 128) == 17 && invariant_chunk_blocks(1, 80) == 26);
+  CHECK(invariant_launch_splits(16, 128) == 1 && invariant_launch_splits(17, 128) == 2 &&
+        invariant_launch_splits(1 << 20, 128) == kMaxDecodeSplits);
+}
+
 TEST(split_key_blocks_is_exact_at_the_largest_counts) {
   using namespace warpattn::detail;
   // Its 32-bit arithmetic against 64-bit, up to the largest key-block count a capacity below

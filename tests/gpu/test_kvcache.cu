@@ -979,20 +979,23 @@ TEST(kvcache_bad_arguments_write_nothing) {
 HARNESS_MAIN()
 
 // ---- Issue 18: a decode step equals the prefill's last row, bitwise, in the batch-invariant
-// mode (no split keys). The KV-cache kernel and the dense one take the same tile widths, visit
-// the same key tiles in the same order, and WGMMA keeps rows independent, so the row's online
+// mode with num_splits = 1. The KV-cache kernel and the dense one take the same tile
+// widths, visit the same key tiles in the same order, and WGMMA keeps rows independent, so the row's online
 // softmax and its P·V sums are the same operations on the same values; GQA packing only moves
 // the row within its tile. Both causal (one new row sees every key either way; the causal
 // kernels' tiles). A decode row takes the precise path where the prefill block holding it does
 // (kvcache_sees_few_keys: the first block, whose first row sees one key), so 127, 128 and 129
 // keys around the first block's end are cases too. From the cache as it is, and with the step's
-// key and value appended to a cache of L - 1.
+// key and value appended to a cache of L - 1, with num_splits = 1, which in this mode asks for
+// exactly that (run_kvcache.cuh's kvcache_takes_decode_tile).
 TEST(kvcache_decode_equals_prefill_last_row) {
   REQUIRE_HOPPER();
   const uint64_t seed = gpu_test::fresh_seed();
   const int64_t Hq = 8, Hkv = 2;
   for (int d : {64, 128, 256})
-    for (int L : {1, 37, 127, 128, 129, 256, 300, 1000, 2047}) {  // (below 2048: d = 64's dense prefill takes tall tiles there)
+    for (int L : {1, 37, 127, 128, 129, 256, 300, 1000, 2047, 2048, 3001}) {
+      // From 2048 rows d = 64's dense prefill takes the tall tiles (112 keys to the cache's 128).
+      if (d == 64 && L >= 2048) continue;
       DeviceTensor q(DType::bf16, 1, L, Hq, d, false), k(DType::bf16, 1, L, Hkv, d, false),
           v(DType::bf16, 1, L, Hkv, d, false), out(DType::bf16, 1, L, Hq, d, false);
       q.fill_normal(seed + 3 * L + d), k.fill_normal(seed + 5 * L + d + 1), v.fill_normal(seed + 7 * L + d + 2);
@@ -1027,6 +1030,10 @@ TEST(kvcache_decode_equals_prefill_last_row) {
         DeviceInts lens({append ? L - 1 : L});
         warpattn::KvCache cache;
         cache.k_cache = kc.view, cache.v_cache = vc.view, cache.cache_seqlens = lens.view;
+        // num_splits = 1: the prefill's single pass, on the 128-row tile (without it, the mode
+        // splits caches past 2048 keys into chunks, and takes the decode tile, whose warpgroups
+        // alternate key tiles: other bits, still the sequence's alone).
+        cache.num_splits = 1;
         if (append) {
           // the cache's row L - 1 poisoned first: the append must bring it back
           CUDA_OK(cudaMemset(kc.mem + (L - 1) * kc.view.stride[1], 0xFF, Hkv * d * 2));
@@ -1051,6 +1058,77 @@ TEST(kvcache_decode_equals_prefill_last_row) {
             << seed;
       }
       cudaFree(lse_mem);
+      cudaFree(lse1_mem);
+    }
+}
+
+// ---- Issue 18: in the batch-invariant mode a sequence's decode bits do not depend on the batch.
+// The same sequence alone (its cache exactly its length, so its launch splits only as its own
+// chunks need) and inside batches of other sequences of other lengths and a larger capacity (so
+// the launch has more splits, most of them empty for this sequence), at a random position:
+// out and lse bitwise equal. Lengths from one chunk (2048 keys: no split) to many (decode_plan's
+// invariant_chunk_blocks), one new row and three (causal), every head dim. The default mode's
+// split count follows the batch's tiles, so its bits may move there (not asserted).
+TEST(kvcache_batch_invariant_alone_and_in_batches) {
+  REQUIRE_HOPPER();
+  const uint64_t seed = gpu_test::fresh_seed();
+  std::mt19937_64 rng(seed);
+  const int64_t Hq = 8, Hkv = 2;
+  for (int d : {64, 128, 256})
+    for (int L : {700, 2048, 2049, 9001, 40000}) {
+      const int64_t Sq = L % 2 ? 3 : 1;
+      const auto lse_view = [&](float* mem, int64_t b) { return gpu_test::contiguous(mem, DType::f32, {b, Hq, Sq}); };
+      DeviceTensor q1(DType::bf16, 1, Sq, Hq, d, false), k1(DType::bf16, 1, L, Hkv, d, false),
+          v1(DType::bf16, 1, L, Hkv, d, false), o1(DType::bf16, 1, Sq, Hq, d, false);
+      q1.fill_normal(seed + 11 * L + d), k1.fill_normal(seed + 13 * L + d), v1.fill_normal(seed + 17 * L + d);
+      o1.poison();
+      float* lse1_mem = nullptr;
+      CUDA_OK(cudaMalloc(&lse1_mem, sizeof(float) * Hq * Sq));
+      CUDA_OK(cudaMemset(lse1_mem, 0xFF, sizeof(float) * Hq * Sq));
+      warpattn::ForwardOptions o;
+      o.causal = true, o.batch_invariant = true;
+      DeviceInts len1({L});
+      warpattn::KvCache c1;
+      c1.k_cache = k1.view, c1.v_cache = v1.view, c1.cache_seqlens = len1.view;
+      warpattn::forward_kvcache(q1.view, c1, o1.view, lse_view(lse1_mem, 1), o);
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<uint16_t> want = o1.raw();
+      std::vector<float> want_lse(Hq * Sq);
+      CUDA_OK(cudaMemcpy(want_lse.data(), lse1_mem, sizeof(float) * Hq * Sq, cudaMemcpyDeviceToHost));
+      for (int B : {2, 5}) {
+        const int64_t cap = L + 1 + static_cast<int64_t>(rng() % 30000);
+        const int at = static_cast<int>(rng() % B);
+        DeviceTensor qb(DType::bf16, B, Sq, Hq, d, false), kb(DType::bf16, B, cap, Hkv, d, false),
+            vb(DType::bf16, B, cap, Hkv, d, false), ob(DType::bf16, B, Sq, Hq, d, false);
+        qb.fill_normal(seed + 19 * B + d), kb.fill_normal(seed + 23 * B + d), vb.fill_normal(seed + 29 * B + d);
+        ob.poison();
+        // The sequence's rows into batch slot `at` (contiguous tensors: a slot is one block).
+        CUDA_OK(cudaMemcpy(qb.mem + at * qb.view.stride[0], q1.mem, Sq * Hq * d * 2, cudaMemcpyDeviceToDevice));
+        CUDA_OK(cudaMemcpy(kb.mem + at * kb.view.stride[0], k1.mem, L * Hkv * d * 2, cudaMemcpyDeviceToDevice));
+        CUDA_OK(cudaMemcpy(vb.mem + at * vb.view.stride[0], v1.mem, L * Hkv * d * 2, cudaMemcpyDeviceToDevice));
+        std::vector<int> lens(B);
+        for (int b = 0; b < B; ++b) lens[b] = b == at ? L : static_cast<int>(rng() % (cap + 1));
+        lens[(at + 1) % B] = static_cast<int>(cap);  // one full cache: the launch's largest split count
+        DeviceInts lens_dev(lens);
+        float* lse_mem = nullptr;
+        CUDA_OK(cudaMalloc(&lse_mem, sizeof(float) * B * Hq * Sq));
+        CUDA_OK(cudaMemset(lse_mem, 0xFF, sizeof(float) * B * Hq * Sq));
+        warpattn::KvCache cb;
+        cb.k_cache = kb.view, cb.v_cache = vb.view, cb.cache_seqlens = lens_dev.view;
+        warpattn::forward_kvcache(qb.view, cb, ob.view, lse_view(lse_mem, B), o);
+        CUDA_OK(cudaDeviceSynchronize());
+        const std::vector<uint16_t> got = ob.raw();
+        std::vector<float> got_lse(B * Hq * Sq);
+        CUDA_OK(cudaMemcpy(got_lse.data(), lse_mem, sizeof(float) * B * Hq * Sq, cudaMemcpyDeviceToHost));
+        int64_t differ = 0, lse_differ = 0;
+        for (int64_t e = 0; e < Sq * Hq * d; ++e) differ += got[at * ob.view.stride[0] + e] != want[e];
+        for (int64_t e = 0; e < Hq * Sq; ++e) lse_differ += memcmp(&got_lse[at * Hq * Sq + e], &want_lse[e], 4) != 0;
+        CHECK(differ == 0 && lse_differ == 0)
+            << "d " << d << " L " << L << " Sq " << Sq << ": inside a batch of " << B << " (position " << at
+            << ", capacity " << cap << ") " << differ << " of " << Sq * Hq * d << " out elements and " << lse_differ
+            << " lse values differ from the sequence alone, seed " << seed;
+        cudaFree(lse_mem);
+      }
       cudaFree(lse1_mem);
     }
 }

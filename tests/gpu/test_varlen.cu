@@ -186,12 +186,11 @@ void check_batch(const Batch& c) {
   const int64_t outside = out.written_outside_view(out_raw);
   // Bitwise only where the dense launch takes the same tiles: the same height and no split tail (a non-causal dense launch with more tiles than the H200's 132 SMs
   // may split its last wave's key ranges).
-  // The packed launch takes the tall tiles at d = 64 when max_seqlen_q reaches 2048, the dense
-  // one when its own sequence does; head dims below 64 run padded in the same kernel, so they
-  // may too.
+  // The packed launch takes the tall tiles at d = 64 always, the dense one when its own sequence
+  // reaches 2048 rows; head dims below 64 run padded in the same kernels, so they do too.
   bool same_tiles = true;
   for (int b = 0; b < B; ++b) {
-    same_tiles = same_tiles && !(D <= 64 && (c.seqlen_q[b] >= 2048) != (batch.max_seqlen_q >= 2048));
+    same_tiles = same_tiles && !(D <= 64 && c.seqlen_q[b] < 2048);
     same_tiles = same_tiles && (c.causal || int64_t(c.seqlen_q[b] + 127) / 128 * H <= 132);
   }
   const double tol = c.dtype == DType::bf16 ? 5e-3 : 1e-3;

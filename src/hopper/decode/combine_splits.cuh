@@ -13,8 +13,10 @@
 
 namespace warpattn::detail {
 
-// Grid (tiles, consumer warpgroups), 128 threads, launched with launch_dependent. Every thread runs to the end: the store's
-// shuffles need whole warps.
+// Grid (tiles, consumer warpgroups; a decode tile's: tiles, 1), 128 threads, launched with
+// launch_dependent. Every thread runs to the end: the store's shuffles need whole warps. A
+// decode tile's pieces each hold two states of the same 64 rows (its warpgroups took alternate
+// key tiles): added piece by piece, warpgroup 0's then 1's.
 template <class Cfg>
 __global__ void __launch_bounds__(128) combine_kvcache_splits_kernel(const __grid_constant__ ForwardParams params) {
   // Launched as the attention's dependent (dependent_launch.cuh): its partial states are
@@ -32,8 +34,15 @@ __global__ void __launch_bounds__(128) combine_kvcache_splits_kernel(const __gri
   // Unrolled so that the next piece's loads are in flight while one piece is added (each piece
   // is an L2 round trip, and a long cache's tile can have tens of them).
   if (holds_stored_rows(warpgroup, f, first_position, w.head, params.packing, seqlen_q)) {
+    if constexpr (Cfg::kDecodeTile) {
+      for (int i = 0; i < splits; ++i) {
+        PartialState<Cfg>(params, tile * splits + i, 0, thread).add_to(o, s);
+        PartialState<Cfg>(params, tile * splits + i, 1, thread).add_to(o, s);
+      }
+    } else {
 #pragma unroll 2
-    for (int i = 0; i < splits; ++i) PartialState<Cfg>(params, tile * splits + i, warpgroup, thread).add_to(o, s);
+      for (int i = 0; i < splits; ++i) PartialState<Cfg>(params, tile * splits + i, warpgroup, thread).add_to(o, s);
+    }
   }
   float sink_log2[2], lse[2];
   packed_row_sinks(params, warpgroup, f, first_position, w.head, seqlen_q, sink_log2);

@@ -31,6 +31,13 @@ struct KvPages {
   int box_rows = 0, boxes = 1;  // a key tile is `boxes` boxes of box_rows keys
 };
 
+// How many producer threads issue a KV-cache key tile's boxes: one for a tile of one box, up to
+// kCacheIssuers (lane 0 of each producer warp) for more; boxes is a power of two, so they share
+// them evenly (issuer i the boxes i, i + issuers, ...). Run 141: pages of 16 (8 boxes a tile,
+// each after its block-table load, from one thread) took 1.7x the dense cache's time.
+inline constexpr int kCacheIssuers = 4;
+WARPATTN_HOST_DEVICE int cache_issuers(const KvPages& kv) { return kv.boxes < kCacheIssuers ? kv.boxes : kCacheIssuers; }
+
 struct CacheBox {
   int page, row;  // the box's coordinates in the cache's map (page -1: zero-filled)
 };

@@ -17,17 +17,27 @@ namespace warpattn::detail {
 
 // How many pieces a KV-cache launch cuts each tile's keys into: the caller's num_splits (1 ..
 // kMaxDecodeSplits), or, for 0, decode_plan.hpp's default from the tiles, the capacity's key
-// tiles and the SMs (none in the batch-invariant mode, where a sequence's bits must not depend
-// on the batch); never so many that the pieces pass 2^31 or their partial states (slot_bytes
-// each) kMaxSplitPartialBytes, which a forced count over many tiles would.
+// tiles and the SMs; never so many that the pieces pass 2^31 or their partial states (slot_bytes
+// each) kMaxSplitPartialBytes, which a forced count over many tiles would. The batch-invariant
+// mode's default cuts each tile into chunks fixed by its own key count (invariant_chunks), not
+// by the batch's tiles; where those would pass the limits, no tile is split (still invariant).
 inline constexpr long long kMaxSplitPartialBytes = 1LL << 30;
-inline int kvcache_splits(int num_splits, long long tiles, int key_tiles, bool batch_invariant, size_t slot_bytes) {
-  int splits = num_splits > 0 ? num_splits
-                              : (batch_invariant ? 1 : default_splits(tiles, key_tiles, multiprocessor_count()));
-  while (splits > 1 && (tiles * splits >= (1LL << 31) ||
-                        tiles * splits * static_cast<long long>(slot_bytes) > kMaxSplitPartialBytes))
-    --splits;
-  return splits;
+struct KvCacheSplits {
+  int splits;
+  bool invariant_chunks;
+};
+inline bool kvcache_splits_fit(long long tiles, int splits, size_t slot_bytes) {
+  return tiles * splits < (1LL << 31) && tiles * splits * static_cast<long long>(slot_bytes) <= kMaxSplitPartialBytes;
+}
+inline KvCacheSplits kvcache_splits(int num_splits, long long tiles, int key_tiles, int block_n, bool batch_invariant,
+                                    size_t slot_bytes) {
+  if (num_splits == 0 && batch_invariant) {
+    const int n = invariant_launch_splits(key_tiles, block_n);
+    return n > 1 && kvcache_splits_fit(tiles, n, slot_bytes) ? KvCacheSplits{n, true} : KvCacheSplits{1, false};
+  }
+  int splits = num_splits > 0 ? num_splits : default_splits(tiles, key_tiles, multiprocessor_count());
+  while (splits > 1 && !kvcache_splits_fit(tiles, splits, slot_bytes)) --splits;
+  return {splits, false};
 }
 
 // q, out: (B, Sq, Hq, D); k_cache, v_cache: dense (B, S_cache, Hkv, D) or paged (num_pages,
@@ -46,7 +56,7 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   ForwardParams params = base_forward_params<Cfg>(p, out, lse);
   // GQA packing: a tile's rows are `heads` query heads of one KV head at `positions` positions,
   // so K and V are read once per KV head (and a one-row decode step fills group rows, not one).
-  const GqaPacking packing = gqa_packing(params.kv_group, Cfg::kBlockM);
+  const GqaPacking packing = gqa_packing(params.kv_group, Cfg::kDecodeTile ? 64 : Cfg::kBlockM);
   params.packing = packing;
   params.heads_q /= packing.heads;   // the tiles' head axis: chunks of packed heads
   params.kv_group /= packing.heads;  // chunks per KV head
@@ -60,21 +70,33 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   // Split keys (flash-decoding): when the tiles cannot fill the SMs, each tile's key range is cut
   // into pieces over CTAs, each leaving its partial state, combined in order afterwards. The
   // pieces are enumerated by the producer itself (kv_cache_pieces.hpp): no plan before the launch.
-  work.splits = kvcache_splits(num_splits, tiles, ceil_div(params.seqlen_k, Cfg::kBlockN), p.batch_invariant,
-                               PartialState<Cfg>::kSlotBytes);
+  const KvCacheSplits splits = kvcache_splits(num_splits, tiles, ceil_div(params.seqlen_k, Cfg::kBlockN), Cfg::kBlockN,
+                                              p.batch_invariant, PartialState<Cfg>::kSlotBytes);
+  work.splits = splits.splits, work.invariant_chunks = splits.invariant_chunks;
   work.pieces = static_cast<int>(tiles * work.splits);
   params.kv_work = work;
-  SchedulerWorkspace ws(stream, work.splits > 1 ? static_cast<size_t>(work.pieces) * PartialState<Cfg>::kSlotBytes : 0);
+  const bool combined = Cfg::kDecodeTile || work.splits > 1;  // (a decode tile's two states always are)
+  SchedulerWorkspace ws(stream, combined ? static_cast<size_t>(work.pieces) * PartialState<Cfg>::kSlotBytes : 0);
   params.tile_counter = ws.tile_counter();
   params.partials = ws.partials();
   if (append != nullptr)
     append_kv(append->k, append->v, k_cache, v_cache, work.cache_seqlens, pages, work.capacity, stream);
   launch_forward_kernel<Cfg>(std::min<int64_t>(work.pieces, multiprocessor_count()), maps, params, stream);
-  if (work.splits > 1) {
+  if (combined) {
     // Scheduled while the attention's last pieces still run (the kernel waits for them itself).
-    launch_dependent(combine_kvcache_splits_kernel<Cfg>, dim3(static_cast<unsigned>(tiles), Cfg::kConsumerWarpgroups),
-                     dim3(128), stream, "combine_kvcache_splits_kernel: launch failed", params);
+    launch_dependent(combine_kvcache_splits_kernel<Cfg>,
+                     dim3(static_cast<unsigned>(tiles), Cfg::kDecodeTile ? 1 : Cfg::kConsumerWarpgroups), dim3(128),
+                     stream, "combine_kvcache_splits_kernel: launch failed", params);
   }
+}
+
+// Whether a launch takes the decode tile (KvCacheConfig's kDecodeTile): every query position and
+// query head of a KV head fit in 64 rows, so one tile still covers them and no key is read
+// twice; but not in the batch-invariant mode with num_splits = 1, which asks for the causal
+// prefill's own bits (its key tiles do not alternate between warpgroups).
+inline bool kvcache_takes_decode_tile(const ForwardProblem& p, int num_splits) {
+  const int64_t group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
+  return p.seqlen_q * group <= 64 && !(p.batch_invariant && num_splits == 1);
 }
 
 // Defined in forward_kvcache_<dtype>_d<dim>.cu, one file per dtype and head dim.
@@ -84,10 +106,27 @@ void run_forward_kvcache_head_dim(const ForwardProblem& p, const KvCacheWork& wo
                                   const TensorView& k_cache, const TensorView& v_cache, const TensorView& out,
                                   const std::optional<TensorView>& lse, cudaStream_t stream);
 
+// One mask kind's launch: the decode tile (head dims up to 128) or the 128-row one.
+template <class Element, int kHeadDim, bool kBanded>
+void run_forward_kvcache_band(const ForwardProblem& p, const KvCacheWork& work, const KvPages& pages, int num_splits,
+                              const NewRows* append, const TensorView& q, const TensorView& k_cache,
+                              const TensorView& v_cache, const TensorView& out, const std::optional<TensorView>& lse,
+                              cudaStream_t stream) {
+  using Base = KvCacheForwardConfigFor<Element, kHeadDim, kBanded>;
+  // Head dim 256 keeps the 128-row tile: its banded decode tile spilled (24 bytes, the tile
+  // loop's counters) out of the consumers' 232 registers.
+  if constexpr (kHeadDim <= 128)
+    if (kvcache_takes_decode_tile(p, num_splits))
+      return run_forward_kvcache<KvCacheConfig<DecodeTileForwardConfigFor<Element, kHeadDim, kBanded>, true>>(p, work, pages, num_splits, append, q, k_cache, v_cache,
+                                                            out, lse, stream);
+  run_forward_kvcache<KvCacheConfig<Base>>(p, work, pages, num_splits, append, q, k_cache, v_cache, out, lse, stream);
+}
+
 }  // namespace warpattn::detail
 
 // The body of each forward_kvcache_<dtype>_d<dim>.cu: banded (causal or a sliding window) and not,
-// both in the banded tile's shape (tile_shapes.hpp, KvCacheForwardConfigFor).
+// both in the banded tile's shape (tile_shapes.hpp, KvCacheForwardConfigFor), each with the
+// decode tile or the 128-row one.
 #define WARPATTN_FORWARD_KVCACHE_INSTANCE(Element, kHeadDim)                                                   \
   namespace warpattn::detail {                                                                               \
   template <>                                                                                                \
@@ -96,10 +135,10 @@ void run_forward_kvcache_head_dim(const ForwardProblem& p, const KvCacheWork& wo
       const NewRows* append, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,       \
       const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream) {                    \
     if (p.banded)                                                                                            \
-      run_forward_kvcache<KvCacheConfig<KvCacheForwardConfigFor<Element, kHeadDim, true>>>(                  \
-          p, work, pages, num_splits, append, q, k_cache, v_cache, out, lse, stream);                        \
+      run_forward_kvcache_band<Element, kHeadDim, true>(p, work, pages, num_splits, append, q, k_cache, v_cache, \
+                                                        out, lse, stream);                                   \
     else                                                                                                     \
-      run_forward_kvcache<KvCacheConfig<KvCacheForwardConfigFor<Element, kHeadDim, false>>>(                 \
-          p, work, pages, num_splits, append, q, k_cache, v_cache, out, lse, stream);                        \
+      run_forward_kvcache_band<Element, kHeadDim, false>(p, work, pages, num_splits, append, q, k_cache,       \
+                                                         v_cache, out, lse, stream);                         \
   }                                                                                                          \
   }
