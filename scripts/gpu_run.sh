@@ -7,7 +7,7 @@ set -u -o pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 STAGES=${STAGES:-"ctest cli bench"}  # also: primitives, forward, fp8, devices, sanitize, fa3, python, bench_backward, ncu, ncu_fp8
-# python: PY_PARTS (default gpu cpu training varlen kvcache transformers jax_ffi), VARLEN_BENCH=1 for the varlen mixes,
+# python: PY_PARTS (default gpu cpu training varlen kvcache transformers jax_ffi; PY_PARALLEL=1 runs them side by side), VARLEN_BENCH=1 for the varlen mixes,
 #   DECODE_BENCH=1 for the KV-cache benchmark (python -m warpattn.bench --decode; DECODE_BENCH_ARGS, default --quick),
 #   JAX_BENCH=1 for warpattn under jax.jit beside cuDNN (python -m warpattn.bench_jax; JAX_BENCH_ARGS),
 #   MODEL_OPTIONS_BENCH=1 for scripts/bench_model_options.py, HOST_COST=1 for scripts/host_cost.py,
@@ -116,10 +116,25 @@ if stage python; then
     fi
     # The XLA FFI handlers are built only where the build found jax (warpattn.jax_ffi).
     (cd /tmp && python3 -c "import warpattn, jax; from warpattn import jax_ffi; print('JAX FFI handlers built:', jax_ffi.available(), 'jax', jax.__version__)")
+    # PY_PARALLEL=1: the parts side by side on the one GPU (correctness only, as ctest -j3; JAX
+    # then allocates as it goes instead of taking 75% of the memory first), reported in order.
+    if [ -n "${PY_PARALLEL:-}" ]; then
+      for part in ${PY_PARTS:-gpu cpu training varlen kvcache transformers jax_ffi}; do
+        (cd /tmp && XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 timeout -k 5 ${PYTEST_TIMEOUT:-400} \
+          python3 -X faulthandler -m pytest -q -rs "$OLDPWD/tests/python/test_$part.py" > "$OUT/pytest-$part.log" 2>&1;
+         echo $? > "$OUT/pytest-$part.rc") &
+      done
+      wait
+    fi
     for part in ${PY_PARTS:-gpu cpu training varlen kvcache transformers jax_ffi}; do  # separately: a crash in one part still leaves the others' results
-      (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${PYTEST_TIMEOUT:-400} python3 -X faulthandler -m pytest -q -rs \
-        "$OLDPWD/tests/python/test_$part.py" > "$OUT/pytest-$part.log" 2>&1)
-      rc=$?; echo "pytest $part rc=$rc: $(tail -1 "$OUT/pytest-$part.log")"
+      if [ -n "${PY_PARALLEL:-}" ]; then
+        rc=$(cat "$OUT/pytest-$part.rc"); rm -f "$OUT/pytest-$part.rc"
+      else
+        (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${PYTEST_TIMEOUT:-400} python3 -X faulthandler -m pytest -q -rs \
+          "$OLDPWD/tests/python/test_$part.py" > "$OUT/pytest-$part.log" 2>&1)
+        rc=$?
+      fi
+      echo "pytest $part rc=$rc: $(tail -1 "$OUT/pytest-$part.log")"
       if [ $rc -ge 128 ] && [ ! -f "$OUT/crash.log" ]; then  # a crash: where, by cuda-gdb (no gdb there)
         (cd /tmp && timeout -k 5 120 cuda-gdb -batch -ex run -ex bt -ex "info sharedlibrary" \
           --args python3 "$OLDPWD/scripts/py_error_repro.py" > "$OUT/crash.log" 2>&1)
