@@ -12,6 +12,12 @@
 //              issue still one thread's;
 //   4 warps    the same boxes spread over the producer warpgroup's 4 warps (2 pages each): the
 //              issue from four threads of different warps.
+//   heads together  a dense KV cache's layout, (keys, 8 heads, 128 columns): a head's key rows
+//              are 256 bytes every 2 KB; CTAs 8s .. 8s + 7 take the 8 heads of one sequence at
+//              once, as tile_order's head-fastest order has them run (each 2 KB row read whole);
+//   heads apart    the same layout with each CTA alone on its sequence (one head of it): 256
+//              bytes used of every 2 KB row read at a time (run 143: the kernel's 3.8 TB/s at B =
+//              64 against cuDNN's 4.3; does the layout cost that, or the order?).
 // Each CTA streams its tiles through a 4-stage ring of 32 KB tiles (128 rows x 128 bf16
 // columns), like K's ring in the d = 128 KV-cache kernel. Reported: us per tile per CTA and the
 // bytes' rate against the copy rate the same run measures; and, as a check that every box
@@ -40,7 +46,15 @@ constexpr int kRows = 128, kCols = 128, kPage = 16, kBoxes = kRows / kPage, kSta
 constexpr int kPanelBytes = kRows * 128;        // 64 bf16 columns x 128 rows
 constexpr int kTileBytes = kRows * kCols * 2;   // 32 KB
 constexpr int kSmem = 1024 + kStages * kTileBytes + 256;
-enum Mode { kDense = 0, kPaged = 1, kPreloaded = 2, kFourWarps = 3 };
+enum Mode { kDense = 0, kPaged = 1, kPreloaded = 2, kFourWarps = 3, kHeadsTogether = 4, kHeadsApart = 5 };
+constexpr int kHeads = 8;  // the strided modes' cache: (keys, kHeads, kCols)
+
+// The strided modes' first key row of CTA c's tile t (in keys of its sequence's span) and head.
+__host__ __device__ inline long long strided_key(int mode, int c, int t, int tiles, long long keys) {
+  const long long span = static_cast<long long>(tiles) * kRows;  // a sequence: the CTA's keys
+  const long long seq = mode == kHeadsTogether ? c / kHeads : c;
+  return (seq * span + static_cast<long long>(t) * kRows) % keys;
+}
 
 struct Ring {
   uint64_t full[kStages], empty[kStages];
@@ -83,6 +97,16 @@ __global__ void __launch_bounds__(256, 1) stream_tiles(const __grid_constant__ C
           ptx::mbarrier_arrive_expect_tx(full, kTileBytes / 4);
           page_box(tile, &page_map, full, 2 * warp, p0);
           page_box(tile, &page_map, full, 2 * warp + 1, p1);
+        }
+      } else if (kMode == kHeadsTogether || kMode == kHeadsApart) {
+        if (warp == 0 && lane == 0) {
+          ptx::mbarrier_wait(ptx::smem_addr(&ring.empty[stage]), phase ^ 1);
+          ptx::mbarrier_arrive_expect_tx(full, kTileBytes);
+          const int key0 = static_cast<int>(strided_key(kMode, blockIdx.x, t, tiles, dense_rows / kHeads));
+          const int head = blockIdx.x % kHeads;
+#pragma unroll
+          for (int p = 0; p < 2; ++p)
+            ptx::tma_load_5d(tile + p * kPanelBytes, &page_map, full, head * kCols + 64 * p, key0, 0, 0, 0);
         }
       } else if (warp == 0) {
         int entry = 0;
@@ -162,18 +186,35 @@ int main() {
   std::printf("copy rate %.0f GB/s (read + written); %d CTAs x %d tiles of %d KB\n", copy_rate / 1e9, sms, tiles,
               kTileBytes / 1024);
 
-  const char* names[4] = {"dense (2 boxes of 128 rows)", "paged (16 boxes, entry loaded before each)",
-                          "preloaded (16 boxes, 8 entries by 8 lanes first)", "4 warps (16 boxes, 4 per warp)"};
-  void (*kernels[4])(CUtensorMap, CUtensorMap, const int*, int, int, float*) = {
-      stream_tiles<kDense>, stream_tiles<kPaged>, stream_tiles<kPreloaded>, stream_tiles<kFourWarps>};
+  // The strided modes (and a dense run of the same length beside them): 31 tiles a CTA, so that
+  // the 132 CTAs' sequences of 31 x 128 keys fit the 1 GiB apart (524288 keys of 2 KB), none read
+  // by two CTAs at once (that would be L2 hits, not DRAM reads).
+  const CUtensorMap wide_map = bf16_panel_map(data, kHeads * kCols, static_cast<int>(total_rows / kHeads), kRows);
+  struct Run {
+    int mode, tiles;
+    const char* name;
+  };
+  const Run runs[] = {{kDense, tiles, "dense (2 boxes of 128 rows)"},
+                      {kPaged, tiles, "paged (16 boxes, entry loaded before each)"},
+                      {kPreloaded, tiles, "preloaded (16 boxes, 8 entries by 8 lanes first)"},
+                      {kFourWarps, tiles, "4 warps (16 boxes, 4 per warp)"},
+                      {kDense, 31, "dense, 31 tiles a CTA"},
+                      {kHeadsTogether, 31, "KV cache layout, a sequence's 8 heads together"},
+                      {kHeadsApart, 31, "KV cache layout, one head a sequence at a time"}};
+  void (*kernels[6])(CUtensorMap, CUtensorMap, const int*, int, int, float*) = {
+      stream_tiles<kDense>,     stream_tiles<kPaged>,          stream_tiles<kPreloaded>,
+      stream_tiles<kFourWarps>, stream_tiles<kHeadsTogether>, stream_tiles<kHeadsApart>};
   bool ok = true;
-  for (int m = 0; m < 4; ++m) {
+  for (const Run& run : runs) {
+    const int m = run.mode, run_tiles = run.tiles;
+    const bool strided = m == kHeadsTogether || m == kHeadsApart;
     cudaFuncSetAttribute(kernels[m], cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     float best = 1e30f;
     for (int rep = 0; rep < 4; ++rep) {
       cudaMemset(firsts, 0xFF, sms * kBoxes * 4);
       cudaEventRecord(e0);
-      kernels[m]<<<sms, 256, kSmem>>>(dense_map, page_map, table_dev, tiles, static_cast<int>(total_rows), firsts);
+      kernels[m]<<<sms, 256, kSmem>>>(dense_map, strided ? wide_map : page_map, table_dev, run_tiles,
+                                      static_cast<int>(total_rows), firsts);
       cudaEventRecord(e1);
       cudaEventSynchronize(e1);
       float ms = 0;
@@ -182,22 +223,29 @@ int main() {
     }
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) {
-      std::printf("FAIL: %s: %s\n", names[m], cudaGetErrorString(err));
+      std::printf("FAIL: %s: %s\n", run.name, cudaGetErrorString(err));
       return 1;
     }
-    // The last tile's boxes: their first rows' values, against the rows they came from.
+    // The last tile's boxes: their first rows' values, against the rows they came from (a strided
+    // row's value: (key x 8 + head) mod 1000, its element's 128-column row in the host's pattern).
     std::vector<float> got(sms * kBoxes);
     cudaMemcpy(got.data(), firsts, got.size() * 4, cudaMemcpyDeviceToHost);
     int wrong = 0;
     for (int c = 0; c < sms; ++c)
       for (int j = 0; j < kBoxes; ++j) {
-        const long long row = m == kDense ? ((static_cast<long long>(c) * tiles + tiles - 1) * kRows % total_rows) + j * kPage
-                                          : static_cast<long long>(table[(static_cast<size_t>(c) * tiles + tiles - 1) * kBoxes + j]) * kPage;
+        const int t = run_tiles - 1;
+        long long row;
+        if (m == kDense)
+          row = ((static_cast<long long>(c) * run_tiles + t) * kRows % total_rows) + j * kPage;
+        else if (strided)
+          row = (strided_key(m, c, t, run_tiles, total_rows / kHeads) + j * kPage) * kHeads + c % kHeads;
+        else
+          row = static_cast<long long>(table[(static_cast<size_t>(c) * tiles + t) * kBoxes + j]) * kPage;
         wrong += got[c * kBoxes + j] != static_cast<float>(row % 1000);
       }
-    const double bytes = static_cast<double>(sms) * tiles * kTileBytes;
-    std::printf("  %-50s %8.3f ms  %6.2f us a tile per CTA  %6.0f GB/s (%.2f of the copy rate)  %s\n", names[m], best,
-                best * 1e3 / tiles, bytes / (best * 1e-3) / 1e9, bytes / (best * 1e-3) / copy_rate,
+    const double bytes = static_cast<double>(sms) * run_tiles * kTileBytes;
+    std::printf("  %-50s %8.3f ms  %6.2f us a tile per CTA  %6.0f GB/s (%.2f of the copy rate)  %s\n", run.name, best,
+                best * 1e3 / run_tiles, bytes / (best * 1e-3) / 1e9, bytes / (best * 1e-3) / copy_rate,
                 wrong == 0 ? "boxes ok" : "BOXES WRONG");
     ok = ok && wrong == 0;
   }
