@@ -85,7 +85,9 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   if (combined) {
     // Scheduled while the attention's last pieces still run (the kernel waits for them itself).
     launch_dependent(combine_kvcache_splits_kernel<Cfg>,
-                     dim3(static_cast<unsigned>(tiles), Cfg::kDecodeTile ? 1 : Cfg::kConsumerWarpgroups), dim3(128),
+                     dim3(static_cast<unsigned>(tiles), Cfg::kDecodeTile ? 1 : Cfg::kConsumerWarpgroups,
+                          Cfg::kHeadDim / kCombineSliceCols),
+                     dim3(128),
                      stream, "combine_kvcache_splits_kernel: launch failed", params);
   }
 }
