@@ -100,9 +100,14 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
 // query head of a KV head fit in 64 rows, so one tile still covers them and no key is read
 // twice; but not in the batch-invariant mode with num_splits = 1, which asks for the causal
 // prefill's own bits (its key tiles do not alternate between warpgroups).
+// WARPATTN_TUNE_NO_DECODE_TILE: never, for an A/B (run 143 found it no faster at B = 8).
 inline bool kvcache_takes_decode_tile(const ForwardProblem& p, int num_splits) {
+#ifdef WARPATTN_TUNE_NO_DECODE_TILE
+  return (void)p, (void)num_splits, false;
+#else
   const int64_t group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
   return p.seqlen_q * group <= 64 && !(p.batch_invariant && num_splits == 1);
+#endif
 }
 
 // Defined in forward_kvcache_<dtype>_d<dim>.cu, one file per dtype and head dim.
