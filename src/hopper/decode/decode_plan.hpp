@@ -116,8 +116,7 @@ WARPATTN_HOST_DEVICE int invariant_chunk_blocks(int key_blocks, int block_n, int
 // capacity's); a tile with fewer chunks leaves the rest of its pieces empty, which the combine
 // adds as exact zeros, so its bits do not see them.
 WARPATTN_HOST_DEVICE int invariant_launch_splits(int key_blocks, int block_n, int chunk_keys) {
-  const int by_keys = (chunk_keys + block_n - 1) / block_n;
-  const int n = key_blocks <= 0 ? 1 : (key_blocks + by_keys - 1) / by_keys;
+  const int n = invariant_splits(key_blocks, (chunk_keys + block_n - 1) / block_n);
   return n < kMaxDecodeSplits ? n : kMaxDecodeSplits;
 }
 
