@@ -2,7 +2,8 @@
 // decode-tile launch: each piece of a tile left its partial state (split_tail_combine.cuh's
 // PartialState: O unnormalised, row references R and the thread's share of the row sums l) in
 // the slot of its piece index (kv_cache_pieces.hpp: tile u's pieces are u x splits .. + splits
-// - 1), a decode tile's piece two (its warpgroups took alternate key tiles). This kernel merges
+// - 1), a decode tile's piece two (its warpgroups took alternate key tiles: state 0 the piece's even
+// key tiles, 1 its odd ones, whichever warpgroup ran them; forward_kernel.cuh). This kernel merges
 // a tile's states, then finalizes and stores like the forward kernel's packed epilogue.
 //
 // The states are merged in two passes, not one after another: first the largest reference of
