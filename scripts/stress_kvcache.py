@@ -23,6 +23,8 @@ VARIANTS = {
     "decode_invariant": (8, 4096, 32, 8, 128, 1, {"batch_invariant": True}),
     "decode_invariant_s1": (8, 4096, 32, 8, 128, 1, {"batch_invariant": True, "num_splits": 1}),
     "decode_long": (1, 65536, 32, 8, 128, 1, {}),
+    "invariant_long": (1, 65536, 32, 8, 128, 1, {"batch_invariant": True}),
+    "invariant_sq16": (8, 16384, 64, 8, 128, 16, {"batch_invariant": True, "causal": True}),
     "decode_ragged": (8, 4096, 32, 8, 128, 1, {"ragged": True}),
     "decode_causal_sq4": (8, 4096, 32, 8, 128, 4, {"causal": True}),
     "paged16": (8, 4096, 32, 8, 128, 1, {"page_size": 16}),

@@ -99,11 +99,12 @@ __device__ __forceinline__ bool holds_stored_rows(int warpgroup, const FragmentC
          packed_row_place(warpgroup * 64 + f.row(1), first_position, chunk, packing, seqlen_q).stored;
 }
 
-template <class Cfg>
-__device__ __forceinline__ void store_packed_output(const float (&o)[Cfg::kHeadDim / 2], const float (&lse)[2],
+// kCols columns from first_col (the split combine's slices; a multiple of 32): lse with the first.
+template <class Cfg, int kCols = Cfg::kHeadDim>
+__device__ __forceinline__ void store_packed_output(const float (&o)[kCols / 2], const float (&lse)[2],
                                                     const ForwardParams& params, const FragmentCoords& f,
                                                     int warpgroup, int first_position, int chunk, int batch,
-                                                    int seqlen_q) {
+                                                    int seqlen_q, int first_col = 0) {
   using Out = typename Cfg::OutElement;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -113,8 +114,9 @@ __device__ __forceinline__ void store_packed_output(const float (&o)[Cfg::kHeadD
                                    static_cast<int64_t>(at.position) * params.out_stride_row +
                                    static_cast<int64_t>(at.head) * params.out_stride_head
                              : nullptr;
-    store_accumulator_row<Out, Cfg::kHeadDim>(o, r, f.quad, out_row, params.head_dim);
-    if (params.lse != nullptr && f.quad == 0 && out_row != nullptr)
+    store_accumulator_row<Out, kCols>(o, r, f.quad, out_row == nullptr ? nullptr : out_row + first_col,
+                                      params.head_dim - first_col);
+    if (params.lse != nullptr && f.quad == 0 && out_row != nullptr && first_col == 0)
       params.lse[batch * params.lse_stride_batch + at.head * params.lse_stride_head +
                  static_cast<int64_t>(at.position) * params.lse_stride_row] = lse[r];
   }

@@ -114,8 +114,16 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
     if constexpr (Cfg::kKvCache) {  // packed rows: each row's own query head
       const int first_position = first_row_of_block<Cfg>(w.m_block, params);
       if (w.piece >= 0) {  // a piece of the tile's keys: its partial state, for combine_kvcache_splits_kernel
+        // A decode tile's warpgroups store by the key tiles they took, not by who they are:
+        // state 0 the piece's even key tiles, 1 its odd ones (Ordinals::first, from the tile's
+        // ring ordinal kv - n_tiles). Which warpgroup takes which follows the ring's parity, so
+        // the CTA's earlier pieces, so the dynamic schedule; stored by warpgroup, the combine
+        // summed the same states in a schedule-dependent order (run 147's stress: 679 of 2000
+        // calls' bits moved at 3 pieces of 11, 11, 10 key tiles).
         if (holds_stored_rows(row_warpgroup, f, first_position, w.head, params.packing, seqlen_q))
-          PartialState<Cfg>(params, w.piece, warpgroup, threadIdx.x % 128).store(o, softmax);
+          PartialState<Cfg>(params, w.piece, Cfg::kDecodeTile ? Ordinals<Cfg>::first(warpgroup, kv - n_tiles) : warpgroup,
+                            threadIdx.x % 128)
+              .store(o, softmax);
         continue;
       }
       float sink_log2[2];

@@ -42,6 +42,12 @@ struct PartialState {
     at[(kGroups - 1) * 128] = make_float4(s.row_max[0], s.row_max[1], s.row_sum[0], s.row_sum[1]);
   }
 
+  // The state's parts, for a combine that reads them in its own order
+  // (decode/combine_splits.cuh): {R0, R1, l0, l1}, and O's float4 group g (fragment registers
+  // 4g .. 4g + 3).
+  __device__ __forceinline__ float4 stats() const { return at[(kGroups - 1) * 128]; }
+  __device__ __forceinline__ float4 group(int g) const { return at[g * 128]; }
+
   // Adds this state into (o, s): both to the larger reference, 2^(R - R_max) each (0 for a
   // state that saw no key, R = -inf). Fragment registers 4j + 2r and 4j + 2r + 1 are row r's.
   __device__ __forceinline__ void add_to(float (&o)[Cfg::kHeadDim / 2], OnlineSoftmax& s) const {

@@ -878,6 +878,7 @@ TEST(kvcache_invariant_pieces_depend_on_the_tile_alone) {
     const int block_n = trial % 3 == 0 ? 80 : 128, positions = 1 << (rng() % 6);
     const int seqlen_q = 1 + static_cast<int>(rng() % 40);
     const int len = static_cast<int>(rng() % (trial % 5 == 0 ? 400000 : 20000));
+    const int chunk_keys = invariant_chunk_keys(1 + static_cast<int>(rng() % 128));
     const KeyBand band = causal_band(causal);
     // The sequence alone (capacity: its length) and inside launches of larger capacities.
     std::vector<std::vector<std::pair<int, int>>> seen;
@@ -885,8 +886,8 @@ TEST(kvcache_invariant_pieces_depend_on_the_tile_alone) {
       if (capacity < 1) continue;
       const int lens[1] = {len};
       KvCacheWork w;
-      w.cache_seqlens = lens, w.capacity = capacity, w.invariant_chunks = true;
-      w.splits = invariant_launch_splits((capacity + block_n - 1) / block_n, block_n);
+      w.cache_seqlens = lens, w.capacity = capacity, w.chunk_keys = chunk_keys;
+      w.splits = invariant_launch_splits((capacity + block_n - 1) / block_n, block_n, chunk_keys);
       CHECK(w.splits >= 1 && w.splits <= kMaxDecodeSplits) << w.splits;
       const TileGrid grid{(seqlen_q + positions - 1) / positions, 1, 1, 1};
       for (int m = 0; m < grid.m_blocks; ++m) {
@@ -917,11 +918,15 @@ TEST(kvcache_invariant_pieces_depend_on_the_tile_alone) {
       }
     }
   }
-  // The chunks are 2048 keys until a tile would pass kMaxDecodeSplits of them.
-  CHECK(invariant_chunk_blocks(16, 128) == 16 && invariant_chunk_blocks(2048, 128) == 16 &&
-        invariant_chunk_blocks(2049, 128) == 17 && invariant_chunk_blocks(1, 80) == 26);
-  CHECK(invariant_launch_splits(16, 128) == 1 && invariant_launch_splits(17, 128) == 2 &&
-        invariant_launch_splits(1 << 20, 128) == kMaxDecodeSplits);
+  // The chunks are 2048 keys, or 64 a real row of a tile past 32 rows, until a tile would pass
+  // kMaxDecodeSplits of them.
+  CHECK(invariant_chunk_keys(1) == 2048 && invariant_chunk_keys(32) == 2048 && invariant_chunk_keys(33) == 2112 &&
+        invariant_chunk_keys(128) == 8192);
+  CHECK(invariant_chunk_blocks(16, 128, 2048) == 16 && invariant_chunk_blocks(2048, 128, 2048) == 16 &&
+        invariant_chunk_blocks(2049, 128, 2048) == 17 && invariant_chunk_blocks(1, 80, 2048) == 26 &&
+        invariant_chunk_blocks(1, 128, 8192) == 64);
+  CHECK(invariant_launch_splits(16, 128, 2048) == 1 && invariant_launch_splits(17, 128, 2048) == 2 &&
+        invariant_launch_splits(1 << 20, 128, 2048) == kMaxDecodeSplits && invariant_launch_splits(128, 128, 8192) == 2);
 }
 
 TEST(split_key_blocks_is_exact_at_the_largest_counts) {

@@ -1,8 +1,25 @@
-// The combine of a KV-cache launch whose tiles' keys are split (flash-decoding): each piece of a
-// tile left its partial state (split_tail_combine.cuh's PartialState: O unnormalised, row
-// references and sums) in the slot of its piece index (kv_cache_pieces.hpp: tile u's pieces are
-// u x splits .. + splits - 1); this kernel adds a tile's pieces in order (the same sums in the
-// same order every launch), then finalizes and stores like the forward kernel's packed epilogue.
+// The combine of a KV-cache launch whose tiles' keys are split (flash-decoding), and of every
+// decode-tile launch: each piece of a tile left its partial state (split_tail_combine.cuh's
+// PartialState: O unnormalised, row references R and the thread's share of the row sums l) in
+// the slot of its piece index (kv_cache_pieces.hpp: tile u's pieces are u x splits .. + splits
+// - 1), a decode tile's piece two (its warpgroups took alternate key tiles: state 0 the piece's even
+// key tiles, 1 its odd ones, whichever warpgroup ran them; forward_kernel.cuh). This kernel merges
+// a tile's states, then finalizes and stores like the forward kernel's packed epilogue.
+//
+// The states are merged in two passes, not one after another: first the largest reference of
+// each row over all of them, then O = sum of O_i 2^(R_i - R) and l likewise, in piece order.
+// Neither pass carries a dependency from one state's load to the next, so many loads are in
+// flight at once; merging piece by piece (each a rescale of the running sum by the new
+// reference) waited for one state's round trip before the next: with the states evicted from
+// L2 by the cache's stream, run 143's B = 1 64K decode (32 states a tile) spent tens of
+// microseconds there. The order is fixed, so the bits repeat, and a state that saw no key
+// (R = -inf, O = 0, l = 0: a piece past a short sequence's chunks) adds exact zeros.
+//
+// Grid (tiles, row warpgroups: a decode tile's 1, else the consumer warpgroups, column slices
+// of 32: head_dim / 32), 128 threads, launched with launch_dependent. Each CTA adds its 32
+// columns of O (four float4 groups) and the rows' references and sums, which every slice
+// computes alike (same loads, same order: the same lse bits; slice 0 stores it). Every thread
+// runs to the end: the quad sums and the store's shuffles need whole warps.
 #pragma once
 
 #include "hopper/decode/kv_cache_pieces.hpp"
@@ -13,41 +30,62 @@
 
 namespace warpattn::detail {
 
-// Grid (tiles, consumer warpgroups; a decode tile's: tiles, 1), 128 threads, launched with
-// launch_dependent. Every thread runs to the end: the store's shuffles need whole warps. A
-// decode tile's pieces each hold two states of the same 64 rows (its warpgroups took alternate
-// key tiles): added piece by piece, warpgroup 0's then 1's.
+inline constexpr int kCombineSliceCols = 32;  // a combine CTA's columns: four float4 groups
+
 template <class Cfg>
 __global__ void __launch_bounds__(128) combine_kvcache_splits_kernel(const __grid_constant__ ForwardParams params) {
   // Launched as the attention's dependent (dependent_launch.cuh): its partial states are
   // complete and visible only past this wait.
   ptx::wait_for_preceding_grid();
+  constexpr int kStates = Cfg::kDecodeTile ? 2 : 1;  // per piece
+  constexpr int kSliceGroups = kCombineSliceCols / 8;
   const int tile = static_cast<int>(blockIdx.x), splits = params.kv_work.splits;
   const WorkTile w = tile_coords(tile, TileGrid{params.m_blocks, params.heads_q, params.batch, 1});
-  const int warpgroup = static_cast<int>(blockIdx.y), thread = static_cast<int>(threadIdx.x);
+  const int warpgroup = static_cast<int>(blockIdx.y), slice = static_cast<int>(blockIdx.z);
+  const int thread = static_cast<int>(threadIdx.x);
   const FragmentCoords f(thread);
   const int first_position = w.m_block * params.packing.positions, seqlen_q = params.seqlen_q;
-  float o[Cfg::kHeadDim / 2];
+  // State k of the tile: piece k / kStates, its warpgroup k % kStates (a decode tile's two), or
+  // this CTA's row warpgroup.
+  const int states = splits * kStates;
+  auto state = [&](int k) {
+    return PartialState<Cfg>(params, tile * splits + k / kStates, Cfg::kDecodeTile ? k % kStates : warpgroup, thread);
+  };
+  float o[kCombineSliceCols / 2];
 #pragma unroll
-  for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
-  OnlineSoftmax s(Cfg::kPLog2Offset, Cfg::kStaleLog2);
-  // Unrolled so that the next piece's loads are in flight while one piece is added (each piece
-  // is an L2 round trip, and a long cache's tile can have tens of them).
+  for (int i = 0; i < kCombineSliceCols / 2; ++i) o[i] = 0.f;
+  OnlineSoftmax s(Cfg::kPLog2Offset, Cfg::kStaleLog2);  // row_max: the merged reference (-inf); row_sum: l (0)
   if (holds_stored_rows(warpgroup, f, first_position, w.head, params.packing, seqlen_q)) {
-    if constexpr (Cfg::kDecodeTile) {
-      for (int i = 0; i < splits; ++i) {
-        PartialState<Cfg>(params, tile * splits + i, 0, thread).add_to(o, s);
-        PartialState<Cfg>(params, tile * splits + i, 1, thread).add_to(o, s);
+#pragma unroll 8
+    for (int k = 0; k < states; ++k) {
+      const float4 x = state(k).stats();
+      s.row_max[0] = fmaxf(s.row_max[0], x.x);
+      s.row_max[1] = fmaxf(s.row_max[1], x.y);
+    }
+#pragma unroll 4
+    for (int k = 0; k < states; ++k) {
+      const PartialState<Cfg> st = state(k);
+      const float4 x = st.stats();
+      // 0 for a state that saw no key (R = -inf), and for every state of a row none saw.
+      const float w0 = x.x == -INFINITY ? 0.f : ptx::exp2_approx(x.x - s.row_max[0]);
+      const float w1 = x.y == -INFINITY ? 0.f : ptx::exp2_approx(x.y - s.row_max[1]);
+      s.row_sum[0] = fmaf(x.z, w0, s.row_sum[0]);
+      s.row_sum[1] = fmaf(x.w, w1, s.row_sum[1]);
+#pragma unroll
+      for (int g = 0; g < kSliceGroups; ++g) {
+        const float4 v = st.group(slice * kSliceGroups + g);
+        o[4 * g] = fmaf(v.x, w0, o[4 * g]);
+        o[4 * g + 1] = fmaf(v.y, w0, o[4 * g + 1]);
+        o[4 * g + 2] = fmaf(v.z, w1, o[4 * g + 2]);
+        o[4 * g + 3] = fmaf(v.w, w1, o[4 * g + 3]);
       }
-    } else {
-#pragma unroll 2
-      for (int i = 0; i < splits; ++i) PartialState<Cfg>(params, tile * splits + i, warpgroup, thread).add_to(o, s);
     }
   }
   float sink_log2[2], lse[2];
   packed_row_sinks(params, warpgroup, f, first_position, w.head, seqlen_q, sink_log2);
   s.finalize_rows(o, lse, sink_log2[0], sink_log2[1]);
-  store_packed_output<Cfg>(o, lse, params, f, warpgroup, first_position, w.head, w.batch, seqlen_q);
+  store_packed_output<Cfg, kCombineSliceCols>(o, lse, params, f, warpgroup, first_position, w.head, w.batch, seqlen_q,
+                                              slice * kCombineSliceCols);
 }
 
 }  // namespace warpattn::detail

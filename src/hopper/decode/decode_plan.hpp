@@ -95,35 +95,41 @@ WARPATTN_HOST_DEVICE int default_splits(long long tiles, int key_blocks, int mul
   return best;
 }
 
-// The batch-invariant mode's chunk for a KV-cache tile of key_blocks blocks of block_n keys:
-// kInvariantChunkKeys keys in whole blocks, or more where the tile would need more than
-// kMaxDecodeSplits chunks, from the tile's own key count alone. A cache of up to 2048 keys is one
-// chunk, so a decode step there still equals the last row of its causal prefill bitwise.
-inline constexpr int kInvariantChunkKeys = 2048;
-WARPATTN_HOST_DEVICE int invariant_chunk_blocks(int key_blocks, int block_n) {
-  const int by_keys = (kInvariantChunkKeys + block_n - 1) / block_n;
+// The batch-invariant mode's chunks (KvCacheWork::chunk_keys), from the call's shape alone:
+// kInvariantChunkKeys keys, or kInvariantKeysPerRow per real row of a tile where that is more,
+// so that a chunk's partial state (its rows' O in fp32, written and read again by the combine)
+// stays near 2 x rows / chunk_keys = 1/32 of the chunk's K and V bytes (run 143: chunks of 2048
+// keys for 128-row tiles took 1.14x the default's time, their states ~19% of the cache's
+// bytes). A cache of up to 2048 keys is one chunk.
+inline constexpr int kInvariantChunkKeys = 2048, kInvariantKeysPerRow = 64;
+WARPATTN_HOST_DEVICE int invariant_chunk_keys(int tile_rows) {
+  return tile_rows * kInvariantKeysPerRow > kInvariantChunkKeys ? tile_rows * kInvariantKeysPerRow : kInvariantChunkKeys;
+}
+// A tile of key_blocks blocks of block_n keys: chunks of chunk_keys keys in whole blocks, or
+// more where the tile would need more than kMaxDecodeSplits chunks, from its own key count.
+WARPATTN_HOST_DEVICE int invariant_chunk_blocks(int key_blocks, int block_n, int chunk_keys) {
+  const int by_keys = (chunk_keys + block_n - 1) / block_n;
   const int by_splits = (key_blocks + kMaxDecodeSplits - 1) / kMaxDecodeSplits;
   return by_keys > by_splits ? by_keys : by_splits;
 }
 // A launch's split count in that mode: enough for every tile of at most key_blocks blocks (the
 // capacity's); a tile with fewer chunks leaves the rest of its pieces empty, which the combine
-// adds exactly (weight 2^0 = 1 on its own state, 0 on theirs), so its bits do not see them.
-WARPATTN_HOST_DEVICE int invariant_launch_splits(int key_blocks, int block_n) {
-  const int by_keys = (kInvariantChunkKeys + block_n - 1) / block_n;
-  const int n = key_blocks <= 0 ? 1 : (key_blocks + by_keys - 1) / by_keys;
+// adds as exact zeros, so its bits do not see them.
+WARPATTN_HOST_DEVICE int invariant_launch_splits(int key_blocks, int block_n, int chunk_keys) {
+  const int n = invariant_splits(key_blocks, (chunk_keys + block_n - 1) / block_n);
   return n < kMaxDecodeSplits ? n : kMaxDecodeSplits;
 }
 
 // ---- A KV-cache launch's work (run_kvcache.cuh), enumerated on the device without a plan:
 // tiles (block of positions, chunk of packed heads, sequence) in tile_order.hpp's order over a
 // TileGrid of one chunk of heads, each cut into `splits` consecutive pieces of its key range,
-// `pieces` = tiles x splits in all (invariant_chunks: each tile's pieces are its
-// invariant_chunk_blocks chunks, then empty ones, not an even cut). Sequence b's keys: cache_seqlens[b] clamped to [0, capacity]
+// `pieces` = tiles x splits in all (chunk_keys > 0, the batch-invariant mode: each tile's
+// pieces are its invariant_chunk_blocks chunks, then empty ones, not an even cut). Sequence b's keys: cache_seqlens[b] clamped to [0, capacity]
 // (the capacity without cache_seqlens), plus the appended rows, at most the capacity.
 struct KvCacheWork {
   const int* cache_seqlens = nullptr;
   int appended = 0, capacity = 0, splits = 1, pieces = 0;
-  bool invariant_chunks = false;
+  int chunk_keys = 0;
 };
 WARPATTN_HOST_DEVICE int kv_cache_keys(const KvCacheWork& w, int batch) {
   int cached = w.capacity;

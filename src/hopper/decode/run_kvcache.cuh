@@ -19,25 +19,27 @@ namespace warpattn::detail {
 // kMaxDecodeSplits), or, for 0, decode_plan.hpp's default from the tiles, the capacity's key
 // tiles and the SMs; never so many that the pieces pass 2^31 or their partial states (slot_bytes
 // each) kMaxSplitPartialBytes, which a forced count over many tiles would. The batch-invariant
-// mode's default cuts each tile into chunks fixed by its own key count (invariant_chunks), not
-// by the batch's tiles; where those would pass the limits, no tile is split (still invariant).
+// mode's default cuts each tile into chunks fixed by its own key count and the call's tile rows
+// (chunk_keys: invariant_chunk_keys), not by the batch's tiles; where those would pass the
+// limits, no tile is split (still invariant).
 inline constexpr long long kMaxSplitPartialBytes = 1LL << 30;
 struct KvCacheSplits {
   int splits;
-  bool invariant_chunks;
+  int chunk_keys;  // 0: an even cut
 };
 inline bool kvcache_splits_fit(long long tiles, int splits, size_t slot_bytes) {
   return tiles * splits < (1LL << 31) && tiles * splits * static_cast<long long>(slot_bytes) <= kMaxSplitPartialBytes;
 }
-inline KvCacheSplits kvcache_splits(int num_splits, long long tiles, int key_tiles, int block_n, bool batch_invariant,
-                                    size_t slot_bytes) {
+inline KvCacheSplits kvcache_splits(int num_splits, long long tiles, int key_tiles, int block_n, int tile_rows,
+                                    bool batch_invariant, size_t slot_bytes) {
   if (num_splits == 0 && batch_invariant) {
-    const int n = invariant_launch_splits(key_tiles, block_n);
-    return n > 1 && kvcache_splits_fit(tiles, n, slot_bytes) ? KvCacheSplits{n, true} : KvCacheSplits{1, false};
+    const int chunk_keys = invariant_chunk_keys(tile_rows);
+    const int n = invariant_launch_splits(key_tiles, block_n, chunk_keys);
+    return n > 1 && kvcache_splits_fit(tiles, n, slot_bytes) ? KvCacheSplits{n, chunk_keys} : KvCacheSplits{1, 0};
   }
   int splits = num_splits > 0 ? num_splits : default_splits(tiles, key_tiles, multiprocessor_count());
   while (splits > 1 && !kvcache_splits_fit(tiles, splits, slot_bytes)) --splits;
-  return {splits, false};
+  return {splits, 0};
 }
 
 // q, out: (B, Sq, Hq, D); k_cache, v_cache: dense (B, S_cache, Hkv, D) or paged (num_pages,
@@ -70,9 +72,11 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   // Split keys (flash-decoding): when the tiles cannot fill the SMs, each tile's key range is cut
   // into pieces over CTAs, each leaving its partial state, combined in order afterwards. The
   // pieces are enumerated by the producer itself (kv_cache_pieces.hpp): no plan before the launch.
+  // (a tile's real rows: the call's query heads of a KV head at up to `positions` positions)
+  const int tile_rows = std::min(params.seqlen_q, packing.positions) * packing.heads;
   const KvCacheSplits splits = kvcache_splits(num_splits, tiles, ceil_div(params.seqlen_k, Cfg::kBlockN), Cfg::kBlockN,
-                                              p.batch_invariant, PartialState<Cfg>::kSlotBytes);
-  work.splits = splits.splits, work.invariant_chunks = splits.invariant_chunks;
+                                              tile_rows, p.batch_invariant, PartialState<Cfg>::kSlotBytes);
+  work.splits = splits.splits, work.chunk_keys = splits.chunk_keys;
   work.pieces = static_cast<int>(tiles * work.splits);
   params.kv_work = work;
   const bool combined = Cfg::kDecodeTile || work.splits > 1;  // (a decode tile's two states always are)
@@ -85,7 +89,9 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   if (combined) {
     // Scheduled while the attention's last pieces still run (the kernel waits for them itself).
     launch_dependent(combine_kvcache_splits_kernel<Cfg>,
-                     dim3(static_cast<unsigned>(tiles), Cfg::kDecodeTile ? 1 : Cfg::kConsumerWarpgroups), dim3(128),
+                     dim3(static_cast<unsigned>(tiles), Cfg::kDecodeTile ? 1 : Cfg::kConsumerWarpgroups,
+                          Cfg::kHeadDim / kCombineSliceCols),
+                     dim3(128),
                      stream, "combine_kvcache_splits_kernel: launch failed", params);
   }
 }
@@ -94,9 +100,14 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
 // query head of a KV head fit in 64 rows, so one tile still covers them and no key is read
 // twice; but not in the batch-invariant mode with num_splits = 1, which asks for the causal
 // prefill's own bits (its key tiles do not alternate between warpgroups).
+// WARPATTN_TUNE_NO_DECODE_TILE: never, for an A/B (run 143 found it no faster at B = 8).
 inline bool kvcache_takes_decode_tile(const ForwardProblem& p, int num_splits) {
+#ifdef WARPATTN_TUNE_NO_DECODE_TILE
+  return (void)p, (void)num_splits, false;
+#else
   const int64_t group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
   return p.seqlen_q * group <= 64 && !(p.batch_invariant && num_splits == 1);
+#endif
 }
 
 // Defined in forward_kvcache_<dtype>_d<dim>.cu, one file per dtype and head dim.
