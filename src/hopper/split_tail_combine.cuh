@@ -51,7 +51,7 @@ struct PartialState {
   // Adds this state into (o, s): both to the larger reference, 2^(R - R_max) each (0 for a
   // state that saw no key, R = -inf). Fragment registers 4j + 2r and 4j + 2r + 1 are row r's.
   __device__ __forceinline__ void add_to(float (&o)[Cfg::kHeadDim / 2], OnlineSoftmax& s) const {
-    const float4 x = at[(kGroups - 1) * 128];
+    const float4 x = stats();
     const float r_there[2] = {x.x, x.y}, l_there[2] = {x.z, x.w};
     float w_here[2], w_there[2];
 #pragma unroll
@@ -64,7 +64,7 @@ struct PartialState {
     }
 #pragma unroll
     for (int g = 0; g < kGroups - 1; ++g) {
-      const float4 v = at[g * 128];
+      const float4 v = group(g);
       o[4 * g] = fmaf(o[4 * g], w_here[0], v.x * w_there[0]);
       o[4 * g + 1] = fmaf(o[4 * g + 1], w_here[0], v.y * w_there[0]);
       o[4 * g + 2] = fmaf(o[4 * g + 2], w_here[1], v.z * w_there[1]);
