@@ -273,6 +273,12 @@ TEST(forward_f16_d128_full) { run_matrix(DType::f16, 128, false); }
 TEST(forward_f16_d128_causal) { run_matrix(DType::f16, 128, true); }
 TEST(forward_f16_d256_full) { run_matrix(DType::f16, 256, false); }
 TEST(forward_f16_d256_causal) { run_matrix(DType::f16, 256, true); }
+// Head dim 512 (issue 19; split_head_dim.cuh: both consumer warpgroups on the same 64 rows, each
+// with half of the head dim, their partial scores summed through shared memory).
+TEST(forward_bf16_d512_full) { run_matrix(DType::bf16, 512, false); }
+TEST(forward_bf16_d512_causal) { run_matrix(DType::bf16, 512, true); }
+TEST(forward_f16_d512_full) { run_matrix(DType::f16, 512, false); }
+TEST(forward_f16_d512_causal) { run_matrix(DType::f16, 512, true); }
 
 // ---- beyond the matrix
 
@@ -566,6 +572,34 @@ TEST(forward_window_softcap_sinks_bf16_d64) { run_model_matrix(DType::bf16, 64);
 TEST(forward_window_softcap_sinks_bf16_d128) { run_model_matrix(DType::bf16, 128); }
 TEST(forward_window_softcap_sinks_bf16_d256) { run_model_matrix(DType::bf16, 256); }
 TEST(forward_window_softcap_sinks_f16_d128) { run_model_matrix(DType::f16, 128); }
+TEST(forward_window_softcap_sinks_bf16_d512) { run_model_matrix(DType::bf16, 512); }
+
+// Head dims between 256 and 512 run in the 512 kernel, the missing columns zero-filled by TMA
+// (q, k and v's memory outside the views NaN) and never stored: a warpgroup's half may be
+// partly (264: 8 of 256 columns) or wholly real.
+TEST(forward_padded_head_dims_above_256) {
+  REQUIRE_HOPPER();
+  struct Shape {
+    int64_t sq, sk;
+    bool causal;
+    int64_t heads_kv;
+    bool padded;
+    DType dtype;
+  };
+  const Shape shapes[] = {
+      {77, 77, false, 8, false, DType::bf16}, {513, 1000, true, 2, true, DType::bf16},
+      {1000, 513, false, 2, false, DType::f16}, {1, 77, true, 8, true, DType::f16},
+  };
+  for (int d : {264, 320, 384, 488, 504})
+    for (const Shape& s : shapes) {
+      Case c;
+      c.dtype = s.dtype, c.head_dim = d, c.causal = s.causal;
+      c.seqlen_q = s.sq, c.seqlen_k = s.sk, c.batch = 2, c.heads_q = 8, c.heads_kv = s.heads_kv;
+      c.padded = s.padded;
+      c.nan_outside_inputs = true;
+      check_case(c);
+    }
+}
 
 // The features change what the kernel computes: the same comparison against a reference with
 // a planted mistake (a window one key narrower on the left, the sinks left out) must fail, so

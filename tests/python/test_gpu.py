@@ -137,7 +137,7 @@ def test_eager_calls_skip_the_dispatcher_and_give_the_ops_bits(monkeypatch):
 @pytest.mark.gpu
 def test_argument_errors_on_cuda_tensors():
     q, k, v = (torch.randn(1, 128, 4, 100, device="cuda", dtype=torch.float16) for _ in range(3))
-    with pytest.raises(ValueError, match="must be a multiple of 8 from 8 to 256, got 100"):
+    with pytest.raises(ValueError, match="must be a multiple of 8 from 8 to 512, got 100"):
         warpattn.flash_attn_func(q, k, v)
     with pytest.raises(TypeError, match="CUDA tensor required"):
         q, k, v = (torch.randn(1, 128, 4, 64, dtype=torch.float16) for _ in range(3))
