@@ -11,7 +11,7 @@ STAGES=${STAGES:-"ctest cli bench"}  # also: primitives, forward, fp8, devices, 
 #   DECODE_BENCH=1 for the KV-cache benchmark (python -m warpattn.bench --decode; DECODE_BENCH_ARGS, default --quick),
 #   JAX_BENCH=1 for warpattn under jax.jit beside cuDNN (python -m warpattn.bench_jax; JAX_BENCH_ARGS),
 #   MODEL_OPTIONS_BENCH=1 for scripts/bench_model_options.py, HOST_COST=1 for scripts/host_cost.py,
-#   STRESS=1 for scripts/stress_kvcache.py (STRESS_ARGS)
+#   STRESS=1 for scripts/stress_kvcache.py (STRESS_ARGS), D512_BENCH=1 for scripts/bench_headdim512.py
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
 # The first half of the README's test command: scripts/build.sh (every core).
 if ! bash scripts/build.sh > "$OUT/build.log" 2>&1; then
@@ -150,6 +150,10 @@ if stage python; then
       (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 "$OLDPWD/scripts/bench_model_options.py" \
         --json "$OUT/model-options.json" > "$OUT/model-options.log" 2>&1)
       echo "model options bench rc=$?"; cat "$OUT/model-options.log"
+    fi
+    if [ -n "${D512_BENCH:-}" ]; then  # issue 19's head dim 512 beside warpattn's d = 256 at the same FLOPs
+      (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 "$OLDPWD/scripts/bench_headdim512.py" \
+        --json "$OUT/bench-d512.json" 2>&1 | tee "$OUT/bench-d512.log")
     fi
     if [ -n "${HOST_COST:-}" ]; then
       (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 120 python3 "$OLDPWD/scripts/host_cost.py" 2>&1 | tee "$OUT/host_cost.log")
