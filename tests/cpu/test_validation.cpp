@@ -424,20 +424,22 @@ TEST(v_head_dim_at_most_q_compiled_head_dim) {
   Call c = make_call();
   c.v.shape[3] = 256;
   c.out.shape[3] = 256;
-  EXPECT_REJECTED(c, "v", "head_dim (shape[3]) must be at most 128 (q's head_dim 128 rounded up to 64, 128 or 256), got 256");
+  EXPECT_REJECTED(c, "v", "head_dim (shape[3]) must be at most 128 (q's head_dim 128 rounded up to 64, 128, 256 or 512), got 256");
   c.v.shape[3] = 100;
   c.out.shape[3] = 100;
   EXPECT_REJECTED(c, "v", "head_dim (shape[3]) must be a multiple of 8 from 8 to 512, got 100");
-  // q's 256 against v's 264 (the 512 kernel's): refused; q's 264 takes v's up to 512.
+  // q's 256 against v's 264 (the 512 kernel's): refused; q's 512 takes v's 264 (or 128).
   Sizes s;
   s.head_dim = 256;
   Call w = make_call(s);
   w.v.shape[3] = w.out.shape[3] = 264;
   EXPECT_REJECTED(w, "v", "must be at most 256 (q's head_dim 256 rounded up to 64, 128, 256 or 512), got 264");
-  s.head_dim = 264;
-  Call x = make_call(s);
-  x.v.shape[3] = x.out.shape[3] = 512;
-  EXPECT_VALID(x);
+  s.head_dim = 512;
+  for (const int64_t dv : {264, 128}) {
+    Call x = make_call(s);
+    x.v.shape[3] = x.out.shape[3] = dv;
+    EXPECT_VALID(x);
+  }
 }
 
 TEST(v_head_dim_may_differ_from_q) {
