@@ -82,23 +82,28 @@ __device__ __forceinline__ void run_split_head_dim_tile(const ConsumerTile<Cfg>&
     rescale_rows(o, alpha);
     const uint32_t v_half = smem_addr(ss.v[slot.stage]) + kv_half;
     mbarrier_wait(smem_addr(&ss.v_full[slot.stage]), slot.phase);
+    // (P's registers pinned on both sides of the GEMM, as ConsumerTile::pv_alone and wait_pv
+    // do: without that ptxas reuses them under the wgmma and serializes it, C7512)
     if (few_keys) {
       uint32_t hi[Cfg::kPvSteps][4], lo[Cfg::kPvSteps][4];
       convert_to_split_operand<Cfg>(s, hi, lo);
-      pin(o);
+      pin(o), pin(hi), pin(lo);
       wgmma_fence();
       issue_register_gemm<Element, Cfg::kOCols, Cfg::kPvSteps, Cfg::kBlockN * 128>(o, hi, v_half);
       issue_register_gemm<Element, Cfg::kOCols, Cfg::kPvSteps, Cfg::kBlockN * 128>(o, lo, v_half);
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin(o), pin(hi), pin(lo);
     } else {
       uint32_t p[Cfg::kPvSteps][4];
       convert_to_operand<Cfg>(s, p);
-      pin(o);
+      pin(o), pin(p);
       wgmma_fence();
       issue_register_gemm<Element, Cfg::kOCols, Cfg::kPvSteps, Cfg::kBlockN * 128>(o, p, v_half);
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin(o), pin(p);
     }
-    wgmma_commit();
-    wgmma_wait<0>();
-    pin(o);
     release_slot(&ss.v_empty[slot.stage]);
   }
 }
