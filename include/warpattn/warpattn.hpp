@@ -100,9 +100,23 @@ constexpr int kernel_head_dim(int64_t head_dim) {
   if (head_dim < kMinHeadDim || head_dim > kMaxHeadDim || head_dim % kHeadDimStep != 0) return 0;
   return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
 }
+// The dense 16-bit forward (`forward`, flash_attn_func) also takes head dims above 256 up to
+// 512, in a kernel compiled for 512 (its two consumer warpgroups each own half of the head dim;
+// docs/headdim512-design.md). Its backward, packed batches, KV caches and FP8 stop at 256.
+inline constexpr int kMaxForwardHeadDim = 512;
+inline constexpr auto kForwardHeadDims = [] {
+  std::array<int, kMaxForwardHeadDim / kHeadDimStep> dims{};
+  for (int i = 0; i < static_cast<int>(dims.size()); ++i) dims[i] = kMinHeadDim + i * kHeadDimStep;
+  return dims;
+}();
+// The compiled head dim of the dense forward for head_dim: kernel_head_dim's, or 512 above 256.
+constexpr int forward_kernel_head_dim(int64_t head_dim) {
+  if (head_dim > kMaxHeadDim && head_dim <= kMaxForwardHeadDim && head_dim % kHeadDimStep == 0) return 512;
+  return kernel_head_dim(head_dim);
+}
 
 // out = softmax(scale · q·kᵀ [+ causal mask]) · v, per batch and query head.
-//   q:   (B, Sq, Hq, D)   fp16 or bf16
+//   q:   (B, Sq, Hq, D)   fp16 or bf16; D a multiple of 8 up to 512 (kForwardHeadDims)
 //   k,v: (B, Sk, Hkv, D)  same dtype as q; Hq must be a multiple of Hkv (GQA / MQA)
 //   out: (B, Sq, Hq, D)   same dtype as q; must not overlap q, k, v or lse
 //   lse: optional (B, Hq, Sq) fp32, natural log of the softmax denominator including the

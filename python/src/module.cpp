@@ -463,12 +463,15 @@ NB_MODULE(_warpattn, m) {
         "onwards before the attention; lse (batch, heads, seqlen_q). window_left, window_right, softcap, sinks: as "
         "forward's, aligned bottom-right on each sequence's keys; num_splits: the pieces of each tile's keys (0: "
         "chosen from the shape; warpattn.hpp, KvCache).");
-  // Every multiple of 8 from 8 to 256 (64, 128 and 256 compiled, those between padded).
-  nb::list supported_head_dims, backward_head_dims;
+  // Every multiple of 8 from 8 to 256 (64, 128 and 256 compiled, those between padded); the dense
+  // forward's to 512 (a 512 kernel above 256).
+  nb::list supported_head_dims, backward_head_dims, forward_head_dims;
   for (int d : warpattn::kSupportedHeadDims) supported_head_dims.append(d);
   for (int d : warpattn::kBackwardHeadDims) backward_head_dims.append(d);
+  for (int d : warpattn::kForwardHeadDims) forward_head_dims.append(d);
   m.attr("supported_head_dims") = nb::tuple(supported_head_dims);
   m.attr("backward_head_dims") = nb::tuple(backward_head_dims);
+  m.attr("forward_head_dims") = nb::tuple(forward_head_dims);
   m.def("backward", &backward, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("softmax_scale").none(),
         nb::arg("causal"), nb::arg("deterministic"), nb::arg("workspace").none(), nb::arg("stream"),

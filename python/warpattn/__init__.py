@@ -17,7 +17,7 @@ warpattn.flash_attn_with_kvcache (FlashAttention's signature; inference only, no
 Hugging Face transformers: import warpattn.integrations.transformers, then
 attn_implementation="warpattn".
 """
-from ._warpattn import backward_head_dims, supported_head_dims
+from ._warpattn import backward_head_dims, forward_head_dims, supported_head_dims
 from .api import flash_attn_backward, flash_attn_func
 from .fp8 import (FP8_BLOCK_ROWS, FP8_KEY_ORDER, Fp8Operands, flash_attn_fp8_func, flash_attn_fp8_varlen_func,
                   fp8_varlen_rows, quantize_fp8, quantize_fp8_varlen)
@@ -26,6 +26,7 @@ from .kvcache import flash_attn_with_kvcache
 from .varlen import flash_attn_varlen_backward, flash_attn_varlen_func
 
 __all__ = ["flash_attn_func", "flash_attn_backward", "jax_flash_attn", "supported_head_dims", "backward_head_dims",
+           "forward_head_dims",
            "quantize_fp8", "flash_attn_fp8_func", "Fp8Operands", "FP8_KEY_ORDER", "FP8_BLOCK_ROWS",
            "flash_attn_varlen_func", "flash_attn_varlen_backward", "quantize_fp8_varlen", "flash_attn_fp8_varlen_func",
            "fp8_varlen_rows", "flash_attn_with_kvcache"]

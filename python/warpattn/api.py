@@ -114,7 +114,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False,
 
     q: (batch, seqlen_q, heads, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim) with
     heads a multiple of heads_kv (GQA/MQA); float16 or bfloat16 on a CUDA device; head_dim a
-    multiple of 8 from 8 to 256; any batch/sequence/head strides with a contiguous last dimension.
+    multiple of 8 from 8 to 512 (warpattn.forward_head_dims; above 256 forward only: no
+    gradient); any batch/sequence/head strides with a contiguous last dimension.
     softmax_scale: default 1/sqrt(head_dim). causal: aligned bottom-right when
     seqlen_q != seqlen_k (as FlashAttention 2 and 3). out: optional output tensor to write
     (not differentiable). Returns out, or (out, lse) with return_lse, lse being

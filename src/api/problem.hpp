@@ -18,9 +18,10 @@ struct ProblemSizes {
   // v's (and out's) head dim where it differs from q and k's (MLA's 192/128, say); 0: the same.
   int64_t head_dim_v = 0;
   int64_t value_head_dim() const { return head_dim_v != 0 ? head_dim_v : head_dim; }
-  // The compiled head dim that runs the call (64, 128 or 256): the next up from q's (validation
-  // keeps v's within it, so that a workspace sized from q alone fits).
-  int kernel_dim() const { return kernel_head_dim(head_dim); }
+  // The compiled head dim that runs the call (64, 128, 256, or 512 for the dense forward): the
+  // next up from q's (validation keeps v's within it, so that a workspace sized from q alone
+  // fits, and the other calls below 512).
+  int kernel_dim() const { return forward_kernel_head_dim(head_dim); }
 };
 
 struct ForwardProblem : ProblemSizes {

@@ -128,14 +128,18 @@ void check_head_dim_in(const Arg& q, std::span<const int> dims, const char* kern
   fail(m);
 }
 
-// ---- e. head dimension, for the 16-bit kernels: a multiple of 8 from 8 to 256 (kernel_head_dim)
-void check_head_dim_supported(const Arg& q, const char* kernel) {
+// ---- e. head dimension, for the 16-bit kernels: a multiple of 8 from 8 to 256 (kernel_head_dim),
+// or to 512 for the dense forward (max_head_dim = kMaxForwardHeadDim: forward_kernel_head_dim)
+void check_head_dim_supported(const Arg& q, const char* kernel, int max_head_dim = kMaxHeadDim) {
   const int last = q.view.rank - 1;
   const int64_t head_dim = q.view.shape[last];
-  if (kernel_head_dim(head_dim) != 0) return;
+  const bool wide = max_head_dim > kMaxHeadDim;
+  if ((wide ? forward_kernel_head_dim(head_dim) : kernel_head_dim(head_dim)) != 0) return;
   Message m;
   m << q.name << ": head_dim (shape[" << q.dim(last) << "]) must be a multiple of " << kHeadDimStep << " from "
-    << kMinHeadDim << " to " << kMaxHeadDim << kernel << ", got " << head_dim;
+    << kMinHeadDim << " to " << max_head_dim << kernel;
+  if (!wide && forward_kernel_head_dim(head_dim) != 0) m << " (head dims above 256: the dense forward only)";
+  m << ", got " << head_dim;
   fail(m);
 }
 
@@ -376,7 +380,7 @@ struct Operand {
 // (a paged KV cache's pages), so k and the operands shaped as k keep their own. Returns the
 // call's sizes.
 ProblemSizes check_attention_tensors(std::span<const Operand> operands, const Arg& q, const Arg& k, const Arg& v,
-                                     const Arg* lse, bool k_own_batch = false) {
+                                     const Arg* lse, bool k_own_batch = false, int max_head_dim = kMaxHeadDim) {
   // a. rank
   for (const Operand& o : operands) check_rank(o.arg);
   if (lse) check_rank(*lse);
@@ -397,14 +401,15 @@ ProblemSizes check_attention_tensors(std::span<const Operand> operands, const Ar
 
   // e. head dimensions: q and k's, and v's (out's, dout's), each one the kernels take; they may
   // differ (MLA's 192/128)
-  check_head_dim_supported(q, "");
-  check_head_dim_supported(v, "");
+  check_head_dim_supported(q, "", max_head_dim);
+  check_head_dim_supported(v, "", max_head_dim);
   const int64_t head_dim = q.view.shape[3], head_dim_v = v.view.shape[3];
-  if (kernel_head_dim(head_dim_v) > kernel_head_dim(head_dim)) {
+  if (forward_kernel_head_dim(head_dim_v) > forward_kernel_head_dim(head_dim)) {
     // The kernel is chosen by q's head dim (and the backward's workspace sized from q alone)
     Message m;
-    m << v.name << ": head_dim (shape[" << v.dim(3) << "]) must be at most " << kernel_head_dim(head_dim)
-      << " (q's head_dim " << head_dim << " rounded up to 64, 128 or 256), got " << head_dim_v;
+    m << v.name << ": head_dim (shape[" << v.dim(3) << "]) must be at most " << forward_kernel_head_dim(head_dim)
+      << " (q's head_dim " << head_dim << " rounded up to "
+      << (max_head_dim > kMaxHeadDim ? "64, 128, 256 or 512" : "64, 128 or 256") << "), got " << head_dim_v;
     fail(m);
   }
   for (const Operand& o : operands) {
@@ -617,8 +622,9 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
   const Arg alse{"lse", lse ? *lse : no_lse, kLseDimNames, 3};
   const Operand operands[4] = {{aq, aq}, {ak, ak}, {av, ak, true}, {aout, aq, true}};
 
-  // a to j
-  const ProblemSizes sizes = check_attention_tensors(operands, aq, ak, av, lse ? &alse : nullptr);
+  // a to j (head dims up to 512: the dense forward's)
+  const ProblemSizes sizes =
+      check_attention_tensors(operands, aq, ak, av, lse ? &alse : nullptr, false, kMaxForwardHeadDim);
 
   // k. softmax scale; p. window, softcap, sinks
   check_softmax_scale(options.softmax_scale);

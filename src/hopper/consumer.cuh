@@ -95,8 +95,9 @@ struct ConsumerTile {
   const FragmentCoords f;
   const PingPong turns;
   using Ords = Ordinals<Cfg>;
-  // The warpgroup's 64 rows within the tile (a decode tile's two warpgroups share rows 0-63).
-  static constexpr bool kSharedRows = Cfg::kDecodeTile;
+  // The warpgroup's 64 rows within the tile (a decode tile's two warpgroups share rows 0-63, and
+  // so do a split head dim's).
+  static constexpr bool kSharedRows = Cfg::kDecodeTile || Cfg::kSplitHeadDim;
   // The tile's first query row and its row count (a KV cache's: positions, packing.positions),
   // and the query rows of this thread's register halves (row1: a KV cache's packed positions
   // only; otherwise the second half's row is row0 + 8, mask_scores).
@@ -116,7 +117,7 @@ struct ConsumerTile {
         turns{t_.warpgroup, Cfg::kConsumerWarpgroups, !Cfg::kDecodeTile},
         m_start(t_.m_block * Cfg::kBlockM),
         block_rows(Cfg::kBlockM),
-        row0(t_.m_block * Cfg::kBlockM + t_.warpgroup * 64 + f.row(0)),
+        row0(t_.m_block * Cfg::kBlockM + (kSharedRows ? 0 : t_.warpgroup) * 64 + f.row(0)),
         row1(0),
         q_rows(ptx::smem_addr(ss_.q[t_.q_stage]) + (kSharedRows ? 0 : t_.warpgroup) * 64 * Cfg::kSwizzleBytes),
         q_scale(Cfg::kFp8 ? p.scale_log2 * p.q_descale.at(t_.batch, t_.head,
@@ -183,9 +184,17 @@ struct ConsumerTile {
   // mask, whose -inf tanh would turn into -1), mask where the tile needs it.
   template <bool kLeftEdge = true>
   __device__ __forceinline__ void scores_done(float (&s)[Cfg::kBlockN / 2], int it, int stage) const {
+    release_scores_operands(it, stage);
+    finish_scores<kLeftEdge>(s, it);
+  }
+  // scores_done's two halves (a split head dim sums its partial S between them).
+  __device__ __forceinline__ void release_scores_operands(int it, int stage) const {
     release_slot<Cfg::kDecodeTile>(&ss.k_empty[stage]);
     // (the warpgroup's last ordinal: a decode tile's is the last of its parity)
     if (Cfg::kDecodeTile ? it + 2 >= t.n_tiles : it == t.n_tiles - 1) release_slot(&ss.q_empty[t.q_stage]);
+  }
+  template <bool kLeftEdge = true>
+  __device__ __forceinline__ void finish_scores(float (&s)[Cfg::kBlockN / 2], int it) const {
     if constexpr (Cfg::kIntScores) lift_int_scores(s);
     if constexpr (!Cfg::kFp8)
       if (params.softcap_ex2 != 0.f) softcap_scores<true>(s, params.softcap_ex2);

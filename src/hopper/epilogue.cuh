@@ -42,11 +42,13 @@ __device__ __forceinline__ void store_accumulator_row(const float (&acc)[kCols /
       out_row[4 * a + quad] = make_uint4(pieces[a][0], pieces[a][1], pieces[a][2], pieces[a][3]);
 }
 
-template <class Cfg>
-__device__ __forceinline__ void store_output(const float (&o)[Cfg::kHeadDim / 2], const float (&lse)[2],
+// kCols columns from first_col (a split head dim's warpgroup: its half; lse with the first).
+// warpgroup: whose 64 rows of the tile (a split head dim's warpgroups share rows 0-63: 0).
+template <class Cfg, int kCols = Cfg::kHeadDim>
+__device__ __forceinline__ void store_output(const float (&o)[kCols / 2], const float (&lse)[2],
                                              const ForwardParams& params, const FragmentCoords& f,
                                              int warpgroup, int m_block, int head, int batch, int first_row,
-                                             int seqlen_q) {
+                                             int seqlen_q, int first_col = 0) {
   using Out = typename Cfg::OutElement;
   const int row_start = m_block * Cfg::kBlockM + warpgroup * 64;
 #pragma unroll
@@ -57,8 +59,9 @@ __device__ __forceinline__ void store_output(const float (&o)[Cfg::kHeadDim / 2]
                                             row * params.out_stride_row + head * params.out_stride_head
                                       : nullptr;
     // (FP8's head dims are compiled ones: no run-time bound, which spilled its d = 256 kernel)
-    store_accumulator_row<Out, Cfg::kHeadDim>(o, r, f.quad, out_row, Cfg::kFp8 ? Cfg::kHeadDim : params.head_dim);
-    if (params.lse != nullptr && f.quad == 0 && out_row != nullptr)
+    store_accumulator_row<Out, kCols>(o, r, f.quad, out_row == nullptr ? nullptr : out_row + first_col,
+                                      Cfg::kFp8 ? kCols : params.head_dim - first_col);
+    if (params.lse != nullptr && f.quad == 0 && out_row != nullptr && first_col == 0)
       params.lse[batch * params.lse_stride_batch + head * params.lse_stride_head +
                  row * params.lse_stride_row] = lse[r];
   }

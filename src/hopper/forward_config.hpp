@@ -26,10 +26,16 @@ struct ForwardConfig {
                 "the S GEMM differs from the P·V GEMM only for INT8 Q and K with FP8");
   static constexpr int kElementBytes = kFp8 ? 1 : 2;
   static constexpr int kHeadDim = kHeadDim_;
-  // Consumer warpgroups, 64 query rows each (one m64 wgmma row block).
+  // Consumer warpgroups, 64 query rows each (one m64 wgmma row block); above d = 256 both on the
+  // same 64 rows, each owning half of the head dim (split_head_dim.cuh: its O would not fit in
+  // one warpgroup's registers).
   static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;
   static_assert(kConsumerWarpgroups == 2 || kConsumerWarpgroups == 3, "two or three consumer warpgroups");
-  static constexpr int kBlockM = 64 * kConsumerWarpgroups;
+  static constexpr bool kSplitHeadDim = kHeadDim_ > 256;
+  static constexpr int kBlockM = kSplitHeadDim ? 64 : 64 * kConsumerWarpgroups;
+  static constexpr int kOCols = kSplitHeadDim ? kHeadDim_ / 2 : kHeadDim_;  // O's columns a consumer holds
+  // The split head dim's exchange of partial S tiles, one per warpgroup, after SharedStorage.
+  static constexpr int kExchangeBytes = kSplitHeadDim ? kConsumerWarpgroups * 64 * kBlockN_ * 4 : 0;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   static constexpr bool kCausal = kCausal_;
@@ -96,13 +102,15 @@ struct ForwardConfig {
   static constexpr int kSharedMemoryLimit = 227 * 1024;  // per CTA on sm_90
   static constexpr int kQStages =
       kQStages_ > 0 ? kQStages_
-                    : (2 * kQTileBytes + 2 * kStages * kKVTileBytes + 1024 <= kSharedMemoryLimit ? 2 : 1);
+                    : (2 * kQTileBytes + 2 * kStages * kKVTileBytes + kExchangeBytes + 1024 <= kSharedMemoryLimit ? 2 : 1);
 
   static_assert(kRowBytes % kSwizzleBytes == 0 && (kSwizzleBytes == 128 || kSwizzleBytes == 64),
                 "rows are stored as 128- or 64-byte swizzled panels");
   static_assert(kBlockN % (kFp8 ? 32 : 16) == 0, "kBlockN is the K extent of the P·V GEMM");
   static_assert(!kFp8 || kBlockN == 128, "FP8 Vᵀ tiles are one 128-byte panel of keys");
-  static_assert(kBlockN <= 256 && kHeadDim <= 256, "wgmma N is at most 256");
+  static_assert(kBlockN <= 256 && kOCols <= 256, "wgmma N is at most 256");
+  static_assert(!kSplitHeadDim || (kHeadDim == 512 && kConsumerWarpgroups == 2 && !kFp8),
+                "above d = 256: 16-bit d = 512, two warpgroups on halves of the head dim");
 };
 
 // The same kernel on a packed variable-length batch: tiles from the device-made plan

@@ -83,7 +83,9 @@ void run_fp8_varlen_causal(const ForwardProblem& p, const VarlenSequences& seqs,
 
 }  // namespace warpattn::detail
 
-#define WARPATTN_FORWARD_INSTANCE(Element, kHeadDim)                                              \
+// The dense forward of one dtype and head dim (alone for 512: packed batches, KV caches and FP8
+// stop at 256).
+#define WARPATTN_FORWARD_DENSE_INSTANCE(Element, kHeadDim)                                        \
   namespace warpattn::detail {                                                                    \
   template <>                                                                                     \
   void run_forward_head_dim<Element, kHeadDim>(                                                   \
@@ -94,6 +96,12 @@ void run_fp8_varlen_causal(const ForwardProblem& p, const VarlenSequences& seqs,
     else                                                                                          \
       run_forward_causal<Element, kHeadDim, false>(p, q, k, v, out, lse, stream);                 \
   }                                                                                               \
+  }
+
+// The dense forward and the packed batches' of one dtype and head dim.
+#define WARPATTN_FORWARD_INSTANCE(Element, kHeadDim)                                              \
+  WARPATTN_FORWARD_DENSE_INSTANCE(Element, kHeadDim)                                              \
+  namespace warpattn::detail {                                                                    \
   template <>                                                                                     \
   void run_forward_varlen_head_dim<Element, kHeadDim>(                                            \
       const ForwardProblem& p, const VarlenSequences& seqs, const TensorView& q, const TensorView& k, \

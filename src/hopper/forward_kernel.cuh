@@ -16,6 +16,7 @@
 #include "hopper/ptx/warpgroup.cuh"
 #include "hopper/shared_storage.cuh"
 #include "hopper/softmax.cuh"
+#include "hopper/split_head_dim.cuh"
 #include "hopper/split_tail_combine.cuh"
 #include "hopper/tile_scheduler.cuh"
 #include "hopper/backward/workspace.hpp"
@@ -177,7 +178,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   } else {
     acquire_registers<Cfg::kConsumerRegisters>();
-    run_consumer_warpgroup<Cfg>(ss, params, warpgroup - 1);
+    if constexpr (Cfg::kSplitHeadDim)
+      run_split_head_dim_consumer<Cfg>(ss, params, warpgroup - 1);
+    else
+      run_consumer_warpgroup<Cfg>(ss, params, warpgroup - 1);
   }
 }
 

@@ -23,6 +23,14 @@ void with_head_dim(int64_t head_dim, const char* kernels, F&& f) {
   throw Error("q: head dim " + std::to_string(head_dim) + " has no " + kernels);
 }
 
+// with_head_dim for the dense 16-bit forward, which also has a d = 512 kernel (head dims above
+// 256: forward_kernel_head_dim).
+template <class F>
+void with_forward_head_dim(int64_t head_dim, F&& f) {
+  if (forward_kernel_head_dim(head_dim) == 512) return f(std::integral_constant<int, 512>{});
+  with_head_dim(head_dim, "kernel", f);
+}
+
 // f(T{}) with T the 16-bit element type of `dtype` (bf16, else fp16).
 template <class F>
 void with_16bit_element(DType dtype, F&& f) {

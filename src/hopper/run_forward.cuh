@@ -91,7 +91,8 @@ inline void set_descales(ForwardParams& params, const Fp8Operands& fp8) {
 template <class Cfg>
 void launch_forward_kernel(int64_t blocks, const ForwardMaps& maps, const ForwardParams& params, cudaStream_t stream) {
   auto kernel = attention_forward_kernel<Cfg>;
-  constexpr int kSmem = sizeof(SharedStorage<Cfg>);
+  constexpr int kSmem = Cfg::kSplitHeadDim ? kSplitHeadDimSmemBytes<Cfg> : static_cast<int>(sizeof(SharedStorage<Cfg>));
+  static_assert(kSmem <= Cfg::kSharedMemoryLimit, "the kernel's shared memory");
   allow_shared_memory<attention_forward_kernel<Cfg>>(kSmem, "attention_forward_kernel: setting its shared-memory size");
   kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, params);
   check_cuda(cudaGetLastError(), "attention_forward_kernel: launch failed");
@@ -127,9 +128,10 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
   std::optional<SchedulerWorkspace> ws;
   if (blocks < tiles) {
     // (not in the batch-invariant mode: which tiles split depends on the whole batch's count;
-    // not with sinks, a term of the denominator the combine does not add)
+    // not with sinks, a term of the denominator the combine does not add; not above d = 256,
+    // whose warpgroups hold column halves of the same rows)
     const SplitTail split =
-        !Cfg::kCausal && kSplitTailMinSaved > 0 && !p.batch_invariant && p.sinks == nullptr
+        !Cfg::kCausal && !Cfg::kSplitHeadDim && kSplitTailMinSaved > 0 && !p.batch_invariant && p.sinks == nullptr
             ? plan_split_tail(static_cast<int>(tiles), ceil_div(params.seqlen_k, Cfg::kBlockN),
                               static_cast<int>(blocks), kSplitTailMinSaved)
             : SplitTail{};
@@ -142,7 +144,7 @@ void run_forward(const ForwardProblem& p, const TensorView& q, const TensorView&
   }
 
   launch_forward_kernel<Cfg>(blocks, maps, params, stream);
-  if constexpr (!Cfg::kCausal) {
+  if constexpr (!Cfg::kCausal && !Cfg::kSplitHeadDim) {
     if (params.split.tiles > 0) {
       combine_split_tail_kernel<Cfg><<<dim3(params.split.tiles, Cfg::kConsumerWarpgroups), 128, 0, stream>>>(params);
       check_cuda(cudaGetLastError(), "combine_split_tail_kernel: launch failed");

@@ -31,6 +31,13 @@ template <bool kCausal>
 struct TileShape<256, kCausal> {
   static constexpr int kBlockN = 80, kStages = 2;
 };
+// d = 512 (ForwardConfig::kSplitHeadDim: 64 rows, each consumer warpgroup half of the head dim;
+// docs/headdim512-design.md): Q 64 KB + K 64 KB + V 64 KB + the S exchange 32 KB = 224 KB, one
+// stage each (K and V on barriers of their own, so the next K loads under this tile's P·V).
+template <bool kCausal>
+struct TileShape<512, kCausal> {
+  static constexpr int kBlockN = 64, kStages = 1;
+};
 
 // Three consumer warpgroups (192-row work tiles) pay where the softmax, not the GEMMs, is the
 // work — d = 64, one exponential per 256 FLOP — and the sequence fills the taller tiles; they

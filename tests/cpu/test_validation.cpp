@@ -390,21 +390,21 @@ TEST(lse_must_be_float32) {
 
 // ---------------------------------------------------------------- e. head dimension
 
-// Any multiple of 8 from 8 to 256 runs, in the 64, 128 or 256 kernel with the missing columns
-// zero-filled; the message states the rule rather than listing 32 sizes.
+// Any multiple of 8 from 8 to 512 runs in the dense forward, in the 64, 128, 256 or 512 kernel
+// with the missing columns zero-filled; the message states the rule rather than listing 64 sizes.
 TEST(unsupported_head_dim_states_the_rule) {
-  for (int64_t d : {100, 4, 264, 0, 12, 257, 512}) {
+  for (int64_t d : {100, 4, 0, 12, 257, 516, 520, 1024}) {
     Sizes s;
     s.head_dim = d;
     const std::string got = ", got " + std::to_string(d);
-    EXPECT_REJECTED(make_call(s), "q", "head_dim (shape[3]) must be a multiple of 8 from 8 to 256", got.c_str());
+    EXPECT_REJECTED(make_call(s), "q", "head_dim (shape[3]) must be a multiple of 8 from 8 to 512", got.c_str());
   }
 }
 
 // The padded sizes pass validation: the smallest, the largest, and ones between the kernels
-// (72 runs in the 128 kernel, 200 in the 256 one); f16 as bf16.
+// (72 runs in the 128 kernel, 200 in the 256 one, 264 and 488 in the 512 one); f16 as bf16.
 TEST(padded_head_dims_pass_validation) {
-  for (int64_t d : {8, 16, 40, 72, 80, 96, 112, 136, 200, 248}) {
+  for (int64_t d : {8, 16, 40, 72, 80, 96, 112, 136, 200, 248, 256, 264, 384, 488, 512}) {
     Sizes s;
     s.head_dim = d;
     EXPECT_VALID(make_call(s));
@@ -424,10 +424,22 @@ TEST(v_head_dim_at_most_q_compiled_head_dim) {
   Call c = make_call();
   c.v.shape[3] = 256;
   c.out.shape[3] = 256;
-  EXPECT_REJECTED(c, "v", "head_dim (shape[3]) must be at most 128 (q's head_dim 128 rounded up to 64, 128 or 256), got 256");
+  EXPECT_REJECTED(c, "v", "head_dim (shape[3]) must be at most 128 (q's head_dim 128 rounded up to 64, 128, 256 or 512), got 256");
   c.v.shape[3] = 100;
   c.out.shape[3] = 100;
-  EXPECT_REJECTED(c, "v", "head_dim (shape[3]) must be a multiple of 8 from 8 to 256, got 100");
+  EXPECT_REJECTED(c, "v", "head_dim (shape[3]) must be a multiple of 8 from 8 to 512, got 100");
+  // q's 256 against v's 264 (the 512 kernel's): refused; q's 512 takes v's 264 (or 128).
+  Sizes s;
+  s.head_dim = 256;
+  Call w = make_call(s);
+  w.v.shape[3] = w.out.shape[3] = 264;
+  EXPECT_REJECTED(w, "v", "must be at most 256 (q's head_dim 256 rounded up to 64, 128, 256 or 512), got 264");
+  s.head_dim = 512;
+  for (const int64_t dv : {264, 128}) {
+    Call x = make_call(s);
+    x.v.shape[3] = x.out.shape[3] = dv;
+    EXPECT_VALID(x);
+  }
 }
 
 TEST(v_head_dim_may_differ_from_q) {

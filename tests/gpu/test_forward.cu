@@ -273,6 +273,12 @@ TEST(forward_f16_d128_full) { run_matrix(DType::f16, 128, false); }
 TEST(forward_f16_d128_causal) { run_matrix(DType::f16, 128, true); }
 TEST(forward_f16_d256_full) { run_matrix(DType::f16, 256, false); }
 TEST(forward_f16_d256_causal) { run_matrix(DType::f16, 256, true); }
+// Head dim 512 (issue 19; split_head_dim.cuh: both consumer warpgroups on the same 64 rows, each
+// with half of the head dim, their partial scores summed through shared memory).
+TEST(forward_bf16_d512_full) { run_matrix(DType::bf16, 512, false); }
+TEST(forward_bf16_d512_causal) { run_matrix(DType::bf16, 512, true); }
+TEST(forward_f16_d512_full) { run_matrix(DType::f16, 512, false); }
+TEST(forward_f16_d512_causal) { run_matrix(DType::f16, 512, true); }
 
 // ---- beyond the matrix
 
@@ -347,7 +353,9 @@ TEST(forward_padded_head_dims) {
       {1000, 513, false, 2, false, DType::bf16}, {1, 77, true, 8, true, DType::f16},
       {1000, 77, true, 2, false, DType::f16},    {300, 300, false, 8, true, DType::f16},
   };
-  for (int d : {8, 32, 40, 72, 80, 96, 112, 136, 160, 192, 200, 248})
+  // (264 .. 504: the 512 kernel, whose warpgroups each hold half of the head dim: 264 leaves the
+  // second 8 real columns of its 256)
+  for (int d : {8, 32, 40, 72, 80, 96, 112, 136, 160, 192, 200, 248, 264, 320, 384, 488, 504})
     for (const Shape& s : shapes) {
       Case c;
       c.dtype = s.dtype, c.head_dim = d, c.causal = s.causal;
@@ -566,6 +574,7 @@ TEST(forward_window_softcap_sinks_bf16_d64) { run_model_matrix(DType::bf16, 64);
 TEST(forward_window_softcap_sinks_bf16_d128) { run_model_matrix(DType::bf16, 128); }
 TEST(forward_window_softcap_sinks_bf16_d256) { run_model_matrix(DType::bf16, 256); }
 TEST(forward_window_softcap_sinks_f16_d128) { run_model_matrix(DType::f16, 128); }
+TEST(forward_window_softcap_sinks_bf16_d512) { run_model_matrix(DType::bf16, 512); }
 
 // The features change what the kernel computes: the same comparison against a reference with
 // a planted mistake (a window one key narrower on the left, the sinks left out) must fail, so

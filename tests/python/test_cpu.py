@@ -26,6 +26,7 @@ def test_import_and_metadata():
     # backward; FP8 keeps its three.
     assert warpattn.supported_head_dims == tuple(range(8, 257, 8))
     assert warpattn.backward_head_dims == tuple(range(8, 257, 8))
+    assert warpattn.forward_head_dims == tuple(range(8, 513, 8))
     assert getattr(warpattn, "fp8_head_dims", warpattn._warpattn.fp8_head_dims) == (64, 128, 256)
     assert warpattn.__version__
     for name in ("flash_attn_func", "flash_attn_backward", "jax_flash_attn", "flash_attn_with_kvcache"):
@@ -76,10 +77,10 @@ def test_rank():
         warpattn.flash_attn_func(q[0], k, v)
 
 
-@pytest.mark.parametrize("d", [4, 12, 100, 264])
+@pytest.mark.parametrize("d", [4, 12, 100, 520])
 def test_unsupported_head_dim(d):
     q, k, v = qkv(d=d)
-    with pytest.raises(ValueError, match=rf"^q: head_dim \(shape\[3\]\) must be a multiple of 8 from 8 to 256, got {d}$"):
+    with pytest.raises(ValueError, match=rf"^q: head_dim \(shape\[3\]\) must be a multiple of 8 from 8 to 512, got {d}$"):
         warpattn.flash_attn_func(q, k, v)
 
 

@@ -137,7 +137,7 @@ def test_eager_calls_skip_the_dispatcher_and_give_the_ops_bits(monkeypatch):
 @pytest.mark.gpu
 def test_argument_errors_on_cuda_tensors():
     q, k, v = (torch.randn(1, 128, 4, 100, device="cuda", dtype=torch.float16) for _ in range(3))
-    with pytest.raises(ValueError, match="must be a multiple of 8 from 8 to 256, got 100"):
+    with pytest.raises(ValueError, match="must be a multiple of 8 from 8 to 512, got 100"):
         warpattn.flash_attn_func(q, k, v)
     with pytest.raises(TypeError, match="CUDA tensor required"):
         q, k, v = (torch.randn(1, 128, 4, 64, dtype=torch.float16) for _ in range(3))
@@ -912,6 +912,31 @@ def test_padded_head_dims_gradients_against_fp64(dtype, d, causal, sq, sk, atten
     q, k, v, dout = padded_case("grad", dtype, d, causal, sq, sk)
     options = dict(causal=causal)
     check_grads_against_fp64(q, k, v, dout, options, model_grads(q, k, v, dout, options), attention_reference_grads)
+
+
+# Above 256 (to 512: the dense forward only, in the 512 kernel whose warpgroups each hold half of
+# the head dim): the forward against the float64 reference, and a gradient refused with the
+# backward's limit in the message (before any launch of it).
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [264, 384, 512])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk", PADDED_SHAPES)
+def test_head_dims_above_256_forward_against_fp64(dtype, d, causal, sq, sk, attention_reference):
+    q, k, v, _ = padded_case("wide", dtype, d, causal, sq, sk, heads_kv=8 if sq == sk else 2)
+    out, lse = warpattn.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    assert out.shape == q.shape
+    check_against_fp64(q, k, v, attention_reference, out, lse, dict(causal=causal))
+
+
+@pytest.mark.gpu
+def test_head_dims_above_256_have_no_gradient():
+    assert 512 in warpattn.forward_head_dims and 512 not in warpattn.backward_head_dims
+    q, k, v, dout = padded_case("wide-grad", torch.bfloat16, 512, True, 77, 77)
+    q.requires_grad_(True)
+    out = warpattn.flash_attn_func(q, k, v, causal=True)
+    with pytest.raises(ValueError, match=r"must be a multiple of 8 from 8 to 256 .*the dense forward only"):
+        out.backward(dout)
 
 
 @pytest.mark.gpu

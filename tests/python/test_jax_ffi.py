@@ -312,7 +312,7 @@ def test_handlers_on_the_host_controls(host_check):
     attrs = {"causal": True, "has_scale": False, "softmax_scale": np.float32(0), "batch_invariant": False}
     model = {"window_left": np.int32(-1), "window_right": np.int32(-1), "softcap": np.float32(0)}  # the forward's
     message = host_check(lambda q: jax.ffi.ffi_call("warpattn_forward", out)(q, q, q, **attrs, **model), q)
-    assert message == "INVALID_ARGUMENT: q: head_dim (shape[3]) must be a multiple of 8 from 8 to 256, got 100", message
+    assert message == "INVALID_ARGUMENT: q: head_dim (shape[3]) must be a multiple of 8 from 8 to 512, got 100", message
     q = jnp.zeros((1, 128, 2, 64), BF16)
     out = jax.ShapeDtypeStruct(q.shape, q.dtype)
     wrong_type = host_check(lambda q: jax.ffi.ffi_call("warpattn_forward", out)(q, q, q, **dict(
@@ -371,7 +371,7 @@ def test_trace_time_errors():
     attn = jax.jit(jax_ffi.flash_attn, static_argnames=("causal",))
     cases = [
         ((SDS((2, 256, 8, 100), BF16), SDS((2, 256, 8, 100), BF16), SDS((2, 256, 8, 100), BF16)),
-         ValueError, r"q: head_dim \(shape\[3\]\) must be a multiple of 8 from 8 to 256, got 100"),
+         ValueError, r"q: head_dim \(shape\[3\]\) must be a multiple of 8 from 8 to 512, got 100"),
         ((SDS(q.shape, jnp.float32), k, v), ValueError, "q: expected dtype float16 or bfloat16, got float32"),
         ((q, SDS(k.shape, jnp.float16), v), ValueError, r"k: expected dtype bfloat16 \(same as q\), got float16"),
         ((q, SDS((2, 256, 3, 64), BF16), SDS((2, 256, 3, 64), BF16)), ValueError, "multiple"),
@@ -389,7 +389,7 @@ def test_trace_time_errors_are_the_librarys_messages():
     # library on host arrays) gives the same message.
     cases = [
         ((2, 256, 8, 100), (2, 256, 8, 100), np.float16),
-        ((2, 256, 8, 264), (2, 256, 8, 264), np.float16),
+        ((2, 256, 8, 520), (2, 256, 8, 520), np.float16),
         ((2, 256, 8, 64), (2, 256, 3, 64), np.float16),
         ((2, 256, 8, 64), (1, 256, 8, 64), np.float16),
         ((2, 256, 8, 64), (2, 256, 8, 128), np.float16),

@@ -123,7 +123,7 @@ def test_tensor_rules_of_the_dense_forward_apply():
         call(q, np.zeros((50, 3, 64), np.float16), np.zeros((50, 3, 64), np.float16), cu_q, cu_k)
     with pytest.raises(ValueError, match=r"^q: head_dim \(shape\[2\]\) must be a multiple of 8 from 8 to 256, got 100$"):
         call(*packed(d=100))
-    with pytest.raises(ValueError, match="must be a multiple of 8 from 8 to 256, got 264"):
+    with pytest.raises(ValueError, match=r"must be a multiple of 8 from 8 to 256 \(head dims above 256: the dense forward only\), got 264"):
         call(*packed(d=264))
     with pytest.raises(ValueError, match=r"k: expected dtype float16 \(same as q\)"):
         call(q, k.astype(np.float32), v, cu_q, cu_k)
