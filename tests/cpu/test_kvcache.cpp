@@ -879,6 +879,7 @@ TEST(kvcache_invariant_pieces_depend_on_the_tile_alone) {
     const int seqlen_q = 1 + static_cast<int>(rng() % 40);
     const int len = static_cast<int>(rng() % (trial % 5 == 0 ? 400000 : 20000));
     const int chunk_keys = invariant_chunk_keys(1 + static_cast<int>(rng() % 128));
+    const int max_chunks = invariant_max_chunks(1 + static_cast<int>(rng() % (trial % 4 == 0 ? 2 : 300)));
     const KeyBand band = causal_band(causal);
     // The sequence alone (capacity: its length) and inside launches of larger capacities.
     std::vector<std::vector<std::pair<int, int>>> seen;
@@ -886,9 +887,9 @@ TEST(kvcache_invariant_pieces_depend_on_the_tile_alone) {
       if (capacity < 1) continue;
       const int lens[1] = {len};
       KvCacheWork w;
-      w.cache_seqlens = lens, w.capacity = capacity, w.chunk_keys = chunk_keys;
-      w.splits = invariant_launch_splits((capacity + block_n - 1) / block_n, block_n, chunk_keys);
-      CHECK(w.splits >= 1 && w.splits <= kMaxDecodeSplits) << w.splits;
+      w.cache_seqlens = lens, w.capacity = capacity, w.chunk_keys = chunk_keys, w.max_chunks = max_chunks;
+      w.splits = invariant_launch_splits((capacity + block_n - 1) / block_n, block_n, chunk_keys, max_chunks);
+      CHECK(w.splits >= 1 && w.splits <= max_chunks) << w.splits;
       const TileGrid grid{(seqlen_q + positions - 1) / positions, 1, 1, 1};
       for (int m = 0; m < grid.m_blocks; ++m) {
         const int u = m;  // one chunk of heads, one sequence: tile u is block u
@@ -919,14 +920,21 @@ TEST(kvcache_invariant_pieces_depend_on_the_tile_alone) {
     }
   }
   // The chunks are 2048 keys, or 64 a real row of a tile past 32 rows, until a tile would pass
-  // kMaxDecodeSplits of them.
+  // max_chunks of them: about 128 pieces a sequence, at most kMaxDecodeSplits a tile.
   CHECK(invariant_chunk_keys(1) == 2048 && invariant_chunk_keys(32) == 2048 && invariant_chunk_keys(33) == 2112 &&
         invariant_chunk_keys(128) == 8192);
-  CHECK(invariant_chunk_blocks(16, 128, 2048) == 16 && invariant_chunk_blocks(2048, 128, 2048) == 16 &&
-        invariant_chunk_blocks(2049, 128, 2048) == 17 && invariant_chunk_blocks(1, 80, 2048) == 26 &&
-        invariant_chunk_blocks(1, 128, 8192) == 64);
-  CHECK(invariant_launch_splits(16, 128, 2048) == 1 && invariant_launch_splits(17, 128, 2048) == 2 &&
-        invariant_launch_splits(1 << 20, 128, 2048) == kMaxDecodeSplits && invariant_launch_splits(128, 128, 8192) == 2);
+  CHECK(invariant_max_chunks(1) == kMaxDecodeSplits && invariant_max_chunks(8) == 16 && invariant_max_chunks(9) == 15 &&
+        invariant_max_chunks(128) == 1 && invariant_max_chunks(1000) == 1);
+  constexpr int kAny = kMaxDecodeSplits;
+  CHECK(invariant_chunk_blocks(16, 128, 2048, kAny) == 16 && invariant_chunk_blocks(2048, 128, 2048, kAny) == 16 &&
+        invariant_chunk_blocks(2049, 128, 2048, kAny) == 17 && invariant_chunk_blocks(1, 80, 2048, kAny) == 26 &&
+        invariant_chunk_blocks(1, 128, 8192, kAny) == 64);
+  // B = 1, 64K keys, 8 KV heads (8 tiles): 16 chunks of 4096 keys, not 32 of 2048.
+  CHECK(invariant_chunk_blocks(512, 128, 2048, invariant_max_chunks(8)) == 32 &&
+        invariant_launch_splits(512, 128, 2048, invariant_max_chunks(8)) == 16);
+  CHECK(invariant_launch_splits(16, 128, 2048, kAny) == 1 && invariant_launch_splits(17, 128, 2048, kAny) == 2 &&
+        invariant_launch_splits(1 << 20, 128, 2048, kAny) == kMaxDecodeSplits &&
+        invariant_launch_splits(128, 128, 8192, kAny) == 2 && invariant_launch_splits(1 << 20, 128, 2048, 1) == 1);
 }
 
 TEST(split_key_blocks_is_exact_at_the_largest_counts) {

@@ -1068,15 +1068,18 @@ TEST(kvcache_decode_equals_prefill_last_row) {
 // the launch has more splits, most of them empty for this sequence), at a random position:
 // out and lse bitwise equal. Lengths from one chunk (2048 keys: no split) to many (decode_plan's
 // invariant_chunk_blocks), one new row, three and 16 (causal; 16 x the group of 4 is 64 rows a
-// tile, whose chunks are 4096 keys: invariant_chunk_keys), every head dim. The default mode's
-// split count follows the batch's tiles, so its bits may move there (not asserted).
+// tile, whose chunks are 4096 keys: invariant_chunk_keys), every head dim; at 40000 keys 8 KV
+// heads, so that a sequence's 8 tiles take at most 16 chunks each (invariant_max_chunks) and
+// its 20 chunks of 2048 keys become 16 longer ones. The default mode's split count follows the
+// batch's tiles, so its bits may move there (not asserted).
 TEST(kvcache_batch_invariant_alone_and_in_batches) {
   REQUIRE_HOPPER();
   const uint64_t seed = gpu_test::fresh_seed();
   std::mt19937_64 rng(seed);
-  const int64_t Hq = 8, Hkv = 2;
+  const int64_t Hq = 8;
   for (int d : {64, 128, 256})
     for (int L : {700, 2048, 2049, 9001, 20000, 40000}) {
+      const int64_t Hkv = L == 40000 ? 8 : 2;
       const int64_t Sq = L == 20000 ? 16 : L % 2 ? 3 : 1;
       const auto lse_view = [&](float* mem, int64_t b) { return gpu_test::contiguous(mem, DType::f32, {b, Hq, Sq}); };
       DeviceTensor q1(DType::bf16, 1, Sq, Hq, d, false), k1(DType::bf16, 1, L, Hkv, d, false),

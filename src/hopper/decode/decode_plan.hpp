@@ -105,19 +105,33 @@ inline constexpr int kInvariantChunkKeys = 2048, kInvariantKeysPerRow = 64;
 WARPATTN_HOST_DEVICE int invariant_chunk_keys(int tile_rows) {
   return tile_rows * kInvariantKeysPerRow > kInvariantChunkKeys ? tile_rows * kInvariantKeysPerRow : kInvariantChunkKeys;
 }
+// The most chunks a tile takes in that mode (KvCacheWork::max_chunks), from the call's shape
+// alone: enough for one sequence's tiles (tiles_per_sequence: its blocks of positions x chunks
+// of packed heads, the same for every sequence of a call) to make about
+// kInvariantSequencePieces pieces, one round of the persistent grid when the sequence is
+// alone, and never more than kMaxDecodeSplits. Past that, a long cache's chunks grow instead of
+// multiplying: run 147's B = 1 64K step (8 tiles) took 32 chunks of 2048 keys a tile, 256
+// pieces in two rounds, 1.29x the default's 16 pieces a tile in one round.
+inline constexpr int kInvariantSequencePieces = 128;
+WARPATTN_HOST_DEVICE int invariant_max_chunks(long long tiles_per_sequence) {
+  if (tiles_per_sequence <= 1) return kMaxDecodeSplits;
+  const long long n = (kInvariantSequencePieces + tiles_per_sequence - 1) / tiles_per_sequence;
+  return n < kMaxDecodeSplits ? static_cast<int>(n) : kMaxDecodeSplits;
+}
 // A tile of key_blocks blocks of block_n keys: chunks of chunk_keys keys in whole blocks, or
-// more where the tile would need more than kMaxDecodeSplits chunks, from its own key count.
-WARPATTN_HOST_DEVICE int invariant_chunk_blocks(int key_blocks, int block_n, int chunk_keys) {
+// more where the tile would need more than max_chunks (1 .. kMaxDecodeSplits) of them, from its
+// own key count.
+WARPATTN_HOST_DEVICE int invariant_chunk_blocks(int key_blocks, int block_n, int chunk_keys, int max_chunks) {
   const int by_keys = (chunk_keys + block_n - 1) / block_n;
-  const int by_splits = (key_blocks + kMaxDecodeSplits - 1) / kMaxDecodeSplits;
+  const int by_splits = (key_blocks + max_chunks - 1) / max_chunks;
   return by_keys > by_splits ? by_keys : by_splits;
 }
 // A launch's split count in that mode: enough for every tile of at most key_blocks blocks (the
 // capacity's); a tile with fewer chunks leaves the rest of its pieces empty, which the combine
 // adds as exact zeros, so its bits do not see them.
-WARPATTN_HOST_DEVICE int invariant_launch_splits(int key_blocks, int block_n, int chunk_keys) {
+WARPATTN_HOST_DEVICE int invariant_launch_splits(int key_blocks, int block_n, int chunk_keys, int max_chunks) {
   const int n = invariant_splits(key_blocks, (chunk_keys + block_n - 1) / block_n);
-  return n < kMaxDecodeSplits ? n : kMaxDecodeSplits;
+  return n < max_chunks ? n : max_chunks;
 }
 
 // ---- A KV-cache launch's work (run_kvcache.cuh), enumerated on the device without a plan:
@@ -130,6 +144,7 @@ struct KvCacheWork {
   const int* cache_seqlens = nullptr;
   int appended = 0, capacity = 0, splits = 1, pieces = 0;
   int chunk_keys = 0;
+  int max_chunks = kMaxDecodeSplits;  // with chunk_keys: invariant_max_chunks
 };
 WARPATTN_HOST_DEVICE int kv_cache_keys(const KvCacheWork& w, int batch) {
   int cached = w.capacity;

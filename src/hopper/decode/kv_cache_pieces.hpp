@@ -26,8 +26,9 @@ WARPATTN_HOST_DEVICE KvCachePiece kv_cache_piece(int piece, const KvCacheWork& w
   const int seqlen_k = kv_cache_keys(w, t.batch);
   const KeyTileRange r = kv_tile_range(t.m_block, positions, block_n, seqlen_q, seqlen_k, band);
   const int blocks = r.count();
-  const KeyBlockRange s = w.chunk_keys > 0 ? invariant_key_blocks(split, invariant_chunk_blocks(blocks, block_n, w.chunk_keys), blocks)
-                                             : split_key_blocks(split, w.splits, blocks);
+  const KeyBlockRange s =
+      w.chunk_keys > 0 ? invariant_key_blocks(split, invariant_chunk_blocks(blocks, block_n, w.chunk_keys, w.max_chunks), blocks)
+                       : split_key_blocks(split, w.splits, blocks);
   return {t, s.end - s.begin, r.begin + s.end, seqlen_k};
 }
 

@@ -19,27 +19,30 @@ namespace warpattn::detail {
 // kMaxDecodeSplits), or, for 0, decode_plan.hpp's default from the tiles, the capacity's key
 // tiles and the SMs; never so many that the pieces pass 2^31 or their partial states (slot_bytes
 // each) kMaxSplitPartialBytes, which a forced count over many tiles would. The batch-invariant
-// mode's default cuts each tile into chunks fixed by its own key count and the call's tile rows
-// (chunk_keys: invariant_chunk_keys), not by the batch's tiles; where those would pass the
-// limits, no tile is split (still invariant).
+// mode's default cuts each tile into chunks fixed by its own key count and the call's shape
+// (chunk_keys: invariant_chunk_keys from the tile rows; max_chunks: invariant_max_chunks from
+// the tiles a sequence has), not by the batch's tiles; where those would pass the limits, no
+// tile is split (still invariant).
 inline constexpr long long kMaxSplitPartialBytes = 1LL << 30;
 struct KvCacheSplits {
   int splits;
   int chunk_keys;  // 0: an even cut
+  int max_chunks;  // with chunk_keys
 };
 inline bool kvcache_splits_fit(long long tiles, int splits, size_t slot_bytes) {
   return tiles * splits < (1LL << 31) && tiles * splits * static_cast<long long>(slot_bytes) <= kMaxSplitPartialBytes;
 }
-inline KvCacheSplits kvcache_splits(int num_splits, long long tiles, int key_tiles, int block_n, int tile_rows,
-                                    bool batch_invariant, size_t slot_bytes) {
+inline KvCacheSplits kvcache_splits(int num_splits, long long tiles, long long tiles_per_sequence, int key_tiles,
+                                    int block_n, int tile_rows, bool batch_invariant, size_t slot_bytes) {
   if (num_splits == 0 && batch_invariant) {
-    const int chunk_keys = invariant_chunk_keys(tile_rows);
-    const int n = invariant_launch_splits(key_tiles, block_n, chunk_keys);
-    return n > 1 && kvcache_splits_fit(tiles, n, slot_bytes) ? KvCacheSplits{n, chunk_keys} : KvCacheSplits{1, 0};
+    const int chunk_keys = invariant_chunk_keys(tile_rows), max_chunks = invariant_max_chunks(tiles_per_sequence);
+    const int n = invariant_launch_splits(key_tiles, block_n, chunk_keys, max_chunks);
+    return n > 1 && kvcache_splits_fit(tiles, n, slot_bytes) ? KvCacheSplits{n, chunk_keys, max_chunks}
+                                                             : KvCacheSplits{1, 0, kMaxDecodeSplits};
   }
   int splits = num_splits > 0 ? num_splits : default_splits(tiles, key_tiles, multiprocessor_count());
   while (splits > 1 && !kvcache_splits_fit(tiles, splits, slot_bytes)) --splits;
-  return {splits, 0};
+  return {splits, 0, kMaxDecodeSplits};
 }
 
 // q, out: (B, Sq, Hq, D); k_cache, v_cache: dense (B, S_cache, Hkv, D) or paged (num_pages,
@@ -74,9 +77,11 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   // pieces are enumerated by the producer itself (kv_cache_pieces.hpp): no plan before the launch.
   // (a tile's real rows: the call's query heads of a KV head at up to `positions` positions)
   const int tile_rows = std::min(params.seqlen_q, packing.positions) * packing.heads;
-  const KvCacheSplits splits = kvcache_splits(num_splits, tiles, ceil_div(params.seqlen_k, Cfg::kBlockN), Cfg::kBlockN,
-                                              tile_rows, p.batch_invariant, PartialState<Cfg>::kSlotBytes);
-  work.splits = splits.splits, work.chunk_keys = splits.chunk_keys;
+  // (a sequence's tiles: its blocks of positions x chunks of packed heads, the same for each)
+  const long long tiles_per_sequence = static_cast<long long>(params.m_blocks) * params.heads_q;
+  const KvCacheSplits splits = kvcache_splits(num_splits, tiles, tiles_per_sequence, ceil_div(params.seqlen_k, Cfg::kBlockN),
+                                              Cfg::kBlockN, tile_rows, p.batch_invariant, PartialState<Cfg>::kSlotBytes);
+  work.splits = splits.splits, work.chunk_keys = splits.chunk_keys, work.max_chunks = splits.max_chunks;
   work.pieces = static_cast<int>(tiles * work.splits);
   params.kv_work = work;
   const bool combined = Cfg::kDecodeTile || work.splits > 1;  // (a decode tile's two states always are)
