@@ -14,7 +14,6 @@
 #include "hopper/consumer_gemms.cuh"
 #include "hopper/forward_params.hpp"
 #include "hopper/fragment.cuh"
-#include "hopper/key_tile_ordinals.hpp"
 #include "hopper/kv_tiles.hpp"
 #include "hopper/mask.cuh"
 #include "hopper/producer.cuh"
@@ -29,24 +28,14 @@ namespace warpattn::detail {
 // Ping-pong turns, in a ring 0 -> 1 (-> 2) -> 0. Every consumer warpgroup of a CTA takes the
 // same number of turns over the kernel's life. The last warpgroup hands warpgroup 0 the first
 // turn once (start); warpgroup 0 takes one extra turn at exit (finish) to consume the last
-// hand-over, so no arrival is left pending, whatever the number of tiles. Off (a decode tile's
-// kernel, whose warpgroups read different key tiles): no turns at all.
+// hand-over, so no arrival is left pending, whatever the number of tiles.
 struct PingPong {
   int warpgroup, warpgroups;
   int next;  // the warpgroup whose turn follows this one's
-  bool on;
-  __device__ __forceinline__ PingPong(int warpgroup_, int warpgroups_, bool on_ = true)
-      : warpgroup(warpgroup_), warpgroups(warpgroups_), next(warpgroup_ + 1 == warpgroups_ ? 0 : warpgroup_ + 1),
-        on(on_) {}
-  // Off: the warpgroup's own barrier instead, synced and arrived at by its 128 threads alone
-  // (each completes at once), so that ptxas schedules the GEMMs around it as around a turn
-  // (without it, the decode tile's kernels spilled).
-  __device__ __forceinline__ void wait_turn() const {
-    ptx::named_barrier_sync(Barrier::kTurn0 + warpgroup, on ? 256 : 128);
-  }
-  __device__ __forceinline__ void pass_turn() const {
-    ptx::named_barrier_arrive(Barrier::kTurn0 + (on ? next : warpgroup), on ? 256 : 128);
-  }
+  __device__ __forceinline__ PingPong(int warpgroup_, int warpgroups_)
+      : warpgroup(warpgroup_), warpgroups(warpgroups_), next(warpgroup_ + 1 == warpgroups_ ? 0 : warpgroup_ + 1) {}
+  __device__ __forceinline__ void wait_turn() const { ptx::named_barrier_sync(Barrier::kTurn0 + warpgroup, 256); }
+  __device__ __forceinline__ void pass_turn() const { ptx::named_barrier_arrive(Barrier::kTurn0 + next, 256); }
   __device__ __forceinline__ void start() const {
     if (warpgroup == warpgroups - 1) pass_turn();
   }
@@ -70,22 +59,10 @@ struct TileContext {
 };
 
 // One elected thread per warpgroup releases a ring slot once the warpgroup's wgmma reading it
-// has completed (empty barriers count one arrival per consumer warpgroup). A decode tile's
-// key tiles are each read by one warpgroup, which arrives for both (kFor2).
-template <bool kFor2 = false>
+// has completed (empty barriers count one arrival per consumer warpgroup).
 __device__ __forceinline__ void release_slot(uint64_t* empty_bar) {
-  if (threadIdx.x % 128 == 0) {
-    if constexpr (kFor2)
-      ptx::mbarrier_arrive_n<2>(ptx::smem_addr(empty_bar));
-    else
-      ptx::mbarrier_arrive(ptx::smem_addr(empty_bar));
-  }
+  if (threadIdx.x % 128 == 0) ptx::mbarrier_arrive(ptx::smem_addr(empty_bar));
 }
-
-// The key tiles a warpgroup visits (a decode tile's: alternate ring ordinals). A template of
-// the flag, not a member of ConsumerTile: the 16-bit causal kernels' SASS changed with one.
-template <class Cfg>
-using Ordinals = KeyTileOrdinals<Cfg::kDecodeTile>;
 
 template <class Cfg>
 struct ConsumerTile {
@@ -94,10 +71,8 @@ struct ConsumerTile {
   const TileContext& t;
   const FragmentCoords f;
   const PingPong turns;
-  using Ords = Ordinals<Cfg>;
-  // The warpgroup's 64 rows within the tile (a decode tile's two warpgroups share rows 0-63, and
-  // so do a split head dim's).
-  static constexpr bool kSharedRows = Cfg::kDecodeTile || Cfg::kSplitHeadDim;
+  // The warpgroup's 64 rows within the tile (a split head dim's two warpgroups share rows 0-63).
+  static constexpr bool kSharedRows = Cfg::kSplitHeadDim;
   // The tile's first query row and its row count (a KV cache's: positions, packing.positions),
   // and the query rows of this thread's register halves (row1: a KV cache's packed positions
   // only; otherwise the second half's row is row0 + 8, mask_scores).
@@ -114,7 +89,7 @@ struct ConsumerTile {
         params(p),
         t(t_),
         f(threadIdx.x % 128),
-        turns{t_.warpgroup, Cfg::kConsumerWarpgroups, !Cfg::kDecodeTile},
+        turns{t_.warpgroup, Cfg::kConsumerWarpgroups},
         m_start(t_.m_block * Cfg::kBlockM),
         block_rows(Cfg::kBlockM),
         row0(t_.m_block * Cfg::kBlockM + (kSharedRows ? 0 : t_.warpgroup) * 64 + f.row(0)),
@@ -189,9 +164,8 @@ struct ConsumerTile {
   }
   // scores_done's two halves (a split head dim sums its partial S between them).
   __device__ __forceinline__ void release_scores_operands(int it, int stage) const {
-    release_slot<Cfg::kDecodeTile>(&ss.k_empty[stage]);
-    // (the warpgroup's last ordinal: a decode tile's is the last of its parity)
-    if (Cfg::kDecodeTile ? it + 2 >= t.n_tiles : it == t.n_tiles - 1) release_slot(&ss.q_empty[t.q_stage]);
+    release_slot(&ss.k_empty[stage]);
+    if (it == t.n_tiles - 1) release_slot(&ss.q_empty[t.q_stage]);
   }
   template <bool kLeftEdge = true>
   __device__ __forceinline__ void finish_scores(float (&s)[Cfg::kBlockN / 2], int it) const {
@@ -238,15 +212,15 @@ struct ConsumerTile {
     ptx::wgmma_wait<0>();
     ptx::pin(o);
     (ptx::pin(parts), ...);
-    release_slot<Cfg::kDecodeTile>(&ss.v_empty[vs.stage]);
+    release_slot(&ss.v_empty[vs.stage]);
   }
 
-  // Issues S_it = Q·K_itᵀ and O += P·V of the warpgroup's previous ordinal (it - 1, a decode
-  // tile's it - 2) in this warpgroup's turn; returns V's slot.
+  // Issues S_it = Q·K_itᵀ and O += P·V of the previous key tile (it - 1) in this warpgroup's
+  // turn; returns V's slot.
   __device__ __forceinline__ RingSlot issue_step(float (&o)[Cfg::kHeadDim / 2], uint32_t (&p)[Cfg::kPvSteps][4],
                                                  float (&s)[Cfg::kBlockN / 2], int it, RingSlot ks) const {
     using namespace ptx;
-    const RingSlot vs = ring_slot<Cfg::kStages>(t.kv_base + it - Ords::kStep);
+    const RingSlot vs = ring_slot<Cfg::kStages>(t.kv_base + it - 1);
     turns.wait_turn();
     mbarrier_wait(smem_addr(&ss.k_full[ks.stage]), ks.phase);
     pin(o);
@@ -270,19 +244,17 @@ struct ConsumerTile {
     uint32_t p[Cfg::kPvSteps][4];
     float alpha[2];
 
-    // First key tile: S only. (The caller runs a warpgroup with any ordinals only.)
-    constexpr int kStep = Ords::kStep;
-    const int first = Ords::first(t.warpgroup, t.kv_base);
-    scores_alone(s, first);
-    const VTerms v0 = v_terms(first);
-    softmax.step<true, Cfg::kIntScores>(s, alpha, score_scale(first), v0.log2, v0.inv);
+    // First key tile: S only.
+    scores_alone(s, 0);
+    const VTerms v0 = v_terms(0);
+    softmax.step<true, Cfg::kIntScores>(s, alpha, score_scale(0), v0.log2, v0.inv);
     convert_to_operand<Cfg>(s, p);
 
     // Steady state: S_it with P_{it-1}·V_{it-1}. FP8's descales of tile it are loaded before
     // the GEMMs are issued, so their latency hides under them (a load after the wgmma wait
     // would stall the softmax).
     const int left_edge = t.n_tiles - left_edge_tiles();
-    for (int it = first + kStep; it < left_edge; it += kStep) {
+    for (int it = 1; it < left_edge; ++it) {
       const float c = score_scale(it);
       const VTerms v = v_terms(it);
       const RingSlot ks = ring_slot<Cfg::kStages>(t.kv_base + it);
@@ -312,10 +284,7 @@ struct ConsumerTile {
       rescale_if_needed(o, alpha);
     }
     if constexpr (Cfg::kCausal) {
-      const int from = Cfg::kDecodeTile
-                           ? Ords::at_or_after(first, left_edge > first + kStep ? left_edge : first + kStep)
-                           : (left_edge > 1 ? left_edge : 1);
-      for (int it = from; it < t.n_tiles; it += kStep) {
+      for (int it = left_edge > 1 ? left_edge : 1; it < t.n_tiles; ++it) {
         const float c = score_scale(it);
         const VTerms v = v_terms(it);
         const RingSlot ks = ring_slot<Cfg::kStages>(t.kv_base + it);
@@ -330,7 +299,7 @@ struct ConsumerTile {
     }
 
     // Last P·V.
-    pv_alone(o, ring_slot<Cfg::kStages>(t.kv_base + Ords::last(first, t.n_tiles)), p);
+    pv_alone(o, ring_slot<Cfg::kStages>(t.kv_base + t.n_tiles - 1), p);
   }
 
   // The same attention with P carried in two 16-bit parts and no overlap inside the
@@ -340,7 +309,7 @@ struct ConsumerTile {
   // short for the overlap to matter. Two turns per key tile.
   __device__ __forceinline__ void run_precise(float (&o)[Cfg::kHeadDim / 2], OnlineSoftmax& softmax) const {
     using namespace ptx;
-    for (int it = Ords::first(t.warpgroup, t.kv_base); it < t.n_tiles; it += Ords::kStep) {
+    for (int it = 0; it < t.n_tiles; ++it) {
       const RingSlot slot = ring_slot<Cfg::kStages>(t.kv_base + it);
       float s[Cfg::kBlockN / 2];
       scores_alone(s, it);

@@ -41,7 +41,6 @@ struct ForwardConfig {
   static constexpr bool kCausal = kCausal_;
   static constexpr bool kVarlen = false;  // VarlenConfig: packed variable-length batches
   static constexpr bool kKvCache = false;  // KvCacheConfig: each sequence's own KV cache
-  static constexpr bool kDecodeTile = false;  // KvCacheConfig: 64 rows, key tiles alternating
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   // Q and K rows are stored as panels of kSwizzleBytes (the width of one swizzled TMA box
   // row): 128 bytes (64 16-bit or 128 FP8 elements), or 64 bytes when a whole row is that
@@ -124,19 +123,10 @@ struct VarlenConfig : Base {
 // producer enumerates itself (decode/kv_cache_pieces.hpp), each sequence's Q, out and lse in its
 // own batch entry and its keys in its cache's pages (decode/kv_pages.hpp), loaded in boxes that
 // never cross a page.
-//
-// kDecodeTile (docs/decode-design.md): where a tile's real rows fit in 64 (a decode step's
-// query heads of one KV head), both consumer warpgroups take the same 64 rows and alternate key
-// tiles (warpgroup w the ordinals w, w + 2, ...), each with its own online softmax and no
-// ping-pong turns; each leaves its partial state, and the split combine merges the two. A
-// 128-row tile there runs its second warpgroup's GEMMs and softmax on padding.
-template <class Base, bool kDecodeTile_ = false>
+template <class Base>
 struct KvCacheConfig : VarlenConfig<Base> {
   static constexpr bool kKvCache = true;
-  static constexpr bool kDecodeTile = kDecodeTile_;
   static_assert(!Base::kFp8, "KV caches are 16-bit");
-  static_assert(!kDecodeTile || Base::kConsumerWarpgroups == 2, "a decode tile's two warpgroups alternate key tiles");
-  static_assert(!kDecodeTile || Base::kStages % 2 == 0, "a decode tile's ring stages each serve one warpgroup (Ordinals)");
 };
 
 }  // namespace warpattn::detail

@@ -48,10 +48,7 @@ __device__ __forceinline__ void init_barriers(SharedStorage<Cfg>& ss, int issuer
 template <class Cfg>
 __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, const ForwardParams& params,
                                                        int warpgroup) {
-  const PingPong turns{warpgroup, Cfg::kConsumerWarpgroups, !Cfg::kDecodeTile};
-  // A decode tile's warpgroups hold the same 64 rows (Cfg::kDecodeTile): their stores as
-  // warpgroup 0's.
-  const int row_warpgroup = Cfg::kDecodeTile ? 0 : warpgroup;
+  const PingPong turns{warpgroup, Cfg::kConsumerWarpgroups};
   const FragmentCoords f(threadIdx.x % 128);
   turns.start();
   int kv = 0, q_iter = 0;  // as in the producer
@@ -77,12 +74,7 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
       }
       ptx::mbarrier_wait(ptx::smem_addr(&ss.q_full[qs.stage]), qs.phase);
       const ConsumerTile<Cfg> tile(ss, params, t);
-      if (Cfg::kDecodeTile && !Ordinals<Cfg>::any(Ordinals<Cfg>::first(warpgroup, kv), n_tiles)) {
-        // A decode tile of one key tile: one warpgroup has none; its state stays empty (the
-        // combine adds it exactly) and it frees Q for the next tile. (Waiting for Q first keeps
-        // it from running a tile ahead: two arrivals of one warpgroup would free the buffer.)
-        release_slot(&ss.q_empty[qs.stage]);
-      } else if constexpr (Cfg::kFp8) {
+      if constexpr (Cfg::kFp8) {
         // FP8 P has 3 mantissa bits; splitting it would not buy the 16-bit path's precision.
         tile.run(o, softmax);
       } else {
@@ -115,16 +107,8 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
     if constexpr (Cfg::kKvCache) {  // packed rows: each row's own query head
       const int first_position = first_row_of_block<Cfg>(w.m_block, params);
       if (w.piece >= 0) {  // a piece of the tile's keys: its partial state, for combine_kvcache_splits_kernel
-        // A decode tile's warpgroups store by the key tiles they took, not by who they are:
-        // state 0 the piece's even key tiles, 1 its odd ones (Ordinals::first, from the tile's
-        // ring ordinal kv - n_tiles). Which warpgroup takes which follows the ring's parity, so
-        // the CTA's earlier pieces, so the dynamic schedule; stored by warpgroup, the combine
-        // summed the same states in a schedule-dependent order (run 147's stress: 679 of 2000
-        // calls' bits moved at 3 pieces of 11, 11, 10 key tiles).
-        if (holds_stored_rows(row_warpgroup, f, first_position, w.head, params.packing, seqlen_q))
-          PartialState<Cfg>(params, w.piece, Cfg::kDecodeTile ? Ordinals<Cfg>::first(warpgroup, kv - n_tiles) : warpgroup,
-                            threadIdx.x % 128)
-              .store(o, softmax);
+        if (holds_stored_rows(warpgroup, f, first_position, w.head, params.packing, seqlen_q))
+          PartialState<Cfg>(params, w.piece, warpgroup, threadIdx.x % 128).store(o, softmax);
         continue;
       }
       float sink_log2[2];

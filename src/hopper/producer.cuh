@@ -118,13 +118,12 @@ template <class Cfg>
 __device__ __forceinline__ ScheduledTile schedule_tile(const TileChooser& chooser, const ForwardParams& params) {
   constexpr ScheduledTile kEnd{-1, 0, 0, 0, 0, -1, 0, 0, 0, 0};
   if constexpr (Cfg::kKvCache) {  // a piece of a tile (kv_cache_pieces.hpp); its slot: the piece's index when split
-                                  // (or a decode tile: its two warpgroups' states are always combined)
     if (chooser.tile >= chooser.whole) return kEnd;
     const TileGrid grid{params.m_blocks, params.heads_q, params.batch, 1};
     const KvCachePiece pc = kv_cache_piece(chooser.tile, params.kv_work, grid, params.packing.positions, Cfg::kBlockN,
                                            params.seqlen_q, Cfg::kCausal ? params.band : KeyBand{});
     return {pc.tile.m_block, pc.tile.head, pc.tile.batch, pc.n_tiles, pc.n_end,
-            Cfg::kDecodeTile || params.kv_work.splits > 1 ? chooser.tile : -1, 0, params.seqlen_q, 0, pc.seqlen_k};
+            params.kv_work.splits > 1 ? chooser.tile : -1, 0, params.seqlen_q, 0, pc.seqlen_k};
   } else if constexpr (Cfg::kVarlen) {  // never split: the plan's tile, two 16-byte loads
     if (chooser.tile >= chooser.whole) return kEnd;
     const int4* entry = reinterpret_cast<const int4*>(params.varlen_tiles + chooser.tile);

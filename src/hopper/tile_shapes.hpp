@@ -96,11 +96,6 @@ using ForwardConfigFor = ForwardConfig<Element, kHeadDim, TileShape<kHeadDim, kC
 template <class Element, int kHeadDim, bool kBanded>
 using KvCacheForwardConfigFor = ForwardConfig<Element, kHeadDim, TileShape<kHeadDim, true>::kBlockN,
                                               TileShape<kHeadDim, true>::kStages, kBanded>;
-// The decode tile's (KvCacheConfig<Base, true>): the same keys a tile, on an even ring (3 stages
-// at d = 128 become 2): its warpgroups take alternate ring ordinals, each stage one warpgroup's.
-template <class Element, int kHeadDim, bool kBanded>
-using DecodeTileForwardConfigFor = ForwardConfig<Element, kHeadDim, TileShape<kHeadDim, true>::kBlockN,
-                                                 TileShape<kHeadDim, true>::kStages / 2 * 2, kBanded>;
 template <class Element, int kHeadDim, bool kCausal>
 using TallForwardConfigFor =
     ForwardConfig<Element, kHeadDim, TallTileShape<kHeadDim, kCausal>::kBlockN, TallTileShape<kHeadDim, kCausal>::kStages,

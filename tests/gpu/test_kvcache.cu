@@ -979,15 +979,15 @@ TEST(kvcache_bad_arguments_write_nothing) {
 HARNESS_MAIN()
 
 // ---- Issue 18: a decode step equals the prefill's last row, bitwise, in the batch-invariant
-// mode with num_splits = 1. The KV-cache kernel and the dense one take the same tile
+// mode with num_splits = 1, and with the mode's own split (num_splits = 0) where that leaves the
+// cache in one piece (up to 2048 keys: invariant_chunk_keys). The KV-cache kernel and the dense one take the same tile
 // widths, visit the same key tiles in the same order, and WGMMA keeps rows independent, so the row's online
 // softmax and its P·V sums are the same operations on the same values; GQA packing only moves
 // the row within its tile. Both causal (one new row sees every key either way; the causal
 // kernels' tiles). A decode row takes the precise path where the prefill block holding it does
 // (kvcache_sees_few_keys: the first block, whose first row sees one key), so 127, 128 and 129
 // keys around the first block's end are cases too. From the cache as it is, and with the step's
-// key and value appended to a cache of L - 1, with num_splits = 1, which in this mode asks for
-// exactly that (run_kvcache.cuh's kvcache_takes_decode_tile).
+// key and value appended to a cache of L - 1.
 TEST(kvcache_decode_equals_prefill_last_row) {
   REQUIRE_HOPPER();
   const uint64_t seed = gpu_test::fresh_seed();
@@ -1023,17 +1023,16 @@ TEST(kvcache_decode_equals_prefill_last_row) {
       const std::vector<uint16_t> want_out = out.raw();
       std::vector<float> want_lse(Hq * L);
       CUDA_OK(cudaMemcpy(want_lse.data(), lse_mem, sizeof(float) * Hq * L, cudaMemcpyDeviceToHost));
+      for (int splits : {1, 0})
       for (bool append : {false, true}) {
+        if (splits == 0 && L > 2048) continue;  // the mode's 2048-key chunks: other bits, still the sequence's alone
         DeviceTensor out1(DType::bf16, 1, 1, Hq, d, false);
         out1.poison();
         CUDA_OK(cudaMemset(lse1_mem, 0xFF, sizeof(float) * Hq));
         DeviceInts lens({append ? L - 1 : L});
         warpattn::KvCache cache;
         cache.k_cache = kc.view, cache.v_cache = vc.view, cache.cache_seqlens = lens.view;
-        // num_splits = 1: the prefill's single pass, on the 128-row tile (without it, the mode
-        // splits caches past 2048 keys into chunks, and takes the decode tile, whose warpgroups
-        // alternate key tiles: other bits, still the sequence's alone).
-        cache.num_splits = 1;
+        cache.num_splits = splits;
         if (append) {
           // the cache's row L - 1 poisoned first: the append must bring it back
           CUDA_OK(cudaMemset(kc.mem + (L - 1) * kc.view.stride[1], 0xFF, Hkv * d * 2));
@@ -1053,7 +1052,7 @@ TEST(kvcache_decode_equals_prefill_last_row) {
           lse_differ += memcmp(&got_lse[h], &want_lse[h * L + L - 1], 4) != 0;
         }
         CHECK(differ == 0 && lse_differ == 0)
-            << "d " << d << " L " << L << (append ? " (appended)" : "") << ": " << differ << " of " << Hq * d
+            << "d " << d << " L " << L << " num_splits " << splits << (append ? " (appended)" : "") << ": " << differ << " of " << Hq * d
             << " out elements and " << lse_differ << " of " << Hq << " lse values differ from the prefill's last row, seed "
             << seed;
       }

@@ -1,10 +1,8 @@
-// The combine of a KV-cache launch whose tiles' keys are split (flash-decoding), and of every
-// decode-tile launch: each piece of a tile left its partial state (split_tail_combine.cuh's
-// PartialState: O unnormalised, row references R and the thread's share of the row sums l) in
-// the slot of its piece index (kv_cache_pieces.hpp: tile u's pieces are u x splits .. + splits
-// - 1), a decode tile's piece two (its warpgroups took alternate key tiles: state 0 the piece's even
-// key tiles, 1 its odd ones, whichever warpgroup ran them; forward_kernel.cuh). This kernel merges
-// a tile's states, then finalizes and stores like the forward kernel's packed epilogue.
+// The combine of a KV-cache launch whose tiles' keys are split (flash-decoding): each piece of a
+// tile left its partial state (split_tail_combine.cuh's PartialState: O unnormalised, row
+// references R and the thread's share of the row sums l) in the slot of its piece index
+// (kv_cache_pieces.hpp: tile u's pieces are u x splits .. + splits - 1). This kernel merges a
+// tile's states, then finalizes and stores like the forward kernel's packed epilogue.
 //
 // The states are merged in two passes, not one after another: first the largest reference of
 // each row over all of them, then O = sum of O_i 2^(R_i - R) and l likewise, in piece order.
@@ -15,8 +13,7 @@
 // microseconds there. The order is fixed, so the bits repeat, and a state that saw no key
 // (R = -inf, O = 0, l = 0: a piece past a short sequence's chunks) adds exact zeros.
 //
-// Grid (tiles, row warpgroups: a decode tile's 1, else the consumer warpgroups, column slices
-// of 32: head_dim / 32), 128 threads, launched with launch_dependent. Each CTA adds its 32
+// Grid (tiles, the consumer warpgroups (their rows), column slices of 32: head_dim / 32), 128 threads, launched with launch_dependent. Each CTA adds its 32
 // columns of O (four float4 groups) and the rows' references and sums, which every slice
 // computes alike (same loads, same order: the same lse bits; slice 0 stores it). Every thread
 // runs to the end: the quad sums and the store's shuffles need whole warps.
@@ -37,7 +34,6 @@ __global__ void __launch_bounds__(128) combine_kvcache_splits_kernel(const __gri
   // Launched as the attention's dependent (dependent_launch.cuh): its partial states are
   // complete and visible only past this wait.
   ptx::wait_for_preceding_grid();
-  constexpr int kStates = Cfg::kDecodeTile ? 2 : 1;  // per piece
   constexpr int kSliceGroups = kCombineSliceCols / 8;
   const int tile = static_cast<int>(blockIdx.x), splits = params.kv_work.splits;
   const WorkTile w = tile_coords(tile, TileGrid{params.m_blocks, params.heads_q, params.batch, 1});
@@ -45,12 +41,9 @@ __global__ void __launch_bounds__(128) combine_kvcache_splits_kernel(const __gri
   const int thread = static_cast<int>(threadIdx.x);
   const FragmentCoords f(thread);
   const int first_position = w.m_block * params.packing.positions, seqlen_q = params.seqlen_q;
-  // State k of the tile: piece k / kStates, its warpgroup k % kStates (a decode tile's two), or
-  // this CTA's row warpgroup.
-  const int states = splits * kStates;
-  auto state = [&](int k) {
-    return PartialState<Cfg>(params, tile * splits + k / kStates, Cfg::kDecodeTile ? k % kStates : warpgroup, thread);
-  };
+  // State k of the tile: piece k's, of this CTA's row warpgroup.
+  const int states = splits;
+  auto state = [&](int k) { return PartialState<Cfg>(params, tile * splits + k, warpgroup, thread); };
   float o[kCombineSliceCols / 2];
 #pragma unroll
   for (int i = 0; i < kCombineSliceCols / 2; ++i) o[i] = 0.f;

@@ -61,7 +61,7 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   ForwardParams params = base_forward_params<Cfg>(p, out, lse);
   // GQA packing: a tile's rows are `heads` query heads of one KV head at `positions` positions,
   // so K and V are read once per KV head (and a one-row decode step fills group rows, not one).
-  const GqaPacking packing = gqa_packing(params.kv_group, Cfg::kDecodeTile ? 64 : Cfg::kBlockM);
+  const GqaPacking packing = gqa_packing(params.kv_group, Cfg::kBlockM);
   params.packing = packing;
   params.heads_q /= packing.heads;   // the tiles' head axis: chunks of packed heads
   params.kv_group /= packing.heads;  // chunks per KV head
@@ -84,7 +84,7 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   work.splits = splits.splits, work.chunk_keys = splits.chunk_keys, work.max_chunks = splits.max_chunks;
   work.pieces = static_cast<int>(tiles * work.splits);
   params.kv_work = work;
-  const bool combined = Cfg::kDecodeTile || work.splits > 1;  // (a decode tile's two states always are)
+  const bool combined = work.splits > 1;
   SchedulerWorkspace ws(stream, combined ? static_cast<size_t>(work.pieces) * PartialState<Cfg>::kSlotBytes : 0);
   params.tile_counter = ws.tile_counter();
   params.partials = ws.partials();
@@ -94,25 +94,10 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   if (combined) {
     // Scheduled while the attention's last pieces still run (the kernel waits for them itself).
     launch_dependent(combine_kvcache_splits_kernel<Cfg>,
-                     dim3(static_cast<unsigned>(tiles), Cfg::kDecodeTile ? 1 : Cfg::kConsumerWarpgroups,
-                          Cfg::kHeadDim / kCombineSliceCols),
+                     dim3(static_cast<unsigned>(tiles), Cfg::kConsumerWarpgroups, Cfg::kHeadDim / kCombineSliceCols),
                      dim3(128),
                      stream, "combine_kvcache_splits_kernel: launch failed", params);
   }
-}
-
-// Whether a launch takes the decode tile (KvCacheConfig's kDecodeTile): every query position and
-// query head of a KV head fit in 64 rows, so one tile still covers them and no key is read
-// twice; but not in the batch-invariant mode with num_splits = 1, which asks for the causal
-// prefill's own bits (its key tiles do not alternate between warpgroups).
-// WARPATTN_TUNE_NO_DECODE_TILE: never, for an A/B (run 143 found it no faster at B = 8).
-inline bool kvcache_takes_decode_tile(const ForwardProblem& p, int num_splits) {
-#ifdef WARPATTN_TUNE_NO_DECODE_TILE
-  return (void)p, (void)num_splits, false;
-#else
-  const int64_t group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
-  return p.seqlen_q * group <= 64 && !(p.batch_invariant && num_splits == 1);
-#endif
 }
 
 // Defined in forward_kvcache_<dtype>_d<dim>.cu, one file per dtype and head dim.
@@ -122,27 +107,22 @@ void run_forward_kvcache_head_dim(const ForwardProblem& p, const KvCacheWork& wo
                                   const TensorView& k_cache, const TensorView& v_cache, const TensorView& out,
                                   const std::optional<TensorView>& lse, cudaStream_t stream);
 
-// One mask kind's launch: the decode tile (head dims up to 128) or the 128-row one.
+// One mask kind's launch. (A 64-row decode tile whose two warpgroups took alternate key tiles
+// was tried for one-row steps, runs 142-153: 1-3% slower than this tile where it mattered, B = 1
+// with 64K keys and B = 64, and equal elsewhere; removed.)
 template <class Element, int kHeadDim, bool kBanded>
 void run_forward_kvcache_band(const ForwardProblem& p, const KvCacheWork& work, const KvPages& pages, int num_splits,
                               const NewRows* append, const TensorView& q, const TensorView& k_cache,
                               const TensorView& v_cache, const TensorView& out, const std::optional<TensorView>& lse,
                               cudaStream_t stream) {
-  using Base = KvCacheForwardConfigFor<Element, kHeadDim, kBanded>;
-  // Head dim 256 keeps the 128-row tile: its banded decode tile spilled (24 bytes, the tile
-  // loop's counters) out of the consumers' 232 registers.
-  if constexpr (kHeadDim <= 128)
-    if (kvcache_takes_decode_tile(p, num_splits))
-      return run_forward_kvcache<KvCacheConfig<DecodeTileForwardConfigFor<Element, kHeadDim, kBanded>, true>>(p, work, pages, num_splits, append, q, k_cache, v_cache,
-                                                            out, lse, stream);
-  run_forward_kvcache<KvCacheConfig<Base>>(p, work, pages, num_splits, append, q, k_cache, v_cache, out, lse, stream);
+  run_forward_kvcache<KvCacheConfig<KvCacheForwardConfigFor<Element, kHeadDim, kBanded>>>(
+      p, work, pages, num_splits, append, q, k_cache, v_cache, out, lse, stream);
 }
 
 }  // namespace warpattn::detail
 
 // The body of each forward_kvcache_<dtype>_d<dim>.cu: banded (causal or a sliding window) and not,
-// both in the banded tile's shape (tile_shapes.hpp, KvCacheForwardConfigFor), each with the
-// decode tile or the 128-row one.
+// both in the banded tile's shape (tile_shapes.hpp, KvCacheForwardConfigFor).
 #define WARPATTN_FORWARD_KVCACHE_INSTANCE(Element, kHeadDim)                                                   \
   namespace warpattn::detail {                                                                               \
   template <>                                                                                                \

@@ -31,13 +31,6 @@ __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 
-// kCount arrivals at once (a decode tile's warpgroup releases a ring stage for both); an
-// immediate operand, so that no register holds it in the main loop.
-template <int kCount>
-__device__ __forceinline__ void mbarrier_arrive_n(uint32_t bar) {
-  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "n"(kCount) : "memory");
-}
-
 __device__ __forceinline__ bool mbarrier_try_wait(uint32_t bar, uint32_t parity) {
   uint32_t done;
   asm volatile(
