@@ -573,17 +573,17 @@ struct SequenceBits {
   std::vector<float> lse;
 };
 
-SequenceBits packed_sequence_bits(const std::vector<int>& sq, const std::vector<int>& sk, int pos, int d, bool causal,
+SequenceBits packed_sequence_bits(DType dt, const std::vector<int>& sq, const std::vector<int>& sk, int pos, int d, bool causal,
                                   bool batch_invariant, uint64_t seed, uint64_t own_seed) {
   const std::vector<int> cu_q = offsets(sq), cu_k = offsets(sk);
   const int B = static_cast<int>(sq.size());
   const int64_t H = 8, Hkv = 2, tq = cu_q[B], tk = cu_k[B];
-  DeviceTensor q(DType::bf16, 1, tq, H, d, false), k(DType::bf16, 1, tk, Hkv, d, false),
-      v(DType::bf16, 1, tk, Hkv, d, false), out(DType::bf16, 1, tq, H, d, false);
+  DeviceTensor q(dt, 1, tq, H, d, false), k(dt, 1, tk, Hkv, d, false),
+      v(dt, 1, tk, Hkv, d, false), out(dt, 1, tq, H, d, false);
   q.fill_normal(seed), k.fill_normal(seed + 1), v.fill_normal(seed + 2);
   // The chosen sequence's rows from own_seed, whatever its position.
-  DeviceTensor oq(DType::bf16, 1, sq[pos], H, d, false), ok(DType::bf16, 1, sk[pos], Hkv, d, false),
-      ov(DType::bf16, 1, sk[pos], Hkv, d, false);
+  DeviceTensor oq(dt, 1, sq[pos], H, d, false), ok(dt, 1, sk[pos], Hkv, d, false),
+      ov(dt, 1, sk[pos], Hkv, d, false);
   oq.fill_normal(own_seed), ok.fill_normal(own_seed + 1), ov.fill_normal(own_seed + 2);
   cudaMemcpy(static_cast<uint16_t*>(q.view.data) + int64_t(cu_q[pos]) * H * d, oq.view.data, int64_t(sq[pos]) * H * d * 2,
              cudaMemcpyDeviceToDevice);
@@ -622,29 +622,34 @@ TEST(batch_invariant_packed) {
   REQUIRE_HOPPER();
   const uint64_t seed = gpu_test::fresh_seed();
   std::mt19937_64 rng(seed);
-  for (int d : {64, 128})
-    for (bool causal : {false, true}) {
-      const SequenceBits alone = packed_sequence_bits({1500}, {1700}, 0, d, causal, true, seed, seed + 7);
-      int checked = 0, differ = 0, default_differ = 0;
-      for (int others : {1, 6, 40}) {
-        std::vector<int> sq, sk;
-        for (int i = 0; i < others; ++i) sq.push_back(1 + rng() % 3000), sk.push_back(1 + rng() % 3000);
-        sq[0] = 4096, sk[0] = 4096;  // a long one: the default mode's tile height follows it at d = 64
-        for (int pos : {0, others / 2, others}) {
-          std::vector<int> q_len = sq, k_len = sk;
-          q_len.insert(q_len.begin() + pos, 1500), k_len.insert(k_len.begin() + pos, 1700);
-          const SequenceBits in_batch = packed_sequence_bits(q_len, k_len, pos, d, causal, true, seed + 100 * pos, seed + 7);
-          differ += !same_bits(alone, in_batch);
-          const SequenceBits by_default = packed_sequence_bits(q_len, k_len, pos, d, causal, false, seed + 100 * pos, seed + 7);
-          default_differ += !same_bits(alone, by_default);
-          ++checked;
+  // Batches of 2, 7 and 64 sequences, both dtypes, every compiled head dim.
+  for (DType dt : {DType::bf16, DType::f16})
+    for (int d : {64, 128, 256})
+      for (bool causal : {false, true}) {
+        const SequenceBits alone = packed_sequence_bits(dt, {1500}, {1700}, 0, d, causal, true, seed, seed + 7);
+        const char* type = dt == DType::bf16 ? "bf16" : "f16";
+        int checked = 0, differ = 0, default_differ = 0;
+        for (int others : {1, 6, 63}) {
+          std::vector<int> sq, sk;
+          for (int i = 0; i < others; ++i) sq.push_back(1 + rng() % 3000), sk.push_back(1 + rng() % 3000);
+          sq[0] = 4096, sk[0] = 4096;  // a long one: more tiles than one wave
+          for (int pos : {0, others / 2, others}) {
+            std::vector<int> q_len = sq, k_len = sk;
+            q_len.insert(q_len.begin() + pos, 1500), k_len.insert(k_len.begin() + pos, 1700);
+            const SequenceBits in_batch =
+                packed_sequence_bits(dt, q_len, k_len, pos, d, causal, true, seed + 100 * pos, seed + 7);
+            differ += !same_bits(alone, in_batch);
+            const SequenceBits by_default =
+                packed_sequence_bits(dt, q_len, k_len, pos, d, causal, false, seed + 100 * pos, seed + 7);
+            default_differ += !same_bits(alone, by_default);
+            ++checked;
+          }
         }
+        printf("    %s d=%d %s: %d of %d batches differ from the sequence alone (default mode: %d)\n", type, d,
+               causal ? "causal" : "full", differ, checked, default_differ);
+        CHECK(differ == 0) << type << " d=" << d << (causal ? " causal" : " full") << ": batch-invariant mode differs in "
+                           << differ << " of " << checked << " batches, seed " << seed;
       }
-      printf("    d=%d %s: %d of %d batches differ from the sequence alone (default mode: %d)\n", d,
-             causal ? "causal" : "full", differ, checked, default_differ);
-      CHECK(differ == 0) << "d=" << d << (causal ? " causal" : " full") << ": batch-invariant mode differs in " << differ
-                         << " of " << checked << " batches, seed " << seed;
-    }
 }
 
 HARNESS_MAIN()
