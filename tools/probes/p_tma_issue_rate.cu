@@ -155,7 +155,7 @@ int main() {
   std::mt19937 rng(7);
   std::vector<__nv_bfloat16> host(static_cast<size_t>(total_rows) * kCols);
   for (size_t i = 0; i < host.size(); i += 1)
-    host[i] = __float2bfloat16(static_cast<float>(static_cast<int>((i / kCols) % 1000)));  // a row's number, mod 1000
+    host[i] = __float2bfloat16(static_cast<float>(static_cast<int>((i / kCols) % 256)));  // a row's number mod 256: exact in bf16 (8 bits)
   std::vector<int> table(static_cast<size_t>(sms) * tiles * kBoxes);
   std::uniform_int_distribution<int> page_of(0, pages - 1);
   for (int& e : table) e = page_of(rng);
@@ -227,7 +227,7 @@ int main() {
       return 1;
     }
     // The last tile's boxes: their first rows' values, against the rows they came from (a strided
-    // row's value: (key x 8 + head) mod 1000, its element's 128-column row in the host's pattern).
+    // row's value: (key x 8 + head) mod 256, its element's 128-column row in the host's pattern).
     std::vector<float> got(sms * kBoxes);
     cudaMemcpy(got.data(), firsts, got.size() * 4, cudaMemcpyDeviceToHost);
     int wrong = 0;
@@ -241,7 +241,7 @@ int main() {
           row = (strided_key(m, c, t, run_tiles, total_rows / kHeads) + j * kPage) * kHeads + c % kHeads;
         else
           row = static_cast<long long>(table[(static_cast<size_t>(c) * tiles + t) * kBoxes + j]) * kPage;
-        wrong += got[c * kBoxes + j] != static_cast<float>(row % 1000);
+        wrong += got[c * kBoxes + j] != static_cast<float>(row % 256);
       }
     const double bytes = static_cast<double>(sms) * run_tiles * kTileBytes;
     std::printf("  %-50s %8.3f ms  %6.2f us a tile per CTA  %6.0f GB/s (%.2f of the copy rate)  %s\n", run.name, best,
