@@ -193,7 +193,7 @@ struct ConsumerTile {
   // O += P·V for key tile slot `vs`, issued alone in its own turn and waited for; P given as
   // one or more operand parts (the precise path's hi and lo) summed by the same GEMM group.
   template <class... Parts>
-  __device__ __forceinline__ void pv_alone(float (&o)[Cfg::kHeadDim / 2], RingSlot vs, Parts&... parts) const {
+  __device__ __forceinline__ void pv_alone(float (&o)[Cfg::kOCols / 2], RingSlot vs, Parts&... parts) const {
     using namespace ptx;
     turns.wait_turn();
     mbarrier_wait(smem_addr(&ss.v_full[vs.stage]), vs.phase);
@@ -208,7 +208,7 @@ struct ConsumerTile {
   // After the P·V GEMM of slot vs: O (and the P operands given) may be touched again, the V
   // slot is free.
   template <class... Parts>
-  __device__ __forceinline__ void wait_pv(float (&o)[Cfg::kHeadDim / 2], RingSlot vs, Parts&... parts) const {
+  __device__ __forceinline__ void wait_pv(float (&o)[Cfg::kOCols / 2], RingSlot vs, Parts&... parts) const {
     ptx::wgmma_wait<0>();
     ptx::pin(o);
     (ptx::pin(parts), ...);
@@ -217,7 +217,7 @@ struct ConsumerTile {
 
   // Issues S_it = Q·K_itᵀ and O += P·V of the previous key tile (it - 1) in this warpgroup's
   // turn; returns V's slot.
-  __device__ __forceinline__ RingSlot issue_step(float (&o)[Cfg::kHeadDim / 2], uint32_t (&p)[Cfg::kPvSteps][4],
+  __device__ __forceinline__ RingSlot issue_step(float (&o)[Cfg::kOCols / 2], uint32_t (&p)[Cfg::kPvSteps][4],
                                                  float (&s)[Cfg::kBlockN / 2], int it, RingSlot ks) const {
     using namespace ptx;
     const RingSlot vs = ring_slot<Cfg::kStages>(t.kv_base + it - 1);
@@ -238,7 +238,7 @@ struct ConsumerTile {
   // on a sliding window's left edge, if any: those come last (tiles are visited downwards) and
   // wait for their P·V before their mask, whose per-row bounds do not fit in registers beside
   // O, P and S in flight at d = 256 (the main loop masks the right edge only).
-  __device__ __forceinline__ void run(float (&o)[Cfg::kHeadDim / 2], OnlineSoftmax& softmax) const {
+  __device__ __forceinline__ void run(float (&o)[Cfg::kOCols / 2], OnlineSoftmax& softmax) const {
     using namespace ptx;
     float s[Cfg::kBlockN / 2];
     uint32_t p[Cfg::kPvSteps][4];
@@ -307,7 +307,7 @@ struct ConsumerTile {
   // sequence, short key sequences): there each output row is an average of few V rows, so
   // rounding P to bf16 (2^-9 relative) would show directly in O, while these tiles are too
   // short for the overlap to matter. Two turns per key tile.
-  __device__ __forceinline__ void run_precise(float (&o)[Cfg::kHeadDim / 2], OnlineSoftmax& softmax) const {
+  __device__ __forceinline__ void run_precise(float (&o)[Cfg::kOCols / 2], OnlineSoftmax& softmax) const {
     using namespace ptx;
     for (int it = 0; it < t.n_tiles; ++it) {
       const RingSlot slot = ring_slot<Cfg::kStages>(t.kv_base + it);

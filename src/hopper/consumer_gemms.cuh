@@ -74,10 +74,10 @@ __device__ __forceinline__ void issue_qk_gemm(float (&s)[Cfg::kBlockN / 2], uint
 }
 
 template <class Cfg>
-__device__ __forceinline__ void issue_pv_gemm(float (&o)[Cfg::kHeadDim / 2],
+__device__ __forceinline__ void issue_pv_gemm(float (&o)[Cfg::kOCols / 2],
                                               const uint32_t (&p)[Cfg::kPvSteps][4],
                                               uint32_t v_tile) {
-  using Mma = ptx::WgmmaRS<typename Cfg::Element, Cfg::kHeadDim>;
+  using Mma = ptx::WgmmaRS<typename Cfg::Element, Cfg::kOCols>;
   if constexpr (Cfg::kFp8) {
     // Vᵀ: head_dim rows of 128 keys (128 B), K-major; each k32 step is 32 B further.
     const uint64_t vd = kmajor_desc<128>(v_tile);
@@ -87,7 +87,7 @@ __device__ __forceinline__ void issue_pv_gemm(float (&o)[Cfg::kHeadDim / 2],
   } else {
     // MN-major V: 64-column panels kBlockN x 128 B apart, 16 keys = 16 rows of 128 B per step.
     ptx::wgmma_fence();
-    issue_register_gemm<typename Cfg::Element, Cfg::kHeadDim, Cfg::kPvSteps, Cfg::kBlockN * 128>(o, p, v_tile);
+    issue_register_gemm<typename Cfg::Element, Cfg::kOCols, Cfg::kPvSteps, Cfg::kBlockN * 128>(o, p, v_tile);
   }
 }
 

@@ -44,7 +44,7 @@ __device__ __forceinline__ void store_accumulator_row(const float (&acc)[kCols /
 
 // kCols columns from first_col (a split head dim's warpgroup: its half; lse with the first).
 // warpgroup: whose 64 rows of the tile (a split head dim's warpgroups share rows 0-63: 0).
-template <class Cfg, int kCols = Cfg::kHeadDim>
+template <class Cfg, int kCols = Cfg::kOCols>
 __device__ __forceinline__ void store_output(const float (&o)[kCols / 2], const float (&lse)[2],
                                              const ForwardParams& params, const FragmentCoords& f,
                                              int warpgroup, int m_block, int head, int batch, int first_row,
@@ -103,7 +103,7 @@ __device__ __forceinline__ bool holds_stored_rows(int warpgroup, const FragmentC
 }
 
 // kCols columns from first_col (the split combine's slices; a multiple of 32): lse with the first.
-template <class Cfg, int kCols = Cfg::kHeadDim>
+template <class Cfg, int kCols = Cfg::kOCols>
 __device__ __forceinline__ void store_packed_output(const float (&o)[kCols / 2], const float (&lse)[2],
                                                     const ForwardParams& params, const FragmentCoords& f,
                                                     int warpgroup, int first_position, int chunk, int batch,

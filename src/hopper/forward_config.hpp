@@ -14,8 +14,10 @@ namespace warpattn::detail {
 // softmax's latency where it, not the GEMMs, is the work: small head dims).
 // kQStages_: Q buffers (1 or 2; 0 = 2 when shared memory allows). With two, the next work
 // tile's Q loads during the whole current tile instead of after its last S GEMM.
+// kHeadDimV_: V's (and O's) head dim where it is not Q and K's (0: the same), below it and a
+// multiple of 64, 16-bit only: MLA's prefill, 192 / 128 (docs/mla-192-128-design.md).
 template <class Element_, int kHeadDim_, int kBlockN_, int kStages_, bool kCausal_, int kQStages_ = 0,
-          class OutElement_ = Element_, class QKElement_ = Element_, int kConsumerWarpgroups_ = 2>
+          class OutElement_ = Element_, class QKElement_ = Element_, int kConsumerWarpgroups_ = 2, int kHeadDimV_ = 0>
 struct ForwardConfig {
   using Element = Element_;
   using OutElement = OutElement_;
@@ -26,6 +28,7 @@ struct ForwardConfig {
                 "the S GEMM differs from the P·V GEMM only for INT8 Q and K with FP8");
   static constexpr int kElementBytes = kFp8 ? 1 : 2;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_ > 0 ? kHeadDimV_ : kHeadDim_;
   // Consumer warpgroups, 64 query rows each (one m64 wgmma row block); above d = 256 both on the
   // same 64 rows, each owning half of the head dim (split_head_dim.cuh: its O would not fit in
   // one warpgroup's registers).
@@ -33,7 +36,7 @@ struct ForwardConfig {
   static_assert(kConsumerWarpgroups == 2 || kConsumerWarpgroups == 3, "two or three consumer warpgroups");
   static constexpr bool kSplitHeadDim = kHeadDim_ > 256;
   static constexpr int kBlockM = kSplitHeadDim ? 64 : 64 * kConsumerWarpgroups;
-  static constexpr int kOCols = kSplitHeadDim ? kHeadDim_ / 2 : kHeadDim_;  // O's columns a consumer holds
+  static constexpr int kOCols = kSplitHeadDim ? kHeadDimV / 2 : kHeadDimV;  // O's columns a consumer holds
   // The split head dim's exchange of partial S tiles, one per warpgroup, after SharedStorage.
   static constexpr int kExchangeBytes = kSplitHeadDim ? kConsumerWarpgroups * 64 * kBlockN_ * 4 : 0;
   static constexpr int kBlockN = kBlockN_;
@@ -48,6 +51,7 @@ struct ForwardConfig {
   static constexpr int kRowBytes = kHeadDim * kElementBytes;
   static constexpr int kSwizzleBytes = kRowBytes < 128 ? kRowBytes : 128;
   static constexpr int kPanels = kRowBytes / kSwizzleBytes;
+  static constexpr int kVPanels = kHeadDimV * kElementBytes / kSwizzleBytes;  // V's, when 16-bit
   // FP8 descales: one per 128 rows of Q (kFp8BlockRows), so a warpgroup's 64 rows share one
   // even when a work tile has 192 rows; K and V's blocks are the 128-key tiles.
   static constexpr int kDescaleRows = 128;
@@ -97,17 +101,22 @@ struct ForwardConfig {
                 "setmaxnreg.inc would wait forever for registers the CTA does not have");
 
   static constexpr int kQTileBytes = kBlockM * kHeadDim * kElementBytes;
-  static constexpr int kKVTileBytes = kBlockN * kHeadDim * kElementBytes;
+  static constexpr int kKTileBytes = kBlockN * kHeadDim * kElementBytes;
+  static constexpr int kVTileBytes = kBlockN * kHeadDimV * kElementBytes;  // (FP8: Vᵀ's, the same)
   static constexpr int kSharedMemoryLimit = 227 * 1024;  // per CTA on sm_90
   static constexpr int kQStages =
       kQStages_ > 0 ? kQStages_
-                    : (2 * kQTileBytes + 2 * kStages * kKVTileBytes + kExchangeBytes + 1024 <= kSharedMemoryLimit ? 2 : 1);
+                    : (2 * kQTileBytes + kStages * (kKTileBytes + kVTileBytes) + kExchangeBytes + 1024 <= kSharedMemoryLimit
+                           ? 2
+                           : 1);
 
   static_assert(kRowBytes % kSwizzleBytes == 0 && (kSwizzleBytes == 128 || kSwizzleBytes == 64),
                 "rows are stored as 128- or 64-byte swizzled panels");
   static_assert(kBlockN % (kFp8 ? 32 : 16) == 0, "kBlockN is the K extent of the P·V GEMM");
   static_assert(!kFp8 || kBlockN == 128, "FP8 Vᵀ tiles are one 128-byte panel of keys");
   static_assert(kBlockN <= 256 && kOCols <= 256, "wgmma N is at most 256");
+  static_assert(kHeadDimV == kHeadDim || (!kFp8 && !kSplitHeadDim && kHeadDimV < kHeadDim && kHeadDimV % 64 == 0),
+                "a V head dim of its own: 16-bit, below Q and K's, whole 64-column panels");
   static_assert(!kSplitHeadDim || (kHeadDim == 512 && kConsumerWarpgroups == 2 && !kFp8),
                 "above d = 256: 16-bit d = 512, two warpgroups on halves of the head dim");
 };
@@ -127,6 +136,7 @@ template <class Base>
 struct KvCacheConfig : VarlenConfig<Base> {
   static constexpr bool kKvCache = true;
   static_assert(!Base::kFp8, "KV caches are 16-bit");
+  static_assert(Base::kHeadDimV == Base::kHeadDim, "a KV cache's values have the keys' head dim");
 };
 
 }  // namespace warpattn::detail

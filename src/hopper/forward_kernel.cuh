@@ -61,9 +61,9 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
     // The tile's sequence: a packed batch's own, or the launch's.
     const int seqlen_q = Cfg::kVarlen ? w.seqlen_q : params.seqlen_q;
     const int seqlen_k = Cfg::kVarlen ? w.seqlen_k : params.seqlen_k;
-    float o[Cfg::kHeadDim / 2];
+    float o[Cfg::kOCols / 2];
 #pragma unroll
-    for (int j = 0; j < Cfg::kHeadDim / 2; ++j) o[j] = 0.f;
+    for (int j = 0; j < Cfg::kOCols / 2; ++j) o[j] = 0.f;
     OnlineSoftmax softmax(Cfg::kPLog2Offset, Cfg::kStaleLog2);
     if (n_tiles > 0) {
       const RingSlot qs = ring_slot<Cfg::kQStages>(q_iter);

@@ -41,10 +41,11 @@ __device__ __forceinline__ void load_cache_tile(uint32_t dst, const CUtensorMap*
 // batch}); otherwise a (batch, seqlen, heads, head_dim) panel map. first_key: the sequence's
 // first key row in the tensor (packed batches; 0 otherwise). kv: a KV cache's pages
 // (Cfg::kKvCache), with the sequence's length; issuer: which of its cache_issuers this thread
-// is (each arrives on the full barrier with its own boxes' bytes).
-template <class Cfg, bool kKeysInner = false>
+// is (each arrives on the full barrier with its own boxes' bytes). kTileBytes: K's or V's tile
+// (their head dims may differ: ForwardConfig's kHeadDimV), whose panels it loads.
+template <class Cfg, bool kKeysInner = false, int kTileBytes>
 __device__ __forceinline__ void load_kv_tile(SharedStorage<Cfg>& ss, const CUtensorMap* map,
-                                             uint8_t (&tiles)[Cfg::kStages][Cfg::kKVTileBytes],
+                                             uint8_t (&tiles)[Cfg::kStages][kTileBytes],
                                              uint64_t (&full)[Cfg::kStages],
                                              uint64_t (&empty)[Cfg::kStages], int it, int n_block,
                                              int head_kv, int batch, int first_key,
@@ -63,12 +64,13 @@ __device__ __forceinline__ void load_kv_tile(SharedStorage<Cfg>& ss, const CUten
                          issuers);
     return;
   }
-  mbarrier_arrive_expect_tx(bar, Cfg::kKVTileBytes);  // the full box, even past seqlen_k
+  mbarrier_arrive_expect_tx(bar, kTileBytes);  // the full box, even past seqlen_k
+  constexpr int kTilePanels = kTileBytes / (Cfg::kBlockN * Cfg::kSwizzleBytes);
   if constexpr (kKeysInner)
     tma_load_5d(smem_addr(tiles[slot.stage]), map, bar, key, 0, 0, head_kv, batch);
   else
-    load_panel_tile<Cfg::kPanels, Cfg::kBlockN, Cfg::kSwizzleBytes, Cfg::kFp8>(smem_addr(tiles[slot.stage]), map, bar,
-                                                                              key, head_kv, batch);
+    load_panel_tile<kTilePanels, Cfg::kBlockN, Cfg::kSwizzleBytes, Cfg::kFp8>(smem_addr(tiles[slot.stage]), map, bar,
+                                                                             key, head_kv, batch);
 }
 
 // The first query row (a KV cache's: position) of query block m_block: KV-cache tiles hold

@@ -41,7 +41,7 @@ ForwardMaps make_forward_maps(const TensorView& q, const TensorView& k, const Te
   return {make_panel_tensor_map(q, "q", Cfg::kBlockM, Cfg::kPanels, Cfg::kSwizzleBytes),
           make_panel_tensor_map(k, "k", Cfg::kBlockN, Cfg::kPanels, Cfg::kSwizzleBytes),
           Cfg::kFp8 ? make_vt_tensor_map(v, "vt", Cfg::kBlockN)
-                    : make_panel_tensor_map(v, "v", Cfg::kBlockN, Cfg::kPanels, Cfg::kSwizzleBytes)};
+                    : make_panel_tensor_map(v, "v", Cfg::kBlockN, Cfg::kVPanels, Cfg::kSwizzleBytes)};
 }
 
 // The parameters every launch has: out, lse, heads, scale.

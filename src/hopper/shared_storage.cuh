@@ -11,8 +11,8 @@ namespace warpattn::detail {
 template <class Cfg>
 struct SharedStorage {
   alignas(1024) uint8_t q[Cfg::kQStages][Cfg::kQTileBytes];
-  alignas(1024) uint8_t k[Cfg::kStages][Cfg::kKVTileBytes];
-  alignas(1024) uint8_t v[Cfg::kStages][Cfg::kKVTileBytes];
+  alignas(1024) uint8_t k[Cfg::kStages][Cfg::kKTileBytes];
+  alignas(1024) uint8_t v[Cfg::kStages][Cfg::kVTileBytes];
   alignas(8) uint64_t q_full[Cfg::kQStages];
   uint64_t q_empty[Cfg::kQStages];  // both consumers' last S GEMM of a tile has read it
   uint64_t k_full[Cfg::kStages];

@@ -25,7 +25,7 @@ namespace warpattn::detail {
 
 template <class Cfg>
 struct PartialState {
-  static constexpr int kGroups = Cfg::kHeadDim / 8 + 1;  // O's float4s, then {R0, R1, l0, l1}
+  static constexpr int kGroups = Cfg::kOCols / 8 + 1;  // O's float4s, then {R0, R1, l0, l1}
   static constexpr int kWarpgroupFloats = kGroups * 128 * 4;
   static constexpr size_t kSlotBytes = size_t(kWarpgroupFloats) * Cfg::kConsumerWarpgroups * sizeof(float);
   // Bytes of workspace a grid of `ctas` needs: two slots per CTA.
@@ -36,7 +36,7 @@ struct PartialState {
       : at(reinterpret_cast<float4*>(p.partials + (size_t(slot) * Cfg::kConsumerWarpgroups + warpgroup) * kWarpgroupFloats) +
            thread) {}
 
-  __device__ __forceinline__ void store(const float (&o)[Cfg::kHeadDim / 2], const OnlineSoftmax& s) const {
+  __device__ __forceinline__ void store(const float (&o)[Cfg::kOCols / 2], const OnlineSoftmax& s) const {
 #pragma unroll
     for (int g = 0; g < kGroups - 1; ++g) at[g * 128] = make_float4(o[4 * g], o[4 * g + 1], o[4 * g + 2], o[4 * g + 3]);
     at[(kGroups - 1) * 128] = make_float4(s.row_max[0], s.row_max[1], s.row_sum[0], s.row_sum[1]);
@@ -50,7 +50,7 @@ struct PartialState {
 
   // Adds this state into (o, s): both to the larger reference, 2^(R - R_max) each (0 for a
   // state that saw no key, R = -inf). Fragment registers 4j + 2r and 4j + 2r + 1 are row r's.
-  __device__ __forceinline__ void add_to(float (&o)[Cfg::kHeadDim / 2], OnlineSoftmax& s) const {
+  __device__ __forceinline__ void add_to(float (&o)[Cfg::kOCols / 2], OnlineSoftmax& s) const {
     const float4 x = stats();
     const float r_there[2] = {x.x, x.y}, l_there[2] = {x.z, x.w};
     float w_here[2], w_there[2];
@@ -80,9 +80,9 @@ __global__ void __launch_bounds__(128) combine_split_tail_kernel(const __grid_co
   const SplitTail& st = params.split;
   const int tail = static_cast<int>(blockIdx.x), warpgroup = static_cast<int>(blockIdx.y);
   const int thread = static_cast<int>(threadIdx.x);
-  float o[Cfg::kHeadDim / 2];
+  float o[Cfg::kOCols / 2];
 #pragma unroll
-  for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
+  for (int i = 0; i < Cfg::kOCols / 2; ++i) o[i] = 0.f;
   OnlineSoftmax s(Cfg::kPLog2Offset, Cfg::kStaleLog2);
   for (int c = st.first_cta(tail); c <= st.last_cta(tail); ++c)
     if (st.has_range(c)) PartialState<Cfg>(params, st.slot(c, tail), warpgroup, thread).add_to(o, s);

@@ -268,7 +268,7 @@ __global__ void qk_kernel(const __grid_constant__ CUtensorMap tq, const __grid_c
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    ptx::mbarrier_arrive_expect_tx(ptx::smem_addr(&bar), Cfg::kQTileBytes + Cfg::kKVTileBytes);
+    ptx::mbarrier_arrive_expect_tx(ptx::smem_addr(&bar), Cfg::kQTileBytes + Cfg::kKTileBytes);
     detail::load_panel_tile<Cfg::kPanels, Cfg::kBlockM, Cfg::kSwizzleBytes>(ptx::smem_addr(q), &tq, ptx::smem_addr(&bar), 0, 0, 0);
     detail::load_panel_tile<Cfg::kPanels, Cfg::kBlockN, Cfg::kSwizzleBytes>(ptx::smem_addr(k), &tk, ptx::smem_addr(&bar), 0, 0, 0);
   }
@@ -298,7 +298,7 @@ __global__ void pv_kernel(const __grid_constant__ CUtensorMap tv, const float* p
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    ptx::mbarrier_arrive_expect_tx(ptx::smem_addr(&bar), Cfg::kKVTileBytes);
+    ptx::mbarrier_arrive_expect_tx(ptx::smem_addr(&bar), Cfg::kVTileBytes);
     detail::load_panel_tile<Cfg::kPanels, Cfg::kBlockN, Cfg::kSwizzleBytes>(ptx::smem_addr(smem), &tv, ptx::smem_addr(&bar), 0, 0, 0);
   }
   const int wg = threadIdx.x / 128;
@@ -361,7 +361,7 @@ void check_qk() {
   CUDA_OK(cudaMalloc(&status, 4));
   CUDA_OK(cudaMemset(out, 0xFF, M * N * 4));
   CUDA_OK(cudaMemset(status, 0, 4));
-  const int smem = Cfg::kQTileBytes + Cfg::kKVTileBytes;
+  const int smem = Cfg::kQTileBytes + Cfg::kKTileBytes;
   CUDA_OK(cudaFuncSetAttribute(qk_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   qk_kernel<Cfg><<<1, 256, smem>>>(tq, tk, out, status);
   CUDA_OK(cudaDeviceSynchronize());
@@ -398,8 +398,8 @@ void check_pv() {
   CUDA_OK(cudaMemcpy(d_p, pm.data(), M * N * 4, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemset(out, 0xFF, M * D * 4));
   CUDA_OK(cudaMemset(status, 0, 4));
-  CUDA_OK(cudaFuncSetAttribute(pv_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kKVTileBytes));
-  pv_kernel<Cfg><<<1, 256, Cfg::kKVTileBytes>>>(tv, d_p, out, status);
+  CUDA_OK(cudaFuncSetAttribute(pv_kernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kVTileBytes));
+  pv_kernel<Cfg><<<1, 256, Cfg::kVTileBytes>>>(tv, d_p, out, status);
   CUDA_OK(cudaDeviceSynchronize());
   const GemmRun r = read_back(out, status, M * D);
   REQUIRE(r.status == 1) << "TMA barrier timed out";
