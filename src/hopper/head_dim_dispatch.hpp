@@ -23,12 +23,26 @@ void with_head_dim(int64_t head_dim, const char* kernels, F&& f) {
   throw Error("q: head dim " + std::to_string(head_dim) + " has no " + kernels);
 }
 
-// with_head_dim for the dense 16-bit forward, which also has a d = 512 kernel (head dims above
-// 256: forward_kernel_head_dim).
+// MLA's prefill shape has a 16-bit forward kernel of its own, D = 192 (q and k 192, v 128;
+// docs/mla-192-128-design.md): q's head dim above 128 and up to 192 with v's at most 128 (MLA's
+// 192/128, and the padded dims between) runs there rather than padded to 256.
+constexpr bool takes_mla_kernel(int64_t head_dim, int64_t head_dim_v) {
+  return head_dim > 128 && head_dim <= 192 && head_dim_v <= 128;
+}
+
+// with_head_dim for the 16-bit forward of packed batches: also the D = 192 kernel.
 template <class F>
-void with_forward_head_dim(int64_t head_dim, F&& f) {
-  if (forward_kernel_head_dim(head_dim) == 512) return f(std::integral_constant<int, 512>{});
+void with_forward_varlen_head_dim(int64_t head_dim, int64_t head_dim_v, F&& f) {
+  if (takes_mla_kernel(head_dim, head_dim_v)) return f(std::integral_constant<int, 192>{});
   with_head_dim(head_dim, "kernel", f);
+}
+
+// ... and for the dense one, which also has a d = 512 kernel (head dims above 256:
+// forward_kernel_head_dim).
+template <class F>
+void with_forward_head_dim(int64_t head_dim, int64_t head_dim_v, F&& f) {
+  if (forward_kernel_head_dim(head_dim) == 512) return f(std::integral_constant<int, 512>{});
+  with_forward_varlen_head_dim(head_dim, head_dim_v, f);
 }
 
 // f(T{}) with T the 16-bit element type of `dtype` (bf16, else fp16).

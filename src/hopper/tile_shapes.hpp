@@ -31,6 +31,16 @@ template <bool kCausal>
 struct TileShape<256, kCausal> {
   static constexpr int kBlockN = 80, kStages = 2;
 };
+// MLA's prefill, q and k 192 with v 128 (ForwardConfig's kHeadDimV; docs/mla-192-128-design.md):
+// S and O take the d = 128 kernel's registers (the S GEMM's depth adds none), so its tile: 128
+// keys; Q 48 KB + 2 x (K 48 + V 32) KB = 208 KB (3 stages would not fit, nor 144 keys).
+template <bool kCausal>
+struct TileShape<192, kCausal> {
+  static constexpr int kBlockN = 128, kStages = 2;
+};
+// V's head dim where a kernel's differs from Q and K's (0: the same): 192's is 128.
+template <int kHeadDim>
+inline constexpr int kValueHeadDim = kHeadDim == 192 ? 128 : 0;
 // d = 512 (ForwardConfig::kSplitHeadDim: 64 rows, each consumer warpgroup half of the head dim;
 // docs/headdim512-design.md): Q 64 KB + K 64 KB + V 64 KB + the S exchange 32 KB = 224 KB, one
 // stage each (K and V on barriers of their own, so the next K loads under this tile's P·V).
@@ -86,7 +96,8 @@ using Fp8ForwardConfigFor = ForwardConfig<__nv_fp8_e4m3, kHeadDim, 128, kFp8Stag
 
 template <class Element, int kHeadDim, bool kCausal>
 using ForwardConfigFor = ForwardConfig<Element, kHeadDim, TileShape<kHeadDim, kCausal>::kBlockN,
-                                       TileShape<kHeadDim, kCausal>::kStages, kCausal>;
+                                       TileShape<kHeadDim, kCausal>::kStages, kCausal, 0, Element, Element, 2,
+                                       kValueHeadDim<kHeadDim>>;
 // KV caches (decode, run_kvcache.cuh): the banded tile's shape whatever the mask, so that a key
 // tile is a power of two keys where the dense forward's is not (176 at d = 128): a paged cache's
 // key tile then comes in one box per panel from pages of 128 keys up (kv_pages.hpp's boxes are the

@@ -1014,7 +1014,7 @@ def test_padded_head_dims_gradients_against_fp64(dtype, d, deterministic, attent
 @gpu
 @has_backward
 @pytest.mark.gpu
-@pytest.mark.parametrize("d,dv", [(192, 128), (128, 64)])
+@pytest.mark.parametrize("d,dv", [(192, 128), (160, 96), (128, 64)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_value_head_dim_against_fp64(d, dv, causal, attention_reference, attention_reference_grads):
     # v's head dim apart from q and k's (MLA's prefill 192/128) on a packed batch: out and the

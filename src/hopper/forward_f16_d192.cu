@@ -1,0 +1,4 @@
+// Forward kernels for __half, q and k head dim 192 with v 128 (MLA's prefill; ForwardConfig's kHeadDimV).
+#include "hopper/forward_instance.cuh"
+
+WARPATTN_FORWARD_INSTANCE(__half, 192)
