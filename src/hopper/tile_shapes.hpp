@@ -34,9 +34,13 @@ struct TileShape<256, kCausal> {
 // MLA's prefill, q and k 192 with v 128 (ForwardConfig's kHeadDimV; docs/mla-192-128-design.md):
 // S and O take the d = 128 kernel's registers (the S GEMM's depth adds none), so its tile: 128
 // keys; Q 48 KB + 2 x (K 48 + V 32) KB = 208 KB (3 stages would not fit, nor 144 keys).
+// WARPATTN_TUNE_MLA_BLOCK_N for the A/B: 112, or 96 (2 x 60 KB: room for two Q buffers).
+#ifndef WARPATTN_TUNE_MLA_BLOCK_N
+#define WARPATTN_TUNE_MLA_BLOCK_N 128
+#endif
 template <bool kCausal>
 struct TileShape<192, kCausal> {
-  static constexpr int kBlockN = 128, kStages = 2;
+  static constexpr int kBlockN = WARPATTN_TUNE_MLA_BLOCK_N, kStages = 2;
 };
 // V's head dim where a kernel's differs from Q and K's (0: the same): 192's is 128.
 template <int kHeadDim>
