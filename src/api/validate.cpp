@@ -138,7 +138,7 @@ void check_head_dim_supported(const Arg& q, const char* kernel, int max_head_dim
   Message m;
   m << q.name << ": head_dim (shape[" << q.dim(last) << "]) must be a multiple of " << kHeadDimStep << " from "
     << kMinHeadDim << " to " << max_head_dim << kernel;
-  if (!wide && forward_kernel_head_dim(head_dim) != 0) m << " (head dims above 256: the dense forward only)";
+  if (!wide && forward_kernel_head_dim(head_dim) != 0) m << " (head dims above 256: the 16-bit forward only, dense or packed)";
   m << ", got " << head_dim;
   fail(m);
 }
@@ -1176,16 +1176,17 @@ VarlenCall validate_forward_varlen(const TensorView& q, const TensorView& k, con
   const Arg alse{"lse", lse ? *call.lse : no_lse, kPackedLseDimNames, 3, 1};
   const Operand operands[4] = {{aq, aq}, {ak, ak}, {av, ak, true}, {aout, aq, true}};
 
-  // a to j on the (1, total, heads, head_dim) views
-  ProblemSizes sizes = check_attention_tensors(operands, aq, ak, av, lse ? &alse : nullptr);
+  // a to j on the (1, total, heads, head_dim) views (head dims up to 512, as the dense forward)
+  ProblemSizes sizes = check_attention_tensors(operands, aq, ak, av, lse ? &alse : nullptr, false, kMaxForwardHeadDim);
 
   // k. softmax scale; p. window, softcap, sinks
   check_softmax_scale(options.softmax_scale);
   check_model_options(options, sizes, false);
 
-  // o1 to o6: the offsets (and seqused_k); the forward's tiles are query blocks of 128 rows
+  // o1 to o6: the offsets (and seqused_k); the forward's tiles are query blocks of 128 rows, 64
+  // for the 512 kernel
   const VarlenArgs va(batch);
-  const int64_t sequences = va.check(sizes.seqlen_q, 128, sizes.heads_q, "q");
+  const int64_t sequences = va.check(sizes.seqlen_q, sizes.kernel_dim() == 512 ? 64 : 128, sizes.heads_q, "q");
 
   // l, m. written tensors apart from everything the call reads or writes
   std::vector<const Arg*> tensors = {&aq, &ak, &av, &aout}, written = {&aout};

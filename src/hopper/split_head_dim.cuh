@@ -109,19 +109,21 @@ __device__ __forceinline__ void run_split_head_dim_tile(const ConsumerTile<Cfg>&
 }
 
 // The consumer loop of a split-head-dim kernel: the work tiles as run_consumer_warpgroup
-// receives them (dense batches: the only launch that has this kernel), each finalized and
-// stored by both warpgroups, each its half of the columns (the lse by warpgroup 0).
+// receives them (dense or packed batches; no split tail, no KV cache, no FP8), each finalized
+// and stored by both warpgroups, each its half of the columns (the lse by warpgroup 0).
 template <class Cfg>
 __device__ __forceinline__ void run_split_head_dim_consumer(SharedStorage<Cfg>& ss, const ForwardParams& params,
                                                             int warpgroup) {
-  static_assert(Cfg::kSplitHeadDim && !Cfg::kVarlen && !Cfg::kKvCache && !Cfg::kFp8, "the dense 16-bit forward");
+  static_assert(Cfg::kSplitHeadDim && !Cfg::kKvCache && !Cfg::kFp8, "the 16-bit forward, dense or packed");
   float* exchange = split_exchange(ss);
   const FragmentCoords f(threadIdx.x % 128);
   int kv = 0, q_iter = 0;  // as in the producer
   for (int i = 0;; ++i) {
-    const ScheduledTile w = ss.tiles.template receive<!Cfg::kCausal, false>(i);
+    const ScheduledTile w = ss.tiles.template receive<!Cfg::kCausal && !Cfg::kVarlen, Cfg::kVarlen>(i);
     if (w.is_end()) break;
-    const int seqlen_q = params.seqlen_q, seqlen_k = params.seqlen_k;
+    // The tile's sequence: a packed batch's own, or the launch's.
+    const int seqlen_q = Cfg::kVarlen ? w.seqlen_q : params.seqlen_q;
+    const int seqlen_k = Cfg::kVarlen ? w.seqlen_k : params.seqlen_k;
     float o[Cfg::kOCols / 2];
 #pragma unroll
     for (int j = 0; j < Cfg::kOCols / 2; ++j) o[j] = 0.f;
@@ -142,8 +144,8 @@ __device__ __forceinline__ void run_split_head_dim_consumer(SharedStorage<Cfg>& 
                                                   : -INFINITY;
     softmax.finalize(o, lse, sink_log2);
     // Both warpgroups' lse are the same bits; warpgroup 0's goes out (first_col 0).
-    store_output<Cfg, Cfg::kOCols>(o, lse, params, f, 0, w.m_block, w.head, w.batch, 0, seqlen_q,
-                                   warpgroup * Cfg::kOCols);
+    store_output<Cfg, Cfg::kOCols>(o, lse, params, f, 0, w.m_block, w.head, w.batch, Cfg::kVarlen ? w.q_offset : 0,
+                                   seqlen_q, warpgroup * Cfg::kOCols);
   }
 }
 

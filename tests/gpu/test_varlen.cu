@@ -355,12 +355,12 @@ TEST(varlen_backward_shapes) {
     check_backward(edges, false);
   }
 }
-// Padded head dims, one run in each kernel (40 in d = 64's, 80 in 128's, 200 in 256's): the
-// ragged batch against the reference and the dense kernel (the same padded kernel, so bitwise
-// where the tiles coincide), strided at one of them.
+// Padded head dims, one run in each kernel (40 in d = 64's, 80 in 128's, 200 in 256's, 264 and
+// 384 in 512's): the ragged batch against the reference and the dense kernel (the same padded
+// kernel, so bitwise where the tiles coincide), strided at one of them.
 TEST(varlen_padded_head_dims) {
   REQUIRE_HOPPER();
-  for (int d : {40, 80, 200})
+  for (int d : {40, 80, 200, 264, 384})
     for (bool causal : {false, true}) {
       Batch c = ragged(d == 200 ? DType::f16 : DType::bf16, d, causal, gpu_test::fresh_seed());
       c.padded = d == 80;
@@ -387,6 +387,8 @@ TEST(varlen_bf16_d256) { run_matrix(DType::bf16, 256); }
 TEST(varlen_f16_d64) { run_matrix(DType::f16, 64); }
 TEST(varlen_f16_d128) { run_matrix(DType::f16, 128); }
 TEST(varlen_f16_d256) { run_matrix(DType::f16, 256); }
+TEST(varlen_bf16_d512) { run_matrix(DType::bf16, 512); }  // the forward only above 256
+TEST(varlen_f16_d512) { run_matrix(DType::f16, 512); }
 
 // GQA 8:1 and MQA, one sequence (the dense case), all-equal lengths, many short sequences.
 TEST(varlen_shapes) {
