@@ -626,8 +626,8 @@ TEST(batch_invariant_packed) {
   const uint64_t seed = gpu_test::fresh_seed();
   std::mt19937_64 rng(seed);
   // Batches of 2, 7 and 64 sequences, both dtypes, every compiled head dim (q/k, v): the three
-  // 16-bit kernels and MLA's 192/128.
-  const int dims[][2] = {{64, 64}, {128, 128}, {256, 256}, {192, 128}};
+  // 16-bit kernels, MLA's 192/128 and the 512 kernel.
+  const int dims[][2] = {{64, 64}, {128, 128}, {256, 256}, {192, 128}, {512, 512}};
   for (DType dt : {DType::bf16, DType::f16})
     for (const auto& [d, dv] : dims)
       for (bool causal : {false, true}) {

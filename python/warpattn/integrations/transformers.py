@@ -38,8 +38,8 @@ Padded batches and packed sequences get the same options (each packed sequence i
 What warpattn does not do is refused with NotImplementedError naming it, never done by another
 implementation behind the caller's back: position biases, dropout > 0, attention weights
 (output_attentions), head dims other than warpattn's (q and k: any multiple of 8 up to 256, and
-up to 512 without gradients and without padding or packing, warpattn.forward_head_dims; v: at
-most q's, e.g. MLA's 192/128 without padding v), float32 inputs outside autocast, masks other than
+up to 512 without gradients, warpattn.forward_head_dims; v: at most q's, e.g. MLA's 192/128
+without padding v), float32 inputs outside autocast, masks other than
 a 2-D padding mask (4-D or float masks, padding masks with holes, masks overlaid with
 or_mask_function/and_mask_function).
 """
@@ -108,16 +108,13 @@ def warpattn_attention_forward(module, query, key, value, attention_mask, dropou
                    **_model_options(sliding_window, softcap, s_aux, causal, kv_length, q))
 
     if attention_mask is not None:
-        _refuse_wide_packed(q, v)
         out = _padded_attention(q, k, v, attention_mask, options)
     elif kwargs.get("cu_seq_lens_q") is not None and kwargs.get("cu_seq_lens_k") is not None:
-        _refuse_wide_packed(q, v)
         out = _packed_attention(q, k, v, kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"], options)
     else:
         cu_seqlens = _packed_positions(kwargs.get("position_ids"), q, k)
         if cu_seqlens is not None:
-            _refuse_wide_packed(q, v)
-            out = _packed_attention(q, k, v, cu_seqlens, cu_seqlens, options)
+                out = _packed_attention(q, k, v, cu_seqlens, cu_seqlens, options)
         else:
             out = warpattn.flash_attn_func(q, k, v, **options)
     return out, None
@@ -168,9 +165,8 @@ def _refuse_what_warpattn_lacks(query, key, value, mask, dropout, softcap, kwarg
 
 def _refuse_head_dims(query, key, value, s_aux):
     """q and k: a head dim warpattn's backward takes (multiples of 8 up to 256), or one of its
-    dense forward's above that (to 512) where no gradient is asked for (and the batch is neither
-    padded nor packed: _refuse_wide_packed); v: its own head dim, at most q's (MLA's 192/128 runs
-    as it comes)."""
+    forward's above that (to 512, dense or packed) where no gradient is asked for; v: its own head
+    dim, at most q's (MLA's 192/128 runs as it comes)."""
     def refuse(what):
         raise NotImplementedError("warpattn: %s; use another attn_implementation for this model" % what)
     d, dv = query.shape[-1], value.shape[-1]
@@ -186,16 +182,6 @@ def _refuse_head_dims(query, key, value, s_aux):
         if wants_grad:
             refuse("head_dim %d has no backward (warpattn's backward takes head dims up to %d): run this model "
                    "without gradients (torch.no_grad / inference_mode)" % (d, max(warpattn.backward_head_dims)))
-
-
-def _refuse_wide_packed(q, v):
-    """Padded and packed batches go through flash_attn_varlen_func, whose kernels take head dims
-    up to 256 (the dense forward alone goes to 512)."""
-    d = max(q.shape[-1], v.shape[-1])
-    if d not in warpattn.backward_head_dims:
-        raise NotImplementedError(
-            "warpattn: head_dim %d with a padding mask or packed sequences: above %d warpattn has the dense forward "
-            "only (an unpadded batch); use another attn_implementation for this model" % (d, max(warpattn.backward_head_dims)))
 
 
 def _half_precision(query, key, value):
