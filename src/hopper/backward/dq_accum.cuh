@@ -33,7 +33,7 @@ struct DqAccumLayout {
   __device__ __forceinline__ static int64_t transposed_piece_offset(const BackwardParams& p, int64_t ws_row0, int head,
                                                                     int m_block, int piece, int head_dim) {
     return (ws_row0 + static_cast<int64_t>(head) * p.rows + static_cast<int64_t>(m_block) * kQueries) * head_dim +
-           piece * DqTransposedPiece<kQueries>::kFloats;
+           DqTransposedPiece<kQueries>::piece_float0(piece);
   }
 };
 
@@ -83,7 +83,8 @@ __global__ void __launch_bounds__(256) convert_dq_transposed_kernel(const __grid
   const float4* block = reinterpret_cast<const float4*>(p.dq_accum + rb.first * kHeadDim);
   constexpr int kGroups = kBlockM * kHeadDim / 4;
   for (int e = threadIdx.x; e < kGroups; e += blockDim.x) {
-    const int piece = e / (Piece::kFloats / 4), first = 4 * (e % (Piece::kFloats / 4));
+    // float 4e of the block: piece `piece` (piece_float0), float `first` in it
+    const int piece = e / (Piece::kFloats / 4), first = 4 * e - Piece::piece_float0(piece);
     const float4 v = block[e];
     const float x[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll

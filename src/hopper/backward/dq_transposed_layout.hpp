@@ -37,6 +37,9 @@ struct DqTransposedPiece {
   static constexpr int kFloats = 64 * kQueries;
   static constexpr int kRegisters = kQueries / 2;  // per thread
 
+  // The first float of piece `piece` (consumer `piece`'s, columns 64 piece ..) of a query block.
+  WARPATTN_HOST_DEVICE static constexpr int piece_float0(int piece) { return piece * kFloats; }
+
   // The piece's float that register d[i] of thread t goes to.
   WARPATTN_HOST_DEVICE static constexpr int float_index(int thread, int i) { return 4 * (128 * (i / 4) + thread) + i % 4; }
 
