@@ -17,6 +17,7 @@
 
 #include "api/message.hpp"
 #include "api/problem.hpp"
+#include "hopper/backward/backward_block_m.hpp"
 #include "hopper/backward/launch_backward.hpp"
 
 namespace warpattn::detail {
@@ -566,10 +567,12 @@ void add_sinks_and_lse(std::vector<const Arg*>& tensors, std::vector<const Arg*>
 size_t backward_workspace_bytes_of(const Arg& q, const BackwardProblem& p) {
   constexpr uint64_t kLimit = uint64_t(1) << 62;
   const auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
-  // Rows per (batch, head): seqlen_q rounded up to 128; a packed batch's: one batch of
-  // total_q + 128 per sequence (workspace.hpp's padding).
-  const uint64_t rows = p.varlen ? saturating_add(u(p.seqlen_q), saturating_mul(saturating_add(u(p.batch), 1), 128))
-                                 : saturating_add(u(p.seqlen_q), 128);
+  // Rows per (batch, head): seqlen_q rounded up to the granule (128; 320 with an 80-row d = 128
+  // kernel, a build knob that this host file does not see: the largest); a packed batch's: one
+  // batch of total_q + a granule per sequence (workspace.hpp's padding).
+  constexpr uint64_t g = kBackwardMaxRowGranule;
+  const uint64_t rows = p.varlen ? saturating_add(u(p.seqlen_q), saturating_mul(saturating_add(u(p.batch), 1), g))
+                                 : saturating_add(u(p.seqlen_q), g);
   const uint64_t row_count = saturating_mul(saturating_mul(p.varlen ? 1 : u(p.batch), u(p.heads_q)), rows);
   const uint64_t columns = u(p.backward_kernel_dim());  // dQ's accumulator: the kernel's columns
   const uint64_t bound = saturating_add(saturating_mul(row_count, saturating_mul(saturating_add(columns, 3), 4)), 1024);

@@ -7,6 +7,9 @@
 //   dV += Pᵀ·dO, dK += dSᵀ·Q         RS: the accumulators, packed to 16 bits, are the A operands
 //   dQ  = dS·K                        SS from shared memory: dSᵀ stored [key][query] is dS read
 //                                     MN-major; each consumer makes one 64-column piece
+//   (80-row query blocks: dQᵀ = Kᵀ·dSᵀ, SS, Kᵀ read MN-major from K, dS stored [query][key]
+//                                     by stmatrix.trans and read K-major; each consumer makes
+//                                     the 80 rows of its 64 columns, dq_transposed_layout.hpp)
 //   dQ piece handed to a writer warp, which adds it to the fp32 accumulator in global memory
 //                                     with one bulk reduce
 #pragma once
@@ -22,6 +25,7 @@
 #include "hopper/ptx/math.cuh"
 #include "hopper/ptx/mbarrier.cuh"
 #include "hopper/ptx/memory_order.cuh"
+#include "hopper/ptx/stmatrix.cuh"
 #include "hopper/ptx/tma.cuh"
 #include "hopper/ptx/warpgroup.cuh"
 #include "hopper/ptx/wgmma_ops.cuh"
@@ -35,6 +39,8 @@ struct BackwardConsumer {
   using Element = typename Cfg::Element;
   static constexpr int kM = Cfg::kBlockM, kN = Cfg::kBlockN, kD = Cfg::kHeadDim;
   static constexpr int kKV = Cfg::kKVColumns, kPieces = Cfg::kDqPiecesPerConsumer;
+  static constexpr bool kDqT = Cfg::kDqTransposed;
+  static constexpr int kDqRegs = Cfg::kDqPieceFloats / 128;  // a dQ piece's registers per thread
 
   BackwardSharedStorage<Cfg>& ss;
   const BackwardParams& p;
@@ -123,43 +129,92 @@ struct BackwardConsumer {
   // kN x 128 bytes apart), 128B-swizzled: 16-byte chunk c of key row k at chunk c ^ (k % 8). A
   // warp's 32 stores hit 32 different banks.
   __device__ __forceinline__ void write_ds(const uint32_t (&ds)[kM / 16][4], int buf) const {
-    uint8_t* base = ss.ds[buf];
+    if constexpr (kDqT) {
+      write_ds_transposed(ds, buf);
+    } else {
+      uint8_t* base = ss.ds[buf];
+#pragma unroll
+      for (int kk = 0; kk < kM / 16; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int key = key0 - work.n_block * kN + f.row(i % 2);
+          const int j = 2 * kk + i / 2;  // 8-query group
+          const int chunk = (j % 8) ^ (key % 8);
+          *reinterpret_cast<uint32_t*>(base + (j / 8) * kN * 128 + key * 128 + chunk * 16 + f.quad * 4) = ds[kk][i];
+        }
+    }
+  }
+
+  // Transposed dQ: dS itself, [query][key], the K-major B operand of dQᵀ = Kᵀ·dSᵀ. This
+  // warpgroup's 64 keys are one panel: kM query rows of 128 bytes (panel `warpgroup`, kM x 128
+  // bytes on), 128B-swizzled as TMA writes K-major tiles (16-byte chunk c of row n at c ^ (n % 8)).
+  // One stmatrix.trans per 16 queries: its four 8x8 matrices are ds[kk][0..3] = (keys g, queries
+  // 16kk + 2q ..), (keys g + 8, the same queries), (keys g, queries 16kk + 8 + 2q ..), (keys g + 8,
+  // those), each stored transposed, so stored row i of matrix mat is query 16kk + 8 (mat / 2) + i,
+  // its 16 bytes keys 16 warp + 8 (mat % 2) .. + 7: chunk 2 warp + mat % 2 of that row. Lane l
+  // gives row l % 8 of matrix l / 8. The 8 rows of a matrix are 8 rows of one swizzle atom: 8
+  // different chunks, no bank conflict.
+  __device__ __forceinline__ void write_ds_transposed(const uint32_t (&ds)[kM / 16][4], int buf) const {
+    const int lane = threadIdx.x % 32, mat = lane / 8, row = lane % 8;
+    const int chunk = (2 * f.warp + mat % 2) ^ row;  // (query % 8) = row: 16kk + 8 (mat / 2) is a multiple of 8
+    const uint32_t addr = ptx::smem_addr(ss.ds[buf]) + warpgroup * kM * 128 + (8 * (mat / 2) + row) * 128 + chunk * 16;
 #pragma unroll
     for (int kk = 0; kk < kM / 16; ++kk)
+      ptx::stmatrix_x4_trans(addr + kk * 16 * 128, ds[kk][0], ds[kk][1], ds[kk][2], ds[kk][3]);
+  }
+
+  // Transposed dQ of this warpgroup's 64 columns: dQᵀ (64 x kM) = Kᵀ·dSᵀ over the CTA's kN keys.
+  // A = Kᵀ: K's panel `warpgroup` (its columns 64·warpgroup ..) read MN-major (tnspA: d
+  // contiguous), as the untransposed kernel reads K as B; +16 rows of 128 bytes per k16 step. B =
+  // dSᵀ: dS [query][key] read K-major (kM rows of 128 bytes, 8-row groups 1024 bytes apart), 32
+  // bytes per k16 step within a panel of 64 keys, the next panel kM x 128 bytes on.
+  __device__ __forceinline__ void issue_dq_transposed_gemm(float (&dq)[kDqRegs], int buf) const {
+    using Mma = ptx::WgmmaSSTransposedA<Element, kM>;
+    const uint32_t a = ptx::smem_addr(ss.k) + warpgroup * kN * 128;
+    const uint64_t ad = ptx::make_smem_desc(a, kN * 128, 1024, 128);
+    const uint64_t bd = kmajor_desc<128>(ptx::smem_addr(ss.ds[buf]));
+    ptx::wgmma_fence();
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int key = key0 - work.n_block * kN + f.row(i % 2);
-        const int j = 2 * kk + i / 2;  // 8-query group
-        const int chunk = (j % 8) ^ (key % 8);
-        *reinterpret_cast<uint32_t*>(base + (j / 8) * kN * 128 + key * 128 + chunk * 16 + f.quad * 4) = ds[kk][i];
-      }
+    for (int kk = 0; kk < kN / 16; ++kk)
+      Mma::mma(dq, advance(ad, kk * 16 * 128), advance(bd, kk / 4 * kM * 128 + kk % 4 * 32), kk > 0);
   }
 
   // dQ piece `piece` of this warpgroup = dS·K: at kM = 64 the 64 columns of piece
   // kPieces·warpgroup + piece for all 64 queries (A the whole dS buffer, B that panel of K); at
   // kM = 128 all 64 columns for queries 64·warpgroup.. (A that dS panel, B K's only panel).
-  __device__ __forceinline__ void issue_dq_gemm(float (&dq)[32], int buf, int piece) const {
-    using Mma = ptx::WgmmaSSTransposed<Element, 64>;
-    const uint32_t a = ptx::smem_addr(ss.ds[buf]) + (kM == 128 ? warpgroup * kN * 128 : 0);
-    const uint32_t b = ptx::smem_addr(ss.k) + (kM == 64 ? (kPieces * warpgroup + piece) * kN * 128 : 0);
-    const uint64_t ad = ptx::make_smem_desc(a, kN * 128, 1024, 128);
-    const uint64_t bd = ptx::make_smem_desc(b, kN * 128, 1024, 128);
-    ptx::wgmma_fence();
+  __device__ __forceinline__ void issue_dq_gemm(float (&dq)[kDqRegs], int buf, int piece) const {
+    if constexpr (kDqT) {
+      issue_dq_transposed_gemm(dq, buf);
+    } else {
+      using Mma = ptx::WgmmaSSTransposed<Element, 64>;
+      const uint32_t a = ptx::smem_addr(ss.ds[buf]) + (kM == 128 ? warpgroup * kN * 128 : 0);
+      const uint32_t b = ptx::smem_addr(ss.k) + (kM == 64 ? (kPieces * warpgroup + piece) * kN * 128 : 0);
+      const uint64_t ad = ptx::make_smem_desc(a, kN * 128, 1024, 128);
+      const uint64_t bd = ptx::make_smem_desc(b, kN * 128, 1024, 128);
+      ptx::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kN / 16; ++kk)  // 16 keys = 16 rows of 128 bytes in both
-      Mma::mma(dq, advance(ad, kk * 16 * 128), advance(bd, kk * 16 * 128), kk > 0);
+      for (int kk = 0; kk < kN / 16; ++kk)  // 16 keys = 16 rows of 128 bytes in both
+        Mma::mma(dq, advance(ad, kk * 16 * 128), advance(bd, kk * 16 * 128), kk > 0);
+    }
   }
 
   // Hands the dQ piece to this warpgroup's writer warp (backward_dq_writer.cuh) through the
-  // piece buffer, in dq_accum.cuh's order, once the writer has read the previous one.
-  __device__ __forceinline__ void hand_over_dq_piece(const float (&dq)[32], int ordinal) const {
+  // piece buffer, in dq_accum.cuh's order (transposed: dq_transposed_layout.hpp's), once the
+  // writer has read the previous one.
+  __device__ __forceinline__ void hand_over_dq_piece(const float (&dq)[kDqRegs], int ordinal) const {
     using namespace ptx;
     const int t = threadIdx.x % 128;
     if (ordinal > 0) named_barrier_sync(BackwardBarrier::kDqEmpty0 + warpgroup, BackwardBarrier::kDqThreads);
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-      reinterpret_cast<float4*>(ss.dq_piece[warpgroup])[DqAccumLayout::fragment_offset(j, t) / 4] =
+    for (int j = 0; j < kDqRegs / 4; ++j) {
+      int offset;
+      if constexpr (kDqT)
+        offset = DqTransposedPiece<kM>::float_index(t, 4 * j);
+      else
+        offset = DqAccumLayout::fragment_offset(j, t);
+      reinterpret_cast<float4*>(ss.dq_piece[warpgroup])[offset / 4] =
           make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+    }
     fence_proxy_async_shared();
     named_barrier_arrive(BackwardBarrier::kDqFull0 + warpgroup, BackwardBarrier::kDqThreads);
   }
@@ -218,7 +273,7 @@ struct BackwardConsumer {
       issue_register_gemm<Element, kKV, kM / 16, kM * 128>(dv, pt, smem_addr(ss.dout[ds.stage]) + kv_columns);
       wgmma_commit();
       named_barrier_sync(BackwardBarrier::kDsWritten, 256);
-      float dq[32];
+      float dq[kDqRegs];
       issue_dq_gemm(dq, buf, 0);
       wgmma_commit();
       issue_register_gemm<Element, kKV, kM / 16, kM * 128>(dk, dst, smem_addr(ss.q[qs.stage]) + kv_columns);
