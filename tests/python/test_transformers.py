@@ -299,10 +299,17 @@ def test_registered():
 @pytest.mark.parametrize("padding", ["none", "left", "right"])
 def test_logits(env, padding):
     device, calls = env
-    ref, warp, sdpa = models(device)
+    check_logits(device, calls, models(device), padding)
+
+
+def check_logits(device, calls, three_models, padding, seed=1):
+    """(fp32, warpattn, sdpa) models' logits on lengths_for's batch, padded on `padding`'s side or
+    not padded ("none"): warpattn's error against the fp32 model within RATIO x SDPA's, and every
+    layer through the path expected."""
+    ref, warp, sdpa = three_models
     total, lengths = lengths_for(device)
     ids, mask = padded_batch(device, lengths if padding != "none" else [total] * len(lengths), total,
-                             padding if padding != "none" else "left")
+                             padding if padding != "none" else "left", seed=seed)
     with torch.no_grad():
         want = ref(ids, attention_mask=mask).logits
         got = warp(ids, attention_mask=mask).logits
@@ -533,19 +540,7 @@ def test_mla_value_head_dim_logits(env, padding):
     """DeepSeek-V3's attention (q/k 192, v 128) through warpattn as it comes, v unpadded: logits
     within 1.25x SDPA's error against fp32, padded or not."""
     device, calls = env
-    ref, warp, sdpa = deepseek_v3(device)
-    total, lengths = lengths_for(device)
-    ids, mask = padded_batch(device, lengths if padding != "none" else [total] * len(lengths), total, "left",
-                             seed=23)
-    with torch.no_grad():
-        want = ref(ids, attention_mask=mask).logits
-        got = warp(ids, attention_mask=mask).logits
-        theirs = sdpa(ids, attention_mask=mask).logits
-    valid = mask.bool()
-    err, err_sdpa = rel_err(got, want, valid), rel_err(theirs, want, valid)
-    assert err <= RATIO * err_sdpa, (err, err_sdpa)
-    used = "flash_attn_func" if padding == "none" else "flash_attn_varlen_func"
-    assert calls.get(used) == warp.config.num_hidden_layers, calls
+    check_logits(device, calls, deepseek_v3(device), padding, seed=23)
 
 
 def test_mla_value_head_dim_training_step(env):
@@ -568,15 +563,7 @@ def test_head_dim_512_logits(env, padding):
     """A Llama-style model at head_dim 512 (the forward only): logits without gradients, padded
     or not, within 1.25x SDPA's error against fp32."""
     device, calls = env
-    ref, warp, sdpa = models(device, head_dim=512, seed=512)
-    total, lengths = lengths_for(device)
-    ids, mask = padded_batch(device, lengths if padding != "none" else [total] * 2, total, "left", seed=25)
-    with torch.no_grad():
-        want = ref(ids, attention_mask=mask).logits
-        errs = [rel_err(m(ids, attention_mask=mask).logits, want, mask.bool()) for m in (warp, sdpa)]
-    assert errs[0] <= RATIO * errs[1], errs
-    used = "flash_attn_func" if padding == "none" else "flash_attn_varlen_func"
-    assert calls.get(used) == warp.config.num_hidden_layers, calls
+    check_logits(device, calls, models(device, head_dim=512, seed=512), padding, seed=25)
 
 
 def _without_option(model, name):
