@@ -70,13 +70,14 @@ __global__ void __launch_bounds__(256) convert_dq_kernel(const __grid_constant__
 // (a packed batch: (padded rows / kBlockM, heads_q, 1); kGranule, the workspace's, a multiple of
 // kBlockM), 256 threads. A piece's floats are not in row order, so they go through shared memory:
 // each thread reads 16-byte groups in order (coalesced) and puts their four floats at their rows
-// and columns (the row pitch 8 floats more than a row: a warp's 32 stores hit 32 banks), then
+// and columns (the row pitch 4 floats more than a row: a warp's 32 stores, rows 2q + c and columns
+// 16w + g + 8r of its lanes' fragments, hit 32 banks; 8 more would put lanes q and q + 2 on one), then
 // 16-byte chunks of the rows go out, scaled and packed.
 template <class Element, int kHeadDim, int kBlockM, int kGranule>
 __global__ void __launch_bounds__(256) convert_dq_transposed_kernel(const __grid_constant__ BackwardParams p) {
   using Piece = DqTransposedPiece<kBlockM>;
   static_assert(kHeadDim % 64 == 0 && kBlockM * kHeadDim == Piece::kFloats * (kHeadDim / 64), "64-column pieces");
-  constexpr int kPitch = kHeadDim + 8;
+  constexpr int kPitch = kHeadDim + 4;  // a multiple of 4: the 16-byte row reads stay aligned
   __shared__ alignas(16) float rows[kBlockM * kPitch];
   const RowBlock rb = row_block_of<kBlockM, kGranule>(p);
   const int row_block = rb.row_block, head = blockIdx.y, batch = rb.batch;
