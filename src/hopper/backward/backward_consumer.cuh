@@ -15,6 +15,7 @@
 #include "hopper/backward/backward_shared_storage.cuh"
 #include "hopper/backward/dq_accum.cuh"
 #include "hopper/backward/key_block_work.hpp"
+#include "hopper/backward/key_query_tile.hpp"
 #include "hopper/consumer_gemms.cuh"
 #include "hopper/epilogue.cuh"
 #include "hopper/fragment.cuh"
@@ -57,12 +58,15 @@ struct BackwardConsumer {
   // or a window, left of a window) are masked.
   // Softcap: S becomes tanh(scale S / softcap) first (softcap.cuh), then P = 2^(tanh ·
   // softcap log2(e) - LSE log2(e)).
-  __device__ __forceinline__ void probabilities(float (&s)[kM / 2], int stage, int q0) const {
-    const float* lse = ss.lse_log2[stage];
+  // s holds kQ queries of the step's kM: from qc (0, or the consumer's half with
+  // kSplitQueries); q0 is the step's first query.
+  template <int kQ>
+  __device__ __forceinline__ void probabilities(float (&s)[kQ / 2], int stage, int q0, int qc) const {
+    const float* lse = ss.lse_log2[stage] + qc;
     if (kBackwardHasSoftcap<kD> && p.softcap_ex2 != 0.f) softcap_scores<false>(s, p.softcap_ex2);
     const float c = p.probability_log2;
 #pragma unroll
-    for (int j = 0; j < kM / 8; ++j) {
+    for (int j = 0; j < kQ / 8; ++j) {
       const float2 l = *reinterpret_cast<const float2*>(lse + f.col(j, 0));
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -78,14 +82,14 @@ struct BackwardConsumer {
     // a constant of the element. So three thresholds per thread cover every bound: fewer
     // registers than a bound per row (the d = 64 kernel spilled with those).
     const int offset = work.seqlen_k - work.seqlen_q;
-    const int base = q0 - key0 + f.col(0, 0) - f.row(0);
+    const int base = q0 + qc - key0 + f.col(0, 0) - f.row(0);
     const int lo = band.right == kUnbounded ? -kM : -(offset + band.right) - base;  // hidden below
     const int hi = band.left == kUnbounded ? kM : band.left - offset - base;       // hidden above
     const int key_end = work.seqlen_k - key0 - f.row(0);  // keys past seqlen_k: 8r >= key_end
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int j = 0; j < kM / 8; ++j)
+      for (int j = 0; j < kQ / 8; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int e = 8 * j + c - 8 * r;
@@ -97,13 +101,15 @@ struct BackwardConsumer {
   // derivative, its tanh recovered from P (log2 P = tanh · softcap log2(e) − LSE log2(e)) rather
   // than kept from probabilities() in kM / 2 more registers. P = 0 (masked, or underflowed, where
   // dS is 0 anyway) would give log2 0 = -inf: the factor is 0 there.
-  __device__ __forceinline__ void score_gradients(const float (&s)[kM / 2], float (&dp)[kM / 2], int stage,
-                                                  int q_stage) const {
-    const float* row_d = ss.row_d[stage];
-    const float* lse = ss.lse_log2[q_stage];
+  // kQ queries from qc, as in probabilities().
+  template <int kQ>
+  __device__ __forceinline__ void score_gradients(const float (&s)[kQ / 2], float (&dp)[kQ / 2], int stage,
+                                                  int q_stage, int qc) const {
+    const float* row_d = ss.row_d[stage] + qc;
+    const float* lse = ss.lse_log2[q_stage] + qc;
     const bool capped = kBackwardHasSoftcap<kD> && p.softcap_ex2 != 0.f;
 #pragma unroll
-    for (int j = 0; j < kM / 8; ++j) {
+    for (int j = 0; j < kQ / 8; ++j) {
       const float2 d = *reinterpret_cast<const float2*>(row_d + f.col(j, 0));
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -119,19 +125,18 @@ struct BackwardConsumer {
     }
   }
 
-  // dSᵀ's 16-bit pairs into buffer `buf` as [key][query] rows of 128 bytes (64-query panels
-  // kN x 128 bytes apart), 128B-swizzled: 16-byte chunk c of key row k at chunk c ^ (k % 8). A
-  // warp's 32 stores hit 32 different banks.
-  __device__ __forceinline__ void write_ds(const uint32_t (&ds)[kM / 16][4], int buf) const {
-    uint8_t* base = ss.ds[buf];
+  // 16-bit pairs of kQ queries from qc (dSᵀ's; with kSplitQueries also Pᵀ's) into the
+  // [key][query] tile at `base` (key_query_tile.hpp: rows of 128 bytes, 64-query panels kN x 128
+  // bytes apart, 128B-swizzled). A warp's 32 stores hit 32 different banks.
+  template <int kQ>
+  __device__ __forceinline__ void write_key_query_tile(const uint32_t (&x)[kQ / 16][4], uint8_t* base, int qc) const {
 #pragma unroll
-    for (int kk = 0; kk < kM / 16; ++kk)
+    for (int kk = 0; kk < kQ / 16; ++kk)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int key = key0 - work.n_block * kN + f.row(i % 2);
-        const int j = 2 * kk + i / 2;  // 8-query group
-        const int chunk = (j % 8) ^ (key % 8);
-        *reinterpret_cast<uint32_t*>(base + (j / 8) * kN * 128 + key * 128 + chunk * 16 + f.quad * 4) = ds[kk][i];
+        const int j = operand_query_group(qc, kk, i);  // 8-query group
+        *reinterpret_cast<uint32_t*>(key_query_tile_pair(base, key, j, f.quad, kN)) = x[kk][i];
       }
   }
 
@@ -192,10 +197,10 @@ struct BackwardConsumer {
       wgmma_commit();
       wgmma_wait<1>();
       pin(s);
-      probabilities(s, qs.stage, m_block * kM);
+      probabilities<kM>(s, qs.stage, m_block * kM, 0);
       wgmma_wait<0>();
       pin(dp);
-      score_gradients(s, dp, ds.stage, qs.stage);
+      score_gradients<kM>(s, dp, ds.stage, qs.stage, 0);
       uint32_t pt[kM / 16][4], dst[kM / 16][4];
       accumulator_to_operand<Element, kM>(s, pt);
       accumulator_to_operand<Element, kM>(dp, dst);
@@ -203,7 +208,7 @@ struct BackwardConsumer {
       // reads must not be touched until it completes). With the head dim split, both consumers
       // hold the same dS: consumer 0 stores it.
       if (!Cfg::kSplitHeadDim || warpgroup == 0) {
-        write_ds(dst, buf);
+        write_key_query_tile<kM>(dst, ss.ds[buf], 0);
         fence_proxy_async_shared();
       }
       pin(dv);
