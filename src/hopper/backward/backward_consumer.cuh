@@ -176,6 +176,75 @@ struct BackwardConsumer {
   // the other threads' reads unordered for racecheck.
   __device__ __forceinline__ static void release(uint64_t* empty) { ptx::mbarrier_arrive(ptx::smem_addr(empty)); }
 
+  // One step at d = 256 under WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES: consumer c computes Sᵀ and
+  // dPᵀ for its kQ = 32 queries qc = 32c .. of the step only (keys on M, m64n32: no GEMM done
+  // twice), stores Pᵀ and dSᵀ, packed to 16 bits, into its columns of the [key][query] tiles;
+  // once both consumers' columns are there, dV += Pᵀ·dO and dK += dSᵀ·Q over all kM queries
+  // read their A operands from those tiles (SS, K-major) for this consumer's kKV columns, and
+  // dQ = dS·K as in run(). Buffers: Pᵀ in the dO slot's tile (BackwardPtStorage says why that
+  // is free again), dSᵀ in ds[buf] as in run() (its readers at step s - 2, both consumers' dQ
+  // and dK GEMMs, were waited for before either reached step s - 1's kDsWritten barrier).
+  __device__ __forceinline__ void split_query_step(float (&dk)[kKV / 2], float (&dv)[kKV / 2], uint32_t k_rows,
+                                                   uint32_t v_rows, RingSlot qs, RingSlot ds, int m_block, int buf,
+                                                   int step) const {
+    using namespace ptx;
+    constexpr int kQ = Cfg::kSdpQueries;
+    static_assert(kQ * Cfg::kConsumerWarpgroups == kM && kM == 64, "the consumers' queries tile the step's");
+    const int qc = warpgroup * kQ;  // this consumer's first query of the step
+    float s[kQ / 2], dp[kQ / 2];
+    // B: kQ rows of the 64-row Q and dO tiles, kQ x 128 bytes (a multiple of 1024) into each panel
+    mbarrier_wait(smem_addr(&ss.q_full[qs.stage]), qs.phase);
+    issue_rows_gemm<Element, Cfg::kPanels, kN, kQ, 128, kM>(s, k_rows, smem_addr(ss.q[qs.stage]) + qc * 128);
+    wgmma_commit();
+    mbarrier_wait(smem_addr(&ss.do_full[ds.stage]), ds.phase);
+    issue_rows_gemm<Element, Cfg::kPanels, kN, kQ, 128, kM>(dp, v_rows, smem_addr(ss.dout[ds.stage]) + qc * 128);
+    wgmma_commit();
+    wgmma_wait<1>();
+    pin(s);
+    probabilities<kQ>(s, qs.stage, m_block * kM, qc);
+    wgmma_wait<0>();
+    pin(dp);
+    score_gradients<kQ>(s, dp, ds.stage, qs.stage, qc);
+    {
+      uint32_t pt[kQ / 16][4], dst[kQ / 16][4];
+      accumulator_to_operand<Element, kQ>(s, pt);
+      accumulator_to_operand<Element, kQ>(dp, dst);
+      write_key_query_tile<kQ>(pt, ss.pt[ds.stage], qc);
+      write_key_query_tile<kQ>(dst, ss.ds[buf], qc);
+    }
+    fence_proxy_async_shared();  // the stores, before the async proxy (wgmma) reads them
+    named_barrier_sync(BackwardBarrier::kDsWritten, 256);  // both consumers' columns written
+    // dV, dQ, dK in that order as in run(): dV and dQ are waited for first.
+    const uint32_t kv_columns = warpgroup * (kKV / 64) * kM * 128;
+    pin(dv);
+    pin(dk);
+    wgmma_fence();
+    issue_smem_gemm<Element, kKV, kM / 16, kM * 128>(dv, smem_addr(ss.pt[ds.stage]),
+                                                     smem_addr(ss.dout[ds.stage]) + kv_columns);
+    wgmma_commit();
+    float dq[32];
+    issue_dq_gemm(dq, buf, 0);
+    wgmma_commit();
+    issue_smem_gemm<Element, kKV, kM / 16, kM * 128>(dk, smem_addr(ss.ds[buf]), smem_addr(ss.q[qs.stage]) + kv_columns);
+    wgmma_commit();
+    wgmma_wait<1>();  // dV and dQ
+    pin(dv);
+    pin(dq);
+    release(&ss.do_empty[ds.stage]);
+    hand_over_dq_piece(dq, step * kPieces);
+#pragma unroll
+    for (int piece = 1; piece < kPieces; ++piece) {
+      issue_dq_gemm(dq, buf, piece);
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin(dq);
+      hand_over_dq_piece(dq, step * kPieces + piece);
+    }
+    wgmma_wait<0>();  // dK
+    pin(dk);
+    release(&ss.q_empty[qs.stage]);
+  }
+
   __device__ __forceinline__ void run() const {
     using namespace ptx;
     float dk[kKV / 2], dv[kKV / 2];
@@ -188,6 +257,10 @@ struct BackwardConsumer {
       const RingSlot qs = ring_slot<Cfg::kQStages>(step), ds = ring_slot<Cfg::kDoStages>(step);
       const int head = work.head(step), m_block = work.m_block(step);
       const int buf = step % 2;
+      if constexpr (Cfg::kSplitQueries) {  // d = 256, WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES
+        split_query_step(dk, dv, k_rows, v_rows, qs, ds, m_block, buf, step);
+        continue;
+      }
       float s[kM / 2], dp[kM / 2];
       mbarrier_wait(smem_addr(&ss.q_full[qs.stage]), qs.phase);
       issue_rows_gemm<Element, Cfg::kPanels, kN, kM, 128>(s, k_rows, smem_addr(ss.q[qs.stage]));
