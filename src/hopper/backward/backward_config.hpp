@@ -10,6 +10,12 @@
 #include <cstdint>
 
 #include "hopper/backward/backward_block_m.hpp"
+// d = 256 experiment (built, not yet measured: docs/backward-design.md): each consumer computes
+// S and dP only for its own 32 of the step's 64 queries and both store Pᵀ and dSᵀ to shared
+// memory, so that dV and dK read their A operands from there. 0: the code as it was.
+#ifndef WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES
+#define WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES 0
+#endif
 
 namespace warpattn::detail {
 
@@ -40,6 +46,11 @@ struct BackwardConfig {
       kHeadDim == 64 ? 128 : kHeadDim == 128 ? (kCausal ? kBackwardD128CausalBlockM : kBackwardD128BlockM) : 64;
   static constexpr bool kDqTransposed = kBlockM % 64 != 0;
   static constexpr int kDqPiecesPerConsumer = kHeadDim == 256 ? 2 : 1;
+  // With the head dim split, WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES: consumer c computes Sᵀ and
+  // dPᵀ for queries kSdpQueries·c .. of the step only (no GEMM done twice), stores its Pᵀ and
+  // dSᵀ columns to shared memory, and dV, dK become SS GEMMs over all kBlockM queries.
+  static constexpr bool kSplitQueries = kSplitHeadDim && WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES != 0;
+  static constexpr int kSdpQueries = kSplitQueries ? kBlockM / kConsumerWarpgroups : kBlockM;
   static_assert(kDqTransposed ? kHeadDim == 64 * kConsumerWarpgroups && !kSplitHeadDim
                               : kBlockM / 64 * kHeadDim / 64 == kConsumerWarpgroups * kDqPiecesPerConsumer,
                 "the consumers' dQ pieces tile the step's dQ");
@@ -55,6 +66,7 @@ struct BackwardConfig {
   static constexpr int kKTileBytes = kBlockN * kHeadDim * 2;
   // dS as [key][query], 64-query panels; transposed dQ: as [query][key], 64-key panels.
   static constexpr int kDsTileBytes = kBlockN * kBlockM * 2;
+  static constexpr int kPtTileBytes = kSplitQueries ? kDsTileBytes : 0;  // Pᵀ, dSᵀ's layout (d = 256)
   static constexpr int kDqPieceFloats = 64 * (kDqTransposed ? kBlockM : 64);  // a wgmma accumulator's
   // setmaxnreg: 24 + 2 x 240 = 504 per 128 threads, within the launch's 384 x 168.
   static constexpr int kProducerRegisters = 24;

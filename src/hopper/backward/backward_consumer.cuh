@@ -18,6 +18,7 @@
 #include "hopper/backward/backward_shared_storage.cuh"
 #include "hopper/backward/dq_accum.cuh"
 #include "hopper/backward/key_block_work.hpp"
+#include "hopper/backward/key_query_tile.hpp"
 #include "hopper/consumer_gemms.cuh"
 #include "hopper/epilogue.cuh"
 #include "hopper/fragment.cuh"
@@ -63,12 +64,15 @@ struct BackwardConsumer {
   // or a window, left of a window) are masked.
   // Softcap: S becomes tanh(scale S / softcap) first (softcap.cuh), then P = 2^(tanh ·
   // softcap log2(e) - LSE log2(e)).
-  __device__ __forceinline__ void probabilities(float (&s)[kM / 2], int stage, int q0) const {
-    const float* lse = ss.lse_log2[stage];
+  // s holds kQ queries of the step's kM: from qc (0, or the consumer's half with
+  // kSplitQueries); q0 is the step's first query.
+  template <int kQ>
+  __device__ __forceinline__ void probabilities(float (&s)[kQ / 2], int stage, int q0, int qc) const {
+    const float* lse = ss.lse_log2[stage] + qc;
     if (kBackwardHasSoftcap<kD> && p.softcap_ex2 != 0.f) softcap_scores<false>(s, p.softcap_ex2);
     const float c = p.probability_log2;
 #pragma unroll
-    for (int j = 0; j < kM / 8; ++j) {
+    for (int j = 0; j < kQ / 8; ++j) {
       const float2 l = *reinterpret_cast<const float2*>(lse + f.col(j, 0));
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -84,14 +88,14 @@ struct BackwardConsumer {
     // a constant of the element. So three thresholds per thread cover every bound: fewer
     // registers than a bound per row (the d = 64 kernel spilled with those).
     const int offset = work.seqlen_k - work.seqlen_q;
-    const int base = q0 - key0 + f.col(0, 0) - f.row(0);
+    const int base = q0 + qc - key0 + f.col(0, 0) - f.row(0);
     const int lo = band.right == kUnbounded ? -kM : -(offset + band.right) - base;  // hidden below
     const int hi = band.left == kUnbounded ? kM : band.left - offset - base;       // hidden above
     const int key_end = work.seqlen_k - key0 - f.row(0);  // keys past seqlen_k: 8r >= key_end
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int j = 0; j < kM / 8; ++j)
+      for (int j = 0; j < kQ / 8; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int e = 8 * j + c - 8 * r;
@@ -103,13 +107,15 @@ struct BackwardConsumer {
   // derivative, its tanh recovered from P (log2 P = tanh · softcap log2(e) − LSE log2(e)) rather
   // than kept from probabilities() in kM / 2 more registers. P = 0 (masked, or underflowed, where
   // dS is 0 anyway) would give log2 0 = -inf: the factor is 0 there.
-  __device__ __forceinline__ void score_gradients(const float (&s)[kM / 2], float (&dp)[kM / 2], int stage,
-                                                  int q_stage) const {
-    const float* row_d = ss.row_d[stage];
-    const float* lse = ss.lse_log2[q_stage];
+  // kQ queries from qc, as in probabilities().
+  template <int kQ>
+  __device__ __forceinline__ void score_gradients(const float (&s)[kQ / 2], float (&dp)[kQ / 2], int stage,
+                                                  int q_stage, int qc) const {
+    const float* row_d = ss.row_d[stage] + qc;
+    const float* lse = ss.lse_log2[q_stage] + qc;
     const bool capped = kBackwardHasSoftcap<kD> && p.softcap_ex2 != 0.f;
 #pragma unroll
-    for (int j = 0; j < kM / 8; ++j) {
+    for (int j = 0; j < kQ / 8; ++j) {
       const float2 d = *reinterpret_cast<const float2*>(row_d + f.col(j, 0));
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -125,23 +131,13 @@ struct BackwardConsumer {
     }
   }
 
-  // dSᵀ's 16-bit pairs into buffer `buf` as [key][query] rows of 128 bytes (64-query panels
-  // kN x 128 bytes apart), 128B-swizzled: 16-byte chunk c of key row k at chunk c ^ (k % 8). A
-  // warp's 32 stores hit 32 different banks.
+  // dS into buffer `buf`: dSᵀ as [key][query] (write_key_query_tile), or with dQ transposed dS
+  // as [query][key] (write_ds_transposed).
   __device__ __forceinline__ void write_ds(const uint32_t (&ds)[kM / 16][4], int buf) const {
     if constexpr (kDqT) {
       write_ds_transposed(ds, buf);
     } else {
-      uint8_t* base = ss.ds[buf];
-#pragma unroll
-      for (int kk = 0; kk < kM / 16; ++kk)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int key = key0 - work.n_block * kN + f.row(i % 2);
-          const int j = 2 * kk + i / 2;  // 8-query group
-          const int chunk = (j % 8) ^ (key % 8);
-          *reinterpret_cast<uint32_t*>(base + (j / 8) * kN * 128 + key * 128 + chunk * 16 + f.quad * 4) = ds[kk][i];
-        }
+      write_key_query_tile<kM>(ds, ss.ds[buf], 0);
     }
   }
 
@@ -177,6 +173,19 @@ struct BackwardConsumer {
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk)
       Mma::mma(dq, advance(ad, kk * 16 * 128), advance(bd, kk / 4 * kM * 128 + kk % 4 * 32), kk > 0);
+  // 16-bit pairs of kQ queries from qc (dSᵀ's; with kSplitQueries also Pᵀ's) into the
+  // [key][query] tile at `base` (key_query_tile.hpp: rows of 128 bytes, 64-query panels kN x 128
+  // bytes apart, 128B-swizzled). A warp's 32 stores hit 32 different banks.
+  template <int kQ>
+  __device__ __forceinline__ void write_key_query_tile(const uint32_t (&x)[kQ / 16][4], uint8_t* base, int qc) const {
+#pragma unroll
+    for (int kk = 0; kk < kQ / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int key = key0 - work.n_block * kN + f.row(i % 2);
+        const int j = operand_query_group(qc, kk, i);  // 8-query group
+        *reinterpret_cast<uint32_t*>(key_query_tile_pair(base, key, j, f.quad, kN)) = x[kk][i];
+      }
   }
 
   // dQ piece `piece` of this warpgroup = dS·K: at kM = 64 the 64 columns of piece
@@ -226,6 +235,75 @@ struct BackwardConsumer {
   // the other threads' reads unordered for racecheck.
   __device__ __forceinline__ static void release(uint64_t* empty) { ptx::mbarrier_arrive(ptx::smem_addr(empty)); }
 
+  // One step at d = 256 under WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES: consumer c computes Sᵀ and
+  // dPᵀ for its kQ = 32 queries qc = 32c .. of the step only (keys on M, m64n32: no GEMM done
+  // twice), stores Pᵀ and dSᵀ, packed to 16 bits, into its columns of the [key][query] tiles;
+  // once both consumers' columns are there, dV += Pᵀ·dO and dK += dSᵀ·Q over all kM queries
+  // read their A operands from those tiles (SS, K-major) for this consumer's kKV columns, and
+  // dQ = dS·K as in run(). Buffers: Pᵀ in the dO slot's tile (BackwardPtStorage says why that
+  // is free again), dSᵀ in ds[buf] as in run() (its readers at step s - 2, both consumers' dQ
+  // and dK GEMMs, were waited for before either reached step s - 1's kDsWritten barrier).
+  __device__ __forceinline__ void split_query_step(float (&dk)[kKV / 2], float (&dv)[kKV / 2], uint32_t k_rows,
+                                                   uint32_t v_rows, RingSlot qs, RingSlot ds, int m_block, int buf,
+                                                   int step) const {
+    using namespace ptx;
+    constexpr int kQ = Cfg::kSdpQueries;
+    static_assert(kQ * Cfg::kConsumerWarpgroups == kM && kM == 64, "the consumers' queries tile the step's");
+    const int qc = warpgroup * kQ;  // this consumer's first query of the step
+    float s[kQ / 2], dp[kQ / 2];
+    // B: kQ rows of the 64-row Q and dO tiles, kQ x 128 bytes (a multiple of 1024) into each panel
+    mbarrier_wait(smem_addr(&ss.q_full[qs.stage]), qs.phase);
+    issue_rows_gemm<Element, Cfg::kPanels, kN, kQ, 128, kM>(s, k_rows, smem_addr(ss.q[qs.stage]) + qc * 128);
+    wgmma_commit();
+    mbarrier_wait(smem_addr(&ss.do_full[ds.stage]), ds.phase);
+    issue_rows_gemm<Element, Cfg::kPanels, kN, kQ, 128, kM>(dp, v_rows, smem_addr(ss.dout[ds.stage]) + qc * 128);
+    wgmma_commit();
+    wgmma_wait<1>();
+    pin(s);
+    probabilities<kQ>(s, qs.stage, m_block * kM, qc);
+    wgmma_wait<0>();
+    pin(dp);
+    score_gradients<kQ>(s, dp, ds.stage, qs.stage, qc);
+    {
+      uint32_t pt[kQ / 16][4], dst[kQ / 16][4];
+      accumulator_to_operand<Element, kQ>(s, pt);
+      accumulator_to_operand<Element, kQ>(dp, dst);
+      write_key_query_tile<kQ>(pt, ss.pt[ds.stage], qc);
+      write_key_query_tile<kQ>(dst, ss.ds[buf], qc);
+    }
+    fence_proxy_async_shared();  // the stores, before the async proxy (wgmma) reads them
+    named_barrier_sync(BackwardBarrier::kDsWritten, 256);  // both consumers' columns written
+    // dV, dQ, dK in that order as in run(): dV and dQ are waited for first.
+    const uint32_t kv_columns = warpgroup * (kKV / 64) * kM * 128;
+    pin(dv);
+    pin(dk);
+    wgmma_fence();
+    issue_smem_gemm<Element, kKV, kM / 16, kM * 128>(dv, smem_addr(ss.pt[ds.stage]),
+                                                     smem_addr(ss.dout[ds.stage]) + kv_columns);
+    wgmma_commit();
+    float dq[32];
+    issue_dq_gemm(dq, buf, 0);
+    wgmma_commit();
+    issue_smem_gemm<Element, kKV, kM / 16, kM * 128>(dk, smem_addr(ss.ds[buf]), smem_addr(ss.q[qs.stage]) + kv_columns);
+    wgmma_commit();
+    wgmma_wait<1>();  // dV and dQ
+    pin(dv);
+    pin(dq);
+    release(&ss.do_empty[ds.stage]);
+    hand_over_dq_piece(dq, step * kPieces);
+#pragma unroll
+    for (int piece = 1; piece < kPieces; ++piece) {
+      issue_dq_gemm(dq, buf, piece);
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin(dq);
+      hand_over_dq_piece(dq, step * kPieces + piece);
+    }
+    wgmma_wait<0>();  // dK
+    pin(dk);
+    release(&ss.q_empty[qs.stage]);
+  }
+
   __device__ __forceinline__ void run() const {
     using namespace ptx;
     float dk[kKV / 2], dv[kKV / 2];
@@ -238,6 +316,10 @@ struct BackwardConsumer {
       const RingSlot qs = ring_slot<Cfg::kQStages>(step), ds = ring_slot<Cfg::kDoStages>(step);
       const int head = work.head(step), m_block = work.m_block(step);
       const int buf = step % 2;
+      if constexpr (Cfg::kSplitQueries) {  // d = 256, WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES
+        split_query_step(dk, dv, k_rows, v_rows, qs, ds, m_block, buf, step);
+        continue;
+      }
       float s[kM / 2], dp[kM / 2];
       mbarrier_wait(smem_addr(&ss.q_full[qs.stage]), qs.phase);
       issue_rows_gemm<Element, Cfg::kPanels, kN, kM, 128>(s, k_rows, smem_addr(ss.q[qs.stage]));
@@ -247,10 +329,10 @@ struct BackwardConsumer {
       wgmma_commit();
       wgmma_wait<1>();
       pin(s);
-      probabilities(s, qs.stage, m_block * kM);
+      probabilities<kM>(s, qs.stage, m_block * kM, 0);
       wgmma_wait<0>();
       pin(dp);
-      score_gradients(s, dp, ds.stage, qs.stage);
+      score_gradients<kM>(s, dp, ds.stage, qs.stage, 0);
       uint32_t pt[kM / 16][4], dst[kM / 16][4];
       accumulator_to_operand<Element, kM>(s, pt);
       accumulator_to_operand<Element, kM>(dp, dst);
