@@ -173,6 +173,8 @@ struct BackwardConsumer {
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk)
       Mma::mma(dq, advance(ad, kk * 16 * 128), advance(bd, kk / 4 * kM * 128 + kk % 4 * 32), kk > 0);
+  }
+
   // 16-bit pairs of kQ queries from qc (dSᵀ's; with kSplitQueries also Pᵀ's) into the
   // [key][query] tile at `base` (key_query_tile.hpp: rows of 128 bytes, 64-query panels kN x 128
   // bytes apart, 128B-swizzled). A warp's 32 stores hit 32 different banks.
