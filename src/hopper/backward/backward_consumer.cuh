@@ -230,6 +230,20 @@ struct BackwardConsumer {
     named_barrier_arrive(BackwardBarrier::kDqFull0 + warpgroup, BackwardBarrier::kDqThreads);
   }
 
+  // The step's dQ pieces after the first (d = 256: two a consumer), each into the same registers
+  // once the previous one is handed over, while the dK GEMM still runs.
+  __device__ __forceinline__ void hand_over_other_dq_pieces(float (&dq)[kDqRegs], int buf, int step) const {
+    using namespace ptx;
+#pragma unroll
+    for (int piece = 1; piece < kPieces; ++piece) {
+      issue_dq_gemm(dq, buf, piece);
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin(dq);
+      hand_over_dq_piece(dq, step * kPieces + piece);
+    }
+  }
+
   // Frees a ring slot: every consumer thread arrives (the empty barriers count
   // kSlotReleases), so each thread's reads of the slot's per-row terms (ordinary loads, beside
   // the GEMMs' reads that the wgmma waits cover) are ordered before the producer's next load
@@ -283,7 +297,7 @@ struct BackwardConsumer {
     issue_smem_gemm<Element, kKV, kM / 16, kM * 128>(dv, smem_addr(ss.pt[ds.stage]),
                                                      smem_addr(ss.dout[ds.stage]) + kv_columns);
     wgmma_commit();
-    float dq[32];
+    float dq[kDqRegs];
     issue_dq_gemm(dq, buf, 0);
     wgmma_commit();
     issue_smem_gemm<Element, kKV, kM / 16, kM * 128>(dk, smem_addr(ss.ds[buf]), smem_addr(ss.q[qs.stage]) + kv_columns);
@@ -293,14 +307,7 @@ struct BackwardConsumer {
     pin(dq);
     release(&ss.do_empty[ds.stage]);
     hand_over_dq_piece(dq, step * kPieces);
-#pragma unroll
-    for (int piece = 1; piece < kPieces; ++piece) {
-      issue_dq_gemm(dq, buf, piece);
-      wgmma_commit();
-      wgmma_wait<0>();
-      pin(dq);
-      hand_over_dq_piece(dq, step * kPieces + piece);
-    }
+    hand_over_other_dq_pieces(dq, buf, step);
     wgmma_wait<0>();  // dK
     pin(dk);
     release(&ss.q_empty[qs.stage]);
@@ -368,14 +375,7 @@ struct BackwardConsumer {
       pin(pt);
       release(&ss.do_empty[ds.stage]);
       hand_over_dq_piece(dq, step * kPieces);
-#pragma unroll
-      for (int piece = 1; piece < kPieces; ++piece) {  // into the same registers, once handed over
-        issue_dq_gemm(dq, buf, piece);
-        wgmma_commit();
-        wgmma_wait<0>();
-        pin(dq);
-        hand_over_dq_piece(dq, step * kPieces + piece);
-      }
+      hand_over_other_dq_pieces(dq, buf, step);
       wgmma_wait<0>();  // dK
       pin(dk);
       pin(dst);
