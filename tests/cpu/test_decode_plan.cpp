@@ -1,11 +1,13 @@
 // The decode plan's pieces (hopper/decode/decode_plan.hpp) against brute force: GQA packing
 // visits every (position, head) once in position-major order; splits cover every key block
 // once, in order, evenly; batch-invariant splits depend on the sequence's length alone; the
-// default split count stays in its bounds; paged rows follow the block table.
+// default split count stays in its bounds; paged rows follow the block table; the split
+// combine reads each partial-state column once.
 #include <random>
 #include <vector>
 
 #include "harness.hpp"
+#include "hopper/decode/combine_slices.hpp"
 #include "hopper/decode/decode_plan.hpp"
 
 using namespace warpattn::detail;
@@ -90,4 +92,48 @@ TEST(default_splits_stay_in_bounds) {
   CHECK(default_splits(8, 32, 132) == 16);   // B = 1: capped by two blocks a split
   CHECK(default_splits(512, 32, 132) == 1);  // B = 64: the tiles fill the card
   CHECK(default_splits(140, 32, 132) == 4);  // a second round of 8 tiles: 560 pieces in 5 rounds of 8 + 1
+}
+
+// ---- The split combine's CTAs (combine_slices.hpp) against the consumers' partial states:
+// warpgroup w stores part w of a slot, o_cols columns of its rows (its own 64 rows, or where the
+// warpgroups share the rows, d = 512, columns [w o_cols, (w + 1) o_cols) of rows 0-63). Every
+// (row group, column) of the head dim is read once, from the part that holds it, at the float4
+// group that holds it, and the slice's columns (where it stores) are those columns.
+TEST(combine_slices_read_each_column_of_each_part_once) {
+  struct Kernel {
+    int head_dim, o_cols, warpgroups;
+    bool shared_rows;
+  };
+  for (const Kernel k : {Kernel{64, 64, 2, false}, Kernel{128, 128, 2, false}, Kernel{256, 256, 2, false},
+                         Kernel{512, 256, 2, true}}) {
+    const int row_groups = combine_row_groups(k.warpgroups, k.shared_rows);
+    CHECK(row_groups == (k.shared_rows ? 1 : k.warpgroups)) << k.head_dim;
+    const int slices = k.head_dim / kCombineSliceCols;
+    // (rows warpgroup, head-dim column) -> reads; and each part's float4 groups -> reads
+    std::vector<int> column_reads(k.warpgroups * k.head_dim, 0), group_reads(k.warpgroups * (k.o_cols / 8), 0);
+    for (int y = 0; y < row_groups; ++y)
+      for (int slice = 0; slice < slices; ++slice) {
+        const CombineSlice cs = combine_slice(y, slice, k.o_cols, k.shared_rows);
+        CHECK(cs.part >= 0 && cs.part < k.warpgroups) << k.head_dim << " " << y << " " << slice;
+        CHECK(cs.rows_warpgroup == (k.shared_rows ? 0 : y)) << k.head_dim << " " << y << " " << slice;
+        if (!k.shared_rows) {
+          CHECK(cs.part == y) << "a warpgroup's rows are in its own part";
+        }
+        for (int g = 0; g < kCombineSliceCols / 8; ++g) {
+          const int group = cs.first_group + g;
+          CHECK(group >= 0 && group < k.o_cols / 8) << k.head_dim << " " << slice << " " << g;
+          ++group_reads[cs.part * (k.o_cols / 8) + group];
+          // The part's group holds head-dim columns part x o_cols + 8 group .. + 7 where the rows
+          // are shared (part w: warpgroup w's columns), 8 group .. otherwise; the CTA stores
+          // them at slice x 32 + 8 g.
+          const int column = (k.shared_rows ? cs.part * k.o_cols : 0) + 8 * group;
+          CHECK(column == slice * kCombineSliceCols + 8 * g) << k.head_dim << " " << slice << " " << g;
+          for (int c = 0; c < 8; ++c) ++column_reads[cs.rows_warpgroup * k.head_dim + column + c];
+        }
+      }
+    for (int w = 0; w < k.warpgroups; ++w)
+      for (int c = 0; c < k.head_dim; ++c)
+        CHECK(column_reads[w * k.head_dim + c] == (k.shared_rows && w > 0 ? 0 : 1)) << k.head_dim << " " << w << " " << c;
+    for (int v : group_reads) CHECK(v == 1) << k.head_dim;
+  }
 }

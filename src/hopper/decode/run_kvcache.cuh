@@ -94,7 +94,8 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   if (combined) {
     // Scheduled while the attention's last pieces still run (the kernel waits for them itself).
     launch_dependent(combine_kvcache_splits_kernel<Cfg>,
-                     dim3(static_cast<unsigned>(tiles), Cfg::kConsumerWarpgroups, Cfg::kHeadDim / kCombineSliceCols),
+                     dim3(static_cast<unsigned>(tiles), combine_row_groups(Cfg::kConsumerWarpgroups, Cfg::kSharedRows),
+                          Cfg::kHeadDim / kCombineSliceCols),
                      dim3(128),
                      stream, "combine_kvcache_splits_kernel: launch failed", params);
   }
