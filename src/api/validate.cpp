@@ -139,7 +139,8 @@ void check_head_dim_supported(const Arg& q, const char* kernel, int max_head_dim
   Message m;
   m << q.name << ": head_dim (shape[" << q.dim(last) << "]) must be a multiple of " << kHeadDimStep << " from "
     << kMinHeadDim << " to " << max_head_dim << kernel;
-  if (!wide && forward_kernel_head_dim(head_dim) != 0) m << " (head dims above 256: the 16-bit forward only, dense or packed)";
+  if (!wide && forward_kernel_head_dim(head_dim) != 0)
+    m << " (head dims above 256: the 16-bit forward only, dense, packed or over KV caches)";
   m << ", got " << head_dim;
   fail(m);
 }
@@ -1226,8 +1227,8 @@ KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, 
   const Arg alse{"lse", lse ? *lse : none, kLseDimNames, 3};
   const Operand operands[4] = {{aq, aq}, {ak, ak}, {av, ak, true}, {aout, aq, true}};
 
-  // a to j: q, the caches, out, lse
-  ProblemSizes sizes = check_attention_tensors(operands, aq, ak, av, lse ? &alse : nullptr, paged);
+  // a to j: q, the caches, out, lse (head dims up to 512, as the dense forward)
+  ProblemSizes sizes = check_attention_tensors(operands, aq, ak, av, lse ? &alse : nullptr, paged, kMaxForwardHeadDim);
 
   // c1. the new keys and values: both or neither, then a to j with q, and the caches' heads
   // and v's head dim
@@ -1239,7 +1240,7 @@ KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, 
   int64_t appended = 0;
   if (cache.k) {
     const Operand fresh[3] = {{aq, aq}, {aknew, aknew}, {avnew, aknew, true}};
-    check_attention_tensors(fresh, aq, aknew, avnew, nullptr);
+    check_attention_tensors(fresh, aq, aknew, avnew, nullptr, false, kMaxForwardHeadDim);
     const int64_t want_k[4] = {q.shape[0], cache.k->shape[1], cache.k_cache.shape[2], cache.k_cache.shape[3]};
     check_shape(aknew, want_k, "(batch as q, heads and head_dim as k_cache)");
     const int64_t want_v[4] = {q.shape[0], cache.k->shape[1], cache.v_cache.shape[2], cache.v_cache.shape[3]};
@@ -1293,9 +1294,9 @@ KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, 
   }
 
   // c7. the launch's tiles: one per block of positions of each sequence and chunk of packed
-  // query heads (128-row tiles, decode_plan.hpp's gqa_packing)
-  const GqaPacking packing =
-      gqa_packing(static_cast<int>(sizes.heads_kv > 0 ? sizes.heads_q / sizes.heads_kv : 1), 128);
+  // query heads (128-row tiles, 64 for the 512 kernel; decode_plan.hpp's gqa_packing)
+  const GqaPacking packing = gqa_packing(static_cast<int>(sizes.heads_kv > 0 ? sizes.heads_q / sizes.heads_kv : 1),
+                                         kvcache_block_m(sizes.kernel_dim()));
   const uint64_t tiles = saturating_mul(
       saturating_mul(static_cast<uint64_t>(sizes.batch),
                      static_cast<uint64_t>((sizes.seqlen_q + packing.positions - 1) / packing.positions)),

@@ -1,8 +1,8 @@
 // The decode plan's pieces (hopper/decode/decode_plan.hpp) against brute force: GQA packing
 // visits every (position, head) once in position-major order; splits cover every key block
 // once, in order, evenly; batch-invariant splits depend on the sequence's length alone; the
-// default split count stays in its bounds; paged rows follow the block table; the split
-// combine reads each partial-state column once.
+// default split count stays in its bounds; paged rows follow the block table; the 64-row tiles
+// of the 512 kernel pack every row once; the split combine reads each partial-state column once.
 #include <random>
 #include <vector>
 
@@ -92,6 +92,32 @@ TEST(default_splits_stay_in_bounds) {
   CHECK(default_splits(8, 32, 132) == 16);   // B = 1: capped by two blocks a split
   CHECK(default_splits(512, 32, 132) == 1);  // B = 64: the tiles fill the card
   CHECK(default_splits(140, 32, 132) == 4);  // a second round of 8 tiles: 560 pieces in 5 rounds of 8 + 1
+}
+
+// The 512 kernel's tiles are 64 rows (kvcache_block_m), both consumer warpgroups on them: GQA
+// packing at 64 rows as at 128 covers every (position, query head) of a sequence once over the
+// tiles (block of positions, chunk of heads), each tile within its rows.
+TEST(kvcache_tiles_pack_every_row_once_at_64_and_128_rows) {
+  CHECK(kvcache_block_m(64) == 128 && kvcache_block_m(128) == 128 && kvcache_block_m(256) == 128);
+  CHECK(kvcache_block_m(512) == 64);
+  for (int block_m : {64, 128})
+    for (int group : {1, 2, 3, 4, 6, 8, 12, 16, 32, 40, 64, 96, 128, 160, 200})
+      for (int sq : {1, 2, 5, 17, 130}) {
+        const GqaPacking p = gqa_packing(group, block_m);
+        CHECK(p.heads >= 1 && group % p.heads == 0 && p.heads * p.positions <= block_m && p.positions >= 1)
+            << block_m << " " << group;
+        const int m_blocks = (sq + p.positions - 1) / p.positions, chunks = group / p.heads;
+        std::vector<int> seen(sq * group, 0);
+        for (int m = 0; m < m_blocks; ++m)
+          for (int c = 0; c < chunks; ++c)
+            for (int row = 0; row < block_m; ++row) {  // epilogue.cuh's packed_row_place
+              const PackedRow pr = packed_row(row, p.heads);
+              const int position = m * p.positions + pr.position, head = c * p.heads + pr.head_in_group;
+              if (pr.position >= p.positions || position >= sq) continue;  // not stored
+              ++seen[position * group + head];
+            }
+        for (int v : seen) CHECK(v == 1) << "block_m " << block_m << " group " << group << " sq " << sq;
+      }
 }
 
 // ---- The split combine's CTAs (combine_slices.hpp) against the consumers' partial states:

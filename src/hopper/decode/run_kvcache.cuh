@@ -56,6 +56,7 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
                          const TensorView& v_cache, const TensorView& out, const std::optional<TensorView>& lse,
                          cudaStream_t stream) {
   static_assert(Cfg::kKvCache, "a KvCacheConfig");
+  static_assert(Cfg::kBlockM == kvcache_block_m(Cfg::kHeadDim), "validation's GQA packing (c7) is the kernel's");
   pages.box_rows = cache_box_rows(Cfg::kBlockN, pages.table != nullptr ? pages.page_size : 0);
   pages.boxes = Cfg::kBlockN / pages.box_rows;
   ForwardParams params = base_forward_params<Cfg>(p, out, lse);
