@@ -507,25 +507,24 @@ void run_dense_matrix(DType dtype, int head_dim) {
 }
 
 // ---- 2. Paged caches: the page sizes, random tables, dtypes and head dims (a padded one).
-void run_paged(int page_size) {
+struct PagedShape {
+  DType dtype;
+  int head_dim;
+  bool causal;
+  int64_t sq;
+};
+
+// Each shape over pages of page_size with about `keys` keys of capacity a sequence, random
+// tables, GQA ratios and lengths.
+template <size_t N>
+void run_paged_shapes(int page_size, const PagedShape (&shapes)[N], int keys) {
   REQUIRE_HOPPER();
   std::mt19937_64 rng(parameter_seed());
-  struct Shape {
-    DType dtype;
-    int head_dim;
-    bool causal;
-    int64_t sq;
-  };
-  const Shape shapes[] = {{DType::bf16, 128, true, 1},
-                          {DType::f16, 64, false, 17},
-                          {DType::bf16, 256, true, 130},
-                          {DType::f16, 80, true, 3},
-                          {DType::bf16, 64, false, 1}};
-  for (const Shape& s : shapes) {
+  for (const PagedShape& s : shapes) {
     Case c;
     c.dtype = s.dtype, c.head_dim = s.head_dim, c.causal = s.causal, c.seqlen_q = s.sq;
     c.page_size = page_size;
-    c.max_pages = std::max(2, 768 / page_size) + static_cast<int>(rng() % 3);
+    c.max_pages = std::max(2, keys / page_size) + static_cast<int>(rng() % 3);
     c.spare_pages = 1 + static_cast<int>(rng() % 4);
     const int ratios[5] = {1, 4, 8, 3, 16};
     c.heads_kv = 1 + static_cast<int64_t>(rng() % 2);
@@ -535,6 +534,15 @@ void run_paged(int page_size) {
     c.with_lse = rng() % 4 != 0;
     check_case(c);
   }
+}
+
+void run_paged(int page_size) {
+  const PagedShape shapes[] = {{DType::bf16, 128, true, 1},
+                               {DType::f16, 64, false, 17},
+                               {DType::bf16, 256, true, 130},
+                               {DType::f16, 80, true, 3},
+                               {DType::bf16, 64, false, 1}};
+  run_paged_shapes(page_size, shapes, 768);
 }
 
 // ---- 3. Appends (S_new 1 and 4), lengths that fill the capacity exactly and overflow it.
@@ -588,32 +596,11 @@ TEST(kvcache_dense_f16_d264) { run_dense_matrix(DType::f16, 264); }
 // Paged at 512: boxes of 1 key (64 a tile, four issuers), 16 (pages of 48), 64 (one a tile) from
 // pages of 1, 48, 64 and 256; GQA ratios as the dense matrix's; a padded dim (384, 264).
 static void run_paged_512(int page_size) {
-  REQUIRE_HOPPER();
-  std::mt19937_64 rng(parameter_seed());
-  struct Shape {
-    DType dtype;
-    int head_dim;
-    bool causal;
-    int64_t sq;
-  };
-  const Shape shapes[] = {{DType::bf16, 512, true, 1},
-                          {DType::f16, 512, false, 17},
-                          {DType::bf16, 384, true, 130},
-                          {DType::f16, 264, false, 3}};
-  for (const Shape& s : shapes) {
-    Case c;
-    c.dtype = s.dtype, c.head_dim = s.head_dim, c.causal = s.causal, c.seqlen_q = s.sq;
-    c.page_size = page_size;
-    c.max_pages = std::max(2, 600 / page_size) + static_cast<int>(rng() % 3);
-    c.spare_pages = 1 + static_cast<int>(rng() % 4);
-    const int ratios[5] = {1, 4, 8, 3, 16};
-    c.heads_kv = 1 + static_cast<int64_t>(rng() % 2);
-    c.heads_q = c.heads_kv * ratios[rng() % 5];
-    c.cache_seqlens = random_lengths(1 + static_cast<int>(rng() % 5), capacity(c), rng);
-    c.padded = rng() % 2 == 0;
-    c.with_lse = rng() % 4 != 0;
-    check_case(c);
-  }
+  const PagedShape shapes[] = {{DType::bf16, 512, true, 1},
+                               {DType::f16, 512, false, 17},
+                               {DType::bf16, 384, true, 130},
+                               {DType::f16, 264, false, 3}};
+  run_paged_shapes(page_size, shapes, 600);
 }
 TEST(kvcache_d512_paged_ps1) { run_paged_512(1); }
 TEST(kvcache_d512_paged_ps48) { run_paged_512(48); }
