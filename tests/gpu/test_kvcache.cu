@@ -536,6 +536,28 @@ void run_paged_shapes(int page_size, const PagedShape (&shapes)[N], int keys) {
   }
 }
 
+// Each (query heads, KV heads) group at 1, 5 and 130 new rows, causal and sinks at random, the
+// head dim from head_dim(rng): the GQA packing's rows against the reference.
+template <size_t N, class HeadDim>
+void run_gqa_packing(const int64_t (&groups)[N][2], HeadDim head_dim) {
+  REQUIRE_HOPPER();
+  std::mt19937_64 rng(parameter_seed());
+  for (const auto& g : groups)
+    for (int64_t sq : {1, 5, 130}) {
+      Case c;
+      c.heads_q = g[0], c.heads_kv = g[1];
+      c.seqlen_q = sq;
+      c.causal = rng() % 2 == 0;
+      c.sinks = rng() % 2 == 0;
+      c.head_dim = head_dim(rng);
+      c.dtype = rng() % 2 ? DType::f16 : DType::bf16;
+      c.s_cache = 300;
+      c.cache_seqlens = random_lengths(1 + static_cast<int>(rng() % 3), c.s_cache, rng);
+      c.with_lse = true;
+      check_case(c);
+    }
+}
+
 void run_paged(int page_size) {
   const PagedShape shapes[] = {{DType::bf16, 128, true, 1},
                                {DType::f16, 64, false, 17},
@@ -664,23 +686,8 @@ TEST(kvcache_d512_forced_splits) {
 // heads on one KV head), a group larger than the tile (160 heads: chunks of 40); sinks per row's
 // own head, causal positions over packed rows.
 TEST(kvcache_d512_gqa_packing_shapes) {
-  REQUIRE_HOPPER();
-  std::mt19937_64 rng(parameter_seed());
   const int64_t groups[][2] = {{4, 4}, {8, 2}, {64, 2}, {6, 2}, {64, 1}, {160, 1}};
-  for (const auto& g : groups)
-    for (int64_t sq : {1, 5, 130}) {
-      Case c;
-      c.heads_q = g[0], c.heads_kv = g[1];
-      c.seqlen_q = sq;
-      c.causal = rng() % 2 == 0;
-      c.sinks = rng() % 2 == 0;
-      c.head_dim = rng() % 3 ? 512 : 384;
-      c.dtype = rng() % 2 ? DType::f16 : DType::bf16;
-      c.s_cache = 300;
-      c.cache_seqlens = random_lengths(1 + static_cast<int>(rng() % 3), c.s_cache, rng);
-      c.with_lse = true;
-      check_case(c);
-    }
+  run_gqa_packing(groups, [](std::mt19937_64& rng) { return rng() % 3 ? 512 : 384; });
 }
 
 // Windows and sinks at 512, dense and paged (the masks' packed rows: ConsumerTile's row0/row1
@@ -881,23 +888,8 @@ TEST(kvcache_default_splits_on_decode_shapes) {
 // (160 query heads on one KV head: chunks of 80 heads, two per KV head), with sinks (a sink per
 // row's own head) and causal positions spread over packed rows (Sq 5 and 130).
 TEST(kvcache_gqa_packing_shapes) {
-  REQUIRE_HOPPER();
-  std::mt19937_64 rng(parameter_seed());
   const int64_t groups[][2] = {{12, 12}, {8, 2}, {64, 2}, {6, 2}, {12, 2}, {128, 1}, {160, 1}};
-  for (const auto& g : groups)
-    for (int64_t sq : {1, 5, 130}) {
-      Case c;
-      c.heads_q = g[0], c.heads_kv = g[1];
-      c.seqlen_q = sq;
-      c.causal = rng() % 2 == 0;
-      c.sinks = rng() % 2 == 0;
-      c.head_dim = rng() % 2 ? 64 : 128;
-      c.dtype = rng() % 2 ? DType::f16 : DType::bf16;
-      c.s_cache = 300;
-      c.cache_seqlens = random_lengths(1 + static_cast<int>(rng() % 3), c.s_cache, rng);
-      c.with_lse = true;
-      check_case(c);
-    }
+  run_gqa_packing(groups, [](std::mt19937_64& rng) { return rng() % 2 ? 64 : 128; });
 }
 
 // Table entries inside a sequence's used pages that name no page of the cache (-1): the keys
