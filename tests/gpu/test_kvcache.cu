@@ -558,6 +558,33 @@ void run_gqa_packing(const int64_t (&groups)[N][2], HeadDim head_dim) {
     }
 }
 
+// Each forced split count (1: no combine; past a tile's key tiles: empty pieces) on its own case:
+// dense or paged (counts 3 mod 4), causal (odd), sinks (multiples of 3), new rows at 2, the head
+// dim `dim` (at 33 splits `dim33`); one cache full so that every piece has keys.
+template <size_t N>
+void run_forced_splits(const int (&counts)[N], int dim, int dim33, std::mt19937_64& rng) {
+  for (int splits : counts) {
+    Case c;
+    c.num_splits = splits;
+    c.causal = splits % 2 == 1;
+    c.sinks = splits % 3 == 0;
+    c.seqlen_q = splits == 7 ? 20 : (splits == 5 ? 3 : 1);
+    c.heads_q = 16, c.heads_kv = 4;
+    c.head_dim = splits == 33 ? dim33 : dim;
+    c.dtype = splits % 2 ? DType::bf16 : DType::f16;
+    if (splits % 4 == 3) {
+      c.page_size = 64, c.max_pages = 40;
+    } else {
+      c.s_cache = 2600;
+    }
+    c.cache_seqlens = random_lengths(1 + static_cast<int>(rng() % 4), capacity(c), rng);
+    c.cache_seqlens[0] = static_cast<int>(capacity(c));  // one full cache: every piece has keys
+    c.s_new = splits == 2 ? 1 : 0;
+    c.with_lse = true;
+    check_case(c);
+  }
+}
+
 void run_paged(int page_size) {
   const PagedShape shapes[] = {{DType::bf16, 128, true, 1},
                                {DType::f16, 64, false, 17},
@@ -650,26 +677,8 @@ TEST(kvcache_d512_append) {
 TEST(kvcache_d512_forced_splits) {
   REQUIRE_HOPPER();
   std::mt19937_64 rng(parameter_seed());
-  for (int splits : {1, 2, 3, 5, 7, 33, 128}) {
-    Case c;
-    c.num_splits = splits;
-    c.causal = splits % 2 == 1;
-    c.sinks = splits % 3 == 0;
-    c.seqlen_q = splits == 7 ? 20 : (splits == 5 ? 3 : 1);
-    c.heads_q = 16, c.heads_kv = 4;
-    c.head_dim = splits == 33 ? 384 : 512;
-    c.dtype = splits % 2 ? DType::bf16 : DType::f16;
-    if (splits % 4 == 3) {
-      c.page_size = 64, c.max_pages = 40;
-    } else {
-      c.s_cache = 2600;
-    }
-    c.cache_seqlens = random_lengths(1 + static_cast<int>(rng() % 4), capacity(c), rng);
-    c.cache_seqlens[0] = static_cast<int>(capacity(c));  // one full cache: every piece has keys
-    c.s_new = splits == 2 ? 1 : 0;
-    c.with_lse = true;
-    check_case(c);
-  }
+  const int splits[] = {1, 2, 3, 5, 7, 33, 128};
+  run_forced_splits(splits, 512, 384, rng);
   // The default split choice on a decode shape (B x Hkv well under the SMs: split)
   for (int b : {1, 3}) {
     Case c;
@@ -845,26 +854,8 @@ TEST(kvcache_dense_and_paged_agree) {
 TEST(kvcache_forced_splits) {
   REQUIRE_HOPPER();
   std::mt19937_64 rng(parameter_seed());
-  for (int splits : {1, 2, 3, 7, 33, 128}) {
-    Case c;
-    c.num_splits = splits;
-    c.causal = splits % 2 == 1;
-    c.sinks = splits % 3 == 0;
-    c.seqlen_q = splits == 7 ? 20 : 1;
-    c.heads_q = 16, c.heads_kv = 4;
-    c.head_dim = splits == 33 ? 256 : 128;
-    c.dtype = splits % 2 ? DType::bf16 : DType::f16;
-    if (splits % 4 == 3) {
-      c.page_size = 64, c.max_pages = 40;
-    } else {
-      c.s_cache = 2600;
-    }
-    c.cache_seqlens = random_lengths(1 + static_cast<int>(rng() % 4), capacity(c), rng);
-    c.cache_seqlens[0] = static_cast<int>(capacity(c));  // one full cache: every piece has keys
-    c.s_new = splits == 2 ? 1 : 0;
-    c.with_lse = true;
-    check_case(c);
-  }
+  const int splits[] = {1, 2, 3, 7, 33, 128};
+  run_forced_splits(splits, 128, 256, rng);
 }
 
 // The default split choice on decode shapes few enough tiles to split (B x Hkv well under the
