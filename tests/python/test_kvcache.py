@@ -785,6 +785,9 @@ def test_decode_benchmark_sweep_and_arguments():
     assert len(full) == 3 * 5 * 3 * 1 * 3
     some = bench_decode.points(bench_decode.parse_args(["--points", "B=8", "Sq=1,4"]))
     assert some and all(p["B"] == 8 and p["Sq"] in (1, 4) for p in some)
+    wide = bench_decode.points(bench_decode.parse_args(["--quick", "--head-dim", "512"]))
+    assert len(wide) == len(quick) and all(p["d"] == 512 for p in wide)
+    assert [dict(p, d=128) for p in wide] == quick
     assert bench_decode.moved_bytes(dict(B=8, S=4096, Hq=32, Hkv=8, d=128, Sq=1)) == 2 * 8 * 4096 * 8 * 128 * 2 + 2 * 2 * 8 * 32 * 128
     assert bench_decode.parse_args(["--splits", "0,2,8"]).split_list == [0, 2, 8]
     with pytest.raises(SystemExit):
