@@ -7,7 +7,8 @@
 #   VARIANTS="base= lift6=-DWARPATTN_TUNE_FP8_P_LIFT=6" PASSES=2 \
 #     TESTS="test_gpu_fp8:fp8_accuracy_on_outlier_data" bash scripts/ab_fp8.sh --points d=256 N=16384 causal=0
 # BUILD_ONLY=1 builds and stops (to build while something else runs). A variant is NAME=FLAGS (FLAGS: CMAKE_CUDA_FLAGS, the WARPATTN_TUNE_* knobs; empty for the
-# code as it is). Writes $OUT/ab/<name>-pass<k>.md and <name>-<test>[-<filter>].log; prints the rows.
+# code as it is; @DIR for a folder already built, e.g. base=@build: gpu_run.sh's build, not built
+# again). Writes $OUT/ab/<name>-pass<k>.md and <name>-<test>[-<filter>].log; prints the rows.
 # AB_BENCH: a command to run instead of bench_fp8 (from /tmp, with the variant's package on
 # PYTHONPATH; give paths absolute), e.g. AB_BENCH="python3 $PWD/scripts/bench_model_options.py";
 # its last AB_LINES (20) lines are printed, the whole log kept as $OUT/ab/<name>-pass<k>.log.
@@ -16,9 +17,11 @@ OUT=${OUT:-gpu-out}
 mkdir -p "$OUT/ab" && out=$(cd "$OUT/ab" && pwd)
 targets=_warpattn
 for t in ${TESTS:-}; do targets="$targets ${t%%:*}"; done
-jobs=$(( $(nproc) / $(echo ${VARIANTS:?} | wc -w) + 1 ))
 name_of() { local n=${1%%=*}; echo "${n%@*}"; }  # NAME of NAME[@DIR]=FLAGS
-for v in $VARIANTS; do
+dir_of() { case ${1#*=} in @*) local d=${1#*=}; echo "${d#@}" ;; *) echo "build-$(name_of "$1")" ;; esac; }
+to_build=$(for v in ${VARIANTS:?}; do case ${v#*=} in @*) ;; *) echo "$v" ;; esac; done)
+jobs=$(( $(nproc) / ($(echo $to_build | wc -w) + 1) + 1 ))
+for v in $to_build; do
   name=$(name_of "$v") flags=${v#*=} src=.
   case ${v%%=*} in *@*) src=${v%%=*}; src=${src#*@} ;; esac
   (cmake -S "$src" -B "build-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWARPATTN_BUILD_PYTHON=ON \
@@ -31,7 +34,8 @@ wait
 for v in $VARIANTS; do  # each variant as a package of its own
   name=$(name_of "$v")
   rm -rf "/tmp/pkg-$name" && mkdir -p "/tmp/pkg-$name/warpattn"
-  cp python/warpattn/*.py "build-$name"/_warpattn*.so "build-$name"/libwarpattn.so "/tmp/pkg-$name/warpattn/"
+  dir=$(dir_of "$v")
+  cp python/warpattn/*.py "$dir"/_warpattn*.so "$dir"/libwarpattn.so "/tmp/pkg-$name/warpattn/"
 done
 for pass in $(seq 1 ${PASSES:-2}); do
   for v in $VARIANTS; do
@@ -56,7 +60,7 @@ for v in ${TEST_VARIANTS:-$VARIANTS}; do  # TEST_VARIANTS: only these run the te
     bin=${t%%:*} filter=${t#*:}
     [ "$filter" = "$t" ] && filter=
     log="$out/$name-$bin${filter:+-$filter}.log"  # one per test entry, also for one binary
-    timeout -k 5 ${TEST_TIMEOUT:-300} "./build-$name/$bin" $filter > "$log" 2>&1
+    timeout -k 5 ${TEST_TIMEOUT:-300} "./$(dir_of "$v")/$bin" $filter > "$log" 2>&1
     echo "$name $bin $filter rc=$?: $(tail -1 "$log")"
     grep -E "FAIL|RMSE|ratio|per tensor /|64K" "$log" | head -${TEST_LINES:-30}
   done

@@ -31,6 +31,10 @@ VARIANTS = {
     "paged64": (8, 4096, 32, 8, 128, 1, {"page_size": 64}),
     "paged16_d64": (8, 4096, 32, 8, 64, 1, {"page_size": 16}),
     "prefill_tile_sq16": (8, 4096, 64, 8, 128, 16, {"causal": True}),
+    # The 512 kernel (split head dim: both consumer warpgroups on 64 rows; built, not yet run)
+    "decode_d512": (8, 4096, 32, 8, 512, 1, {}),
+    "paged16_d512": (8, 4096, 32, 8, 512, 1, {"page_size": 16}),
+    "decode_causal_sq4_d512": (8, 4096, 32, 8, 512, 4, {"causal": True}),
 }
 
 

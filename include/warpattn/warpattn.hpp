@@ -102,7 +102,8 @@ constexpr int kernel_head_dim(int64_t head_dim) {
 }
 // The dense 16-bit forward (`forward`, flash_attn_func) also takes head dims above 256 up to
 // 512, in a kernel compiled for 512 (its two consumer warpgroups each own half of the head dim;
-// docs/headdim512-design.md). Its backward, packed batches, KV caches and FP8 stop at 256.
+// docs/headdim512-design.md), for packed batches and KV caches too. Its backward and FP8 stop
+// at 256.
 inline constexpr int kMaxForwardHeadDim = 512;
 inline constexpr auto kForwardHeadDims = [] {
   std::array<int, kMaxForwardHeadDim / kHeadDimStep> dims{};

@@ -8,7 +8,9 @@ Points: B (sequences) x S (cached keys per sequence, every cache full) x heads (
 Sq (new query rows per sequence), BF16. The full sweep is B in {1, 8, 64}, S in {1K, 4K, 16K,
 64K, 128K}, heads in {32/8, 64/8, 8/8}, d = 128, Sq in {1, 4, 16} (points whose caches pass
 --max-cache-gb are skipped); --quick takes issue 16's headline point (B 8, 32/8, S 4096, d 128,
-Sq 1) and a few around it; --points filters either (KEY=V[,V...] with KEY in B, S, Hq, Hkv, d, Sq).
+Sq 1) and a few around it; --head-dim D puts every point at head dim D instead (512: the KV-cache
+kernel above 256, where cuDNN and FA2 through SDPA refuse, so warpattn's figures stand alone);
+--points filters either (KEY=V[,V...] with KEY in B, S, Hq, Hkv, d, Sq).
 
 What each figure is:
   warpattn        warpattn.flash_attn_with_kvcache on the dense cache (B, S, Hkv, d), through the
@@ -57,6 +59,8 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m warpattn.bench --decode", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="issue 16's headline point and a few around it")
     p.add_argument("--points", nargs="*", default=[], metavar="KEY=V[,V...]")
+    p.add_argument("--head-dim", type=int, default=None, metavar="D",
+                   help="every point at head dim D instead of its own (e.g. 512)")
     p.add_argument("--passes", type=int, default=3)
     p.add_argument("--page-size", type=int, default=256)
     p.add_argument("--max-cache-gb", type=float, default=40.0)
@@ -89,6 +93,8 @@ def points(args):
     else:
         pts = [dict(B=b, S=s, Hq=hq, Hkv=hkv, d=d, Sq=sq) for b in FULL["B"] for s in FULL["S"]
                for hq, hkv in FULL["heads"] for d in FULL["d"] for sq in FULL["Sq"]]
+    if args.head_dim is not None:
+        pts = [dict(p, d=args.head_dim) for p in pts]
     return [p for p in pts if all(p[k] in v for k, v in args.filters.items())]
 
 

@@ -83,7 +83,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     the cache first.
 
     q: (batch, seqlen_q, heads, head_dim), float16 or bfloat16 on a CUDA device, head_dim a
-    multiple of 8 from 8 to 256. k_cache, v_cache: dense (batch, seqlen_cache, heads_kv,
+    multiple of 8 from 8 to 512 (above 256 in the 512 kernel, not yet run on the H200). k_cache, v_cache: dense (batch, seqlen_cache, heads_kv,
     head_dim), or paged (num_pages, page_size, heads_kv, head_dim) with block_table, a
     (batch, max_pages) int32 tensor whose row b lists sequence b's pages in order (page_size
     any size from 1 key, fastest from 16 up where it is a power of two: a key tile comes in

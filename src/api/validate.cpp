@@ -17,6 +17,7 @@
 
 #include "api/message.hpp"
 #include "api/problem.hpp"
+#include "hopper/backward/backward_block_m.hpp"
 #include "hopper/backward/launch_backward.hpp"
 
 namespace warpattn::detail {
@@ -138,7 +139,8 @@ void check_head_dim_supported(const Arg& q, const char* kernel, int max_head_dim
   Message m;
   m << q.name << ": head_dim (shape[" << q.dim(last) << "]) must be a multiple of " << kHeadDimStep << " from "
     << kMinHeadDim << " to " << max_head_dim << kernel;
-  if (!wide && forward_kernel_head_dim(head_dim) != 0) m << " (head dims above 256: the dense forward only)";
+  if (!wide && forward_kernel_head_dim(head_dim) != 0)
+    m << " (head dims above 256: the 16-bit forward only, dense, packed or over KV caches)";
   m << ", got " << head_dim;
   fail(m);
 }
@@ -566,10 +568,12 @@ void add_sinks_and_lse(std::vector<const Arg*>& tensors, std::vector<const Arg*>
 size_t backward_workspace_bytes_of(const Arg& q, const BackwardProblem& p) {
   constexpr uint64_t kLimit = uint64_t(1) << 62;
   const auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
-  // Rows per (batch, head): seqlen_q rounded up to 128; a packed batch's: one batch of
-  // total_q + 128 per sequence (workspace.hpp's padding).
-  const uint64_t rows = p.varlen ? saturating_add(u(p.seqlen_q), saturating_mul(saturating_add(u(p.batch), 1), 128))
-                                 : saturating_add(u(p.seqlen_q), 128);
+  // Rows per (batch, head): seqlen_q rounded up to the granule (128; 320 with an 80-row d = 128
+  // kernel, a build knob that this host file does not see: the largest); a packed batch's: one
+  // batch of total_q + a granule per sequence (workspace.hpp's padding).
+  constexpr uint64_t g = kBackwardMaxRowGranule;
+  const uint64_t rows = p.varlen ? saturating_add(u(p.seqlen_q), saturating_mul(saturating_add(u(p.batch), 1), g))
+                                 : saturating_add(u(p.seqlen_q), g);
   const uint64_t row_count = saturating_mul(saturating_mul(p.varlen ? 1 : u(p.batch), u(p.heads_q)), rows);
   const uint64_t columns = u(p.backward_kernel_dim());  // dQ's accumulator: the kernel's columns
   const uint64_t bound = saturating_add(saturating_mul(row_count, saturating_mul(saturating_add(columns, 3), 4)), 1024);
@@ -1176,16 +1180,17 @@ VarlenCall validate_forward_varlen(const TensorView& q, const TensorView& k, con
   const Arg alse{"lse", lse ? *call.lse : no_lse, kPackedLseDimNames, 3, 1};
   const Operand operands[4] = {{aq, aq}, {ak, ak}, {av, ak, true}, {aout, aq, true}};
 
-  // a to j on the (1, total, heads, head_dim) views
-  ProblemSizes sizes = check_attention_tensors(operands, aq, ak, av, lse ? &alse : nullptr);
+  // a to j on the (1, total, heads, head_dim) views (head dims up to 512, as the dense forward)
+  ProblemSizes sizes = check_attention_tensors(operands, aq, ak, av, lse ? &alse : nullptr, false, kMaxForwardHeadDim);
 
   // k. softmax scale; p. window, softcap, sinks
   check_softmax_scale(options.softmax_scale);
   check_model_options(options, sizes, false);
 
-  // o1 to o6: the offsets (and seqused_k); the forward's tiles are query blocks of 128 rows
+  // o1 to o6: the offsets (and seqused_k); the forward's tiles are query blocks of 128 rows, 64
+  // for the 512 kernel
   const VarlenArgs va(batch);
-  const int64_t sequences = va.check(sizes.seqlen_q, 128, sizes.heads_q, "q");
+  const int64_t sequences = va.check(sizes.seqlen_q, sizes.kernel_dim() == 512 ? 64 : 128, sizes.heads_q, "q");
 
   // l, m. written tensors apart from everything the call reads or writes
   std::vector<const Arg*> tensors = {&aq, &ak, &av, &aout}, written = {&aout};
@@ -1222,8 +1227,8 @@ KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, 
   const Arg alse{"lse", lse ? *lse : none, kLseDimNames, 3};
   const Operand operands[4] = {{aq, aq}, {ak, ak}, {av, ak, true}, {aout, aq, true}};
 
-  // a to j: q, the caches, out, lse
-  ProblemSizes sizes = check_attention_tensors(operands, aq, ak, av, lse ? &alse : nullptr, paged);
+  // a to j: q, the caches, out, lse (head dims up to 512, as the dense forward)
+  ProblemSizes sizes = check_attention_tensors(operands, aq, ak, av, lse ? &alse : nullptr, paged, kMaxForwardHeadDim);
 
   // c1. the new keys and values: both or neither, then a to j with q, and the caches' heads
   // and v's head dim
@@ -1235,7 +1240,7 @@ KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, 
   int64_t appended = 0;
   if (cache.k) {
     const Operand fresh[3] = {{aq, aq}, {aknew, aknew}, {avnew, aknew, true}};
-    check_attention_tensors(fresh, aq, aknew, avnew, nullptr);
+    check_attention_tensors(fresh, aq, aknew, avnew, nullptr, false, kMaxForwardHeadDim);
     const int64_t want_k[4] = {q.shape[0], cache.k->shape[1], cache.k_cache.shape[2], cache.k_cache.shape[3]};
     check_shape(aknew, want_k, "(batch as q, heads and head_dim as k_cache)");
     const int64_t want_v[4] = {q.shape[0], cache.k->shape[1], cache.v_cache.shape[2], cache.v_cache.shape[3]};
@@ -1289,9 +1294,9 @@ KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, 
   }
 
   // c7. the launch's tiles: one per block of positions of each sequence and chunk of packed
-  // query heads (128-row tiles, decode_plan.hpp's gqa_packing)
-  const GqaPacking packing =
-      gqa_packing(static_cast<int>(sizes.heads_kv > 0 ? sizes.heads_q / sizes.heads_kv : 1), 128);
+  // query heads (128-row tiles, 64 for the 512 kernel; decode_plan.hpp's gqa_packing)
+  const GqaPacking packing = gqa_packing(static_cast<int>(sizes.heads_kv > 0 ? sizes.heads_q / sizes.heads_kv : 1),
+                                         kvcache_block_m(sizes.kernel_dim()));
   const uint64_t tiles = saturating_mul(
       saturating_mul(static_cast<uint64_t>(sizes.batch),
                      static_cast<uint64_t>((sizes.seqlen_q + packing.positions - 1) / packing.positions)),

@@ -1,4 +1,4 @@
-// Forward kernels for __nv_bfloat16, head dim 512 (the dense forward only: split_head_dim.cuh).
+// Forward kernels for __nv_bfloat16, head dim 512 (dense and packed batches: split_head_dim.cuh).
 #include "hopper/forward_instance.cuh"
 
-WARPATTN_FORWARD_DENSE_INSTANCE(__nv_bfloat16, 512)
+WARPATTN_FORWARD_INSTANCE(__nv_bfloat16, 512)

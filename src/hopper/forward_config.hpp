@@ -37,6 +37,9 @@ struct ForwardConfig {
   static constexpr bool kSplitHeadDim = kHeadDim_ > 256;
   static constexpr int kBlockM = kSplitHeadDim ? 64 : 64 * kConsumerWarpgroups;
   static constexpr int kOCols = kSplitHeadDim ? kHeadDimV / 2 : kHeadDimV;  // O's columns a consumer holds
+  // Whether the consumer warpgroups share their rows (a split head dim: rows 0-63 of the tile,
+  // warpgroup w the columns [w kOCols, (w + 1) kOCols)) or each holds its own 64.
+  static constexpr bool kSharedRows = kSplitHeadDim;
   // The split head dim's exchange of partial S tiles, one per warpgroup, after SharedStorage.
   static constexpr int kExchangeBytes = kSplitHeadDim ? kConsumerWarpgroups * 64 * kBlockN_ * 4 : 0;
   static constexpr int kBlockN = kBlockN_;

@@ -30,19 +30,20 @@ constexpr bool takes_mla_kernel(int64_t head_dim, int64_t head_dim_v) {
   return head_dim > 128 && head_dim <= 192 && head_dim_v <= 128;
 }
 
-// with_head_dim for the 16-bit forward of packed batches: also the D = 192 kernel.
+// with_head_dim for the 16-bit forward, dense or packed: also the D = 192 kernel (MLA's) and the
+// D = 512 one (head dims above 256: forward_kernel_head_dim).
 template <class F>
-void with_forward_varlen_head_dim(int64_t head_dim, int64_t head_dim_v, F&& f) {
+void with_forward_head_dim(int64_t head_dim, int64_t head_dim_v, F&& f) {
+  if (forward_kernel_head_dim(head_dim) == 512) return f(std::integral_constant<int, 512>{});
   if (takes_mla_kernel(head_dim, head_dim_v)) return f(std::integral_constant<int, 192>{});
   with_head_dim(head_dim, "kernel", f);
 }
 
-// ... and for the dense one, which also has a d = 512 kernel (head dims above 256:
-// forward_kernel_head_dim).
+// ... and for the KV-cache forward (no MLA kernel): 64, 128, 256, or 512 above 256.
 template <class F>
-void with_forward_head_dim(int64_t head_dim, int64_t head_dim_v, F&& f) {
+void with_kvcache_head_dim(int64_t head_dim, F&& f) {
   if (forward_kernel_head_dim(head_dim) == 512) return f(std::integral_constant<int, 512>{});
-  with_forward_varlen_head_dim(head_dim, head_dim_v, f);
+  with_head_dim(head_dim, "kernel", f);
 }
 
 // f(T{}) with T the 16-bit element type of `dtype` (bf16, else fp16).

@@ -23,7 +23,7 @@ void launch_forward_varlen_sm90(const ForwardProblem& p, const VarlenSequences& 
                                 const TensorView& k, const TensorView& v, const TensorView& out,
                                 const std::optional<TensorView>& lse, cudaStream_t stream) {
   with_16bit_element(p.dtype, [&](auto element) {
-    with_forward_varlen_head_dim(p.head_dim, p.value_head_dim(), [&](auto d) {
+    with_forward_head_dim(p.head_dim, p.value_head_dim(), [&](auto d) {
       run_forward_varlen_head_dim<decltype(element), decltype(d)::value>(p, seqs, q, k, v, out, lse, stream);
     });
   });
@@ -34,7 +34,7 @@ void launch_forward_kvcache_sm90(const ForwardProblem& p, const KvCacheWork& wor
                                  const TensorView& k_cache, const TensorView& v_cache, const TensorView& out,
                                  const std::optional<TensorView>& lse, cudaStream_t stream) {
   with_16bit_element(p.dtype, [&](auto element) {
-    with_head_dim(p.kernel_dim(), "kernel", [&](auto d) {
+    with_kvcache_head_dim(p.kernel_dim(), [&](auto d) {
       run_forward_kvcache_head_dim<decltype(element), decltype(d)::value>(p, work, pages, num_splits, append, q,
                                                                           k_cache, v_cache, out, lse, stream);
     });

@@ -5,16 +5,19 @@
 // of S over its half; the two meet in shared memory and each adds S_0 + S_1 in that order, so
 // both hold the same S bit for bit and run the same softmax (masks, softcap, the precise path)
 // on it, with identical P, row references and sums and nothing else exchanged; then O_w += P
-// V[:, half w]. The producer, scheduler, masks and epilogue are the forward's; what this file
+// V[:, half w]. The producer, scheduler, masks and epilogue are the forward's (over KV caches
+// too: packed rows, split pieces' partial states, each warpgroup's column half); what this file
 // adds is the loop, which for now issues each GEMM and waits for it (no overlap of the softmax
 // with the GEMMs, no ping-pong: both warpgroups meet at every key tile). The probes
 // tools/probes/p_split_head_dim.cu and p_split_head_dim_loop.cu verified the pieces (runs 133,
-// 139). No split tail (run_forward plans none for it): each tile is whole.
+// 139). No split tail (run_forward plans none for it); a KV cache's split keys leave partial
+// states (each warpgroup its column half of the same rows) for combine_kvcache_splits_kernel.
 #pragma once
 
 #include "hopper/barriers.hpp"
 #include "hopper/consumer.cuh"
 #include "hopper/epilogue.cuh"
+#include "hopper/split_tail_combine.cuh"
 
 namespace warpattn::detail {
 
@@ -109,19 +112,26 @@ __device__ __forceinline__ void run_split_head_dim_tile(const ConsumerTile<Cfg>&
 }
 
 // The consumer loop of a split-head-dim kernel: the work tiles as run_consumer_warpgroup
-// receives them (dense batches: the only launch that has this kernel), each finalized and
-// stored by both warpgroups, each its half of the columns (the lse by warpgroup 0).
+// receives them (dense or packed batches, or KV caches' pieces; no split tail, no FP8), each
+// finalized and stored by both warpgroups, each its half of the columns (the lse by warpgroup
+// 0), or, for a piece of a KV cache's split keys, left as its partial state (state part w:
+// warpgroup w's columns of the tile's 64 shared rows).
 template <class Cfg>
 __device__ __forceinline__ void run_split_head_dim_consumer(SharedStorage<Cfg>& ss, const ForwardParams& params,
                                                             int warpgroup) {
-  static_assert(Cfg::kSplitHeadDim && !Cfg::kVarlen && !Cfg::kKvCache && !Cfg::kFp8, "the dense 16-bit forward");
+  static_assert(Cfg::kSplitHeadDim && Cfg::kSharedRows && !Cfg::kFp8,
+                "the 16-bit forward: dense, packed or over KV caches");
   float* exchange = split_exchange(ss);
   const FragmentCoords f(threadIdx.x % 128);
   int kv = 0, q_iter = 0;  // as in the producer
   for (int i = 0;; ++i) {
-    const ScheduledTile w = ss.tiles.template receive<!Cfg::kCausal, false>(i);
+    // (A KV cache's pieces carry their partial state's slot, as in run_consumer_warpgroup.)
+    const ScheduledTile w =
+        ss.tiles.template receive<(!Cfg::kCausal && !Cfg::kVarlen) || Cfg::kKvCache, Cfg::kVarlen>(i);
     if (w.is_end()) break;
-    const int seqlen_q = params.seqlen_q, seqlen_k = params.seqlen_k;
+    // The tile's sequence: a packed batch's (a KV cache's) own, or the launch's.
+    const int seqlen_q = Cfg::kVarlen ? w.seqlen_q : params.seqlen_q;
+    const int seqlen_k = Cfg::kVarlen ? w.seqlen_k : params.seqlen_k;
     float o[Cfg::kOCols / 2];
 #pragma unroll
     for (int j = 0; j < Cfg::kOCols / 2; ++j) o[j] = 0.f;
@@ -131,19 +141,41 @@ __device__ __forceinline__ void run_split_head_dim_consumer(SharedStorage<Cfg>& 
       const TileContext t{warpgroup, w.m_block, w.head, w.batch, w.n_tiles, w.n_end, kv, qs.stage, seqlen_q, seqlen_k};
       ptx::mbarrier_wait(ptx::smem_addr(&ss.q_full[qs.stage]), qs.phase);
       const ConsumerTile<Cfg> tile(ss, params, t);
-      const bool few_keys = sees_few_keys(w.m_block * Cfg::kBlockM, Cfg::kBlockM, seqlen_q, seqlen_k,
-                                          Cfg::kCausal ? params.band : KeyBand{});
+      bool few_keys;
+      if constexpr (Cfg::kKvCache)  // a block of positions, or the 64-row prefill block its first lies in
+        few_keys = kvcache_sees_few_keys(first_row_of_block<Cfg>(w.m_block, params), rows_of_block<Cfg>(params),
+                                         seqlen_q, seqlen_k, Cfg::kCausal ? params.band : KeyBand{}, Cfg::kBlockM);
+      else
+        few_keys = sees_few_keys(w.m_block * Cfg::kBlockM, Cfg::kBlockM, seqlen_q, seqlen_k,
+                                 Cfg::kCausal ? params.band : KeyBand{});
       run_split_head_dim_tile<Cfg>(tile, ss, exchange, o, softmax, few_keys);
       kv += w.n_tiles;
       ++q_iter;
     }
     float lse[2];
+    if constexpr (Cfg::kKvCache) {
+      // Packed rows (GQA), each its own query head; both warpgroups hold the tile's rows 0-63
+      // (row warpgroup 0 for where they go), warpgroup w the columns from w kOCols.
+      const int first_position = first_row_of_block<Cfg>(w.m_block, params);
+      if (w.piece >= 0) {  // a piece of the tile's keys: its partial state, part w of the slot
+        if (holds_stored_rows(0, f, first_position, w.head, params.packing, seqlen_q))
+          PartialState<Cfg>(params, w.piece, warpgroup, threadIdx.x % 128).store(o, softmax);
+        continue;
+      }
+      float sink_log2[2];
+      packed_row_sinks(params, 0, f, first_position, w.head, seqlen_q, sink_log2);
+      softmax.finalize_rows(o, lse, sink_log2[0], sink_log2[1]);
+      // Both warpgroups' lse are the same bits; warpgroup 0's goes out (first_col 0).
+      store_packed_output<Cfg, Cfg::kOCols>(o, lse, params, f, 0, first_position, w.head, w.batch, seqlen_q,
+                                            warpgroup * Cfg::kOCols);
+      continue;
+    }
     const float sink_log2 = params.sinks != nullptr ? params.sinks[w.head * params.sinks_stride] * static_cast<float>(kLog2e)
                                                   : -INFINITY;
     softmax.finalize(o, lse, sink_log2);
     // Both warpgroups' lse are the same bits; warpgroup 0's goes out (first_col 0).
-    store_output<Cfg, Cfg::kOCols>(o, lse, params, f, 0, w.m_block, w.head, w.batch, 0, seqlen_q,
-                                   warpgroup * Cfg::kOCols);
+    store_output<Cfg, Cfg::kOCols>(o, lse, params, f, 0, w.m_block, w.head, w.batch, Cfg::kVarlen ? w.q_offset : 0,
+                                   seqlen_q, warpgroup * Cfg::kOCols);
   }
 }
 

@@ -1,11 +1,13 @@
 // The decode plan's pieces (hopper/decode/decode_plan.hpp) against brute force: GQA packing
 // visits every (position, head) once in position-major order; splits cover every key block
 // once, in order, evenly; batch-invariant splits depend on the sequence's length alone; the
-// default split count stays in its bounds; paged rows follow the block table.
+// default split count stays in its bounds; paged rows follow the block table; the 64-row tiles
+// of the 512 kernel pack every row once; the split combine reads each partial-state column once.
 #include <random>
 #include <vector>
 
 #include "harness.hpp"
+#include "hopper/decode/combine_slices.hpp"
 #include "hopper/decode/decode_plan.hpp"
 
 using namespace warpattn::detail;
@@ -90,4 +92,74 @@ TEST(default_splits_stay_in_bounds) {
   CHECK(default_splits(8, 32, 132) == 16);   // B = 1: capped by two blocks a split
   CHECK(default_splits(512, 32, 132) == 1);  // B = 64: the tiles fill the card
   CHECK(default_splits(140, 32, 132) == 4);  // a second round of 8 tiles: 560 pieces in 5 rounds of 8 + 1
+}
+
+// The 512 kernel's tiles are 64 rows (kvcache_block_m), both consumer warpgroups on them: GQA
+// packing at 64 rows as at 128 covers every (position, query head) of a sequence once over the
+// tiles (block of positions, chunk of heads), each tile within its rows.
+TEST(kvcache_tiles_pack_every_row_once_at_64_and_128_rows) {
+  CHECK(kvcache_block_m(64) == 128 && kvcache_block_m(128) == 128 && kvcache_block_m(256) == 128);
+  CHECK(kvcache_block_m(512) == 64);
+  for (int block_m : {64, 128})
+    for (int group : {1, 2, 3, 4, 6, 8, 12, 16, 32, 40, 64, 96, 128, 160, 200})
+      for (int sq : {1, 2, 5, 17, 130}) {
+        const GqaPacking p = gqa_packing(group, block_m);
+        CHECK(p.heads >= 1 && group % p.heads == 0 && p.heads * p.positions <= block_m && p.positions >= 1)
+            << block_m << " " << group;
+        const int m_blocks = (sq + p.positions - 1) / p.positions, chunks = group / p.heads;
+        std::vector<int> seen(sq * group, 0);
+        for (int m = 0; m < m_blocks; ++m)
+          for (int c = 0; c < chunks; ++c)
+            for (int row = 0; row < block_m; ++row) {  // epilogue.cuh's packed_row_place
+              const PackedRow pr = packed_row(row, p.heads);
+              const int position = m * p.positions + pr.position, head = c * p.heads + pr.head_in_group;
+              if (pr.position >= p.positions || position >= sq) continue;  // not stored
+              ++seen[position * group + head];
+            }
+        for (int v : seen) CHECK(v == 1) << "block_m " << block_m << " group " << group << " sq " << sq;
+      }
+}
+
+// ---- The split combine's CTAs (combine_slices.hpp) against the consumers' partial states:
+// warpgroup w stores part w of a slot, o_cols columns of its rows (its own 64 rows, or where the
+// warpgroups share the rows, d = 512, columns [w o_cols, (w + 1) o_cols) of rows 0-63). Every
+// (row group, column) of the head dim is read once, from the part that holds it, at the float4
+// group that holds it, and the slice's columns (where it stores) are those columns.
+TEST(combine_slices_read_each_column_of_each_part_once) {
+  struct Kernel {
+    int head_dim, o_cols, warpgroups;
+    bool shared_rows;
+  };
+  for (const Kernel k : {Kernel{64, 64, 2, false}, Kernel{128, 128, 2, false}, Kernel{256, 256, 2, false},
+                         Kernel{512, 256, 2, true}}) {
+    const int row_groups = combine_row_groups(k.warpgroups, k.shared_rows);
+    CHECK(row_groups == (k.shared_rows ? 1 : k.warpgroups)) << k.head_dim;
+    const int slices = k.head_dim / kCombineSliceCols;
+    // (rows warpgroup, head-dim column) -> reads; and each part's float4 groups -> reads
+    std::vector<int> column_reads(k.warpgroups * k.head_dim, 0), group_reads(k.warpgroups * (k.o_cols / 8), 0);
+    for (int y = 0; y < row_groups; ++y)
+      for (int slice = 0; slice < slices; ++slice) {
+        const CombineSlice cs = combine_slice(y, slice, k.o_cols, k.shared_rows);
+        CHECK(cs.part >= 0 && cs.part < k.warpgroups) << k.head_dim << " " << y << " " << slice;
+        CHECK(cs.rows_warpgroup == (k.shared_rows ? 0 : y)) << k.head_dim << " " << y << " " << slice;
+        if (!k.shared_rows) {
+          CHECK(cs.part == y) << "a warpgroup's rows are in its own part";
+        }
+        for (int g = 0; g < kCombineSliceCols / 8; ++g) {
+          const int group = cs.first_group + g;
+          CHECK(group >= 0 && group < k.o_cols / 8) << k.head_dim << " " << slice << " " << g;
+          ++group_reads[cs.part * (k.o_cols / 8) + group];
+          // The part's group holds head-dim columns part x o_cols + 8 group .. + 7 where the rows
+          // are shared (part w: warpgroup w's columns), 8 group .. otherwise; the CTA stores
+          // them at slice x 32 + 8 g.
+          const int column = (k.shared_rows ? cs.part * k.o_cols : 0) + 8 * group;
+          CHECK(column == slice * kCombineSliceCols + 8 * g) << k.head_dim << " " << slice << " " << g;
+          for (int c = 0; c < 8; ++c) ++column_reads[cs.rows_warpgroup * k.head_dim + column + c];
+        }
+      }
+    for (int w = 0; w < k.warpgroups; ++w)
+      for (int c = 0; c < k.head_dim; ++c)
+        CHECK(column_reads[w * k.head_dim + c] == (k.shared_rows && w > 0 ? 0 : 1)) << k.head_dim << " " << w << " " << c;
+    for (int v : group_reads) CHECK(v == 1) << k.head_dim;
+  }
 }

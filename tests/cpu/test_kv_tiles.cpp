@@ -124,7 +124,7 @@ TEST(band_tiles_match_brute_force) {
   using warpattn::detail::sees_few_keys;
   const int seqlens[] = {1, 17, 128, 129, 300, 513};
   const int sides[] = {0, 1, 63, 200, kUnbounded};
-  const int tiles[][2] = {{128, 128}, {128, 80}, {192, 112}};
+  const int tiles[][2] = {{128, 128}, {128, 80}, {192, 112}, {80, 128}};  // {80, 128}: the 80-row backward's
   int bad = 0, checked = 0;
   for (auto& t : tiles)
     for (int sq : seqlens)
@@ -282,7 +282,7 @@ TEST(backward_key_block_work_matches_brute_force) {
   using warpattn::detail::last_key_block;
   using warpattn::detail::query_block_range;
   int bad = 0, configs = 0;
-  for (int block_m : {64, 128})
+  for (int block_m : {64, 80, 128})
     for (bool causal : {false, true})
       for (int sq : {1, 63, 64, 65, 200, 383, 700})
         for (int sk : {1, 100, 128, 129, 300, 900}) {
@@ -325,7 +325,7 @@ TEST(backward_key_block_work_matches_brute_force_with_windows) {
   using warpattn::detail::last_key_block;
   using warpattn::detail::query_block_range;
   int bad = 0, configs = 0;
-  for (int block_m : {64, 128})
+  for (int block_m : {64, 80, 128})
     for (int left : {0, 50, 300, kUnbounded})
       for (int right : {0, 7, 200, kUnbounded})
         for (int sq : {1, 65, 200, 700})

@@ -117,7 +117,7 @@ TEST(kvcache_valid_calls) {
         }
   // GQA ratios (MQA included, and MHA), float16, head dims compiled and padded
   for (int64_t hkv : {1, 2, 4, 8})
-    for (int64_t d : {64, 128, 256, 72, 8, 200})
+    for (int64_t d : {64, 128, 256, 72, 8, 200, 264, 384, 504, 512})
       for (bool paged : {false, true})
         for (DType dt : {DType::bf16, DType::f16}) {
           Spec s;
@@ -215,14 +215,18 @@ TEST(kvcache_call_sizes_dense) {
   const warpattn::detail::KvCacheCall over = validated(make_call(s));
   CHECK(over.appended == 600 && over.work.appended == 512) << over.appended << " " << over.work.appended;
 
-  // Head dims: the padded ones run in the next compiled one up
-  for (int64_t d : {64, 72, 128, 200, 256}) {
-    Spec h;
-    h.head_dim = d;
-    const warpattn::detail::KvCacheCall r = validated(make_call(h));
-    CHECK(r.problem.head_dim == d) << d;
-    CHECK(r.problem.kernel_dim() == (d <= 64 ? 64 : d <= 128 ? 128 : 256)) << d << " " << r.problem.kernel_dim();
-  }
+  // Head dims: the padded ones run in the next compiled one up (above 256: the 512 kernel), with
+  // and without an append
+  for (int64_t d : {64, 72, 128, 200, 256, 264, 384, 504, 512})
+    for (int64_t s_new : {0, 3}) {
+      Spec h;
+      h.head_dim = d, h.s_new = s_new;
+      const warpattn::detail::KvCacheCall r = validated(make_call(h));
+      CHECK(r.problem.head_dim == d) << d;
+      CHECK(r.problem.kernel_dim() == (d <= 64 ? 64 : d <= 128 ? 128 : d <= 256 ? 256 : 512))
+          << d << " " << r.problem.kernel_dim();
+      CHECK(r.appended == s_new) << d;
+    }
 }
 
 TEST(kvcache_call_sizes_paged) {
@@ -549,7 +553,11 @@ TEST(kvcache_options_rules) {
   EXPECT_REJECTED(c, "out", "expected shape (3, 4, 8, 128) (same as q)");
   c = make_call();
   c.q.shape[3] = 100, c.q.stride[2] = 104, c.q.stride[1] = 8 * 104, c.q.stride[0] = 4 * 8 * 104;
-  EXPECT_REJECTED(c, "q", "head_dim (shape[3]) must be a multiple of 8 from 8 to 256", "got 100");
+  EXPECT_REJECTED(c, "q", "head_dim (shape[3]) must be a multiple of 8 from 8 to 512", "got 100");
+  // Past 512: the message names the range
+  Spec wide;
+  wide.head_dim = 520;
+  EXPECT_REJECTED(make_call(wide), "q", "head_dim (shape[3]) must be a multiple of 8 from 8 to 512", "got 520");
 }
 
 TEST(kvcache_plan_tiles_within_2_31) {
@@ -589,6 +597,32 @@ TEST(kvcache_plan_tiles_within_2_31) {
   // 2^15 - 1 heads (strides as before: padded heads, still valid), as many KV heads
   c.q.shape[2] = c.out.shape[2] = c.cache.k_cache.shape[2] = c.cache.v_cache.shape[2] = (1 << 15) - 1;
   EXPECT_ACCEPTED(c, "2^31 - 2^16 tiles");
+}
+
+TEST(kvcache_plan_tiles_within_2_31_at_512) {
+  // The 512 kernel's tiles are 64 rows (kvcache_block_m): 2^15 x 2^15 x ceil(65 / 64) = 2^31,
+  // where 128-row tiles take 65 rows in one. Slots of 2^47 bytes (q spans 65 x 2^40).
+  const uintptr_t slot = uintptr_t(1) << 47;
+  Call c;
+  c.q = view(1 * slot, DType::bf16, {1 << 15, 65, 1 << 15, 512});
+  c.out = view(2 * slot, DType::bf16, {1 << 15, 65, 1 << 15, 512});
+  c.cache.k_cache = view(3 * slot, DType::bf16, {4, 16, 1 << 15, 512});
+  c.cache.v_cache = view(3 * slot + 0x10000000, DType::bf16, {4, 16, 1 << 15, 512});
+  c.cache.block_table = view(3 * slot + 0x20000000, DType::s32, {1 << 15, 1});
+  EXPECT_REJECTED(c, "q", "batch x heads / 1 x ceil(seqlen_q / 64) = 2147483648", "must be less than 2^31");
+  // 64 query rows: one block each, 2^30 tiles
+  c.q = view(1 * slot, DType::bf16, {1 << 15, 64, 1 << 15, 512});
+  c.out = view(2 * slot, DType::bf16, {1 << 15, 64, 1 << 15, 512});
+  EXPECT_ACCEPTED(c, "2^30 tiles at 512");
+  // MQA packs 64 query heads per tile at 512 (128 below): 2^15 x 129 x 2^9 = 2^24 x 129 > 2^31
+  c.q = view(1 * slot, DType::bf16, {1 << 15, 129, 1 << 15, 512});
+  c.out = view(2 * slot, DType::bf16, {1 << 15, 129, 1 << 15, 512});
+  c.cache.k_cache = view(3 * slot, DType::bf16, {4, 16, 1, 512});
+  c.cache.v_cache = view(3 * slot + 0x10000000, DType::bf16, {4, 16, 1, 512});
+  EXPECT_REJECTED(c, "q", "batch x heads / 64 x ceil(seqlen_q / 1) = 2164260864", "must be less than 2^31");
+  // 2^14 sequences: 2^23 x 129 tiles
+  c.q.shape[0] = c.out.shape[0] = c.cache.block_table->shape[0] = 1 << 14;
+  EXPECT_ACCEPTED(c, "MQA, 64 heads a tile");
 }
 
 // ---- 3. where each cached key is loaded from

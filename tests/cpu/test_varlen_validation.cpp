@@ -78,7 +78,7 @@ TEST(varlen_tensor_rules_in_the_callers_numbering) {
   EXPECT_REJECTED(c, "lse", "expected rank 2 (heads, total_q)");
   c = make_call();
   c.q.shape[2] = 100, c.q.stride[1] = 104, c.q.stride[0] = 8 * 104;  // rows padded to 16 bytes
-  EXPECT_REJECTED(c, "q", "head_dim (shape[2]) must be a multiple of 8 from 8 to 256", "got 100");
+  EXPECT_REJECTED(c, "q", "head_dim (shape[2]) must be a multiple of 8 from 8 to 512", "got 100");
   c = make_call();
   c.v.shape[0] = 499;
   EXPECT_REJECTED(c, "v", "expected shape (500, 2, 128)", "got (499, 2, 128)");
@@ -229,17 +229,27 @@ TEST(varlen_padded_head_dims) {
     for (TensorView* t : {&b.f.q, &b.f.k, &b.f.v, &b.f.out, &b.dout, &b.dq, &b.dk, &b.dv}) set_head_dim(*t, d);
     CHECK(!backward_error_of(b)) << "d=" << d << ": " << *backward_error_of(b);
   }
-  for (int64_t d : {100, 4, 264}) {
+  // Above 256 the packed forward goes to 512 as the dense one does (the 512 kernel); not the backward.
+  for (int64_t d : {264, 384, 512}) {
+    Call c = make_call();
+    for (TensorView* t : {&c.q, &c.k, &c.v, &c.out}) set_head_dim(*t, d);
+    CHECK(!error_of(c)) << "d=" << d << ": " << *error_of(c);
+  }
+  for (int64_t d : {100, 4, 520}) {
     Call c = make_call();
     for (TensorView* t : {&c.q, &c.k, &c.v, &c.out}) set_head_dim(*t, d);
     // 100 and 4 leave rows of 200 and 8 bytes: the head dim rule must come first regardless
     const std::string got = "got " + std::to_string(d);
-    EXPECT_REJECTED(c, "q", "head_dim (shape[2]) must be a multiple of 8 from 8 to 256", got.c_str());
-    // 264 runs in the dense forward only, and the message says so
-    if (d == 264) EXPECT_REJECTED(c, "q", "(head dims above 256: the dense forward only)");
+    EXPECT_REJECTED(c, "q", "head_dim (shape[2]) must be a multiple of 8 from 8 to 512", got.c_str());
+  }
+  for (int64_t d : {100, 4, 264}) {
+    // the backward stops at 256, and says that above it is the forward's only
     BackwardCall b = make_backward_call();
     for (TensorView* t : {&b.f.q, &b.f.k, &b.f.v, &b.f.out, &b.dout, &b.dq, &b.dk, &b.dv}) set_head_dim(*t, d);
     expect_backward_rejected(b, "q", "must be a multiple of 8 from 8 to 256", __LINE__);
+    if (d == 264)
+      expect_backward_rejected(b, "q", "(head dims above 256: the 16-bit forward only, dense, packed or over KV caches)",
+                               __LINE__);
   }
   // The backward's softcap at every head dim (at 8 to 64 in the 128 kernel).
   for (int64_t d : {32, 64, 80}) {

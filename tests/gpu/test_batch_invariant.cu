@@ -1,7 +1,7 @@
 // Issue 18 on the dense entries: in the batch-invariant mode a sequence's bits (out and lse; dq,
 // dk and dv) are the same alone (batch 1) and as any element of batches of 2..64 others of the
-// same lengths, FP16 and BF16, d 64/128/256, causal and not, the 16-bit forward, FP8 (E4M3 and
-// INT8 Q/K) and the backward. Without a mask the default forward splits the last wave's key
+// same lengths, FP16 and BF16, d 64/128/256, causal and not, the 16-bit forward (also at d = 512
+// and MLA's 192/128, their own kernels), FP8 (E4M3 and INT8 Q/K) and the backward. Without a mask the default forward splits the last wave's key
 // ranges over the SMs by the batch's tile count, so its bits move with the batch (counted and
 // printed: the cases can tell the modes apart); the batch-invariant mode must never differ.
 // Packed batches: gpu_varlen's batch_invariant_packed; KV caches: gpu_kvcache's.
@@ -21,14 +21,14 @@ namespace {
 
 constexpr int64_t kHeadsQ = 8, kHeadsKv = 2;  // GQA: each KV head serves 4 query heads
 
-// A (B, S, H, d) problem whose element `pos` holds the data of the same problem at B = 1 (from
-// own_seed); the other elements are random from `seed`.
+// A (B, S, H, d) problem (v's head dim dv, d when 0) whose element `pos` holds the data of the
+// same problem at B = 1 (from own_seed); the other elements are random from `seed`.
 struct Batch {
   int64_t B, S, d;
   DeviceTensor q, k, v;
-  Batch(DType dt, int64_t B_, int64_t pos, int64_t S_, int64_t d_, uint64_t seed, uint64_t own_seed)
+  Batch(DType dt, int64_t B_, int64_t pos, int64_t S_, int64_t d_, uint64_t seed, uint64_t own_seed, int64_t dv = 0)
       : B(B_), S(S_), d(d_), q(dt, B_, S_, kHeadsQ, d_, false), k(dt, B_, S_, kHeadsKv, d_, false),
-        v(dt, B_, S_, kHeadsKv, d_, false) {
+        v(dt, B_, S_, kHeadsKv, dv ? dv : d_, false) {
     q.fill_normal(seed), k.fill_normal(seed + 1), v.fill_normal(seed + 2);
     place(q, pos, own_seed), place(k, pos, own_seed + 1), place(v, pos, own_seed + 2);
   }
@@ -76,9 +76,9 @@ warpattn::TensorView lse_view(const DeviceBuffer& lse, int64_t B, int64_t S) {
 }
 
 Bits forward_bits(DType dt, int64_t B, int64_t pos, int64_t S, int64_t d, bool causal, bool invariant, uint64_t seed,
-                  uint64_t own_seed) {
-  Batch b(dt, B, pos, S, d, seed, own_seed);
-  DeviceTensor out(dt, B, S, kHeadsQ, d, false);
+                  uint64_t own_seed, int64_t dv = 0) {
+  Batch b(dt, B, pos, S, d, seed, own_seed, dv);
+  DeviceTensor out(dt, B, S, kHeadsQ, dv ? dv : d, false);
   out.poison();
   DeviceBuffer lse(B * kHeadsQ * S * 4);
   warpattn::ForwardOptions o;
@@ -137,22 +137,25 @@ TEST(dense_forward_batch_invariant) {
   REQUIRE_HOPPER();
   const uint64_t seed = gpu_test::fresh_seed();
   const int64_t S = 1000;  // 8 query blocks a head: the batch's tile count decides the default's split
+  // (q/k head dim, v's): the three 16-bit kernels, MLA's 192/128 kernel and the 512 kernel.
+  const int64_t dims[][2] = {{64, 64}, {128, 128}, {256, 256}, {192, 128}, {512, 512}};
   for (DType dt : {DType::bf16, DType::f16})
-    for (int d : {64, 128, 256})
+    for (const auto& [d, dv] : dims)
       for (bool causal : {false, true}) {
-        const Bits alone = forward_bits(dt, 1, 0, S, d, causal, true, seed, seed + 7);
+        const Bits alone = forward_bits(dt, 1, 0, S, d, causal, true, seed, seed + 7, dv);
         CHECK(alone.nans(dt) == 0) << name(dt) << " d=" << d << ": the batch of one left " << alone.nans(dt) << " NaNs";
         int checked = 0, differ = 0, default_differ = 0;
         for (int64_t B : {2, 5, 64})
           for (int64_t pos : {int64_t{0}, B / 2, B - 1}) {
             const uint64_t others = seed + 100 * B + pos;
-            differ += !(forward_bits(dt, B, pos, S, d, causal, true, others, seed + 7) == alone);
-            default_differ += !(forward_bits(dt, B, pos, S, d, causal, false, others, seed + 7) == alone);
+            differ += !(forward_bits(dt, B, pos, S, d, causal, true, others, seed + 7, dv) == alone);
+            default_differ += !(forward_bits(dt, B, pos, S, d, causal, false, others, seed + 7, dv) == alone);
             ++checked;
           }
-        printf("    %s d=%d %s: %d of %d batches differ from the sequence alone (default mode: %d)\n", name(dt), d,
-               causal ? "causal" : "full", differ, checked, default_differ);
-        CHECK(differ == 0) << name(dt) << " d=" << d << (causal ? " causal" : " full") << ": batch-invariant out/lse differ in "
+        printf("    %s d=%lld/%lld %s: %d of %d batches differ from the sequence alone (default mode: %d)\n", name(dt),
+               static_cast<long long>(d), static_cast<long long>(dv), causal ? "causal" : "full", differ, checked,
+               default_differ);
+        CHECK(differ == 0) << name(dt) << " d=" << d << "/" << dv << (causal ? " causal" : " full") << ": batch-invariant out/lse differ in "
                            << differ << " of " << checked << " batches, seed " << seed;
       }
 }

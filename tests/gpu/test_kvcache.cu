@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdio>
+#include <initializer_list>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -506,25 +507,24 @@ void run_dense_matrix(DType dtype, int head_dim) {
 }
 
 // ---- 2. Paged caches: the page sizes, random tables, dtypes and head dims (a padded one).
-void run_paged(int page_size) {
+struct PagedShape {
+  DType dtype;
+  int head_dim;
+  bool causal;
+  int64_t sq;
+};
+
+// Each shape over pages of page_size with about `keys` keys of capacity a sequence, random
+// tables, GQA ratios and lengths.
+template <size_t N>
+void run_paged_shapes(int page_size, const PagedShape (&shapes)[N], int keys) {
   REQUIRE_HOPPER();
   std::mt19937_64 rng(parameter_seed());
-  struct Shape {
-    DType dtype;
-    int head_dim;
-    bool causal;
-    int64_t sq;
-  };
-  const Shape shapes[] = {{DType::bf16, 128, true, 1},
-                          {DType::f16, 64, false, 17},
-                          {DType::bf16, 256, true, 130},
-                          {DType::f16, 80, true, 3},
-                          {DType::bf16, 64, false, 1}};
-  for (const Shape& s : shapes) {
+  for (const PagedShape& s : shapes) {
     Case c;
     c.dtype = s.dtype, c.head_dim = s.head_dim, c.causal = s.causal, c.seqlen_q = s.sq;
     c.page_size = page_size;
-    c.max_pages = std::max(2, 768 / page_size) + static_cast<int>(rng() % 3);
+    c.max_pages = std::max(2, keys / page_size) + static_cast<int>(rng() % 3);
     c.spare_pages = 1 + static_cast<int>(rng() % 4);
     const int ratios[5] = {1, 4, 8, 3, 16};
     c.heads_kv = 1 + static_cast<int64_t>(rng() % 2);
@@ -534,6 +534,64 @@ void run_paged(int page_size) {
     c.with_lse = rng() % 4 != 0;
     check_case(c);
   }
+}
+
+// Each (query heads, KV heads) group at 1, 5 and 130 new rows, causal and sinks at random, the
+// head dim from head_dim(rng): the GQA packing's rows against the reference.
+template <size_t N, class HeadDim>
+void run_gqa_packing(const int64_t (&groups)[N][2], HeadDim head_dim) {
+  REQUIRE_HOPPER();
+  std::mt19937_64 rng(parameter_seed());
+  for (const auto& g : groups)
+    for (int64_t sq : {1, 5, 130}) {
+      Case c;
+      c.heads_q = g[0], c.heads_kv = g[1];
+      c.seqlen_q = sq;
+      c.causal = rng() % 2 == 0;
+      c.sinks = rng() % 2 == 0;
+      c.head_dim = head_dim(rng);
+      c.dtype = rng() % 2 ? DType::f16 : DType::bf16;
+      c.s_cache = 300;
+      c.cache_seqlens = random_lengths(1 + static_cast<int>(rng() % 3), c.s_cache, rng);
+      c.with_lse = true;
+      check_case(c);
+    }
+}
+
+// Each forced split count (1: no combine; past a tile's key tiles: empty pieces) on its own case:
+// dense or paged (counts 3 mod 4), causal (odd), sinks (multiples of 3), new rows at 2, the head
+// dim `dim` (at 33 splits `dim33`); one cache full so that every piece has keys.
+template <size_t N>
+void run_forced_splits(const int (&counts)[N], int dim, int dim33, std::mt19937_64& rng) {
+  for (int splits : counts) {
+    Case c;
+    c.num_splits = splits;
+    c.causal = splits % 2 == 1;
+    c.sinks = splits % 3 == 0;
+    c.seqlen_q = splits == 7 ? 20 : (splits == 5 ? 3 : 1);
+    c.heads_q = 16, c.heads_kv = 4;
+    c.head_dim = splits == 33 ? dim33 : dim;
+    c.dtype = splits % 2 ? DType::bf16 : DType::f16;
+    if (splits % 4 == 3) {
+      c.page_size = 64, c.max_pages = 40;
+    } else {
+      c.s_cache = 2600;
+    }
+    c.cache_seqlens = random_lengths(1 + static_cast<int>(rng() % 4), capacity(c), rng);
+    c.cache_seqlens[0] = static_cast<int>(capacity(c));  // one full cache: every piece has keys
+    c.s_new = splits == 2 ? 1 : 0;
+    c.with_lse = true;
+    check_case(c);
+  }
+}
+
+void run_paged(int page_size) {
+  const PagedShape shapes[] = {{DType::bf16, 128, true, 1},
+                               {DType::f16, 64, false, 17},
+                               {DType::bf16, 256, true, 130},
+                               {DType::f16, 80, true, 3},
+                               {DType::bf16, 64, false, 1}};
+  run_paged_shapes(page_size, shapes, 768);
 }
 
 // ---- 3. Appends (S_new 1 and 4), lengths that fill the capacity exactly and overflow it.
@@ -574,6 +632,108 @@ TEST(kvcache_dense_f16_d64) { run_dense_matrix(DType::f16, 64); }
 TEST(kvcache_dense_f16_d128) { run_dense_matrix(DType::f16, 128); }
 TEST(kvcache_dense_f16_d256) { run_dense_matrix(DType::f16, 256); }
 TEST(kvcache_dense_f16_d80) { run_dense_matrix(DType::f16, 80); }
+
+// ---- Head dim 512 and the padded dims 264..504 that run in its kernel (split_head_dim.cuh's
+// consumer over KV caches: 64-row tiles of packed rows that both consumer warpgroups share, each
+// half of the head dim; 64-key tiles of 8 panels; the split combine's CTAs from the state part
+// that holds their columns, combine_slices.hpp). Not yet run on the H200 when written.
+TEST(kvcache_dense_bf16_d512) { run_dense_matrix(DType::bf16, 512); }
+TEST(kvcache_dense_f16_d512) { run_dense_matrix(DType::f16, 512); }
+TEST(kvcache_dense_bf16_d384) { run_dense_matrix(DType::bf16, 384); }
+TEST(kvcache_dense_f16_d264) { run_dense_matrix(DType::f16, 264); }
+
+// Paged at 512: boxes of 1 key (64 a tile, four issuers), 16 (pages of 48), 64 (one a tile) from
+// pages of 1, 48, 64 and 256; GQA ratios as the dense matrix's; a padded dim (384, 264).
+static void run_paged_512(int page_size) {
+  const PagedShape shapes[] = {{DType::bf16, 512, true, 1},
+                               {DType::f16, 512, false, 17},
+                               {DType::bf16, 384, true, 130},
+                               {DType::f16, 264, false, 3}};
+  run_paged_shapes(page_size, shapes, 600);
+}
+TEST(kvcache_d512_paged_ps1) { run_paged_512(1); }
+TEST(kvcache_d512_paged_ps48) { run_paged_512(48); }
+TEST(kvcache_d512_paged_ps64) { run_paged_512(64); }
+TEST(kvcache_d512_paged_ps256) { run_paged_512(256); }
+
+// Appends at 512 (a row is 64 pieces of 16 bytes: two a lane of append_kv's warp) and 264 (33),
+// dense and paged, lengths at and across the capacity.
+TEST(kvcache_d512_append) {
+  REQUIRE_HOPPER();
+  std::mt19937_64 rng(parameter_seed());
+  for (int64_t s_new : {1, 4}) {
+    check_case(append_case(DType::bf16, 512, s_new, s_new, true, 0, rng));
+    check_case(append_case(DType::f16, 264, s_new, s_new, true, 0, rng));
+    check_case(append_case(DType::bf16, 512, s_new, 3, false, 0, rng));  // Sq != S_new, not causal
+    for (int page_size : {1, 16, 64, 256}) {
+      check_case(append_case(DType::bf16, 512, s_new, s_new, true, page_size, rng));
+      check_case(append_case(DType::f16, page_size == 16 ? 264 : 384, s_new, 1, page_size != 64, page_size, rng));
+    }
+  }
+}
+
+// Split keys at 512: forced counts from 1 (no combine) to 128 (most pieces empty), dense and
+// paged, causal and not, with sinks; each piece's two warpgroups leave their column halves.
+TEST(kvcache_d512_forced_splits) {
+  REQUIRE_HOPPER();
+  std::mt19937_64 rng(parameter_seed());
+  const int splits[] = {1, 2, 3, 5, 7, 33, 128};
+  run_forced_splits(splits, 512, 384, rng);
+  // The default split choice on a decode shape (B x Hkv well under the SMs: split)
+  for (int b : {1, 3}) {
+    Case c;
+    c.head_dim = 512;
+    c.heads_q = 32, c.heads_kv = 8, c.seqlen_q = 1, c.s_cache = 4096;
+    c.cache_seqlens = random_lengths(b, c.s_cache, rng);
+    c.cache_seqlens[0] = 4096;
+    check_case(c);
+  }
+}
+
+// GQA packing into 64 rows (gqa_packing(group, 64)): unpacked (1), whole groups (4, 32, 64),
+// groups not filling the tile (3: 21 positions x 3 heads = 63 rows), one position a tile (64
+// heads on one KV head), a group larger than the tile (160 heads: chunks of 40); sinks per row's
+// own head, causal positions over packed rows.
+TEST(kvcache_d512_gqa_packing_shapes) {
+  const int64_t groups[][2] = {{4, 4}, {8, 2}, {64, 2}, {6, 2}, {64, 1}, {160, 1}};
+  run_gqa_packing(groups, [](std::mt19937_64& rng) { return rng() % 3 ? 512 : 384; });
+}
+
+// Windows and sinks at 512, dense and paged (the masks' packed rows: ConsumerTile's row0/row1
+// with the shared rows).
+TEST(kvcache_d512_window_and_sinks) {
+  REQUIRE_HOPPER();
+  std::mt19937_64 rng(parameter_seed());
+  struct Spec {
+    int left, right;
+    bool causal, sinks;
+    int64_t sq;
+  };
+  const Spec specs[] = {{16, -1, false, false, 1}, {64, 0, true, false, 17}, {100, 7, false, true, 130},
+                        {-1, -1, true, true, 3},   {5, -1, true, false, 130}};
+  int i = 0;
+  for (const Spec& s : specs) {
+    Case c;
+    c.dtype = i % 2 ? DType::f16 : DType::bf16;
+    c.head_dim = i == 3 ? 264 : 512;
+    c.window_left = s.left, c.window_right = s.right, c.causal = s.causal, c.sinks = s.sinks;
+    c.seqlen_q = s.sq;
+    c.heads_q = 8, c.heads_kv = i % 2 ? 1 : 8;
+    c.s_cache = i % 2 ? 500 : 1024;
+    c.cache_seqlens = random_lengths(1 + static_cast<int>(rng() % 5), c.s_cache, rng);
+    if (c.cache_seqlens.size() == 1) c.cache_seqlens.push_back(0);  // a sequence without keys
+    c.padded = i == 2;
+    check_case(c);
+    ++i;
+  }
+  Case c;
+  c.head_dim = 512;
+  c.page_size = 16, c.max_pages = 32;
+  c.s_new = 4, c.seqlen_q = 4, c.causal = true, c.window_left = 40, c.window_right = 0, c.sinks = true;
+  c.heads_q = 8, c.heads_kv = 2;
+  c.cache_seqlens = random_lengths(4, capacity(c), rng);
+  check_case(c);
+}
 
 // Pages of any size: one key (SGLang's), three (boxes of one row and pages that are not a power
 // of two), eight (a box a swizzle atom) and 48 (boxes of 16, pages of three of them).
@@ -694,26 +854,8 @@ TEST(kvcache_dense_and_paged_agree) {
 TEST(kvcache_forced_splits) {
   REQUIRE_HOPPER();
   std::mt19937_64 rng(parameter_seed());
-  for (int splits : {1, 2, 3, 7, 33, 128}) {
-    Case c;
-    c.num_splits = splits;
-    c.causal = splits % 2 == 1;
-    c.sinks = splits % 3 == 0;
-    c.seqlen_q = splits == 7 ? 20 : 1;
-    c.heads_q = 16, c.heads_kv = 4;
-    c.head_dim = splits == 33 ? 256 : 128;
-    c.dtype = splits % 2 ? DType::bf16 : DType::f16;
-    if (splits % 4 == 3) {
-      c.page_size = 64, c.max_pages = 40;
-    } else {
-      c.s_cache = 2600;
-    }
-    c.cache_seqlens = random_lengths(1 + static_cast<int>(rng() % 4), capacity(c), rng);
-    c.cache_seqlens[0] = static_cast<int>(capacity(c));  // one full cache: every piece has keys
-    c.s_new = splits == 2 ? 1 : 0;
-    c.with_lse = true;
-    check_case(c);
-  }
+  const int splits[] = {1, 2, 3, 7, 33, 128};
+  run_forced_splits(splits, 128, 256, rng);
 }
 
 // The default split choice on decode shapes few enough tiles to split (B x Hkv well under the
@@ -737,23 +879,8 @@ TEST(kvcache_default_splits_on_decode_shapes) {
 // (160 query heads on one KV head: chunks of 80 heads, two per KV head), with sinks (a sink per
 // row's own head) and causal positions spread over packed rows (Sq 5 and 130).
 TEST(kvcache_gqa_packing_shapes) {
-  REQUIRE_HOPPER();
-  std::mt19937_64 rng(parameter_seed());
   const int64_t groups[][2] = {{12, 12}, {8, 2}, {64, 2}, {6, 2}, {12, 2}, {128, 1}, {160, 1}};
-  for (const auto& g : groups)
-    for (int64_t sq : {1, 5, 130}) {
-      Case c;
-      c.heads_q = g[0], c.heads_kv = g[1];
-      c.seqlen_q = sq;
-      c.causal = rng() % 2 == 0;
-      c.sinks = rng() % 2 == 0;
-      c.head_dim = rng() % 2 ? 64 : 128;
-      c.dtype = rng() % 2 ? DType::f16 : DType::bf16;
-      c.s_cache = 300;
-      c.cache_seqlens = random_lengths(1 + static_cast<int>(rng() % 3), c.s_cache, rng);
-      c.with_lse = true;
-      check_case(c);
-    }
+  run_gqa_packing(groups, [](std::mt19937_64& rng) { return rng() % 2 ? 64 : 128; });
 }
 
 // Table entries inside a sequence's used pages that name no page of the cache (-1): the keys
@@ -988,11 +1115,11 @@ HARNESS_MAIN()
 // (kvcache_sees_few_keys: the first block, whose first row sees one key), so 127, 128 and 129
 // keys around the first block's end are cases too. From the cache as it is, and with the step's
 // key and value appended to a cache of L - 1.
-TEST(kvcache_decode_equals_prefill_last_row) {
+static void run_decode_equals_prefill_last_row(std::initializer_list<int> dims) {
   REQUIRE_HOPPER();
   const uint64_t seed = gpu_test::fresh_seed();
   const int64_t Hq = 8, Hkv = 2;
-  for (int d : {64, 128, 256})
+  for (int d : dims)
     for (int L : {1, 37, 127, 128, 129, 256, 300, 1000, 2047, 2048, 3001}) {
       // From 2048 rows d = 64's dense prefill takes the tall tiles (112 keys to the cache's 128).
       if (d == 64 && L >= 2048) continue;
@@ -1060,6 +1187,9 @@ TEST(kvcache_decode_equals_prefill_last_row) {
       cudaFree(lse1_mem);
     }
 }
+TEST(kvcache_decode_equals_prefill_last_row) { run_decode_equals_prefill_last_row({64, 128, 256}); }
+// At 512 the prefill's 64-row blocks and the decode tile's kvcache_sees_few_keys(..., 64) agree.
+TEST(kvcache_d512_decode_equals_prefill_last_row) { run_decode_equals_prefill_last_row({512}); }
 
 // ---- Issue 18: in the batch-invariant mode a sequence's decode bits do not depend on the batch.
 // The same sequence alone (its cache exactly its length, so its launch splits only as its own
@@ -1071,12 +1201,12 @@ TEST(kvcache_decode_equals_prefill_last_row) {
 // heads, so that a sequence's 8 tiles take at most 16 chunks each (invariant_max_chunks) and
 // its 20 chunks of 2048 keys become 16 longer ones. The default mode's split count follows the
 // batch's tiles, so its bits may move there (not asserted).
-TEST(kvcache_batch_invariant_alone_and_in_batches) {
+static void run_batch_invariant_alone_and_in_batches(std::initializer_list<int> dims) {
   REQUIRE_HOPPER();
   const uint64_t seed = gpu_test::fresh_seed();
   std::mt19937_64 rng(seed);
   const int64_t Hq = 8;
-  for (int d : {64, 128, 256})
+  for (int d : dims)
     for (int L : {700, 2048, 2049, 9001, 20000, 40000}) {
       const int64_t Hkv = L == 40000 ? 8 : 2;
       const int64_t Sq = L == 20000 ? 16 : L % 2 ? 3 : 1;
@@ -1135,3 +1265,5 @@ TEST(kvcache_batch_invariant_alone_and_in_batches) {
       cudaFree(lse1_mem);
     }
 }
+TEST(kvcache_batch_invariant_alone_and_in_batches) { run_batch_invariant_alone_and_in_batches({64, 128, 256}); }
+TEST(kvcache_d512_batch_invariant_alone_and_in_batches) { run_batch_invariant_alone_and_in_batches({512}); }

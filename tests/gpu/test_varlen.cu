@@ -355,12 +355,12 @@ TEST(varlen_backward_shapes) {
     check_backward(edges, false);
   }
 }
-// Padded head dims, one run in each kernel (40 in d = 64's, 80 in 128's, 200 in 256's): the
-// ragged batch against the reference and the dense kernel (the same padded kernel, so bitwise
-// where the tiles coincide), strided at one of them.
+// Padded head dims, one run in each kernel (40 in d = 64's, 80 in 128's, 200 in 256's, 264 and
+// 384 in 512's): the ragged batch against the reference and the dense kernel (the same padded
+// kernel, so bitwise where the tiles coincide), strided at one of them.
 TEST(varlen_padded_head_dims) {
   REQUIRE_HOPPER();
-  for (int d : {40, 80, 200})
+  for (int d : {40, 80, 200, 264, 384})
     for (bool causal : {false, true}) {
       Batch c = ragged(d == 200 ? DType::f16 : DType::bf16, d, causal, gpu_test::fresh_seed());
       c.padded = d == 80;
@@ -387,6 +387,8 @@ TEST(varlen_bf16_d256) { run_matrix(DType::bf16, 256); }
 TEST(varlen_f16_d64) { run_matrix(DType::f16, 64); }
 TEST(varlen_f16_d128) { run_matrix(DType::f16, 128); }
 TEST(varlen_f16_d256) { run_matrix(DType::f16, 256); }
+TEST(varlen_bf16_d512) { run_matrix(DType::bf16, 512); }  // the forward only above 256
+TEST(varlen_f16_d512) { run_matrix(DType::f16, 512); }
 
 // GQA 8:1 and MQA, one sequence (the dense case), all-equal lengths, many short sequences.
 TEST(varlen_shapes) {
@@ -574,23 +576,24 @@ struct SequenceBits {
 };
 
 SequenceBits packed_sequence_bits(DType dt, const std::vector<int>& sq, const std::vector<int>& sk, int pos, int d, bool causal,
-                                  bool batch_invariant, uint64_t seed, uint64_t own_seed) {
+                                  bool batch_invariant, uint64_t seed, uint64_t own_seed, int dv_ = 0) {
+  const int dv = dv_ ? dv_ : d;  // v's (and out's) head dim
   const std::vector<int> cu_q = offsets(sq), cu_k = offsets(sk);
   const int B = static_cast<int>(sq.size());
   const int64_t H = 8, Hkv = 2, tq = cu_q[B], tk = cu_k[B];
   DeviceTensor q(dt, 1, tq, H, d, false), k(dt, 1, tk, Hkv, d, false),
-      v(dt, 1, tk, Hkv, d, false), out(dt, 1, tq, H, d, false);
+      v(dt, 1, tk, Hkv, dv, false), out(dt, 1, tq, H, dv, false);
   q.fill_normal(seed), k.fill_normal(seed + 1), v.fill_normal(seed + 2);
   // The chosen sequence's rows from own_seed, whatever its position.
   DeviceTensor oq(dt, 1, sq[pos], H, d, false), ok(dt, 1, sk[pos], Hkv, d, false),
-      ov(dt, 1, sk[pos], Hkv, d, false);
+      ov(dt, 1, sk[pos], Hkv, dv, false);
   oq.fill_normal(own_seed), ok.fill_normal(own_seed + 1), ov.fill_normal(own_seed + 2);
   cudaMemcpy(static_cast<uint16_t*>(q.view.data) + int64_t(cu_q[pos]) * H * d, oq.view.data, int64_t(sq[pos]) * H * d * 2,
              cudaMemcpyDeviceToDevice);
   cudaMemcpy(static_cast<uint16_t*>(k.view.data) + int64_t(cu_k[pos]) * Hkv * d, ok.view.data,
              int64_t(sk[pos]) * Hkv * d * 2, cudaMemcpyDeviceToDevice);
-  cudaMemcpy(static_cast<uint16_t*>(v.view.data) + int64_t(cu_k[pos]) * Hkv * d, ov.view.data,
-             int64_t(sk[pos]) * Hkv * d * 2, cudaMemcpyDeviceToDevice);
+  cudaMemcpy(static_cast<uint16_t*>(v.view.data) + int64_t(cu_k[pos]) * Hkv * dv, ov.view.data,
+             int64_t(sk[pos]) * Hkv * dv * 2, cudaMemcpyDeviceToDevice);
   out.poison();
   gpu_test::DeviceBuffer lse(H * tq * 4);
   warpattn::TensorView l = gpu_test::contiguous(lse.mem, DType::f32, {H, tq});
@@ -605,7 +608,7 @@ SequenceBits packed_sequence_bits(DType dt, const std::vector<int>& sq, const st
   const auto raw = out.raw();
   const auto all_lse = lse.get<float>();
   SequenceBits r;
-  r.out.assign(raw.begin() + int64_t(cu_q[pos]) * H * d, raw.begin() + int64_t(cu_q[pos + 1]) * H * d);
+  r.out.assign(raw.begin() + int64_t(cu_q[pos]) * H * dv, raw.begin() + int64_t(cu_q[pos + 1]) * H * dv);
   for (int64_t h = 0; h < H; ++h)
     r.lse.insert(r.lse.end(), all_lse.begin() + h * tq + cu_q[pos], all_lse.begin() + h * tq + cu_q[pos + 1]);
   return r;
@@ -622,11 +625,13 @@ TEST(batch_invariant_packed) {
   REQUIRE_HOPPER();
   const uint64_t seed = gpu_test::fresh_seed();
   std::mt19937_64 rng(seed);
-  // Batches of 2, 7 and 64 sequences, both dtypes, every compiled head dim.
+  // Batches of 2, 7 and 64 sequences, both dtypes, every compiled head dim (q/k, v): the three
+  // 16-bit kernels, MLA's 192/128 and the 512 kernel.
+  const int dims[][2] = {{64, 64}, {128, 128}, {256, 256}, {192, 128}, {512, 512}};
   for (DType dt : {DType::bf16, DType::f16})
-    for (int d : {64, 128, 256})
+    for (const auto& [d, dv] : dims)
       for (bool causal : {false, true}) {
-        const SequenceBits alone = packed_sequence_bits(dt, {1500}, {1700}, 0, d, causal, true, seed, seed + 7);
+        const SequenceBits alone = packed_sequence_bits(dt, {1500}, {1700}, 0, d, causal, true, seed, seed + 7, dv);
         const char* type = dt == DType::bf16 ? "bf16" : "f16";
         int checked = 0, differ = 0, default_differ = 0;
         for (int others : {1, 6, 63}) {
@@ -637,17 +642,17 @@ TEST(batch_invariant_packed) {
             std::vector<int> q_len = sq, k_len = sk;
             q_len.insert(q_len.begin() + pos, 1500), k_len.insert(k_len.begin() + pos, 1700);
             const SequenceBits in_batch =
-                packed_sequence_bits(dt, q_len, k_len, pos, d, causal, true, seed + 100 * pos, seed + 7);
+                packed_sequence_bits(dt, q_len, k_len, pos, d, causal, true, seed + 100 * pos, seed + 7, dv);
             differ += !same_bits(alone, in_batch);
             const SequenceBits by_default =
-                packed_sequence_bits(dt, q_len, k_len, pos, d, causal, false, seed + 100 * pos, seed + 7);
+                packed_sequence_bits(dt, q_len, k_len, pos, d, causal, false, seed + 100 * pos, seed + 7, dv);
             default_differ += !same_bits(alone, by_default);
             ++checked;
           }
         }
-        printf("    %s d=%d %s: %d of %d batches differ from the sequence alone (default mode: %d)\n", type, d,
+        printf("    %s d=%d/%d %s: %d of %d batches differ from the sequence alone (default mode: %d)\n", type, d, dv,
                causal ? "causal" : "full", differ, checked, default_differ);
-        CHECK(differ == 0) << type << " d=" << d << (causal ? " causal" : " full") << ": batch-invariant mode differs in "
+        CHECK(differ == 0) << type << " d=" << d << "/" << dv << (causal ? " causal" : " full") << ": batch-invariant mode differs in "
                            << differ << " of " << checked << " batches, seed " << seed;
       }
 }

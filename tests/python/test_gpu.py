@@ -925,7 +925,7 @@ def test_head_dims_above_256_have_no_gradient():
     q, k, v, dout = padded_case("wide-grad", torch.bfloat16, 512, True, 77, 77)
     q.requires_grad_(True)
     out = warpattn.flash_attn_func(q, k, v, causal=True)
-    with pytest.raises(ValueError, match=r"must be a multiple of 8 from 8 to 256 .*the dense forward only"):
+    with pytest.raises(ValueError, match=r"must be a multiple of 8 from 8 to 256 .*the 16-bit forward only"):
         out.backward(dout)
 
 

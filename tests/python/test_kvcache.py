@@ -133,6 +133,16 @@ def test_lengths_and_block_table_dtypes_and_shapes():
         call(**dict(args, block_table=[[0, 1]]))
 
 
+@pytest.mark.parametrize("d", [264, 384, 512])
+@pytest.mark.parametrize("kind", ["dense", "paged_append"])
+def test_head_dims_to_512_pass_the_rules(d, kind):
+    # Above 256 the KV-cache forward runs the 512 kernel (padded dims in it): every argument rule
+    # passes, the NumPy arrays refused only for not being on a GPU.
+    args = caches(d=d) if kind == "dense" else caches(sq=3, s_new=3, pages=6, page_size=16, d=d)
+    with pytest.raises(TypeError, match=r"^q: CUDA tensor required"):
+        call(**args)
+
+
 @pytest.mark.parametrize("page_size", [1, 5, 8, 24, 48])
 def test_any_page_size_passes_the_rules(page_size):
     # Every argument rule passes (the NumPy arrays are refused only for not being on a GPU);
@@ -147,8 +157,10 @@ def test_tensor_rules_of_the_dense_forward_apply():
         call(**dict(args, q=args["q"][0]))
     with pytest.raises(ValueError, match=r"query heads \(8\) must be a multiple of key/value heads \(3\)"):
         call(**caches(hkv=3))
-    with pytest.raises(ValueError, match=r"^q: head_dim \(shape\[3\]\) must be a multiple of 8 from 8 to 256, got 100$"):
+    with pytest.raises(ValueError, match=r"^q: head_dim \(shape\[3\]\) must be a multiple of 8 from 8 to 512, got 100$"):
         call(**caches(d=100))
+    with pytest.raises(ValueError, match=r"^q: head_dim \(shape\[3\]\) must be a multiple of 8 from 8 to 512, got 520$"):
+        call(**caches(d=520))
     with pytest.raises(ValueError, match=r"^k_cache: expected dtype float16 \(same as q\), got float32"):
         call(**dict(args, k_cache=args["k_cache"].astype(np.float32)))
     with pytest.raises(TypeError, match=r"^q: expected a float16, bfloat16 or float32 tensor"):
@@ -550,6 +562,37 @@ def test_forced_splits(page_size, num_splits, attention_reference):
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("d", [512, 384])
+@pytest.mark.parametrize("page_size", [None, 1, 16, 256])
+@pytest.mark.parametrize("num_splits", [0, 1, 3])
+@pytest.mark.parametrize("s_new", [0, 2])
+def test_head_dim_512(d, page_size, num_splits, s_new, attention_reference):
+    # Head dims above 256 in the 512 kernel (both consumer warpgroups on 64 packed rows, each half
+    # of the head dim): decode and chunked steps, dense and paged, append, split keys, GQA.
+    b, hq, hkv, capacity, dtype = 3, 16, 2, 400, torch.bfloat16 if s_new else torch.float16
+    causal = s_new > 0 or num_splits == 3
+    k_cache, v_cache, table = make_cache(b, hkv, d, dtype, capacity, page_size, seed=d + num_splits + s_new)
+    full = capacity if page_size is None else table.shape[1] * page_size
+    lens = [0, full - s_new, 130]
+    lengths = torch.tensor(lens, device="cuda", dtype=torch.int32)
+    sq = max(s_new, 1) if causal else 5
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=dtype)
+    extra = {}
+    if s_new:
+        k, v = (torch.randn(b, s_new, hkv, d, device="cuda", dtype=dtype) for _ in range(2))
+        want_k, want_v = appended(k_cache, table, k, lens), appended(v_cache, table, v, lens)
+        extra = dict(k=k, v=v)
+    out, lse = warpattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, block_table=table,
+                                                causal=causal, num_splits=num_splits, return_lse=True, **extra)
+    assert out.shape == q.shape and lse.shape == (b, hq, sq)
+    if s_new:
+        assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+    check_against_reference(q, k_cache, v_cache, table, [n + s_new for n in lens], out, lse, attention_reference,
+                            causal)
+
+
+@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [None, 5, 16, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hkv", [4, 1])
@@ -742,6 +785,9 @@ def test_decode_benchmark_sweep_and_arguments():
     assert len(full) == 3 * 5 * 3 * 1 * 3
     some = bench_decode.points(bench_decode.parse_args(["--points", "B=8", "Sq=1,4"]))
     assert some and all(p["B"] == 8 and p["Sq"] in (1, 4) for p in some)
+    wide = bench_decode.points(bench_decode.parse_args(["--quick", "--head-dim", "512"]))
+    assert len(wide) == len(quick) and all(p["d"] == 512 for p in wide)
+    assert [dict(p, d=128) for p in wide] == quick
     assert bench_decode.moved_bytes(dict(B=8, S=4096, Hq=32, Hkv=8, d=128, Sq=1)) == 2 * 8 * 4096 * 8 * 128 * 2 + 2 * 2 * 8 * 32 * 128
     assert bench_decode.parse_args(["--splits", "0,2,8"]).split_list == [0, 2, 8]
     with pytest.raises(SystemExit):

@@ -91,8 +91,8 @@ def _attend_backward(dout, q, k, v, scale, causal, **model_options):
     if capped is not None:
         ds = ds * (1 - capped * capped)
 
-    def per_kv_head(x):  # (Hq, Sk, D) summed over each group -> (Sk, Hkv, D)
-        return x.view(hkv, hq // hkv, -1, d).sum(1).transpose(0, 1)
+    def per_kv_head(x):  # (Hq, Sk, D) summed over each group -> (Sk, Hkv, D), D k's or v's
+        return x.view(hkv, hq // hkv, -1, x.shape[-1]).sum(1).transpose(0, 1)
     sinks = model_options.get("sinks")
     dsinks = None
     if sinks is not None:
@@ -133,7 +133,7 @@ class FakeKernels:
                 lse[b].copy_(l)
 
     def _sequences(self, q, k, out, lse, cu_q, cu_k, seqused_k):
-        assert q.dim() == 3 and out.shape == q.shape and (lse is None or lse.shape == (q.shape[1], q.shape[0]))
+        assert q.dim() == 3 and out.shape[:2] == q.shape[:2] and (lse is None or lse.shape == (q.shape[1], q.shape[0]))
         assert cu_q.dtype == cu_k.dtype == torch.int32 and cu_q.shape == cu_k.shape and cu_q.dim() == 1
         cq, ck = cu_q.tolist(), cu_k.tolist()
         assert cq[0] == ck[0] == 0 and cq == sorted(cq) and ck == sorted(ck)
@@ -299,10 +299,17 @@ def test_registered():
 @pytest.mark.parametrize("padding", ["none", "left", "right"])
 def test_logits(env, padding):
     device, calls = env
-    ref, warp, sdpa = models(device)
+    check_logits(device, calls, models(device), padding)
+
+
+def check_logits(device, calls, three_models, padding, seed=1):
+    """(fp32, warpattn, sdpa) models' logits on lengths_for's batch, padded on `padding`'s side or
+    not padded ("none"): warpattn's error against the fp32 model within RATIO x SDPA's, and every
+    layer through the path expected."""
+    ref, warp, sdpa = three_models
     total, lengths = lengths_for(device)
     ids, mask = padded_batch(device, lengths if padding != "none" else [total] * len(lengths), total,
-                             padding if padding != "none" else "left")
+                             padding if padding != "none" else "left", seed=seed)
     with torch.no_grad():
         want = ref(ids, attention_mask=mask).logits
         got = warp(ids, attention_mask=mask).logits
@@ -465,10 +472,10 @@ def option_models(device, config_class, impl, seed, prepare=None, **options):
     as models() sizes Llama; prepare(model) edits the fp32 model's weights before the copies
     (e.g. gpt-oss's sinks, whose init is near 0)."""
     small = device == "cpu"
-    cfg = config_class(vocab_size=512, hidden_size=256 if small else 512, intermediate_size=512 if small else 1024,
-                       num_hidden_layers=2 if small else 4, num_attention_heads=4 if small else 8,
-                       num_key_value_heads=2, max_position_embeddings=4096, initializer_range=0.05,
-                       eos_token_id=None, pad_token_id=0, **options)
+    sizes = dict(vocab_size=512, hidden_size=256 if small else 512, intermediate_size=512 if small else 1024,
+                 num_hidden_layers=2 if small else 4, num_attention_heads=4 if small else 8, num_key_value_heads=2,
+                 max_position_embeddings=4096, initializer_range=0.05, eos_token_id=None, pad_token_id=0)
+    cfg = config_class(**dict(sizes, **options))
     torch.manual_seed(seed)
     ref = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=impl).to(device).eval()
     if prepare is not None:
@@ -515,6 +522,48 @@ def gpt_oss(device):
     # not attention, would decide the comparison.
     return option_models(device, transformers.GptOssConfig, "eager", 13, prepare=_gpt_oss_sinks, head_dim=64,
                          num_local_experts=1, num_experts_per_tok=1, sliding_window=window_for(device))
+
+
+def deepseek_v3(device):
+    # MLA's shapes: q and k 192 (128 + 64 rotary) heads, v 128, passed to the attention function
+    # unpadded; dense MLP layers only (first_k_dense_replace covers every layer).
+    # (its key/value expansion makes one head per query head: no GQA)
+    return option_models(device, transformers.DeepseekV3Config, "sdpa", 14, kv_lora_rank=64, q_lora_rank=None,
+                         num_key_value_heads=4 if device == "cpu" else 8,
+                         qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, first_k_dense_replace=8,
+                         n_routed_experts=2, num_experts_per_tok=1, n_group=1, topk_group=1,
+                         moe_intermediate_size=64)
+
+
+@pytest.mark.parametrize("padding", ["none", "left"])
+def test_mla_value_head_dim_logits(env, padding):
+    """DeepSeek-V3's attention (q/k 192, v 128) through warpattn as it comes, v unpadded: logits
+    within 1.25x SDPA's error against fp32, padded or not."""
+    device, calls = env
+    check_logits(device, calls, deepseek_v3(device), padding, seed=23)
+
+
+def test_mla_value_head_dim_training_step(env):
+    """The gradients of a DeepSeek-V3-shaped model (q/k 192, v 128) within 1.25x SDPA's error."""
+    device, _ = env
+    ref, warp, sdpa = deepseek_v3(device)
+    total, lengths = lengths_for(device)
+    ids, mask = padded_batch(device, [total] * 2, total, "left", seed=24)
+    grads = []
+    for model in (ref, warp, sdpa):
+        model.train()
+        model(ids, attention_mask=mask, labels=ids).loss.backward()
+        grads.append(torch.cat([p.grad.float().reshape(-1) for p in model.parameters() if p.grad is not None]))
+    err, err_sdpa = rel_err(grads[1], grads[0]), rel_err(grads[2], grads[0])
+    assert err <= RATIO * err_sdpa, (err, err_sdpa)
+
+
+@pytest.mark.parametrize("padding", ["none", "left"])
+def test_head_dim_512_logits(env, padding):
+    """A Llama-style model at head_dim 512 (the forward only): logits without gradients, padded
+    or not, within 1.25x SDPA's error against fp32."""
+    device, calls = env
+    check_logits(device, calls, models(device, head_dim=512, seed=512), padding, seed=25)
 
 
 def _without_option(model, name):
@@ -763,13 +812,19 @@ def test_refusals(change, message):
 
 
 def test_refused_inputs():
-    # Any multiple of 8 up to 256 is supported (padded into the kernels); 100 and 264 are not.
-    for d in (100, 264):
+    # Any multiple of 8 up to 256 is supported (padded into the kernels), and up to 512 without
+    # gradients; 100 and 520 are not.
+    for d in (100, 520):
         with pytest.raises(NotImplementedError, match="head_dim %d is not supported" % d):
             wt.warpattn_attention_forward(_Module(), *_qkv(d=d), None)
+    q, k, v = _qkv(d=264)
+    with pytest.raises(NotImplementedError, match="head_dim 264 has no backward"):
+        wt.warpattn_attention_forward(_Module(), q.requires_grad_(), k, v, None)
     q, k, v = _qkv()
-    with pytest.raises(NotImplementedError, match=r"key/value head dims \(64, 32\)"):
-        wt.warpattn_attention_forward(_Module(), q, k, v[..., :32], None)
+    with pytest.raises(NotImplementedError, match="the key head dim 32 differs from the query's"):
+        wt.warpattn_attention_forward(_Module(), q, k[..., :32], v, None)
+    with pytest.raises(NotImplementedError, match="the value head dim 72 is not supported with the query's 64"):
+        wt.warpattn_attention_forward(_Module(), q, k, torch.zeros(2, 2, 8, 72, dtype=q.dtype), None)
     with pytest.raises(NotImplementedError, match="torch.float32 are not supported"):
         wt.warpattn_attention_forward(_Module(), *_qkv(dtype=torch.float32), None)
     with pytest.raises(NotImplementedError, match="or_mask_function/and_mask_function"):

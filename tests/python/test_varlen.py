@@ -121,10 +121,10 @@ def test_tensor_rules_of_the_dense_forward_apply():
     q, k, v, cu_q, cu_k = packed()
     with pytest.raises(ValueError, match=r"query heads \(8\) must be a multiple of key/value heads \(3\)"):
         call(q, np.zeros((50, 3, 64), np.float16), np.zeros((50, 3, 64), np.float16), cu_q, cu_k)
-    with pytest.raises(ValueError, match=r"^q: head_dim \(shape\[2\]\) must be a multiple of 8 from 8 to 256, got 100$"):
+    with pytest.raises(ValueError, match=r"^q: head_dim \(shape\[2\]\) must be a multiple of 8 from 8 to 512, got 100$"):
         call(*packed(d=100))
-    with pytest.raises(ValueError, match=r"must be a multiple of 8 from 8 to 256 \(head dims above 256: the dense forward only\), got 264"):
-        call(*packed(d=264))
+    with pytest.raises(ValueError, match=r"^q: head_dim \(shape\[2\]\) must be a multiple of 8 from 8 to 512, got 520$"):
+        call(*packed(d=520))
     with pytest.raises(ValueError, match=r"k: expected dtype float16 \(same as q\)"):
         call(q, k.astype(np.float32), v, cu_q, cu_k)
     with pytest.raises(ValueError, match="out: must not overlap q"):
@@ -924,9 +924,10 @@ def test_training_step_under_compile_and_graph_capture():
 
 # ------------------------------------------------------------------- padded head dims
 
-# Any multiple of 8 from 8 to 256 runs packed as dense: in the d = 64, 128 or 256 kernel with the
-# missing columns zero-filled. The smallest, one in each kernel's range, the largest below 256.
-PADDED_HEAD_DIMS = [8, 80, 96, 192, 248]
+# Any multiple of 8 from 8 to 512 runs packed as dense: in the d = 64, 128, 256 or 512 kernel with
+# the missing columns zero-filled (192: MLA's kernel). The smallest, one in each kernel's range,
+# the largest below 256, and above it (forward only) 264 and 512.
+PADDED_HEAD_DIMS = [8, 80, 96, 192, 248, 264, 512]
 # MODEL_RAGGED without its 2049-token sequence: the float64 references run on the host.
 PADDED_RAGGED = [(0, 0), (1, 1), (0, 37), (37, 0), (1, 700), (700, 1), (129, 129), (333, 1027), (1027, 333), (64, 64)]
 

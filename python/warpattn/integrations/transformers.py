@@ -37,9 +37,10 @@ Padded batches and packed sequences get the same options (each packed sequence i
 
 What warpattn does not do is refused with NotImplementedError naming it, never done by another
 implementation behind the caller's back: position biases, dropout > 0, attention weights
-(output_attentions), head dims other than warpattn.supported_head_dims, a value head dim
-different from the query's, float32 inputs outside autocast, masks other than a 2-D padding mask
-(4-D or float masks, padding masks with holes, masks overlaid with
+(output_attentions), head dims other than warpattn's (q and k: any multiple of 8 up to 256, and
+up to 512 without gradients, warpattn.forward_head_dims; v: at most q's, e.g. MLA's 192/128
+without padding v), float32 inputs outside autocast, masks other than
+a 2-D padding mask (4-D or float masks, padding masks with holes, masks overlaid with
 or_mask_function/and_mask_function).
 """
 import weakref
@@ -99,6 +100,7 @@ def warpattn_attention_forward(module, query, key, value, attention_mask, dropou
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
     kv_length = attention_mask.shape[-1] if isinstance(attention_mask, torch.Tensor) else key.shape[2]
     _refuse_what_warpattn_lacks(query, key, value, attention_mask, dropout, softcap, kwargs)
+    _refuse_head_dims(query, key, value, s_aux)
     # (batch, seq, heads, head_dim) views of the same memory: no copy.
     q, k, v = (t.transpose(1, 2) for t in _half_precision(query, key, value))
     deterministic = bool(kwargs.get("deterministic") or torch.are_deterministic_algorithms_enabled())
@@ -112,7 +114,7 @@ def warpattn_attention_forward(module, query, key, value, attention_mask, dropou
     else:
         cu_seqlens = _packed_positions(kwargs.get("position_ids"), q, k)
         if cu_seqlens is not None:
-            out = _packed_attention(q, k, v, cu_seqlens, cu_seqlens, options)
+                out = _packed_attention(q, k, v, cu_seqlens, cu_seqlens, options)
         else:
             out = warpattn.flash_attn_func(q, k, v, **options)
     return out, None
@@ -152,11 +154,6 @@ def _refuse_what_warpattn_lacks(query, key, value, mask, dropout, softcap, kwarg
         refuse("a `sinks` keyword is not understood (transformers passes attention sinks as s_aux)")
     if kwargs.get("output_attentions"):
         refuse("output_attentions=True: warpattn never forms the attention weights")
-    d = query.shape[-1]
-    if d not in warpattn.supported_head_dims:
-        refuse("head_dim %d is not supported (supported: %s)" % (d, ", ".join(map(str, warpattn.supported_head_dims))))
-    if key.shape[-1] != d or value.shape[-1] != d:
-        refuse("key/value head dims (%d, %d) differ from the query's (%d)" % (key.shape[-1], value.shape[-1], d))
     if mask is not None and not (isinstance(mask, torch.Tensor) and mask.dim() == 2
                                  and not mask.dtype.is_floating_point):
         what = type(mask).__name__
@@ -164,6 +161,27 @@ def _refuse_what_warpattn_lacks(query, key, value, mask, dropout, softcap, kwarg
             what += " with shape %s and dtype %s" % (tuple(mask.shape), mask.dtype)
         refuse("attention_mask of type %s: warpattn takes a 2-D padding mask (batch, kv_length) of booleans or "
                "0/1 only, as warpattn_mask makes; not 4-D, additive float or block masks" % what)
+
+
+def _refuse_head_dims(query, key, value, s_aux):
+    """q and k: a head dim warpattn's backward takes (multiples of 8 up to 256), or one of its
+    forward's above that (to 512, dense or packed) where no gradient is asked for; v: its own head
+    dim, at most q's (MLA's 192/128 runs as it comes)."""
+    def refuse(what):
+        raise NotImplementedError("warpattn: %s; use another attn_implementation for this model" % what)
+    d, dv = query.shape[-1], value.shape[-1]
+    if key.shape[-1] != d:
+        refuse("the key head dim %d differs from the query's (%d)" % (key.shape[-1], d))
+    if d not in warpattn.forward_head_dims:
+        refuse("head_dim %d is not supported (supported: multiples of 8 up to %d)" % (d, max(warpattn.forward_head_dims)))
+    if dv > d or dv not in warpattn.forward_head_dims:
+        refuse("the value head dim %d is not supported with the query's %d (a multiple of 8 up to it)" % (dv, d))
+    if max(d, dv) not in warpattn.backward_head_dims:
+        wants_grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (query, key, value, s_aux))
+        if wants_grad:
+            refuse("head_dim %d has no backward (warpattn's backward takes head dims up to %d): run this model "
+                   "without gradients (torch.no_grad / inference_mode)" % (d, max(warpattn.backward_head_dims)))
 
 
 def _half_precision(query, key, value):
@@ -223,7 +241,7 @@ def _padded_attention(q, k, v, mask, options):
     seqused_k = torch.stack([zeros, lengths, zeros], 1).flatten()  # the padding sequences use no key
     out = warpattn.flash_attn_varlen_func(q_packed, k_packed, v_packed, cu_q, cu_k, sq, m, seqused_k=seqused_k,
                                           **options)
-    return out.view(batch, sq, heads, d)
+    return out.view(batch, sq, heads, v.shape[-1])
 
 
 def _check_one_run(mask, start, end):
@@ -266,7 +284,7 @@ def _memo_key(t):
 
 
 def _packed_keys(k, v):
-    """(k_packed, v_packed, row): (T, Hkv, D) views of k and v (B, Sk, Hkv, D) in which batch row
+    """(k_packed, v_packed, row): (T, Hkv, D) views of k and v (B, Sk, Hkv, D; v's D its own) in which batch row
     b's keys are rows b * row ... b * row + Sk - 1. Where the batch stride is a multiple of the
     key stride (contiguous (B, Sk, H, D) gives row = Sk; a DynamicCache's (B, H, Sk, D) gives
     row = H * Sk), a strided view of the same memory, whose rows between two batch rows are other
@@ -283,8 +301,8 @@ def _packed_keys(k, v):
         # (the offsets are int32: a strided view past 2^31 rows is reshaped too; under torch.compile
         # inductor may lay intermediates out otherwise than eager, and as_strided over them read
         # wrong rows: run 106, logits 1.35 rel off with inductor, right in eager)
-        return k.reshape(batch * sk, heads, d), v.reshape(batch * sk, heads, d), sk
-    k_packed, v_packed = (torch.as_strided(t, (total, heads, d), (t.stride(1), t.stride(2), 1)) for t in (k, v))
+        return k.reshape(batch * sk, heads, d), v.reshape(batch * sk, heads, v.shape[-1]), sk
+    k_packed, v_packed = (torch.as_strided(t, (total, heads, t.shape[-1]), (t.stride(1), t.stride(2), 1)) for t in (k, v))
     return k_packed, v_packed, row
 
 
@@ -305,12 +323,12 @@ def _packed_attention(q, k, v, cu_q, cu_k, options):
     batch, sq, heads, d = q.shape
     q_packed = q.reshape(batch * sq, heads, d)
     k_packed = k.reshape(batch * k.shape[1], k.shape[2], d)
-    v_packed = v.reshape(batch * v.shape[1], v.shape[2], d)
+    v_packed = v.reshape(batch * v.shape[1], v.shape[2], v.shape[3])
     cu_q, cu_k = cu_q.to(torch.int32), cu_k.to(torch.int32)  # transformers may give int64
     # warpattn does not need the longest lengths: the packed lengths bound them, without a read.
     out = warpattn.flash_attn_varlen_func(q_packed, k_packed, v_packed, cu_q, cu_k, q_packed.shape[0],
                                           k_packed.shape[0], **options)
-    return out.view(batch, sq, heads, d)
+    return out.view(batch, sq, heads, v.shape[-1])
 
 
 def _packed_positions(position_ids, q, k):

@@ -9,6 +9,14 @@
 #pragma once
 #include <cstdint>
 
+#include "hopper/backward/backward_block_m.hpp"
+// d = 256 experiment (built, not yet measured: docs/backward-design.md): each consumer computes
+// S and dP only for its own 32 of the step's 64 queries and both store Pᵀ and dSᵀ to shared
+// memory, so that dV and dK read their A operands from there. 0: the code as it was.
+#ifndef WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES
+#define WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES 0
+#endif
+
 namespace warpattn::detail {
 
 template <class Element_, int kHeadDim_, bool kCausal_, bool kDeterministic_>
@@ -30,11 +38,25 @@ struct BackwardConfig {
   // Query rows per step. dQ's tile (kBlockM x d) is split over the two consumers in pieces of
   // 64 x 64: at d = 128 one each (the same 64 queries, columns 64·consumer..), at d = 256 two
   // each (columns 128·consumer..), at d = 64 the whole row width, so each takes 64 of kBlockM =
-  // 128 queries.
-  static constexpr int kBlockM = kHeadDim == 64 ? 128 : 64;
+  // 128 queries. d = 128 with WARPATTN_TUNE_BWD_BLOCK_M(_CAUSAL) = 80 (backward_block_m.hpp):
+  // 80 rows, not a multiple of the wgmma's M = 64, so dQ is computed transposed (kDqTransposed,
+  // FlashAttention-3's dQ_swapAB): dQᵀ = Kᵀ·dSᵀ, head dim on M (consumer c: columns 64c..),
+  // the 80 queries on N, dS stored [query][key] for it; a piece is then 64 columns x 80 rows.
+  static constexpr int kBlockM =
+      kHeadDim == 64 ? 128 : kHeadDim == 128 ? (kCausal ? kBackwardD128CausalBlockM : kBackwardD128BlockM) : 64;
+  static constexpr bool kDqTransposed = kBlockM % 64 != 0;
   static constexpr int kDqPiecesPerConsumer = kHeadDim == 256 ? 2 : 1;
-  static_assert(kBlockM / 64 * kHeadDim / 64 == kConsumerWarpgroups * kDqPiecesPerConsumer,
+  // With the head dim split, WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES: consumer c computes Sᵀ and
+  // dPᵀ for queries kSdpQueries·c .. of the step only (no GEMM done twice), stores its Pᵀ and
+  // dSᵀ columns to shared memory, and dV, dK become SS GEMMs over all kBlockM queries.
+  static constexpr bool kSplitQueries = kSplitHeadDim && WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES != 0;
+  static constexpr int kSdpQueries = kSplitQueries ? kBlockM / kConsumerWarpgroups : kBlockM;
+  static_assert(kDqTransposed ? kHeadDim == 64 * kConsumerWarpgroups && !kSplitHeadDim
+                              : kBlockM / 64 * kHeadDim / 64 == kConsumerWarpgroups * kDqPiecesPerConsumer,
                 "the consumers' dQ pieces tile the step's dQ");
+  // The workspace's row granule (a multiple of kBlockM: query blocks never span two sequences).
+  static constexpr int kRowGranule = backward_row_granule(kHeadDim);
+  static_assert(kRowGranule % kBlockM == 0 && kRowGranule % 64 == 0, "whole blocks in the padded rows");
   // Q (+ LSE) and dO (+ D) buffers; d = 256 keeps one dO buffer to fit in shared memory (dO is
   // free again after the dV GEMM, early in a step).
   static constexpr int kQStages = 2;
@@ -42,8 +64,10 @@ struct BackwardConfig {
   static constexpr int kPanels = kHeadDim / 64;  // 128-byte panels per row
   static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKTileBytes = kBlockN * kHeadDim * 2;
-  static constexpr int kDsTileBytes = kBlockN * kBlockM * 2;  // dS as [key][query], 64-query panels
-  static constexpr int kDqPieceFloats = 64 * 64;
+  // dS as [key][query], 64-query panels; transposed dQ: as [query][key], 64-key panels.
+  static constexpr int kDsTileBytes = kBlockN * kBlockM * 2;
+  static constexpr int kPtTileBytes = kSplitQueries ? kDsTileBytes : 0;  // Pᵀ, dSᵀ's layout (d = 256)
+  static constexpr int kDqPieceFloats = 64 * (kDqTransposed ? kBlockM : 64);  // a wgmma accumulator's
   // setmaxnreg: 24 + 2 x 240 = 504 per 128 threads, within the launch's 384 x 168.
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;

@@ -7,6 +7,9 @@
 //   dV += Pᵀ·dO, dK += dSᵀ·Q         RS: the accumulators, packed to 16 bits, are the A operands
 //   dQ  = dS·K                        SS from shared memory: dSᵀ stored [key][query] is dS read
 //                                     MN-major; each consumer makes one 64-column piece
+//   (80-row query blocks: dQᵀ = Kᵀ·dSᵀ, SS, Kᵀ read MN-major from K, dS stored [query][key]
+//                                     by stmatrix.trans and read K-major; each consumer makes
+//                                     the 80 rows of its 64 columns, dq_transposed_layout.hpp)
 //   dQ piece handed to a writer warp, which adds it to the fp32 accumulator in global memory
 //                                     with one bulk reduce
 #pragma once
@@ -15,6 +18,7 @@
 #include "hopper/backward/backward_shared_storage.cuh"
 #include "hopper/backward/dq_accum.cuh"
 #include "hopper/backward/key_block_work.hpp"
+#include "hopper/backward/key_query_tile.hpp"
 #include "hopper/consumer_gemms.cuh"
 #include "hopper/epilogue.cuh"
 #include "hopper/fragment.cuh"
@@ -22,6 +26,7 @@
 #include "hopper/ptx/math.cuh"
 #include "hopper/ptx/mbarrier.cuh"
 #include "hopper/ptx/memory_order.cuh"
+#include "hopper/ptx/stmatrix.cuh"
 #include "hopper/ptx/tma.cuh"
 #include "hopper/ptx/warpgroup.cuh"
 #include "hopper/ptx/wgmma_ops.cuh"
@@ -35,6 +40,8 @@ struct BackwardConsumer {
   using Element = typename Cfg::Element;
   static constexpr int kM = Cfg::kBlockM, kN = Cfg::kBlockN, kD = Cfg::kHeadDim;
   static constexpr int kKV = Cfg::kKVColumns, kPieces = Cfg::kDqPiecesPerConsumer;
+  static constexpr bool kDqT = Cfg::kDqTransposed;
+  static constexpr int kDqRegs = Cfg::kDqPieceFloats / 128;  // a dQ piece's registers per thread
 
   BackwardSharedStorage<Cfg>& ss;
   const BackwardParams& p;
@@ -57,12 +64,15 @@ struct BackwardConsumer {
   // or a window, left of a window) are masked.
   // Softcap: S becomes tanh(scale S / softcap) first (softcap.cuh), then P = 2^(tanh ·
   // softcap log2(e) - LSE log2(e)).
-  __device__ __forceinline__ void probabilities(float (&s)[kM / 2], int stage, int q0) const {
-    const float* lse = ss.lse_log2[stage];
+  // s holds kQ queries of the step's kM: from qc (0, or the consumer's half with
+  // kSplitQueries); q0 is the step's first query.
+  template <int kQ>
+  __device__ __forceinline__ void probabilities(float (&s)[kQ / 2], int stage, int q0, int qc) const {
+    const float* lse = ss.lse_log2[stage] + qc;
     if (kBackwardHasSoftcap<kD> && p.softcap_ex2 != 0.f) softcap_scores<false>(s, p.softcap_ex2);
     const float c = p.probability_log2;
 #pragma unroll
-    for (int j = 0; j < kM / 8; ++j) {
+    for (int j = 0; j < kQ / 8; ++j) {
       const float2 l = *reinterpret_cast<const float2*>(lse + f.col(j, 0));
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -78,14 +88,14 @@ struct BackwardConsumer {
     // a constant of the element. So three thresholds per thread cover every bound: fewer
     // registers than a bound per row (the d = 64 kernel spilled with those).
     const int offset = work.seqlen_k - work.seqlen_q;
-    const int base = q0 - key0 + f.col(0, 0) - f.row(0);
+    const int base = q0 + qc - key0 + f.col(0, 0) - f.row(0);
     const int lo = band.right == kUnbounded ? -kM : -(offset + band.right) - base;  // hidden below
     const int hi = band.left == kUnbounded ? kM : band.left - offset - base;       // hidden above
     const int key_end = work.seqlen_k - key0 - f.row(0);  // keys past seqlen_k: 8r >= key_end
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int j = 0; j < kM / 8; ++j)
+      for (int j = 0; j < kQ / 8; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int e = 8 * j + c - 8 * r;
@@ -97,13 +107,15 @@ struct BackwardConsumer {
   // derivative, its tanh recovered from P (log2 P = tanh · softcap log2(e) − LSE log2(e)) rather
   // than kept from probabilities() in kM / 2 more registers. P = 0 (masked, or underflowed, where
   // dS is 0 anyway) would give log2 0 = -inf: the factor is 0 there.
-  __device__ __forceinline__ void score_gradients(const float (&s)[kM / 2], float (&dp)[kM / 2], int stage,
-                                                  int q_stage) const {
-    const float* row_d = ss.row_d[stage];
-    const float* lse = ss.lse_log2[q_stage];
+  // kQ queries from qc, as in probabilities().
+  template <int kQ>
+  __device__ __forceinline__ void score_gradients(const float (&s)[kQ / 2], float (&dp)[kQ / 2], int stage,
+                                                  int q_stage, int qc) const {
+    const float* row_d = ss.row_d[stage] + qc;
+    const float* lse = ss.lse_log2[q_stage] + qc;
     const bool capped = kBackwardHasSoftcap<kD> && p.softcap_ex2 != 0.f;
 #pragma unroll
-    for (int j = 0; j < kM / 8; ++j) {
+    for (int j = 0; j < kQ / 8; ++j) {
       const float2 d = *reinterpret_cast<const float2*>(row_d + f.col(j, 0));
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -119,49 +131,117 @@ struct BackwardConsumer {
     }
   }
 
-  // dSᵀ's 16-bit pairs into buffer `buf` as [key][query] rows of 128 bytes (64-query panels
-  // kN x 128 bytes apart), 128B-swizzled: 16-byte chunk c of key row k at chunk c ^ (k % 8). A
-  // warp's 32 stores hit 32 different banks.
+  // dS into buffer `buf`: dSᵀ as [key][query] (write_key_query_tile), or with dQ transposed dS
+  // as [query][key] (write_ds_transposed).
   __device__ __forceinline__ void write_ds(const uint32_t (&ds)[kM / 16][4], int buf) const {
-    uint8_t* base = ss.ds[buf];
+    if constexpr (kDqT) {
+      write_ds_transposed(ds, buf);
+    } else {
+      write_key_query_tile<kM>(ds, ss.ds[buf], 0);
+    }
+  }
+
+  // Transposed dQ: dS itself, [query][key], the K-major B operand of dQᵀ = Kᵀ·dSᵀ. This
+  // warpgroup's 64 keys are one panel: kM query rows of 128 bytes (panel `warpgroup`, kM x 128
+  // bytes on), 128B-swizzled as TMA writes K-major tiles (16-byte chunk c of row n at c ^ (n % 8)).
+  // One stmatrix.trans per 16 queries: its four 8x8 matrices are ds[kk][0..3] = (keys g, queries
+  // 16kk + 2q ..), (keys g + 8, the same queries), (keys g, queries 16kk + 8 + 2q ..), (keys g + 8,
+  // those), each stored transposed, so stored row i of matrix mat is query 16kk + 8 (mat / 2) + i,
+  // its 16 bytes keys 16 warp + 8 (mat % 2) .. + 7: chunk 2 warp + mat % 2 of that row. Lane l
+  // gives row l % 8 of matrix l / 8. The 8 rows of a matrix are 8 rows of one swizzle atom: 8
+  // different chunks, no bank conflict.
+  __device__ __forceinline__ void write_ds_transposed(const uint32_t (&ds)[kM / 16][4], int buf) const {
+    const int lane = threadIdx.x % 32, mat = lane / 8, row = lane % 8;
+    const int chunk = (2 * f.warp + mat % 2) ^ row;  // (query % 8) = row: 16kk + 8 (mat / 2) is a multiple of 8
+    const uint32_t addr = ptx::smem_addr(ss.ds[buf]) + warpgroup * kM * 128 + (8 * (mat / 2) + row) * 128 + chunk * 16;
 #pragma unroll
     for (int kk = 0; kk < kM / 16; ++kk)
+      ptx::stmatrix_x4_trans(addr + kk * 16 * 128, ds[kk][0], ds[kk][1], ds[kk][2], ds[kk][3]);
+  }
+
+  // Transposed dQ of this warpgroup's 64 columns: dQᵀ (64 x kM) = Kᵀ·dSᵀ over the CTA's kN keys.
+  // A = Kᵀ: K's panel `warpgroup` (its columns 64·warpgroup ..) read MN-major (tnspA: d
+  // contiguous), as the untransposed kernel reads K as B; +16 rows of 128 bytes per k16 step. B =
+  // dSᵀ: dS [query][key] read K-major (kM rows of 128 bytes, 8-row groups 1024 bytes apart), 32
+  // bytes per k16 step within a panel of 64 keys, the next panel kM x 128 bytes on.
+  __device__ __forceinline__ void issue_dq_transposed_gemm(float (&dq)[kDqRegs], int buf) const {
+    using Mma = ptx::WgmmaSSTransposedA<Element, kM>;
+    const uint32_t a = ptx::smem_addr(ss.k) + warpgroup * kN * 128;
+    const uint64_t ad = ptx::make_smem_desc(a, kN * 128, 1024, 128);
+    const uint64_t bd = kmajor_desc<128>(ptx::smem_addr(ss.ds[buf]));
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk)
+      Mma::mma(dq, advance(ad, kk * 16 * 128), advance(bd, kk / 4 * kM * 128 + kk % 4 * 32), kk > 0);
+  }
+
+  // 16-bit pairs of kQ queries from qc (dSᵀ's; with kSplitQueries also Pᵀ's) into the
+  // [key][query] tile at `base` (key_query_tile.hpp: rows of 128 bytes, 64-query panels kN x 128
+  // bytes apart, 128B-swizzled). A warp's 32 stores hit 32 different banks.
+  template <int kQ>
+  __device__ __forceinline__ void write_key_query_tile(const uint32_t (&x)[kQ / 16][4], uint8_t* base, int qc) const {
+#pragma unroll
+    for (int kk = 0; kk < kQ / 16; ++kk)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int key = key0 - work.n_block * kN + f.row(i % 2);
-        const int j = 2 * kk + i / 2;  // 8-query group
-        const int chunk = (j % 8) ^ (key % 8);
-        *reinterpret_cast<uint32_t*>(base + (j / 8) * kN * 128 + key * 128 + chunk * 16 + f.quad * 4) = ds[kk][i];
+        const int j = operand_query_group(qc, kk, i);  // 8-query group
+        *reinterpret_cast<uint32_t*>(key_query_tile_pair(base, key, j, f.quad, kN)) = x[kk][i];
       }
   }
 
   // dQ piece `piece` of this warpgroup = dS·K: at kM = 64 the 64 columns of piece
   // kPieces·warpgroup + piece for all 64 queries (A the whole dS buffer, B that panel of K); at
   // kM = 128 all 64 columns for queries 64·warpgroup.. (A that dS panel, B K's only panel).
-  __device__ __forceinline__ void issue_dq_gemm(float (&dq)[32], int buf, int piece) const {
-    using Mma = ptx::WgmmaSSTransposed<Element, 64>;
-    const uint32_t a = ptx::smem_addr(ss.ds[buf]) + (kM == 128 ? warpgroup * kN * 128 : 0);
-    const uint32_t b = ptx::smem_addr(ss.k) + (kM == 64 ? (kPieces * warpgroup + piece) * kN * 128 : 0);
-    const uint64_t ad = ptx::make_smem_desc(a, kN * 128, 1024, 128);
-    const uint64_t bd = ptx::make_smem_desc(b, kN * 128, 1024, 128);
-    ptx::wgmma_fence();
+  __device__ __forceinline__ void issue_dq_gemm(float (&dq)[kDqRegs], int buf, int piece) const {
+    if constexpr (kDqT) {
+      issue_dq_transposed_gemm(dq, buf);
+    } else {
+      using Mma = ptx::WgmmaSSTransposed<Element, 64>;
+      const uint32_t a = ptx::smem_addr(ss.ds[buf]) + (kM == 128 ? warpgroup * kN * 128 : 0);
+      const uint32_t b = ptx::smem_addr(ss.k) + (kM == 64 ? (kPieces * warpgroup + piece) * kN * 128 : 0);
+      const uint64_t ad = ptx::make_smem_desc(a, kN * 128, 1024, 128);
+      const uint64_t bd = ptx::make_smem_desc(b, kN * 128, 1024, 128);
+      ptx::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kN / 16; ++kk)  // 16 keys = 16 rows of 128 bytes in both
-      Mma::mma(dq, advance(ad, kk * 16 * 128), advance(bd, kk * 16 * 128), kk > 0);
+      for (int kk = 0; kk < kN / 16; ++kk)  // 16 keys = 16 rows of 128 bytes in both
+        Mma::mma(dq, advance(ad, kk * 16 * 128), advance(bd, kk * 16 * 128), kk > 0);
+    }
   }
 
   // Hands the dQ piece to this warpgroup's writer warp (backward_dq_writer.cuh) through the
-  // piece buffer, in dq_accum.cuh's order, once the writer has read the previous one.
-  __device__ __forceinline__ void hand_over_dq_piece(const float (&dq)[32], int ordinal) const {
+  // piece buffer, in dq_accum.cuh's order (transposed: dq_transposed_layout.hpp's), once the
+  // writer has read the previous one.
+  __device__ __forceinline__ void hand_over_dq_piece(const float (&dq)[kDqRegs], int ordinal) const {
     using namespace ptx;
     const int t = threadIdx.x % 128;
     if (ordinal > 0) named_barrier_sync(BackwardBarrier::kDqEmpty0 + warpgroup, BackwardBarrier::kDqThreads);
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-      reinterpret_cast<float4*>(ss.dq_piece[warpgroup])[DqAccumLayout::fragment_offset(j, t) / 4] =
+    for (int j = 0; j < kDqRegs / 4; ++j) {
+      int offset;
+      if constexpr (kDqT)
+        offset = DqTransposedPiece<kM>::float_index(t, 4 * j);
+      else
+        offset = DqAccumLayout::fragment_offset(j, t);
+      reinterpret_cast<float4*>(ss.dq_piece[warpgroup])[offset / 4] =
           make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+    }
     fence_proxy_async_shared();
     named_barrier_arrive(BackwardBarrier::kDqFull0 + warpgroup, BackwardBarrier::kDqThreads);
+  }
+
+  // The step's dQ pieces after the first (d = 256: two a consumer), each into the same registers
+  // once the previous one is handed over, while the dK GEMM still runs.
+  __device__ __forceinline__ void hand_over_other_dq_pieces(float (&dq)[kDqRegs], int buf, int step) const {
+    using namespace ptx;
+#pragma unroll
+    for (int piece = 1; piece < kPieces; ++piece) {
+      issue_dq_gemm(dq, buf, piece);
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin(dq);
+      hand_over_dq_piece(dq, step * kPieces + piece);
+    }
   }
 
   // Frees a ring slot: every consumer thread arrives (the empty barriers count
@@ -170,6 +250,68 @@ struct BackwardConsumer {
   // into it. One arrival per warpgroup (run 102) or per warp after a __syncwarp (run 104) left
   // the other threads' reads unordered for racecheck.
   __device__ __forceinline__ static void release(uint64_t* empty) { ptx::mbarrier_arrive(ptx::smem_addr(empty)); }
+
+  // One step at d = 256 under WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES: consumer c computes Sᵀ and
+  // dPᵀ for its kQ = 32 queries qc = 32c .. of the step only (keys on M, m64n32: no GEMM done
+  // twice), stores Pᵀ and dSᵀ, packed to 16 bits, into its columns of the [key][query] tiles;
+  // once both consumers' columns are there, dV += Pᵀ·dO and dK += dSᵀ·Q over all kM queries
+  // read their A operands from those tiles (SS, K-major) for this consumer's kKV columns, and
+  // dQ = dS·K as in run(). Buffers: Pᵀ in the dO slot's tile (BackwardPtStorage says why that
+  // is free again), dSᵀ in ds[buf] as in run() (its readers at step s - 2, both consumers' dQ
+  // and dK GEMMs, were waited for before either reached step s - 1's kDsWritten barrier).
+  __device__ __forceinline__ void split_query_step(float (&dk)[kKV / 2], float (&dv)[kKV / 2], uint32_t k_rows,
+                                                   uint32_t v_rows, RingSlot qs, RingSlot ds, int m_block, int buf,
+                                                   int step) const {
+    using namespace ptx;
+    constexpr int kQ = Cfg::kSdpQueries;
+    static_assert(kQ * Cfg::kConsumerWarpgroups == kM && kM == 64, "the consumers' queries tile the step's");
+    const int qc = warpgroup * kQ;  // this consumer's first query of the step
+    float s[kQ / 2], dp[kQ / 2];
+    // B: kQ rows of the 64-row Q and dO tiles, kQ x 128 bytes (a multiple of 1024) into each panel
+    mbarrier_wait(smem_addr(&ss.q_full[qs.stage]), qs.phase);
+    issue_rows_gemm<Element, Cfg::kPanels, kN, kQ, 128, kM>(s, k_rows, smem_addr(ss.q[qs.stage]) + qc * 128);
+    wgmma_commit();
+    mbarrier_wait(smem_addr(&ss.do_full[ds.stage]), ds.phase);
+    issue_rows_gemm<Element, Cfg::kPanels, kN, kQ, 128, kM>(dp, v_rows, smem_addr(ss.dout[ds.stage]) + qc * 128);
+    wgmma_commit();
+    wgmma_wait<1>();
+    pin(s);
+    probabilities<kQ>(s, qs.stage, m_block * kM, qc);
+    wgmma_wait<0>();
+    pin(dp);
+    score_gradients<kQ>(s, dp, ds.stage, qs.stage, qc);
+    {
+      uint32_t pt[kQ / 16][4], dst[kQ / 16][4];
+      accumulator_to_operand<Element, kQ>(s, pt);
+      accumulator_to_operand<Element, kQ>(dp, dst);
+      write_key_query_tile<kQ>(pt, ss.pt[ds.stage], qc);
+      write_key_query_tile<kQ>(dst, ss.ds[buf], qc);
+    }
+    fence_proxy_async_shared();  // the stores, before the async proxy (wgmma) reads them
+    named_barrier_sync(BackwardBarrier::kDsWritten, 256);  // both consumers' columns written
+    // dV, dQ, dK in that order as in run(): dV and dQ are waited for first.
+    const uint32_t kv_columns = warpgroup * (kKV / 64) * kM * 128;
+    pin(dv);
+    pin(dk);
+    wgmma_fence();
+    issue_smem_gemm<Element, kKV, kM / 16, kM * 128>(dv, smem_addr(ss.pt[ds.stage]),
+                                                     smem_addr(ss.dout[ds.stage]) + kv_columns);
+    wgmma_commit();
+    float dq[kDqRegs];
+    issue_dq_gemm(dq, buf, 0);
+    wgmma_commit();
+    issue_smem_gemm<Element, kKV, kM / 16, kM * 128>(dk, smem_addr(ss.ds[buf]), smem_addr(ss.q[qs.stage]) + kv_columns);
+    wgmma_commit();
+    wgmma_wait<1>();  // dV and dQ
+    pin(dv);
+    pin(dq);
+    release(&ss.do_empty[ds.stage]);
+    hand_over_dq_piece(dq, step * kPieces);
+    hand_over_other_dq_pieces(dq, buf, step);
+    wgmma_wait<0>();  // dK
+    pin(dk);
+    release(&ss.q_empty[qs.stage]);
+  }
 
   __device__ __forceinline__ void run() const {
     using namespace ptx;
@@ -183,6 +325,10 @@ struct BackwardConsumer {
       const RingSlot qs = ring_slot<Cfg::kQStages>(step), ds = ring_slot<Cfg::kDoStages>(step);
       const int head = work.head(step), m_block = work.m_block(step);
       const int buf = step % 2;
+      if constexpr (Cfg::kSplitQueries) {  // d = 256, WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES
+        split_query_step(dk, dv, k_rows, v_rows, qs, ds, m_block, buf, step);
+        continue;
+      }
       float s[kM / 2], dp[kM / 2];
       mbarrier_wait(smem_addr(&ss.q_full[qs.stage]), qs.phase);
       issue_rows_gemm<Element, Cfg::kPanels, kN, kM, 128>(s, k_rows, smem_addr(ss.q[qs.stage]));
@@ -192,10 +338,10 @@ struct BackwardConsumer {
       wgmma_commit();
       wgmma_wait<1>();
       pin(s);
-      probabilities(s, qs.stage, m_block * kM);
+      probabilities<kM>(s, qs.stage, m_block * kM, 0);
       wgmma_wait<0>();
       pin(dp);
-      score_gradients(s, dp, ds.stage, qs.stage);
+      score_gradients<kM>(s, dp, ds.stage, qs.stage, 0);
       uint32_t pt[kM / 16][4], dst[kM / 16][4];
       accumulator_to_operand<Element, kM>(s, pt);
       accumulator_to_operand<Element, kM>(dp, dst);
@@ -218,7 +364,7 @@ struct BackwardConsumer {
       issue_register_gemm<Element, kKV, kM / 16, kM * 128>(dv, pt, smem_addr(ss.dout[ds.stage]) + kv_columns);
       wgmma_commit();
       named_barrier_sync(BackwardBarrier::kDsWritten, 256);
-      float dq[32];
+      float dq[kDqRegs];
       issue_dq_gemm(dq, buf, 0);
       wgmma_commit();
       issue_register_gemm<Element, kKV, kM / 16, kM * 128>(dk, dst, smem_addr(ss.q[qs.stage]) + kv_columns);
@@ -229,14 +375,7 @@ struct BackwardConsumer {
       pin(pt);
       release(&ss.do_empty[ds.stage]);
       hand_over_dq_piece(dq, step * kPieces);
-#pragma unroll
-      for (int piece = 1; piece < kPieces; ++piece) {  // into the same registers, once handed over
-        issue_dq_gemm(dq, buf, piece);
-        wgmma_commit();
-        wgmma_wait<0>();
-        pin(dq);
-        hand_over_dq_piece(dq, step * kPieces + piece);
-      }
+      hand_over_other_dq_pieces(dq, buf, step);
       wgmma_wait<0>();  // dK
       pin(dk);
       pin(dst);

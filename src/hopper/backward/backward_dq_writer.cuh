@@ -7,6 +7,9 @@
 // key_block_work.hpp). The writer waits until the block's turn counter shows every earlier key
 // block's pieces (kD / 64 per key block) as landed, adds, waits for its own add to land in global
 // memory (wait_group 0, not just the shared-memory read) and counts itself in with a release.
+// Transposed dQ (80-row query blocks, Cfg::kDqTransposed): the consumer's piece is the 80 rows
+// of its 64 columns (dq_transposed_layout.hpp), and the turn counter is per 80-row block: the
+// one at (the block's first row) / 80 of the 64-row blocks' counters (all zeroed, more of them).
 #pragma once
 
 #include "hopper/backward/backward_params.hpp"
@@ -39,10 +42,20 @@ __device__ __forceinline__ void run_dq_writer(BackwardSharedStorage<Cfg>& ss, co
     const int piece_index = kM == 64 ? kPieces * consumer + piece : 0;
     named_barrier_sync(BackwardBarrier::kDqFull0 + consumer, BackwardBarrier::kDqThreads);
     if (leader) {
-      float* dst = p.dq_accum + DqAccumLayout::piece_offset(p, work.ws_row0, head, row_block, piece_index, kD);
+      float* dst;
+      if constexpr (Cfg::kDqTransposed)
+        dst = p.dq_accum +
+              DqAccumLayout::transposed_piece_offset<kM>(p, work.ws_row0, head, work.m_block(step), consumer, kD);
+      else
+        dst = p.dq_accum + DqAccumLayout::piece_offset(p, work.ws_row0, head, row_block, piece_index, kD);
       int* turn = nullptr;
-      if constexpr (Cfg::kDeterministic) {
+      if constexpr (Cfg::kDeterministic && Cfg::kDqTransposed) {
+        // rows (ws_row0 + head x rows) and kM x m_block are multiples of kM (the granule's)
+        turn = p.turns + (work.ws_row0 + static_cast<int64_t>(head) * p.rows) / kM + work.m_block(step);
+      } else if constexpr (Cfg::kDeterministic) {
         turn = p.turns + (work.ws_row0 + static_cast<int64_t>(head) * p.rows) / 64 + row_block;
+      }
+      if constexpr (Cfg::kDeterministic) {
         const int mine = dq_turn(work.n_block, work.m_block(step), kM, Cfg::kBlockN, work.seqlen_q, work.seqlen_k,
                                  Cfg::kCausal, p.band) *
                          (kD / 64);  // each key block adds kD / 64 pieces to a 64-row block
@@ -50,7 +63,7 @@ __device__ __forceinline__ void run_dq_writer(BackwardSharedStorage<Cfg>& ss, co
         }
         fence_proxy_async_global();
       }
-      bulk_reduce_add_f32(dst, smem_addr(ss.dq_piece[consumer]), DqAccumLayout::kPieceFloats * 4);
+      bulk_reduce_add_f32(dst, smem_addr(ss.dq_piece[consumer]), Cfg::kDqPieceFloats * 4);
       tma_store_commit();
       if constexpr (Cfg::kDeterministic) {
         bulk_wait_all();

@@ -35,7 +35,7 @@ __device__ __forceinline__ KeyBlockWork key_block_work(const BackwardParams& par
     const VarlenTile& e = params.varlen_tiles[t];
     work.n_block = e.block, work.head_kv = e.head, work.batch = 0;
     work.seqlen_q = e.seqlen_q, work.seqlen_k = e.seqlen_k, work.q_offset = e.q_offset, work.k_offset = e.k_offset;
-    work.ws_row0 = varlen_row0(e.q_offset, e.batch);
+    work.ws_row0 = varlen_row0<Cfg::kRowGranule>(e.q_offset, e.batch);
   } else {
     work.n_block = Cfg::kCausal && Cfg::kDeterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     work.head_kv = blockIdx.y;

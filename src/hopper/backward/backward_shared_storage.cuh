@@ -7,8 +7,20 @@
 
 namespace warpattn::detail {
 
+// Pᵀ under WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES, one buffer per dO stage: its only reader, the
+// dV GEMM, is also dO's last, so a consumer that has waited for a dO slot's next load knows
+// both consumers' dV GEMMs of the slot's previous step have completed (their do_empty
+// arrivals), and may write the slot's Pᵀ again. Without the knob, an empty base: no bytes,
+// the layout as before.
+template <class Cfg, bool = Cfg::kSplitQueries>
+struct BackwardPtStorage {};
 template <class Cfg>
-struct BackwardSharedStorage {
+struct BackwardPtStorage<Cfg, true> {
+  alignas(1024) uint8_t pt[Cfg::kDoStages][Cfg::kPtTileBytes];
+};
+
+template <class Cfg>
+struct BackwardSharedStorage : BackwardPtStorage<Cfg> {
   alignas(1024) uint8_t k[Cfg::kKTileBytes];
   alignas(1024) uint8_t v[Cfg::kKTileBytes];
   alignas(1024) uint8_t q[Cfg::kQStages][Cfg::kQTileBytes];

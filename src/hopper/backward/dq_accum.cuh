@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "hopper/backward/backward_params.hpp"
+#include "hopper/backward/dq_transposed_layout.hpp"
 #include "hopper/backward/row_terms.cuh"
 #include "hopper/fragment.cuh"
 #include "hopper/ptx/math.cuh"
@@ -26,6 +27,14 @@ struct DqAccumLayout {
   }
   // Where thread t's registers d[4j .. 4j + 3] go within a piece.
   __device__ __forceinline__ static int fragment_offset(int j, int thread) { return 4 * (128 * j + thread); }
+  // The transposed kernels' (dq_transposed_layout.hpp): the first float of consumer `piece`'s
+  // piece of query block `m_block` (kQueries rows) of the sequence and head.
+  template <int kQueries>
+  __device__ __forceinline__ static int64_t transposed_piece_offset(const BackwardParams& p, int64_t ws_row0, int head,
+                                                                    int m_block, int piece, int head_dim) {
+    return (ws_row0 + static_cast<int64_t>(head) * p.rows + static_cast<int64_t>(m_block) * kQueries) * head_dim +
+           DqTransposedPiece<kQueries>::piece_float0(piece);
+  }
 };
 
 // dQ = softmax_scale x the accumulator, in dQ's dtype, for one 64-row block of one (sequence,
@@ -33,7 +42,7 @@ struct DqAccumLayout {
 // (a thread's d[4j .. 4j + 3]: rows g and g + 8, two columns each).
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(256) convert_dq_kernel(const __grid_constant__ BackwardParams p) {
-  const RowBlock rb = row_block_of(p);
+  const RowBlock rb = row_block_of<64, backward_row_granule(kHeadDim)>(p);
   const int row_block = rb.row_block, head = blockIdx.y, batch = rb.batch;
   const float4* block = reinterpret_cast<const float4*>(p.dq_accum + rb.first * kHeadDim);
   constexpr int kGroups = 64 * kHeadDim / 4;
@@ -53,6 +62,51 @@ __global__ void __launch_bounds__(256) convert_dq_kernel(const __grid_constant__
       *reinterpret_cast<uint32_t*>(p.dq.row<Element>(batch, rb.q_offset + row, head) + col) =
           ptx::pack_pair<Element>(pair[r][0] * p.softmax_scale, pair[r][1] * p.softmax_scale);
     }
+  }
+}
+
+// The same for the transposed pieces (Cfg::kDqTransposed, dq_transposed_layout.hpp): one
+// kBlockM-row query block of one (sequence, head) per CTA, grid (rows / kBlockM, heads_q, batch)
+// (a packed batch: (padded rows / kBlockM, heads_q, 1); kGranule, the workspace's, a multiple of
+// kBlockM), 256 threads. A piece's floats are not in row order, so they go through shared memory:
+// each thread reads 16-byte groups in order (coalesced) and puts their four floats at their rows
+// and columns (the row pitch 4 floats more than a row: a warp's 32 stores, rows 2q + c and columns
+// 16w + g + 8r of its lanes' fragments, hit 32 banks; 8 more would put lanes q and q + 2 on one), then
+// 16-byte chunks of the rows go out, scaled and packed.
+template <class Element, int kHeadDim, int kBlockM, int kGranule>
+__global__ void __launch_bounds__(256) convert_dq_transposed_kernel(const __grid_constant__ BackwardParams p) {
+  using Piece = DqTransposedPiece<kBlockM>;
+  static_assert(kHeadDim % 64 == 0 && kBlockM * kHeadDim == Piece::kFloats * (kHeadDim / 64), "64-column pieces");
+  constexpr int kPitch = kHeadDim + 4;  // a multiple of 4: the 16-byte row reads stay aligned
+  __shared__ alignas(16) float rows[kBlockM * kPitch];
+  const RowBlock rb = row_block_of<kBlockM, kGranule>(p);
+  const int row_block = rb.row_block, head = blockIdx.y, batch = rb.batch;
+  const float4* block = reinterpret_cast<const float4*>(p.dq_accum + rb.first * kHeadDim);
+  constexpr int kGroups = kBlockM * kHeadDim / 4;
+  for (int e = threadIdx.x; e < kGroups; e += blockDim.x) {
+    // float 4e of the block: piece `piece` (piece_float0), float `first` in it
+    const int piece = e / (Piece::kFloats / 4), first = 4 * e - Piece::piece_float0(piece);
+    const float4 v = block[e];
+    const float x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const typename Piece::Element el = Piece::element(first + k);
+      rows[el.row * kPitch + 64 * piece + el.column] = x[k];
+    }
+  }
+  __syncthreads();
+  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a 16-bit row
+  for (int e = threadIdx.x; e < kBlockM * kChunks; e += blockDim.x) {
+    const int r = e / kChunks, col = 8 * (e % kChunks);
+    const int row = kBlockM * row_block + r;
+    // A padded head dim is a multiple of 8: a chunk is wholly in or out.
+    if (row >= rb.seqlen_q || col >= p.head_dim) continue;
+    const float4 a = *reinterpret_cast<const float4*>(rows + r * kPitch + col);
+    const float4 b = *reinterpret_cast<const float4*>(rows + r * kPitch + col + 4);
+    const float s = p.softmax_scale;
+    *reinterpret_cast<uint4*>(p.dq.row<Element>(batch, rb.q_offset + row, head) + col) =
+        make_uint4(ptx::pack_pair<Element>(a.x * s, a.y * s), ptx::pack_pair<Element>(a.z * s, a.w * s),
+                   ptx::pack_pair<Element>(b.x * s, b.y * s), ptx::pack_pair<Element>(b.z * s, b.w * s));
   }
 }
 

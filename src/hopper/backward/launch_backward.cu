@@ -15,8 +15,10 @@ namespace warpattn::detail {
 size_t backward_workspace_bytes_sm90(const BackwardProblem& p) {
   // A packed batch: one batch of padded rows (workspace.hpp); p.seqlen_q is total_q.
   const BackwardWorkspaceLayout layout =
-      p.varlen ? BackwardWorkspaceLayout(1, p.heads_q, varlen_padded_rows(p.seqlen_q, p.batch), p.backward_kernel_dim(),
-                                         p.deterministic, p.sinks != nullptr)
+      p.varlen ? BackwardWorkspaceLayout(1, p.heads_q,
+                                         varlen_padded_rows(p.seqlen_q, p.batch,
+                                                            backward_row_granule(kernel_head_dim(p.backward_kernel_dim()))),
+                                         p.backward_kernel_dim(), p.deterministic, p.sinks != nullptr)
                : BackwardWorkspaceLayout(p.batch, p.heads_q, p.seqlen_q, p.backward_kernel_dim(), p.deterministic,
                                          p.sinks != nullptr);
   return static_cast<size_t>(layout.bytes);

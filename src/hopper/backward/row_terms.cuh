@@ -16,27 +16,31 @@
 
 namespace warpattn::detail {
 
-// The 64 workspace rows of a row kernel's CTA (grid (rows / 64, heads_q, batch); a packed batch:
-// (padded rows / 64, heads_q, 1)): where they are and which rows of the tensors they stand for.
+// The kRows (64; the transposed dQ conversion's: its kBlockM) workspace rows of a row kernel's
+// CTA (grid (rows / kRows, heads_q, batch); a packed batch: (padded rows / kRows, heads_q, 1)):
+// where they are and which rows of the tensors they stand for. kGranule: the workspace's
+// (backward_row_granule), a multiple of kRows, so a block lies within one sequence's rows.
 struct RowBlock {
   int batch;         // the tensors' batch index (a packed batch's: 0)
   int64_t first;     // the block's first workspace row, this head's
-  int row_block;     // the block within its sequence: rows row_block x 64 ..
+  int row_block;     // the block within its sequence: rows row_block x kRows ..
   int q_offset;      // the sequence's first row in the tensors
   int seqlen_q;      // rows past it are padding
 };
 
+template <int kRows = 64, int kGranule = 128>
 __device__ __forceinline__ RowBlock row_block_of(const BackwardParams& p) {
+  static_assert(kGranule % kRows == 0, "a block within one sequence's padded rows");
   const int head = blockIdx.y;
   if (p.cu_seqlens_q != nullptr) {
-    const int64_t padded = static_cast<int64_t>(blockIdx.x) * 64;
-    const int lo = sequence_of_padded_row(p.cu_seqlens_q, p.batch, p.seqlen_q, padded);
+    const int64_t padded = static_cast<int64_t>(blockIdx.x) * kRows;
+    const int lo = sequence_of_padded_row<kGranule>(p.cu_seqlens_q, p.batch, p.seqlen_q, padded);
     const int off = clamp_int(p.cu_seqlens_q[lo], 0, p.seqlen_q), end = clamp_int(p.cu_seqlens_q[lo + 1], off, p.seqlen_q);
-    return {0, padded + static_cast<int64_t>(head) * p.rows, static_cast<int>((padded - varlen_row0(off, lo)) / 64),
-            off, end - off};
+    return {0, padded + static_cast<int64_t>(head) * p.rows,
+            static_cast<int>((padded - varlen_row0<kGranule>(off, lo)) / kRows), off, end - off};
   }
   const int batch = blockIdx.z;
-  return {batch, (static_cast<int64_t>(batch) * p.heads_q + head) * p.rows + blockIdx.x * 64,
+  return {batch, (static_cast<int64_t>(batch) * p.heads_q + head) * p.rows + blockIdx.x * kRows,
           static_cast<int>(blockIdx.x), 0, p.seqlen_q};
 }
 
@@ -85,7 +89,7 @@ __global__ void __launch_bounds__(256) reduce_sink_sums_kernel(const __grid_cons
 // One 64-row block of one (sequence, head), 256 threads.
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(256) backward_row_terms_kernel(const __grid_constant__ BackwardParams p) {
-  const RowBlock rb = row_block_of(p);
+  const RowBlock rb = row_block_of<64, backward_row_granule(kHeadDim)>(p);
   const int head = blockIdx.y, batch = rb.batch, row_block = rb.row_block;
   const int64_t first = rb.first;
   // D: kLanes threads per row, 8 elements (16 bytes) each, summed with shuffles.

@@ -79,7 +79,7 @@ void reduce_sink_sums(const BackwardParams& p, int64_t blocks, cudaStream_t stre
 }
 
 // The three launches: the row terms over row_grid, the main kernel over main_grid (none when it
-// has no key block), the dQ conversion over row_grid.
+// has no key block), the dQ conversion over row_grid (transposed dQ: over kBlockM-row blocks).
 template <class Cfg>
 void launch_backward_kernels(const BackwardParams& p, const BackwardTensors& t, dim3 row_grid, dim3 main_grid,
                              cudaStream_t stream) {
@@ -98,8 +98,14 @@ void launch_backward_kernels(const BackwardParams& p, const BackwardTensors& t, 
     kernel<<<main_grid, Cfg::kThreads, kSmem, stream>>>(tm_q, tm_k, tm_v, tm_do, p);
     check_cuda(cudaGetLastError(), "attention_backward_kernel: launch failed");
   }
-  convert_dq_kernel<Element, Cfg::kHeadDim><<<row_grid, 256, 0, stream>>>(p);
-  check_cuda(cudaGetLastError(), "convert_dq_kernel: launch failed");
+  if constexpr (Cfg::kDqTransposed) {  // its own blocks: kBlockM rows (rows is a multiple of them)
+    const dim3 grid(static_cast<unsigned>(p.rows / Cfg::kBlockM), row_grid.y, row_grid.z);
+    convert_dq_transposed_kernel<Element, Cfg::kHeadDim, Cfg::kBlockM, Cfg::kRowGranule><<<grid, 256, 0, stream>>>(p);
+    check_cuda(cudaGetLastError(), "convert_dq_transposed_kernel: launch failed");
+  } else {
+    convert_dq_kernel<Element, Cfg::kHeadDim><<<row_grid, 256, 0, stream>>>(p);
+    check_cuda(cudaGetLastError(), "convert_dq_kernel: launch failed");
+  }
   reduce_sink_sums<Cfg>(p, static_cast<int64_t>(row_grid.x) * row_grid.z, stream);
 }
 
@@ -126,8 +132,8 @@ void run_backward(const BackwardProblem& pr, const BackwardTensors& t, void* wor
 template <class Cfg>
 void run_backward_varlen(const BackwardProblem& pr, const BackwardTensors& t, const VarlenSequences& seqs,
                          void* workspace, cudaStream_t stream) {
-  const BackwardWorkspaceLayout layout(1, pr.heads_q, varlen_padded_rows(pr.seqlen_q, pr.batch), pr.backward_kernel_dim(),
-                                       pr.deterministic, pr.sinks != nullptr);
+  const BackwardWorkspaceLayout layout(1, pr.heads_q, varlen_padded_rows(pr.seqlen_q, pr.batch, Cfg::kRowGranule),
+                                       pr.backward_kernel_dim(), pr.deterministic, pr.sinks != nullptr);
   BackwardParams p = backward_params<Cfg>(pr, t, layout, workspace);
   if (pr.seqlen_q == 0) {  // no query row: no gradient reaches K or V (and Q has no map), nor sinks
     zero_rows(t.dk, stream);

@@ -1,5 +1,6 @@
 // The append of a KV-cache call (append_kv.hpp): a warp per new row of one (sequence, KV head),
-// each lane one 16-byte piece of the row (head dims up to 256: at most 32 pieces).
+// lane l the row's 16-byte pieces l, l + 32, ... (one a lane at head dims up to 256, two up to
+// 512).
 #include <algorithm>
 #include <cstdint>
 
@@ -45,12 +46,12 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) append_kv_kernel(const __
     if (key >= a.capacity) continue;
     const CacheBox at = cache_box(a.pages, b, static_cast<int>(key), a.capacity);
     if (at.page < 0) continue;  // a page index outside the cache: never written
-    if (lane < a.k_pieces)
-      reinterpret_cast<uint4*>(a.k_cache.row(at.page, at.row, h))[lane] =
-          reinterpret_cast<const uint4*>(a.k_new.row(b, i, h))[lane];
-    if (lane < a.v_pieces)
-      reinterpret_cast<uint4*>(a.v_cache.row(at.page, at.row, h))[lane] =
-          reinterpret_cast<const uint4*>(a.v_new.row(b, i, h))[lane];
+    for (int piece = lane; piece < a.k_pieces; piece += 32)
+      reinterpret_cast<uint4*>(a.k_cache.row(at.page, at.row, h))[piece] =
+          reinterpret_cast<const uint4*>(a.k_new.row(b, i, h))[piece];
+    for (int piece = lane; piece < a.v_pieces; piece += 32)
+      reinterpret_cast<uint4*>(a.v_cache.row(at.page, at.row, h))[piece] =
+          reinterpret_cast<const uint4*>(a.v_new.row(b, i, h))[piece];
   }
 }
 

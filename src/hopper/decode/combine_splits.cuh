@@ -13,12 +13,14 @@
 // microseconds there. The order is fixed, so the bits repeat, and a state that saw no key
 // (R = -inf, O = 0, l = 0: a piece past a short sequence's chunks) adds exact zeros.
 //
-// Grid (tiles, the consumer warpgroups (their rows), column slices of 32: head_dim / 32), 128 threads, launched with launch_dependent. Each CTA adds its 32
+// Grid (tiles, the consumer warpgroups (their rows; one where they share them: combine_slices.hpp),
+// column slices of 32: head_dim / 32), 128 threads, launched with launch_dependent. Each CTA adds its 32
 // columns of O (four float4 groups) and the rows' references and sums, which every slice
 // computes alike (same loads, same order: the same lse bits; slice 0 stores it). Every thread
 // runs to the end: the quad sums and the store's shuffles need whole warps.
 #pragma once
 
+#include "hopper/decode/combine_slices.hpp"
 #include "hopper/decode/kv_cache_pieces.hpp"
 #include "hopper/epilogue.cuh"
 #include "hopper/forward_params.hpp"
@@ -26,8 +28,6 @@
 #include "hopper/split_tail_combine.cuh"
 
 namespace warpattn::detail {
-
-inline constexpr int kCombineSliceCols = 32;  // a combine CTA's columns: four float4 groups
 
 template <class Cfg>
 __global__ void __launch_bounds__(128) combine_kvcache_splits_kernel(const __grid_constant__ ForwardParams params) {
@@ -37,13 +37,21 @@ __global__ void __launch_bounds__(128) combine_kvcache_splits_kernel(const __gri
   constexpr int kSliceGroups = kCombineSliceCols / 8;
   const int tile = static_cast<int>(blockIdx.x), splits = params.kv_work.splits;
   const WorkTile w = tile_coords(tile, TileGrid{params.m_blocks, params.heads_q, params.batch, 1});
-  const int warpgroup = static_cast<int>(blockIdx.y), slice = static_cast<int>(blockIdx.z);
+  // The CTA's rows, state part and columns (combine_slices.hpp): where each warpgroup has rows
+  // of its own, its rows, its part, groups from slice x 4, written out (through combine_slice
+  // those kernels' machine code changed: the same values, scheduled otherwise); where they share
+  // the rows (d = 512), rows 0-63 from the part that holds the slice's columns.
+  const int warpgroup = Cfg::kSharedRows ? 0 : static_cast<int>(blockIdx.y), slice = static_cast<int>(blockIdx.z);
+  constexpr CombineSlice kNone{0, 0, 0};
+  const CombineSlice shared = Cfg::kSharedRows ? combine_slice(0, slice, Cfg::kOCols, true) : kNone;
   const int thread = static_cast<int>(threadIdx.x);
   const FragmentCoords f(thread);
   const int first_position = w.m_block * params.packing.positions, seqlen_q = params.seqlen_q;
-  // State k of the tile: piece k's, of this CTA's row warpgroup.
+  // State k of the tile: piece k's, the part that holds this CTA's rows and columns.
   const int states = splits;
-  auto state = [&](int k) { return PartialState<Cfg>(params, tile * splits + k, warpgroup, thread); };
+  auto state = [&](int k) {
+    return PartialState<Cfg>(params, tile * splits + k, Cfg::kSharedRows ? shared.part : warpgroup, thread);
+  };
   float o[kCombineSliceCols / 2];
 #pragma unroll
   for (int i = 0; i < kCombineSliceCols / 2; ++i) o[i] = 0.f;
@@ -66,7 +74,7 @@ __global__ void __launch_bounds__(128) combine_kvcache_splits_kernel(const __gri
       s.row_sum[1] = fmaf(x.w, w1, s.row_sum[1]);
 #pragma unroll
       for (int g = 0; g < kSliceGroups; ++g) {
-        const float4 v = st.group(slice * kSliceGroups + g);
+        const float4 v = st.group((Cfg::kSharedRows ? shared.first_group : slice * kSliceGroups) + g);
         o[4 * g] = fmaf(v.x, w0, o[4 * g]);
         o[4 * g + 1] = fmaf(v.y, w0, o[4 * g + 1]);
         o[4 * g + 2] = fmaf(v.z, w1, o[4 * g + 2]);

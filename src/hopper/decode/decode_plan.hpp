@@ -28,6 +28,11 @@ WARPATTN_HOST_DEVICE int packed_rows(int seqlen_q, int group) { return seqlen_q 
 struct GqaPacking {
   int heads = 1, positions = 0;
 };
+// A KV-cache tile's rows, by the compiled head dim (ForwardConfig::kBlockM of its kernel): 128,
+// or 64 for the 512 kernel (whose two consumer warpgroups share 64 rows, each half of the head
+// dim). Validation packs with it before the kernel is chosen (run_kvcache.cuh checks the two agree).
+WARPATTN_HOST_DEVICE constexpr int kvcache_block_m(int kernel_head_dim) { return kernel_head_dim > 256 ? 64 : 128; }
+
 // The largest divisor of the group that fits the tile: every query head of the group at once
 // where the group has at most block_m heads (so K and V are read once per KV head).
 WARPATTN_HOST_DEVICE GqaPacking gqa_packing(int group, int block_m) {

@@ -56,6 +56,7 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
                          const TensorView& v_cache, const TensorView& out, const std::optional<TensorView>& lse,
                          cudaStream_t stream) {
   static_assert(Cfg::kKvCache, "a KvCacheConfig");
+  static_assert(Cfg::kBlockM == kvcache_block_m(Cfg::kHeadDim), "validation's GQA packing (c7) is the kernel's");
   pages.box_rows = cache_box_rows(Cfg::kBlockN, pages.table != nullptr ? pages.page_size : 0);
   pages.boxes = Cfg::kBlockN / pages.box_rows;
   ForwardParams params = base_forward_params<Cfg>(p, out, lse);
@@ -94,7 +95,8 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   if (combined) {
     // Scheduled while the attention's last pieces still run (the kernel waits for them itself).
     launch_dependent(combine_kvcache_splits_kernel<Cfg>,
-                     dim3(static_cast<unsigned>(tiles), Cfg::kConsumerWarpgroups, Cfg::kHeadDim / kCombineSliceCols),
+                     dim3(static_cast<unsigned>(tiles), combine_row_groups(Cfg::kConsumerWarpgroups, Cfg::kSharedRows),
+                          Cfg::kHeadDim / kCombineSliceCols),
                      dim3(128),
                      stream, "combine_kvcache_splits_kernel: launch failed", params);
   }

@@ -1,0 +1,58 @@
+// Where the transposed dQ pieces sit (kernels whose query block, kQueries rows, is not a multiple
+// of 64: Cfg::kDqTransposed). Host-and-device, so the CPU tests check the consumer's writing
+// against the conversion kernel's reading (tests/cpu/test_dq_layout.cpp).
+//
+// Consumer c makes dQᵀ = Kᵀ·dSᵀ for columns 64c .. 64c + 63 of the step's kQueries rows: an
+// m64n<kQueries> wgmma accumulator with the head dim on M and the queries on N. Thread t of the
+// warpgroup holds d[4j + 2r + c'] = D[m][n] with m = 16 w + g + 8 r, n = 8 j + 2 q + c' (w = t / 32,
+// g = t % 32 / 4, q = t % 4: HOPPER-PRIMER.md section 5.1), that is dQ[query n][column 64c + m].
+//
+// A piece (64 x kQueries floats) keeps the accumulator's order, as the 64 x 64 pieces of the
+// untransposed kernels do (dq_accum.cuh): thread t's d[4j .. 4j + 3] at floats 4 (128 j + t)
+// .. + 3, so a warpgroup stores it with one 16-byte store per j, consecutive threads at
+// consecutive addresses. In the workspace, a query block's kQueries x d floats are its
+// consumers' pieces in order (piece c: columns 64c ..), the block m of a (sequence, head) at
+// rows m x kQueries of its rows (float (first row) x d).
+#pragma once
+
+#include "hopper/host_device.hpp"
+
+namespace warpattn::detail {
+
+// A row and a column of the m64nN accumulator (m: 0..63, n: 0..N-1).
+struct AccumulatorCoord {
+  int m, n;
+};
+
+// The element of an m64nN f32 wgmma accumulator held by register d[i] of thread t (0..127).
+WARPATTN_HOST_DEVICE constexpr AccumulatorCoord accumulator_coord(int thread, int i) {
+  const int w = thread / 32, g = thread % 32 / 4, q = thread % 4;
+  const int j = i / 4, r = i % 4 / 2, c = i % 2;
+  return {16 * w + g + 8 * r, 8 * j + 2 * q + c};
+}
+
+template <int kQueries>
+struct DqTransposedPiece {
+  static_assert(kQueries % 8 == 0 && kQueries >= 8 && kQueries <= 256, "an m64nN accumulator");
+  static constexpr int kFloats = 64 * kQueries;
+  static constexpr int kRegisters = kQueries / 2;  // per thread
+
+  // The first float of piece `piece` (consumer `piece`'s, columns 64 piece ..) of a query block.
+  WARPATTN_HOST_DEVICE static constexpr int piece_float0(int piece) { return piece * kFloats; }
+
+  // The piece's float that register d[i] of thread t goes to.
+  WARPATTN_HOST_DEVICE static constexpr int float_index(int thread, int i) { return 4 * (128 * (i / 4) + thread) + i % 4; }
+
+  // The dQ element a piece's float `e` holds: its query row within the block and its column
+  // within the piece (the piece's first column is 64 x its consumer).
+  struct Element {
+    int row, column;
+  };
+  WARPATTN_HOST_DEVICE static constexpr Element element(int e) {
+    const int thread = e / 4 % 128, i = 4 * (e / 512) + e % 4;  // float_index's inverse
+    const AccumulatorCoord a = accumulator_coord(thread, i);
+    return {a.n, a.m};  // transposed: the accumulator's N is the query, M the column
+  }
+};
+
+}  // namespace warpattn::detail
