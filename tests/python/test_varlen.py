@@ -326,9 +326,11 @@ def make_batch(lengths, hq, hkv, d, dtype, capacity=0, seed=0):
     return q, k, v, cu_q, cu_k
 
 
-def reference(q, k, v, causal, scale=None, dtype=torch.float32):
-    """(Sq, Hq, D) attention in `dtype` with GQA and bottom-right causal alignment: out and lse
-    (Hq, Sq); rows that see no key are 0 with lse -inf (warpattn's convention)."""
+def reference(q, k, v, causal, scale=None, dtype=None):
+    """(Sq, Hq, D) attention in `dtype` (default float32) with GQA and bottom-right causal
+    alignment: out and lse (Hq, Sq); rows that see no key are 0 with lse -inf (warpattn's
+    convention). No torch default in the signature: the module must import without torch."""
+    dtype = torch.float32 if dtype is None else dtype
     sq, hq, d = q.shape
     sk, hkv = k.shape[:2]
     scale = 1 / math.sqrt(d) if scale is None else scale
