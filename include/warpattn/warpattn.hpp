@@ -241,8 +241,8 @@ void validate_forward_varlen(const TensorView& q, const TensorView& k, const Ten
                              const ForwardOptions& options);
 
 // Bytes of workspace backward_varlen() needs for q of shape (total_q, Hq, D), `batch` sequences
-// and these options (O((total_q + 128 x batch) x Hq x D) x 4 bytes: each sequence's rows are
-// padded to whole 128-row blocks). Checks q's rank and sizes and batch >= 0, nothing else.
+// and these options (O((total_q + G x batch) x Hq x D) x 4 bytes: each sequence's rows are
+// padded to whole blocks of G rows, G = 128, or 320 where the kernel is the head-dim-128 one). Checks q's rank and sizes and batch >= 0, nothing else.
 size_t backward_varlen_workspace_bytes(const TensorView& q, int64_t batch, const BackwardOptions& options);
 
 // backward() on a packed batch: dout, out, dq like q (total_q, Hq, D); k, v, dk, dv

@@ -8,6 +8,7 @@
 
 #include "expect_rejected.hpp"
 #include "harness.hpp"
+#include "hopper/backward/backward_block_m.hpp"
 #include "warpattn/warpattn.hpp"
 
 namespace {
@@ -196,11 +197,14 @@ TEST(varlen_backward_rules) {
   c = make_backward_call();
   c.f.batch.cu_seqlens_q.data = fake(0xa0000000 + 128);  // inside dq
   expect_backward_rejected(c, "dq", "must not overlap cu_seqlens_q", __LINE__);
-  // The workspace: the padded layout's size (each sequence's rows padded to 128-row blocks).
+  // The workspace: the padded layout's size (each sequence's rows padded to whole granules: 128
+  // rows, 320 at d = 128, whose kernel walks 80-row blocks without a mask).
   c = make_backward_call();
   const size_t needed = warpattn::backward_varlen_workspace_bytes(c.f.q, 3, c.options);
-  // (300 + 3 x 128) rows rounded up to 128 = 768 rows x 8 heads x (128 + 2) floats
-  CHECK(needed >= size_t(768) * 8 * 130 * 4 && needed < size_t(768) * 8 * 130 * 4 + 4096) << needed;
+  // (300 + 3 x G) rows rounded up to G, x 8 heads x (128 + 2) floats: 768 rows at G = 128, 1280 at 320
+  const int64_t g = warpattn::detail::backward_row_granule(128);
+  const size_t rows = size_t((300 + 3 * g + g - 1) / g * g);
+  CHECK(needed >= rows * 8 * 130 * 4 && needed < rows * 8 * 130 * 4 + 4096) << needed;
   expect_backward_rejected(c, "workspace", "expected at least", __LINE__,
                            warpattn::Workspace{fake(0xd0000000), needed - 1});
   CHECK(!backward_error_of(c, warpattn::Workspace{fake(0xd0000000), needed}));
