@@ -85,16 +85,16 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
-// Head dimensions the 16-bit forward and backward take: every multiple of 8 from 8 to 256. The
-// kernels are compiled for 64, 128 and 256; a head dim between runs in the next one up, its
-// missing columns zero-filled by TMA on load and never written (kernel_head_dim).
+// Head dimensions every 16-bit kernel takes: every multiple of 8 from 8 to 256. The kernels are
+// compiled for 64, 128 and 256; a head dim between runs in the next one up, its missing columns
+// zero-filled by TMA on load and never written (kernel_head_dim). The dense forward and the
+// backward go on to 512 (kForwardHeadDims, kBackwardHeadDims).
 inline constexpr int kMinHeadDim = 8, kMaxHeadDim = 256, kHeadDimStep = 8;
 inline constexpr auto kSupportedHeadDims = [] {
   std::array<int, kMaxHeadDim / kHeadDimStep> dims{};
   for (int i = 0; i < static_cast<int>(dims.size()); ++i) dims[i] = kMinHeadDim + i * kHeadDimStep;
   return dims;
 }();
-inline constexpr auto kBackwardHeadDims = kSupportedHeadDims;
 // The compiled head dim that serves head_dim (64, 128 or 256; 0 for a head dim not supported).
 constexpr int kernel_head_dim(int64_t head_dim) {
   if (head_dim < kMinHeadDim || head_dim > kMaxHeadDim || head_dim % kHeadDimStep != 0) return 0;
@@ -102,15 +102,19 @@ constexpr int kernel_head_dim(int64_t head_dim) {
 }
 // The dense 16-bit forward (`forward`, flash_attn_func) also takes head dims above 256 up to
 // 512, in a kernel compiled for 512 (its two consumer warpgroups each own half of the head dim;
-// docs/headdim512-design.md), for packed batches and KV caches too. Its backward and FP8 stop
-// at 256.
+// docs/headdim512-design.md), for packed batches and KV caches too, and so does the backward
+// (dense and packed; its 512 kernel runs two CTAs per key block, one per half of the head dim).
+// FP8 stops at 256.
 inline constexpr int kMaxForwardHeadDim = 512;
 inline constexpr auto kForwardHeadDims = [] {
   std::array<int, kMaxForwardHeadDim / kHeadDimStep> dims{};
   for (int i = 0; i < static_cast<int>(dims.size()); ++i) dims[i] = kMinHeadDim + i * kHeadDimStep;
   return dims;
 }();
-// The compiled head dim of the dense forward for head_dim: kernel_head_dim's, or 512 above 256.
+// The backward's head dims: the dense forward's (built, not yet run on the H200 at 264..512).
+inline constexpr auto kBackwardHeadDims = kForwardHeadDims;
+// The compiled head dim of the dense forward (and the backward) for head_dim: kernel_head_dim's,
+// or 512 above 256.
 constexpr int forward_kernel_head_dim(int64_t head_dim) {
   if (head_dim > kMaxHeadDim && head_dim <= kMaxForwardHeadDim && head_dim % kHeadDimStep == 0) return 512;
   return kernel_head_dim(head_dim);

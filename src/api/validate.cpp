@@ -130,7 +130,8 @@ void check_head_dim_in(const Arg& q, std::span<const int> dims, const char* kern
 }
 
 // ---- e. head dimension, for the 16-bit kernels: a multiple of 8 from 8 to 256 (kernel_head_dim),
-// or to 512 for the dense forward (max_head_dim = kMaxForwardHeadDim: forward_kernel_head_dim)
+// or to 512 for the dense forward and the backward (max_head_dim = kMaxForwardHeadDim:
+// forward_kernel_head_dim)
 void check_head_dim_supported(const Arg& q, const char* kernel, int max_head_dim = kMaxHeadDim) {
   const int last = q.view.rank - 1;
   const int64_t head_dim = q.view.shape[last];
@@ -140,7 +141,7 @@ void check_head_dim_supported(const Arg& q, const char* kernel, int max_head_dim
   m << q.name << ": head_dim (shape[" << q.dim(last) << "]) must be a multiple of " << kHeadDimStep << " from "
     << kMinHeadDim << " to " << max_head_dim << kernel;
   if (!wide && forward_kernel_head_dim(head_dim) != 0)
-    m << " (head dims above 256: the 16-bit forward only, dense, packed or over KV caches)";
+    m << " (head dims above 256: the 16-bit forward, dense, packed or over KV caches, and its backward)";
   m << ", got " << head_dim;
   fail(m);
 }
@@ -774,8 +775,8 @@ BackwardProblem validate_backward_views(const BackwardTensors& t, const Backward
   const Operand operands[8] = {{adout, aq, true}, {aq, aq},   {ak, ak},   {av, ak, true},
                                {aout, aq, true},  {adq, aq}, {adk, ak}, {adv, ak, true}};
 
-  // a to j
-  ProblemSizes sizes = check_attention_tensors(operands, aq, ak, av, &alse);
+  // a to j (head dims up to 512, as the dense forward: the 512 kernel takes 264..512)
+  ProblemSizes sizes = check_attention_tensors(operands, aq, ak, av, &alse, false, kMaxForwardHeadDim);
   // g, for the backward: dk and dv are written, and only through the query heads of their
   // group, so key/value heads without any query head would be left unwritten (the forward
   // only reads k and v, and may take them).
@@ -786,8 +787,8 @@ BackwardProblem validate_backward_views(const BackwardTensors& t, const Backward
     fail(m);
   }
 
-  // e, for the backward: a head dim with a backward kernel
-  check_head_dim_supported(aq, " for the backward");
+  // e, for the backward: a head dim with a backward kernel (every one the dense forward has)
+  check_head_dim_supported(aq, " for the backward", kMaxForwardHeadDim);
 
   // k. softmax scale
   check_softmax_scale(options.softmax_scale);
@@ -819,12 +820,13 @@ BackwardProblem validate_backward_views(const BackwardTensors& t, const Backward
   }
 
   // o1 to o6 for a packed batch: the backward's tiles are key blocks (of 64 keys at the
-  // smallest) of each KV head
+  // smallest) of each KV head; the 512 kernel runs two CTAs per tile (one per column half), so
+  // there they count twice
   std::vector<const Arg*> tensors = {&adout, &aq, &ak, &av, &aout, &alse, &adq, &adk, &adv};
   std::optional<VarlenArgs> va;
   if (varlen) {
     va.emplace(*varlen);
-    sizes.batch = va->check(sizes.seqlen_k, 64, sizes.heads_kv, "k");
+    sizes.batch = va->check(sizes.seqlen_k, 64, sizes.heads_kv * (sizes.kernel_dim() == 512 ? 2 : 1), "k");
     va->add_to(tensors);
   }
 
