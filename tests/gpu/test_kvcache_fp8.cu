@@ -304,3 +304,5 @@ TEST(kvcache_fp8_gqa_and_splits) {
     run_case(c);
   }
 }
+
+HARNESS_MAIN()
