@@ -297,6 +297,23 @@ struct KvCache {
   // batch-invariant mode), 1 .. 128 asks for that many (fewer where their partial states would
   // pass 1 GiB: about 70 KB a piece at head dim 128).
   int num_splits = 0;
+  // An E4M3 (FP8) cache, half the bytes a step reads (docs/decode-fp8-cache-design.md): k_cache
+  // and v_cache float8_e4m3fn, with these (Hkv) fp32 descales, one per KV head (any stride >= 0;
+  // 0: one for all heads, vLLM's per-layer k_scale and v_scale), fixed for the cache's life: a
+  // cached element stands for its e4m3 value times its head's descale. Both or neither; given
+  // exactly when the caches are e4m3. Layouts:
+  //   k_cache: as a 16-bit cache's, one byte an element;
+  //   v_cache: V transposed, dense (B, Hkv, D, S_cache) or paged (num_pages, Hkv, D, page_size),
+  //            inside every 16 keys of a page column 16 g + s holding key 16 g + kFp8KeyOrder[s]
+  //            (warpattn/fp8.hpp: forward_fp8's Vᵀ order);
+  //   S_cache (dense) or page_size (paged) a multiple of 16; D 64 or 128 (256: not yet).
+  // q, out and the new k and v stay fp16 or bf16: the new rows are quantised into the cache
+  // (e4m3(x / descale), rounded to nearest even, saturated to +-448), and each step's q with one
+  // descale per work tile (the query heads of one KV head at up to 128 / group positions: amax /
+  // 448). No rotation (quantize_fp8's incoherent processing) in this first version, no softcap
+  // (forward_fp8's rule). The descales are read on the device only: they must be finite and > 0,
+  // and cache bytes inside a sequence's pages past its length must not be NaN codes (0x7F, 0xFF).
+  std::optional<TensorView> k_descale, v_descale;
 };
 
 // forward() over each sequence's cache: out[b] = attention(q[b], keys 0 .. len of b's cache),

@@ -270,6 +270,30 @@ extern "C" int warpattn_forward_kvcache(const warpattn_tensor* q, const warpattn
   });
 }
 
+extern "C" int warpattn_forward_kvcache_fp8(const warpattn_tensor* q, const warpattn_tensor* k_cache,
+                                            const warpattn_tensor* v_cache, const warpattn_tensor* k_descale,
+                                            const warpattn_tensor* v_descale, const warpattn_tensor* k_new,
+                                            const warpattn_tensor* v_new, const warpattn_tensor* cache_seqlens,
+                                            const warpattn_tensor* block_table, int num_splits,
+                                            const warpattn_tensor* out, const warpattn_tensor* lse,
+                                            const warpattn_forward_options* options, void* stream, char* err,
+                                            size_t err_len) {
+  return run_entry("warpattn_forward_kvcache_fp8", err, err_len, [&] {
+    warpattn::KvCache cache;
+    cache.k_cache = to_view(k_cache, "k_cache");
+    cache.v_cache = to_view(v_cache, "v_cache");
+    cache.k_descale = to_view(k_descale, "k_descale");
+    cache.v_descale = to_view(v_descale, "v_descale");
+    cache.k = optional_view(k_new, "k_new");
+    cache.v = optional_view(v_new, "v_new");
+    cache.cache_seqlens = optional_view(cache_seqlens, "cache_seqlens");
+    cache.block_table = optional_view(block_table, "block_table");
+    cache.num_splits = num_splits;
+    warpattn::forward_kvcache(to_view(q, "q"), cache, to_view(out, "out"), optional_view(lse, "lse"),
+                              forward_options(options), static_cast<cudaStream_t>(stream));
+  });
+}
+
 extern "C" int warpattn_backward(const warpattn_tensor* dout, const warpattn_tensor* q,
                                  const warpattn_tensor* k, const warpattn_tensor* v,
                                  const warpattn_tensor* out, const warpattn_tensor* lse,
