@@ -151,7 +151,7 @@ struct KvCacheConfig : VarlenConfig<Base> {
   static constexpr bool kVtSlices = Base::kFp8;
   // Not at FP8's d = 256: the KV-cache producer (page look-ups, the pieces' enumeration) spilled
   // 128-132 bytes in the 24 registers that kernel leaves it (kWideConsumers: consumers of 240),
-  // and its consumers 48-116 bytes in 232 with a producer of 40 (2026-12-03).
+  // and its consumers 48-116 bytes in 232 with a producer of 40 (2026-12-02).
   static_assert(!Base::kFp8 || Base::kHeadDim <= 128, "E4M3 caches at head dims 64 and 128");
   static_assert(!Base::kIntScores, "a KV cache's K is E4M3 or 16-bit");
   static_assert(Base::kHeadDimV == Base::kHeadDim, "a KV cache's values have the keys' head dim");
