@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "hopper/cuda_check.hpp"
+#include "hopper/decode/e4m3_code.cuh"
 #include "hopper/decode/append_kv.hpp"
 #include "hopper/decode/fp8_cache_layout.hpp"
 
@@ -36,17 +37,6 @@ struct Fp8AppendArgs {
   KvPages pages;
   int capacity;
 };
-
-template <class T>
-__device__ __forceinline__ float to_float(T x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __bfloat162float(x);
-  else
-    return __half2float(x);
-}
-__device__ __forceinline__ uint8_t e4m3(float x, float descale) {  // an IEEE division, as the host's reference
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(x, descale), __NV_SATFINITE, __NV_E4M3));
-}
 
 template <class T>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) append_fp8_kv_kernel(const __grid_constant__ Fp8AppendArgs a) {
@@ -74,10 +64,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) append_fp8_kv_kernel(cons
       const T* vx = reinterpret_cast<const T*>(&vraw);
       uint32_t codes = 0;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) codes |= static_cast<uint32_t>(e4m3(to_float(kx[j]), kd)) << (8 * j);
+      for (int j = 0; j < 4; ++j) codes |= static_cast<uint32_t>(e4m3_code(to_float(kx[j]), kd)) << (8 * j);
       *reinterpret_cast<uint32_t*>(k_out + c) = codes;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) vt_out[(c + j) * a.vt_stride[2]] = e4m3(to_float(vx[j]), vd);
+      for (int j = 0; j < 4; ++j) vt_out[(c + j) * a.vt_stride[2]] = e4m3_code(to_float(vx[j]), vd);
     }
   }
 }

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "hopper/cuda_check.hpp"
+#include "hopper/decode/e4m3_code.cuh"
 #include "hopper/decode/quantize_cache_q.hpp"
 
 namespace warpattn::detail {
@@ -34,14 +35,6 @@ struct QTile {
 __device__ __forceinline__ QTile q_tile(const QuantizeQArgs& a) {
   const int u = static_cast<int>(blockIdx.x);
   return {u % a.m_blocks, u / a.m_blocks % a.chunks, u / a.m_blocks / a.chunks};
-}
-
-template <class T>
-__device__ __forceinline__ float to_float(T x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __bfloat162float(x);
-  else
-    return __half2float(x);
 }
 
 // The tile's element e (8 at a time): row e / head_dim of the tile, position row / heads and
@@ -93,7 +86,7 @@ __global__ void __launch_bounds__(kThreads) quantize_cache_q_kernel(const __grid
     uint8_t c[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i)  // (an IEEE division, as the host's reference divides)
-      c[i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(to_float(x[i]), descale), __NV_SATFINITE, __NV_E4M3));
+      c[i] = e4m3_code(to_float(x[i]), descale);
     *reinterpret_cast<uint2*>(a.codes + t.out) = *reinterpret_cast<const uint2*>(c);
   }
 }
