@@ -20,7 +20,8 @@ for t in ${TESTS:-}; do targets="$targets ${t%%:*}"; done
 name_of() { local n=${1%%=*}; echo "${n%@*}"; }  # NAME of NAME[@DIR]=FLAGS
 dir_of() { case ${1#*=} in @*) local d=${1#*=}; echo "${d#@}" ;; *) echo "build-$(name_of "$1")" ;; esac; }
 to_build=$(for v in ${VARIANTS:?}; do case ${v#*=} in @*) ;; *) echo "$v" ;; esac; done)
-jobs=$(( $(nproc) / ($(echo $to_build | wc -w) + 1) + 1 ))
+builds=$(echo $to_build | wc -w)
+jobs=$(( $(nproc) / (builds > 0 ? builds : 1) + 1 ))  # the cores shared by the builds (none: every variant prebuilt)
 for v in $to_build; do
   name=$(name_of "$v") flags=${v#*=} src=.
   case ${v%%=*} in *@*) src=${v%%=*}; src=${src#*@} ;; esac
