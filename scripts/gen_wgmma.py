@@ -8,7 +8,7 @@ generating them keeps the header mechanical and the kernels free of raw asm.
   SS, both transposed (A and B MN-major: tnspA = tnspB = 1): the backward's dQ = dS·K, dS
   stored [key][query] and K [key][d], both read along their contiguous axis as M and N.
   SS, A transposed (A MN-major, B K-major: tnspA = 1, tnspB = 0): the backward's transposed dQ
-  at 80-row query blocks, dQᵀ = Kᵀ·dSᵀ, K [key][d] read as Kᵀ (d on M), dS stored [query][key]
+  at 80-row query blocks (d = 128) and 32-row ones (d = 512), dQᵀ = Kᵀ·dSᵀ, K [key][d] read as Kᵀ (d on M), dS stored [query][key]
   (queries on N, keys contiguous: K-major).
   SS, B transposed (A K-major, B MN-major: tnspA = 0, tnspB = 1): the backward's dV += Pᵀ·dO
   and dK += dSᵀ·Q with Pᵀ and dSᵀ read from shared memory ([key][query]: K-major for
@@ -29,7 +29,7 @@ SS_TRANSPOSED_B_N = [128]
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
 FP8_SS_N = [128]
 FP8_RS_N = [64, 128, 256]
-SS_TRANSPOSED_A_N = [80]
+SS_TRANSPOSED_A_N = [32, 80]
 
 
 def regs(n):

@@ -85,16 +85,16 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
-// Head dimensions the 16-bit forward and backward take: every multiple of 8 from 8 to 256. The
-// kernels are compiled for 64, 128 and 256; a head dim between runs in the next one up, its
-// missing columns zero-filled by TMA on load and never written (kernel_head_dim).
+// Head dimensions every 16-bit kernel takes: every multiple of 8 from 8 to 256. The kernels are
+// compiled for 64, 128 and 256; a head dim between runs in the next one up, its missing columns
+// zero-filled by TMA on load and never written (kernel_head_dim). The dense forward and the
+// backward go on to 512 (kForwardHeadDims, kBackwardHeadDims).
 inline constexpr int kMinHeadDim = 8, kMaxHeadDim = 256, kHeadDimStep = 8;
 inline constexpr auto kSupportedHeadDims = [] {
   std::array<int, kMaxHeadDim / kHeadDimStep> dims{};
   for (int i = 0; i < static_cast<int>(dims.size()); ++i) dims[i] = kMinHeadDim + i * kHeadDimStep;
   return dims;
 }();
-inline constexpr auto kBackwardHeadDims = kSupportedHeadDims;
 // The compiled head dim that serves head_dim (64, 128 or 256; 0 for a head dim not supported).
 constexpr int kernel_head_dim(int64_t head_dim) {
   if (head_dim < kMinHeadDim || head_dim > kMaxHeadDim || head_dim % kHeadDimStep != 0) return 0;
@@ -102,15 +102,19 @@ constexpr int kernel_head_dim(int64_t head_dim) {
 }
 // The dense 16-bit forward (`forward`, flash_attn_func) also takes head dims above 256 up to
 // 512, in a kernel compiled for 512 (its two consumer warpgroups each own half of the head dim;
-// docs/headdim512-design.md), for packed batches and KV caches too. Its backward and FP8 stop
-// at 256.
+// docs/headdim512-design.md), for packed batches and KV caches too, and so does the backward
+// (dense and packed; its 512 kernel runs two CTAs per key block, one per half of the head dim).
+// FP8 stops at 256.
 inline constexpr int kMaxForwardHeadDim = 512;
 inline constexpr auto kForwardHeadDims = [] {
   std::array<int, kMaxForwardHeadDim / kHeadDimStep> dims{};
   for (int i = 0; i < static_cast<int>(dims.size()); ++i) dims[i] = kMinHeadDim + i * kHeadDimStep;
   return dims;
 }();
-// The compiled head dim of the dense forward for head_dim: kernel_head_dim's, or 512 above 256.
+// The backward's head dims: the dense forward's (built, not yet run on the H200 at 264..512).
+inline constexpr auto kBackwardHeadDims = kForwardHeadDims;
+// The compiled head dim of the dense forward (and the backward) for head_dim: kernel_head_dim's,
+// or 512 above 256.
 constexpr int forward_kernel_head_dim(int64_t head_dim) {
   if (head_dim > kMaxHeadDim && head_dim <= kMaxForwardHeadDim && head_dim % kHeadDimStep == 0) return 512;
   return kernel_head_dim(head_dim);
@@ -241,8 +245,8 @@ void validate_forward_varlen(const TensorView& q, const TensorView& k, const Ten
                              const ForwardOptions& options);
 
 // Bytes of workspace backward_varlen() needs for q of shape (total_q, Hq, D), `batch` sequences
-// and these options (O((total_q + 128 x batch) x Hq x D) x 4 bytes: each sequence's rows are
-// padded to whole 128-row blocks). Checks q's rank and sizes and batch >= 0, nothing else.
+// and these options (O((total_q + G x batch) x Hq x D) x 4 bytes: each sequence's rows are
+// padded to whole blocks of G rows, G = 128, or 320 where the kernel is the head-dim-128 one). Checks q's rank and sizes and batch >= 0, nothing else.
 size_t backward_varlen_workspace_bytes(const TensorView& q, int64_t batch, const BackwardOptions& options);
 
 // backward() on a packed batch: dout, out, dq like q (total_q, Hq, D); k, v, dk, dv
@@ -293,6 +297,23 @@ struct KvCache {
   // batch-invariant mode), 1 .. 128 asks for that many (fewer where their partial states would
   // pass 1 GiB: about 70 KB a piece at head dim 128).
   int num_splits = 0;
+  // An E4M3 (FP8) cache, half the bytes a step reads (docs/decode-fp8-cache-design.md): k_cache
+  // and v_cache float8_e4m3fn, with these (Hkv) fp32 descales, one per KV head (any stride >= 0;
+  // 0: one for all heads, vLLM's per-layer k_scale and v_scale), fixed for the cache's life: a
+  // cached element stands for its e4m3 value times its head's descale. Both or neither; given
+  // exactly when the caches are e4m3. Layouts:
+  //   k_cache: as a 16-bit cache's, one byte an element;
+  //   v_cache: V transposed, dense (B, Hkv, D, S_cache) or paged (num_pages, Hkv, D, page_size),
+  //            inside every 16 keys of a page column 16 g + s holding key 16 g + kFp8KeyOrder[s]
+  //            (warpattn/fp8.hpp: forward_fp8's Vᵀ order);
+  //   S_cache (dense) or page_size (paged) a multiple of 16; D 64 or 128 (256: not yet).
+  // q, out and the new k and v stay fp16 or bf16: the new rows are quantised into the cache
+  // (e4m3(x / descale), rounded to nearest even, saturated to +-448), and each step's q with one
+  // descale per work tile (the query heads of one KV head at up to 128 / group positions: amax /
+  // 448). No rotation (quantize_fp8's incoherent processing) in this first version, no softcap
+  // (forward_fp8's rule). The descales are read on the device only: they must be finite and > 0,
+  // and cache bytes inside a sequence's pages past its length must not be NaN codes (0x7F, 0xFF).
+  std::optional<TensorView> k_descale, v_descale;
 };
 
 // forward() over each sequence's cache: out[b] = attention(q[b], keys 0 .. len of b's cache),

@@ -119,6 +119,20 @@ WARPATTN_C_API int warpattn_forward_kvcache(const warpattn_tensor* q, const warp
                                             const warpattn_forward_options* options, void* stream, char* err,
                                             size_t err_len);
 
+/* warpattn_forward_kvcache over an E4M3 cache (KvCache::k_descale in warpattn.hpp): k_cache
+ * float8_e4m3fn in the 16-bit cache's layout, v_cache float8_e4m3fn transposed, dense (B, Hkv,
+ * D, S_cache) or paged (num_pages, Hkv, D, page_size), S_cache or page_size a multiple of 16;
+ * k_descale and v_descale (Hkv) float32 (stride 0: one for all heads); q, out, k_new and v_new
+ * fp16 or bf16, the new rows quantised into the cache. The rest as warpattn_forward_kvcache's. */
+WARPATTN_C_API int warpattn_forward_kvcache_fp8(const warpattn_tensor* q, const warpattn_tensor* k_cache,
+                                                const warpattn_tensor* v_cache, const warpattn_tensor* k_descale,
+                                                const warpattn_tensor* v_descale, const warpattn_tensor* k_new,
+                                                const warpattn_tensor* v_new, const warpattn_tensor* cache_seqlens,
+                                                const warpattn_tensor* block_table, int num_splits,
+                                                const warpattn_tensor* out, const warpattn_tensor* lse,
+                                                const warpattn_forward_options* options, void* stream, char* err,
+                                                size_t err_len);
+
 /* The gradients of warpattn_forward(q, k, v) -> out, given dout = dL/d(out): dq, dk and dv.
  *   lse:              the forward's log-sum-exp (not optional here).
  *   has_scale, softmax_scale, causal: those of the forward call.

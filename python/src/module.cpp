@@ -464,7 +464,7 @@ NB_MODULE(_warpattn, m) {
         "forward's, aligned bottom-right on each sequence's keys; num_splits: the pieces of each tile's keys (0: "
         "chosen from the shape; warpattn.hpp, KvCache).");
   // Every multiple of 8 from 8 to 256 (64, 128 and 256 compiled, those between padded); the dense
-  // forward's to 512 (a 512 kernel above 256).
+  // forward's and the backward's to 512 (a 512 kernel above 256).
   nb::list supported_head_dims, backward_head_dims, forward_head_dims;
   for (int d : warpattn::kSupportedHeadDims) supported_head_dims.append(d);
   for (int d : warpattn::kBackwardHeadDims) backward_head_dims.append(d);

@@ -114,8 +114,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False,
 
     q: (batch, seqlen_q, heads, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim) with
     heads a multiple of heads_kv (GQA/MQA); float16 or bfloat16 on a CUDA device; head_dim a
-    multiple of 8 from 8 to 512 (warpattn.forward_head_dims; above 256 forward only: no
-    gradient); any batch/sequence/head strides with a contiguous last dimension.
+    multiple of 8 from 8 to 512 (warpattn.forward_head_dims, with gradients: backward_head_dims;
+    above 256 in the 512 kernels); any batch/sequence/head strides with a contiguous last dimension.
     softmax_scale: default 1/sqrt(head_dim). causal: aligned bottom-right when
     seqlen_q != seqlen_k (as FlashAttention 2 and 3). out: optional output tensor to write
     (not differentiable). Returns out, or (out, lse) with return_lse, lse being
@@ -175,7 +175,7 @@ def flash_attn_backward(dout, q, k, v, out, lse, softmax_scale=None, causal=Fals
     dv: tensors to write (PyTorch and CuPy), shaped as q, k, v (dk and dv summed over the query
     heads of a group); each one not given is allocated. softmax_scale and causal must be those of
     the forward call. deterministic: the same bits on every run (dq's partial sums are added in
-    a fixed order), slower. Head dims: warpattn.backward_head_dims (multiples of 8 up to 256). Runs on the
+    a fixed order), slower. Head dims: warpattn.backward_head_dims (multiples of 8 up to 512). Runs on the
     current stream (PyTorch, CuPy) and returns without synchronising; JAX arrays go through
     warpattn.jax_ffi (XLA's stream), or without its handlers are waited for and the result
     handed back once computed. PyTorch users get this through autograd. window_size, softcap and

@@ -50,7 +50,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
     q: (total_q, heads, head_dim); k, v: (total_k, heads_kv, head_dim) with heads a multiple of
     heads_kv (GQA/MQA); float16 or bfloat16 on a CUDA device; head_dim a multiple of 8 from 8 to 512
-    (above 256 without gradients: warpattn.forward_head_dims); any row
+    (with gradients: warpattn.backward_head_dims, the same); any row
     and head strides with a contiguous last dimension (e.g. slices of a packed qkv tensor).
     Sequence b is q[cu_seqlens_q[b]:cu_seqlens_q[b+1]] against k and v[cu_seqlens_k[b]:
     cu_seqlens_k[b+1]]; it attends only within itself. cu_seqlens_q, cu_seqlens_k: (B + 1,)

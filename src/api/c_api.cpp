@@ -249,6 +249,24 @@ extern "C" int warpattn_forward_varlen_ex(const warpattn_tensor* q, const warpat
   });
 }
 
+namespace {
+// The KvCache of the two KV-cache entries (16-bit and FP8 caches): the same arguments, views of
+// the same names in the messages.
+warpattn::KvCache kv_cache(const warpattn_tensor* k_cache, const warpattn_tensor* v_cache,
+                           const warpattn_tensor* k_new, const warpattn_tensor* v_new,
+                           const warpattn_tensor* cache_seqlens, const warpattn_tensor* block_table, int num_splits) {
+  warpattn::KvCache cache;
+  cache.k_cache = to_view(k_cache, "k_cache");
+  cache.v_cache = to_view(v_cache, "v_cache");
+  cache.k = optional_view(k_new, "k_new");
+  cache.v = optional_view(v_new, "v_new");
+  cache.cache_seqlens = optional_view(cache_seqlens, "cache_seqlens");
+  cache.block_table = optional_view(block_table, "block_table");
+  cache.num_splits = num_splits;
+  return cache;
+}
+}  // namespace
+
 extern "C" int warpattn_forward_kvcache(const warpattn_tensor* q, const warpattn_tensor* k_cache,
                                         const warpattn_tensor* v_cache, const warpattn_tensor* k_new,
                                         const warpattn_tensor* v_new, const warpattn_tensor* cache_seqlens,
@@ -257,14 +275,24 @@ extern "C" int warpattn_forward_kvcache(const warpattn_tensor* q, const warpattn
                                         const warpattn_forward_options* options, void* stream, char* err,
                                         size_t err_len) {
   return run_entry("warpattn_forward_kvcache", err, err_len, [&] {
-    warpattn::KvCache cache;
-    cache.k_cache = to_view(k_cache, "k_cache");
-    cache.v_cache = to_view(v_cache, "v_cache");
-    cache.k = optional_view(k_new, "k_new");
-    cache.v = optional_view(v_new, "v_new");
-    cache.cache_seqlens = optional_view(cache_seqlens, "cache_seqlens");
-    cache.block_table = optional_view(block_table, "block_table");
-    cache.num_splits = num_splits;
+    const warpattn::KvCache cache = kv_cache(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, num_splits);
+    warpattn::forward_kvcache(to_view(q, "q"), cache, to_view(out, "out"), optional_view(lse, "lse"),
+                              forward_options(options), static_cast<cudaStream_t>(stream));
+  });
+}
+
+extern "C" int warpattn_forward_kvcache_fp8(const warpattn_tensor* q, const warpattn_tensor* k_cache,
+                                            const warpattn_tensor* v_cache, const warpattn_tensor* k_descale,
+                                            const warpattn_tensor* v_descale, const warpattn_tensor* k_new,
+                                            const warpattn_tensor* v_new, const warpattn_tensor* cache_seqlens,
+                                            const warpattn_tensor* block_table, int num_splits,
+                                            const warpattn_tensor* out, const warpattn_tensor* lse,
+                                            const warpattn_forward_options* options, void* stream, char* err,
+                                            size_t err_len) {
+  return run_entry("warpattn_forward_kvcache_fp8", err, err_len, [&] {
+    warpattn::KvCache cache = kv_cache(k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, num_splits);
+    cache.k_descale = to_view(k_descale, "k_descale");
+    cache.v_descale = to_view(v_descale, "v_descale");
     warpattn::forward_kvcache(to_view(q, "q"), cache, to_view(out, "out"), optional_view(lse, "lse"),
                               forward_options(options), static_cast<cudaStream_t>(stream));
   });

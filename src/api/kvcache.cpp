@@ -23,16 +23,32 @@ void forward_kvcache(const TensorView& q, const KvCache& cache, const TensorView
                                        {"v", cache.v ? &*cache.v : nullptr},
                                        {"cache_seqlens", cache.cache_seqlens ? &*cache.cache_seqlens : nullptr},
                                        {"block_table", cache.block_table ? &*cache.block_table : nullptr},
-                                       {"sinks", options.sinks ? &*options.sinks : nullptr}},
+                                       {"sinks", options.sinks ? &*options.sinks : nullptr},
+                                       {"k_descale", cache.k_descale ? &*cache.k_descale : nullptr},
+                                       {"v_descale", cache.v_descale ? &*cache.v_descale : nullptr}},
                                       stream);
   const std::optional<detail::NewRows> rows =
       appends && p.seqlen_k > 0 ? std::optional<detail::NewRows>(detail::NewRows{*cache.k, *cache.v}) : std::nullopt;
+  detail::CacheDescales descales;  // an E4M3 cache's
+  if (c.fp8) {
+    descales.k = static_cast<const float*>(cache.k_descale->data);
+    descales.k_stride = cache.k_descale->stride[0];
+    descales.v = static_cast<const float*>(cache.v_descale->data);
+    descales.v_stride = cache.v_descale->stride[0];
+  }
   if (attends && p.seqlen_k > 0) {  // the launch appends the rows first
-    detail::launch_forward_kvcache_sm90(p, c.work, c.pages, c.num_splits, rows ? &*rows : nullptr, q, cache.k_cache,
-                                        cache.v_cache, out, lse, stream);
+    if (c.fp8)
+      detail::launch_forward_kvcache_fp8_sm90(p, c.work, c.pages, c.num_splits, rows ? &*rows : nullptr, q,
+                                              cache.k_cache, cache.v_cache, descales, out, lse, stream);
+    else
+      detail::launch_forward_kvcache_sm90(p, c.work, c.pages, c.num_splits, rows ? &*rows : nullptr, q, cache.k_cache,
+                                          cache.v_cache, out, lse, stream);
     return;
   }
-  if (rows)
+  if (rows && c.fp8)
+    detail::append_fp8_kv(rows->k, rows->v, cache.k_cache, cache.v_cache, descales, c.work.cache_seqlens, c.pages,
+                          static_cast<int>(p.seqlen_k), stream);
+  else if (rows)
     detail::append_kv(rows->k, rows->v, cache.k_cache, cache.v_cache, c.work.cache_seqlens, c.pages,
                       static_cast<int>(p.seqlen_k), stream);
   if (attends)  // no cache holds a key: every row's out is zero and lse -inf (or its sink)

@@ -84,6 +84,7 @@ struct KvCacheCall {
   KvPages pages;
   int64_t appended = 0;
   int num_splits = 0;  // KvCache::num_splits
+  bool fp8 = false;    // an E4M3 cache (KvCache::k_descale): p.dtype is q's and out's
 };
 KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, const TensorView& out,
                                      const std::optional<TensorView>& lse, const ForwardOptions& options);

@@ -130,7 +130,8 @@ void check_head_dim_in(const Arg& q, std::span<const int> dims, const char* kern
 }
 
 // ---- e. head dimension, for the 16-bit kernels: a multiple of 8 from 8 to 256 (kernel_head_dim),
-// or to 512 for the dense forward (max_head_dim = kMaxForwardHeadDim: forward_kernel_head_dim)
+// or to 512 for the dense forward and the backward (max_head_dim = kMaxForwardHeadDim:
+// forward_kernel_head_dim)
 void check_head_dim_supported(const Arg& q, const char* kernel, int max_head_dim = kMaxHeadDim) {
   const int last = q.view.rank - 1;
   const int64_t head_dim = q.view.shape[last];
@@ -140,7 +141,7 @@ void check_head_dim_supported(const Arg& q, const char* kernel, int max_head_dim
   m << q.name << ": head_dim (shape[" << q.dim(last) << "]) must be a multiple of " << kHeadDimStep << " from "
     << kMinHeadDim << " to " << max_head_dim << kernel;
   if (!wide && forward_kernel_head_dim(head_dim) != 0)
-    m << " (head dims above 256: the 16-bit forward only, dense, packed or over KV caches)";
+    m << " (head dims above 256: the 16-bit forward, dense, packed or over KV caches, and its backward)";
   m << ", got " << head_dim;
   fail(m);
 }
@@ -774,8 +775,8 @@ BackwardProblem validate_backward_views(const BackwardTensors& t, const Backward
   const Operand operands[8] = {{adout, aq, true}, {aq, aq},   {ak, ak},   {av, ak, true},
                                {aout, aq, true},  {adq, aq}, {adk, ak}, {adv, ak, true}};
 
-  // a to j
-  ProblemSizes sizes = check_attention_tensors(operands, aq, ak, av, &alse);
+  // a to j (head dims up to 512, as the dense forward: the 512 kernel takes 264..512)
+  ProblemSizes sizes = check_attention_tensors(operands, aq, ak, av, &alse, false, kMaxForwardHeadDim);
   // g, for the backward: dk and dv are written, and only through the query heads of their
   // group, so key/value heads without any query head would be left unwritten (the forward
   // only reads k and v, and may take them).
@@ -786,8 +787,8 @@ BackwardProblem validate_backward_views(const BackwardTensors& t, const Backward
     fail(m);
   }
 
-  // e, for the backward: a head dim with a backward kernel
-  check_head_dim_supported(aq, " for the backward");
+  // e, for the backward: a head dim with a backward kernel (every one the dense forward has)
+  check_head_dim_supported(aq, " for the backward", kMaxForwardHeadDim);
 
   // k. softmax scale
   check_softmax_scale(options.softmax_scale);
@@ -819,12 +820,13 @@ BackwardProblem validate_backward_views(const BackwardTensors& t, const Backward
   }
 
   // o1 to o6 for a packed batch: the backward's tiles are key blocks (of 64 keys at the
-  // smallest) of each KV head
+  // smallest) of each KV head; the 512 kernel runs two CTAs per tile (one per column half), so
+  // there they count twice
   std::vector<const Arg*> tensors = {&adout, &aq, &ak, &av, &aout, &alse, &adq, &adk, &adv};
   std::optional<VarlenArgs> va;
   if (varlen) {
     va.emplace(*varlen);
-    sizes.batch = va->check(sizes.seqlen_k, 64, sizes.heads_kv, "k");
+    sizes.batch = va->check(sizes.seqlen_k, 64, sizes.heads_kv * (sizes.kernel_dim() == 512 ? 2 : 1), "k");
     va->add_to(tensors);
   }
 
@@ -1213,22 +1215,99 @@ namespace {
 const char* const kPagedDimNames[4] = {"num_pages", "page_size", "heads", "head_dim"};
 const char* const kBlockTableDimNames[2] = {"batch", "max_pages"};
 const char* const kCacheSeqlensDimNames[1] = {"batch"};
+const char* const kDenseVtCacheDimNames[4] = {"batch", "heads", "head_dim", "seqlen"};
+const char* const kPagedVtCacheDimNames[4] = {"num_pages", "heads", "head_dim", "page_size"};
+const char* const kCacheDescaleDimNames[1] = {"heads_kv"};
+
+// Whether a call's cache is E4M3 (KvCache::k_descale): either cache's dtype, or a descale given,
+// says so; check_fp8_cache_tensors then requires all of it.
+bool is_fp8_cache(const KvCache& c) {
+  return c.k_cache.dtype == DType::e4m3 || c.v_cache.dtype == DType::e4m3 || c.k_descale || c.v_descale;
+}
+
+// Rules a to j for an E4M3 cache (warpattn.hpp, KvCache::k_descale): q and out 16-bit as
+// forward()'s, the caches e4m3 (v_cache transposed: (pages, Hkv, D, page keys)), the keys of a
+// page (the dense cache's S_cache) a multiple of 16, the head dim one with an FP8 kernel, the
+// descales (Hkv) fp32. Returns the call's sizes (seqlen_k: a page's keys, as
+// check_attention_tensors').
+ProblemSizes check_fp8_cache_tensors(const Arg& aq, const Arg& ak, const Arg& av, const Arg& aout, const Arg* alse,
+                                     const Arg& aks, const Arg& avs, const KvCache& cache, bool paged) {
+  const Arg* const tensors[4] = {&aq, &ak, &av, &aout};
+  const Arg* const scales[2] = {&aks, &avs};
+  if (!cache.k_descale || !cache.v_descale)
+    fail(Message() << (cache.k_descale ? "v_descale" : "k_descale")
+                   << ": an E4M3 cache needs both k_descale and v_descale ((heads_kv) float32), got "
+                   << (cache.k_descale || cache.v_descale ? "one" : "neither"));
+  for (const Arg* a : tensors) check_rank(*a);
+  for (const Arg* a : scales) check_rank(*a);
+  if (alse) check_rank(*alse);
+  for (const Arg* a : tensors) check_sizes_not_negative(*a);
+  for (const Arg* a : scales) check_sizes_not_negative(*a);
+  if (alse) check_sizes_not_negative(*alse);
+  for (const Arg* a : tensors) check_not_null(*a);
+  for (const Arg* a : scales) check_not_null(*a);
+  if (alse) check_not_null(*alse);
+  check_16bit_dtype(aq);
+  check_dtype(aout, aq.view.dtype, aq.name);
+  check_dtype(ak, DType::e4m3);
+  check_dtype(av, DType::e4m3);
+  for (const Arg* a : scales) check_dtype(*a, DType::f32);
+  if (alse) check_dtype(*alse, DType::f32);
+  // (not 256 yet: its kernel spilled, forward_config.hpp's KvCacheConfig)
+  constexpr int kFp8CacheHeadDims[] = {64, 128};
+  check_head_dim_in(aq, kFp8CacheHeadDims, " for an E4M3 KV cache");
+  const TensorView &q = aq.view, &k = ak.view;
+  ProblemSizes sizes{q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]};
+  check_shape(aout, q.shape, "(same as q)");
+  const int64_t k_want[4] = {paged ? k.shape[0] : sizes.batch, k.shape[1], k.shape[2], sizes.head_dim};
+  check_shape(ak, k_want, paged ? "(head_dim as q)" : "(batch and head_dim as q)");
+  const int64_t v_want[4] = {k.shape[0], sizes.heads_kv, sizes.head_dim, k.shape[1]};
+  check_shape(av, v_want,
+              paged ? "(k_cache's num_pages, heads, head_dim, page_size: V transposed)"
+                    : "(k_cache's batch, heads, head_dim, seqlen: V transposed)");
+  const int64_t heads_want[1] = {sizes.heads_kv};
+  for (const Arg* a : scales) check_shape(*a, heads_want, "(one descale per KV head of k_cache)");
+  if (alse) check_lse_shape(*alse, sizes);
+  check_head_groups(sizes.heads_q, sizes.heads_kv, ak.name);
+  if (k.shape[1] % 16 != 0)
+    fail(Message() << "k_cache: " << (paged ? "page_size" : "seqlen") << " (shape[1]) must be a multiple of 16 for an "
+                   << "E4M3 cache (Vᵀ's keys come in 16-key slices), got " << k.shape[1]);
+  for (const Arg* a : tensors) check_last_dim_contiguous(*a);
+  for (const Arg* a : tensors) check_tma_layout(*a);
+  // (a zero stride is allowed: one descale for every head)
+  for (const Arg* a : scales)
+    if (a->view.stride[0] < 0) fail(Message() << a->name << ": stride[0] (heads_kv) must not be negative, got "
+                                              << a->view.stride[0]);
+  for (const Arg* a : scales) check_fp32_layout(*a, 0);
+  if (alse) check_fp32_layout(*alse, 3);
+  check_coordinates_fit(aq);
+  check_coordinates_fit(ak);
+  check_coordinates_fit(av);
+  return sizes;
+}
 }  // namespace
 
 KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, const TensorView& out,
                                      const std::optional<TensorView>& lse, const ForwardOptions& options) {
   const bool paged = cache.block_table.has_value();
+  const bool fp8 = is_fp8_cache(cache);
   const char* const* cache_dims = paged ? kPagedDimNames : kAttentionDimNames;
+  const char* const* v_cache_dims = !fp8 ? cache_dims : paged ? kPagedVtCacheDimNames : kDenseVtCacheDimNames;
   const Arg aq{"q", q, kAttentionDimNames, 4};
   const Arg ak{"k_cache", cache.k_cache, cache_dims, 4};
-  const Arg av{"v_cache", cache.v_cache, cache_dims, 4};
+  const Arg av{"v_cache", cache.v_cache, v_cache_dims, 4};
   const Arg aout{"out", out, kAttentionDimNames, 4};
   const TensorView none;
   const Arg alse{"lse", lse ? *lse : none, kLseDimNames, 3};
+  const Arg aks{"k_descale", cache.k_descale ? *cache.k_descale : none, kCacheDescaleDimNames, 1};
+  const Arg avs{"v_descale", cache.v_descale ? *cache.v_descale : none, kCacheDescaleDimNames, 1};
   const Operand operands[4] = {{aq, aq}, {ak, ak}, {av, ak, true}, {aout, aq, true}};
 
-  // a to j: q, the caches, out, lse (head dims up to 512, as the dense forward)
-  ProblemSizes sizes = check_attention_tensors(operands, aq, ak, av, lse ? &alse : nullptr, paged, kMaxForwardHeadDim);
+  // a to j: q, the caches, out, lse (head dims up to 512, as the dense forward; an E4M3 cache's
+  // 64, 128 or 256, and its descales)
+  ProblemSizes sizes = fp8 ? check_fp8_cache_tensors(aq, ak, av, aout, lse ? &alse : nullptr, aks, avs, cache, paged)
+                           : check_attention_tensors(operands, aq, ak, av, lse ? &alse : nullptr, paged,
+                                                     kMaxForwardHeadDim);
 
   // c1. the new keys and values: both or neither, then a to j with q, and the caches' heads
   // and v's head dim
@@ -1243,7 +1322,9 @@ KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, 
     check_attention_tensors(fresh, aq, aknew, avnew, nullptr, false, kMaxForwardHeadDim);
     const int64_t want_k[4] = {q.shape[0], cache.k->shape[1], cache.k_cache.shape[2], cache.k_cache.shape[3]};
     check_shape(aknew, want_k, "(batch as q, heads and head_dim as k_cache)");
-    const int64_t want_v[4] = {q.shape[0], cache.k->shape[1], cache.v_cache.shape[2], cache.v_cache.shape[3]};
+    // (an E4M3 cache's v_cache is transposed: its heads and head dim are k_cache's)
+    const int64_t want_v[4] = {q.shape[0], cache.k->shape[1], fp8 ? cache.k_cache.shape[2] : cache.v_cache.shape[2],
+                               fp8 ? cache.k_cache.shape[3] : cache.v_cache.shape[3]};
     check_shape(avnew, want_v, "(batch as q, rows as k, heads and head_dim as v_cache)");
     appended = cache.k->shape[1];
     if (!cache.cache_seqlens)
@@ -1308,10 +1389,14 @@ KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, 
   // k. softmax scale; p. window, softcap, sinks (the window's bound over the capacity)
   sizes.seqlen_k = capacity;
   check_softmax_scale(options.softmax_scale);
-  check_model_options(options, sizes, false);
+  check_model_options(options, sizes, fp8);
 
   // l, m. out and lse apart from everything; the caches too when they are appended to
   std::vector<const Arg*> tensors = {&aq, &ak, &av, &aout}, written = {&aout};
+  if (fp8) {
+    tensors.push_back(&aks);
+    tensors.push_back(&avs);
+  }
   if (cache.k) {
     tensors.push_back(&aknew);
     tensors.push_back(&avnew);
@@ -1329,6 +1414,7 @@ KvCacheCall validate_forward_kvcache(const TensorView& q, const KvCache& cache, 
   call.pages = pages;
   call.appended = appended;
   call.num_splits = cache.num_splits;
+  call.fp8 = fp8;
   call.work.cache_seqlens = cache.cache_seqlens ? static_cast<const int*>(cache.cache_seqlens->data) : nullptr;
   call.work.capacity = static_cast<int>(capacity);
   call.work.appended = static_cast<int>(std::min<int64_t>(appended, capacity));

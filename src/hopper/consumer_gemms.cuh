@@ -94,7 +94,16 @@ __device__ __forceinline__ void issue_pv_gemm(float (&o)[Cfg::kOCols / 2],
                                               const uint32_t (&p)[Cfg::kPvSteps][4],
                                               uint32_t v_tile) {
   using Mma = ptx::WgmmaRS<typename Cfg::Element, Cfg::kOCols>;
-  if constexpr (Cfg::kFp8) {
+  if constexpr (Cfg::kVtSlices) {
+    // An E4M3 cache's Vᵀ (KvCacheConfig): 16-key slices of head_dim rows x 16 B, no swizzle; LBO
+    // (between the two core matrices of a k32 step along K) one slice, SBO (between 8-row
+    // groups along N) 128 B; each k32 step two slices further.
+    constexpr uint32_t kSliceBytes = Cfg::kHeadDim * 16;
+    const uint64_t vd = ptx::make_plain_smem_desc(v_tile, kSliceBytes, 128);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kPvSteps; ++kk) Mma::mma(o, p[kk], advance(vd, kk * 2 * kSliceBytes), 1);
+  } else if constexpr (Cfg::kFp8) {
     // Vᵀ: head_dim rows of 128 keys (128 B), K-major; each k32 step is 32 B further.
     const uint64_t vd = kmajor_desc<128>(v_tile);
     ptx::wgmma_fence();

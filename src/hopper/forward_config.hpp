@@ -47,6 +47,9 @@ struct ForwardConfig {
   static constexpr bool kCausal = kCausal_;
   static constexpr bool kVarlen = false;  // VarlenConfig: packed variable-length batches
   static constexpr bool kKvCache = false;  // KvCacheConfig: each sequence's own KV cache
+  // FP8's Vᵀ tile in 16-key slices (KvCacheConfig over an E4M3 cache) instead of one 128-byte
+  // swizzled panel row per head-dim row: see KvCacheConfig.
+  static constexpr bool kVtSlices = false;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   // Q and K rows are stored as panels of kSwizzleBytes (the width of one swizzled TMA box
   // row): 128 bytes (64 16-bit or 128 FP8 elements), or 64 bytes when a whole row is that
@@ -135,10 +138,22 @@ struct VarlenConfig : Base {
 // producer enumerates itself (decode/kv_cache_pieces.hpp), each sequence's Q, out and lse in its
 // own batch entry and its keys in its cache's pages (decode/kv_pages.hpp), loaded in boxes that
 // never cross a page.
+// An E4M3 cache (Base an Fp8ForwardConfigFor; docs/decode-fp8-cache-design.md) keeps V
+// transposed in pages of 16k keys, and its Vᵀ tile is assembled from one TMA box per page (or
+// per 128 keys) in wgmma's no-swizzle K-major layout: 16-key slices of head_dim rows x 16 bytes,
+// each 8-row group one 128-byte core matrix (kVtSlices; the P·V descriptor in
+// consumer_gemms.cuh, the loads in producer.cuh). A 128-byte swizzled panel row spans 128 keys,
+// which pages of 16 to 64 keys cannot fill; the slices take any page size that is a multiple of
+// 16, and a dense cache is one page per sequence, so one kernel serves both.
 template <class Base>
 struct KvCacheConfig : VarlenConfig<Base> {
   static constexpr bool kKvCache = true;
-  static_assert(!Base::kFp8, "KV caches are 16-bit");
+  static constexpr bool kVtSlices = Base::kFp8;
+  // Not at FP8's d = 256: the KV-cache producer (page look-ups, the pieces' enumeration) spilled
+  // 128-132 bytes in the 24 registers that kernel leaves it (kWideConsumers: consumers of 240),
+  // and its consumers 48-116 bytes in 232 with a producer of 40 (2026-12-02).
+  static_assert(!Base::kFp8 || Base::kHeadDim <= 128, "E4M3 caches at head dims 64 and 128");
+  static_assert(!Base::kIntScores, "a KV cache's K is E4M3 or 16-bit");
   static_assert(Base::kHeadDimV == Base::kHeadDim, "a KV cache's values have the keys' head dim");
 };
 

@@ -68,7 +68,8 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
     if (n_tiles > 0) {
       const RingSlot qs = ring_slot<Cfg::kQStages>(q_iter);
       TileContext t{warpgroup, w.m_block, w.head, w.batch, n_tiles, w.n_end, kv, qs.stage, seqlen_q, seqlen_k};
-      if constexpr (Cfg::kFp8 && Cfg::kVarlen) {  // the descale arrays' batch stride is 0 (run_forward_varlen)
+      // (A KV cache's descales are indexed by its tiles' own blocks: run_kvcache.cuh's set_cache_descales.)
+      if constexpr (Cfg::kFp8 && Cfg::kVarlen && !Cfg::kKvCache) {  // the descale arrays' batch stride is 0 (run_forward_varlen)
         t.q_block0 = static_cast<int>(varlen_row0(w.q_offset, w.batch) / Cfg::kDescaleRows);
         t.k_block0 = static_cast<int>(varlen_row0(w.k_offset, w.batch) / Cfg::kDescaleRows);
       }

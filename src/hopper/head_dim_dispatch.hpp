@@ -46,6 +46,14 @@ void with_kvcache_head_dim(int64_t head_dim, F&& f) {
   with_head_dim(head_dim, "kernel", f);
 }
 
+// ... and for the backward (no MLA kernel): 64, 128, 256, or 512 above 256 (its kernel: two
+// CTAs per key block, one per column half; backward_config.hpp).
+template <class F>
+void with_backward_head_dim(int64_t head_dim, F&& f) {
+  if (forward_kernel_head_dim(head_dim) == 512) return f(std::integral_constant<int, 512>{});
+  with_head_dim(head_dim, "backward kernel", f);
+}
+
 // f(T{}) with T the 16-bit element type of `dtype` (bf16, else fp16).
 template <class F>
 void with_16bit_element(DType dtype, F&& f) {

@@ -41,6 +41,20 @@ void launch_forward_kvcache_sm90(const ForwardProblem& p, const KvCacheWork& wor
   });
 }
 
+void launch_forward_kvcache_fp8_sm90(const ForwardProblem& p, const KvCacheWork& work, const KvPages& pages,
+                                     int num_splits, const NewRows* append, const TensorView& q,
+                                     const TensorView& k_cache, const TensorView& v_cache,
+                                     const CacheDescales& descales, const TensorView& out,
+                                     const std::optional<TensorView>& lse, cudaStream_t stream) {
+  // (validation takes head dims 64 and 128: kFp8CacheHeadDims)
+  if (p.head_dim == 64)
+    run_forward_kvcache_fp8_head_dim<64>(p, work, pages, num_splits, append, q, k_cache, v_cache, descales, out, lse,
+                                         stream);
+  else
+    run_forward_kvcache_fp8_head_dim<128>(p, work, pages, num_splits, append, q, k_cache, v_cache, descales, out, lse,
+                                          stream);
+}
+
 void launch_forward_fp8_varlen_sm90(const ForwardProblem& p, const VarlenSequences& seqs, const Fp8Operands& fp8,
                                     const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream) {
   with_head_dim(p.kernel_dim(), "FP8 kernel", [&](auto d) {

@@ -32,6 +32,14 @@ void launch_forward_kvcache_sm90(const ForwardProblem& p, const KvCacheWork& wor
                                  const TensorView& k_cache, const TensorView& v_cache, const TensorView& out,
                                  const std::optional<TensorView>& lse, cudaStream_t stream);
 
+// The same over an E4M3 cache (KvCache::k_descale; run_kvcache.cuh's layouts): q, out and the
+// new rows 16-bit (p.dtype), head dim 64, 128 or 256.
+void launch_forward_kvcache_fp8_sm90(const ForwardProblem& p, const KvCacheWork& work, const KvPages& pages,
+                                     int num_splits, const NewRows* append, const TensorView& q,
+                                     const TensorView& k_cache, const TensorView& v_cache,
+                                     const CacheDescales& descales, const TensorView& out,
+                                     const std::optional<TensorView>& lse, cudaStream_t stream);
+
 // FP8: p.dtype is the output's; seqlen_k >= 1.
 void launch_forward_fp8_sm90(const ForwardProblem& p, const Fp8Operands& fp8, const TensorView& out,
                              const std::optional<TensorView>& lse, cudaStream_t stream);

@@ -21,7 +21,10 @@ namespace warpattn::detail {
 // A KV cache's key tile (Cfg::kKvCache): params.kv_pages.boxes boxes of box_rows keys, each
 // from the page that holds it (decode/kv_pages.hpp), into the tile's rows of every panel; this
 // issuer's share of them (cache_issuers: issuer i of n the boxes i, i + n, ...).
-template <class Cfg>
+// kVt: an E4M3 cache's Vᵀ (Cfg::kVtSlices; tensor_map.hpp's make_vt_slices_tensor_map): a box is
+// box_rows / 16 slices of 16 keys x head_dim rows, landing at its keys' slices of the tile.
+// An E4M3 cache's K comes through a 1-byte panel map, whose panel is a coordinate of its own.
+template <class Cfg, bool kVt = false>
 __device__ __forceinline__ void load_cache_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int n_block,
                                                 int head_kv, int batch, int seqlen_k, const KvPages& kv, int issuer,
                                                 int issuers) {
@@ -30,10 +33,20 @@ __device__ __forceinline__ void load_cache_tile(uint32_t dst, const CUtensorMap*
   for (int j = issuer; j < kv.boxes; j += issuers) {
     const int row_in_tile = j * kv.box_rows;
     const CacheBox box = cache_box(kv, batch, n_block * Cfg::kBlockN + row_in_tile, seqlen_k);
+    if constexpr (kVt) {
+      static_assert(Cfg::kVtSlices, "Vᵀ from a cache only as slices");
+      tma_load_5d(dst + row_in_tile * Cfg::kHeadDim, map, bar, 0, 0, box.row / 16, head_kv, box.page);
+    } else {
 #pragma unroll
-    for (int p = 0; p < Cfg::kPanels; ++p)
-      tma_load_5d(dst + (p * Cfg::kBlockN + row_in_tile) * Cfg::kSwizzleBytes, map, bar, p * kPanelCols, box.row, 0,
-                  head_kv, box.page);
+      for (int p = 0; p < Cfg::kPanels; ++p) {
+        if constexpr (Cfg::kFp8)
+          tma_load_5d(dst + (p * Cfg::kBlockN + row_in_tile) * Cfg::kSwizzleBytes, map, bar, 0, box.row, p, head_kv,
+                      box.page);
+        else
+          tma_load_5d(dst + (p * Cfg::kBlockN + row_in_tile) * Cfg::kSwizzleBytes, map, bar, p * kPanelCols, box.row,
+                      0, head_kv, box.page);
+      }
+    }
   }
 }
 
@@ -59,9 +72,10 @@ __device__ __forceinline__ void load_kv_tile(SharedStorage<Cfg>& ss, const CUten
   const int key = first_key + n_block * Cfg::kBlockN;
   if constexpr (Cfg::kKvCache) {
     const int issuers = cache_issuers(*kv), mine = (kv->boxes - issuer + issuers - 1) / issuers;
-    mbarrier_arrive_expect_tx(bar, mine * kv->box_rows * Cfg::kPanels * Cfg::kSwizzleBytes);  // (even past seqlen_k)
-    load_cache_tile<Cfg>(smem_addr(tiles[slot.stage]), map, bar, n_block, head_kv, batch, seqlen_k, *kv, issuer,
-                         issuers);
+    // (even past seqlen_k; an E4M3 cache's Vᵀ box has the same bytes: box_rows x head_dim)
+    mbarrier_arrive_expect_tx(bar, mine * kv->box_rows * Cfg::kPanels * Cfg::kSwizzleBytes);
+    load_cache_tile<Cfg, kKeysInner>(smem_addr(tiles[slot.stage]), map, bar, n_block, head_kv, batch, seqlen_k, *kv,
+                                     issuer, issuers);
     return;
   }
   mbarrier_arrive_expect_tx(bar, kTileBytes);  // the full box, even past seqlen_k
@@ -100,8 +114,8 @@ __device__ __forceinline__ void load_packed_q(uint32_t dst, const CUtensorMap* m
   mbarrier_arrive_expect_tx(bar, Cfg::kPanels * Cfg::kSwizzleBytes * packing.heads * packing.positions);
 #pragma unroll
   for (int p = 0; p < Cfg::kPanels; ++p)
-    tma_load_5d(dst + p * Cfg::kBlockM * Cfg::kSwizzleBytes, map, bar, p * (Cfg::kSwizzleBytes / 2), 0, position, chunk,
-                batch);
+    tma_load_5d(dst + p * Cfg::kBlockM * Cfg::kSwizzleBytes, map, bar, p * (Cfg::kSwizzleBytes / Cfg::kElementBytes), 0,
+                position, chunk, batch);
 }
 
 // The tiles the producer hands out whole (TileChooser::whole); a packed batch's count comes
@@ -234,11 +248,11 @@ __device__ __forceinline__ void run_cache_issuer(SharedStorage<Cfg>& ss, const C
     for (int it = 1; it < n_tiles; ++it) {
       load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, n_end - 1 - it, head_kv, w.batch, 0,
                         &params.kv_pages, w.seqlen_k, issuer);
-      load_kv_tile<Cfg>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1, n_end - it, head_kv, w.batch, 0,
-                        &params.kv_pages, w.seqlen_k, issuer);
+      load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1, n_end - it, head_kv, w.batch, 0,
+                                    &params.kv_pages, w.seqlen_k, issuer);
     }
-    load_kv_tile<Cfg>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + n_tiles - 1, n_end - n_tiles, head_kv, w.batch, 0,
-                      &params.kv_pages, w.seqlen_k, issuer);
+    load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + n_tiles - 1, n_end - n_tiles, head_kv,
+                                  w.batch, 0, &params.kv_pages, w.seqlen_k, issuer);
     kv += n_tiles;
   }
 }

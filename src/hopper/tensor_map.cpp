@@ -52,7 +52,10 @@ CUtensorMap encode(const TensorView& t, const char* name, const cuuint64_t (&dim
     CUtensorMap map;
     const CUresult r = tensor_map_encoder()(
         &map, type, 5, t.data, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-        swizzle_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        swizzle_bytes == 0    ? CU_TENSOR_MAP_SWIZZLE_NONE
+        : swizzle_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                              : CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
       throw Error(std::string(name) + ": cuTensorMapEncodeTiled failed (CUresult " +
@@ -124,6 +127,21 @@ CUtensorMap make_vt_tensor_map(const TensorView& vt, const char* name, int box_k
                                  stride_bytes(0, heads * dim * keys)};
   const cuuint32_t box[5] = {static_cast<cuuint32_t>(box_keys), static_cast<cuuint32_t>(dim), 1, 1, 1};
   return encode(vt, name, dims, strides, box, 128);
+}
+
+CUtensorMap make_vt_slices_tensor_map(const TensorView& vt, const char* name, int box_keys) {
+  const int64_t pages = vt.shape[0], heads = vt.shape[1], dim = vt.shape[2], page_keys = vt.shape[3];
+  auto stride_bytes = [&](int axis, int64_t natural) {  // e4m3: one byte per element
+    return static_cast<cuuint64_t>(vt.shape[axis] == 1 ? natural : vt.stride[axis]);
+  };
+  // {16 keys, head_dim, slices of the page, heads, pages}: the slice axis steps 16 bytes along a
+  // head-dim row, so a box of box_keys / 16 slices lands slice after slice, each head_dim x 16 B.
+  const cuuint64_t dims[5] = {16, static_cast<cuuint64_t>(dim), static_cast<cuuint64_t>(page_keys / 16),
+                              static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(pages)};
+  const cuuint64_t strides[4] = {stride_bytes(2, page_keys), 16, stride_bytes(1, dim * page_keys),
+                                 stride_bytes(0, heads * dim * page_keys)};
+  const cuuint32_t box[5] = {16, static_cast<cuuint32_t>(dim), static_cast<cuuint32_t>(box_keys / 16), 1, 1};
+  return encode(vt, name, dims, strides, box, 0);
 }
 
 }  // namespace warpattn::detail

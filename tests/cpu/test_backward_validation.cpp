@@ -16,6 +16,7 @@
 #include <string>
 
 #include "harness.hpp"
+#include "hopper/backward/backward_block_m.hpp"
 #include "warpattn/warpattn.hpp"
 #include "warpattn/warpattn_c.h"
 
@@ -321,20 +322,20 @@ TEST(backward_lse_must_be_float32) {
 // ---------------------------------------------------------------- e. head dimension
 
 TEST(backward_unsupported_head_dim) {
-  for (int64_t d : {100, 4, 264, 0, 12}) {
+  for (int64_t d : {100, 4, 520, 0, 12, 516}) {
     Sizes s;
     s.head_dim = d;
     const std::string got = ", got " + std::to_string(d);
     // The backward's sizes are the forward's, so whichever of the two checks comes first may
     // answer: the message is not pinned to " for the backward".
-    EXPECT_REJECTED(make_call(s), "q", "head_dim (shape[3]) must be a multiple of 8 from 8 to 256", got.c_str());
+    EXPECT_REJECTED(make_call(s), "q", "head_dim (shape[3]) must be a multiple of 8 from 8 to 512", got.c_str());
   }
 }
 
-// The backward runs the forward's padded sizes too (in its 64, 128 or 256 kernel, the missing
-// columns zero-filled); a workspace sized for d = 256 holds any of them.
+// The backward runs the forward's padded sizes too (in its 64, 128, 256 or 512 kernel, the
+// missing columns zero-filled), up to 512 as the dense forward.
 TEST(backward_padded_head_dims_pass_validation) {
-  for (int64_t d : {8, 40, 72, 80, 96, 112, 136, 200, 248}) {
+  for (int64_t d : {8, 40, 72, 80, 96, 112, 136, 200, 248, 256, 264, 384, 488, 504, 512}) {
     Sizes s;
     s.head_dim = d;
     EXPECT_VALID(make_call(s));
@@ -586,6 +587,27 @@ TEST(backward_workspace_bytes_grows_with_deterministic_and_seqlen) {
   CHECK(longer_bytes >= size_t(2) * 4096 * 8 * 128 * 4) << longer_bytes;
 }
 
+// Above 256 the 512 kernel's workspace: dQ's accumulator has its 512 columns whatever the head
+// dim between (264 needs what 512 does), and the deterministic turn counters are one per 32 rows
+// (its query blocks), twice the d = 256 kernel's one per 64.
+TEST(backward_workspace_bytes_at_head_dims_above_256) {
+  Sizes s;
+  s.seqlen_q = 4096;  // 2 x 8 heads x 4096 rows: every region a multiple of 256 bytes
+  s.head_dim = 512;
+  Call c512 = make_call(s);
+  s.head_dim = 264;
+  Call c264 = make_call(s);
+  s.head_dim = 256;
+  Call c256 = make_call(s);
+  const size_t b512 = workspace_bytes(c512), b264 = workspace_bytes(c264), b256 = workspace_bytes(c256);
+  CHECK(b264 == b512) << b264 << " vs " << b512;
+  CHECK(b512 >= size_t(2) * 4096 * 8 * 512 * 4) << b512;
+  CHECK(b512 - b256 == size_t(2) * 4096 * 8 * 256 * 4) << b512 << " - " << b256;  // only dQ's columns differ
+  c512.options.deterministic = c256.options.deterministic = true;
+  CHECK(workspace_bytes(c512) - b512 == size_t(2) * 8 * 4096 / 32 * 4) << workspace_bytes(c512) << " - " << b512;
+  CHECK(workspace_bytes(c256) - b256 == size_t(2) * 8 * 4096 / 64 * 4) << workspace_bytes(c256) << " - " << b256;
+}
+
 TEST(backward_workspace_bytes_checks_rank_and_sizes_only) {
   Call c = make_call();
   c.q.dtype = DType::f32;  // not its business
@@ -677,12 +699,16 @@ TEST(c_backward_ex_takes_the_forward_options) {
   o.sinks = &sinks;  // without dsinks
   CHECK(run(&o) == WARPATTN_INVALID);
   CHECK(starts_with(err, "dsinks: expected a (heads_q) float32 tensor for the sinks' gradient, got none")) << err;
-  // The workspace grows by the sinks' per-block sums.
+  // The workspace grows by the sinks' per-block sums: one float per 64 of the padded rows (whole
+  // granules: 320 rows at d = 128, whose kernel walks 80-row blocks without a mask).
   size_t with = 0, without = 0;
   CHECK(warpattn_backward_ex_workspace_bytes(&q, &o, 0, &with, err, sizeof err) == WARPATTN_OK) << err;
   o.sinks = nullptr;
   CHECK(warpattn_backward_ex_workspace_bytes(&q, &o, 0, &without, err, sizeof err) == WARPATTN_OK) << err;
-  CHECK(with > without && with - without <= 4 * 8 * 2 * 2 + 256) << with << " " << without;
+  const Sizes s;
+  const int64_t granule = warpattn::detail::backward_row_granule(128);
+  const int64_t blocks = (s.seqlen_q + granule - 1) / granule * granule / 64;
+  CHECK(with > without && int64_t(with - without) <= 4 * s.heads_q * s.batch * blocks + 256) << with << " " << without;
   CHECK(run(nullptr) == WARPATTN_INVALID);
   CHECK(starts_with(err, "options: expected a warpattn_forward_options, got NULL")) << err;
   warpattn_forward_options zeroed{};

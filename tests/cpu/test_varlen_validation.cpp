@@ -8,6 +8,7 @@
 
 #include "expect_rejected.hpp"
 #include "harness.hpp"
+#include "hopper/backward/backward_block_m.hpp"
 #include "warpattn/warpattn.hpp"
 
 namespace {
@@ -196,11 +197,14 @@ TEST(varlen_backward_rules) {
   c = make_backward_call();
   c.f.batch.cu_seqlens_q.data = fake(0xa0000000 + 128);  // inside dq
   expect_backward_rejected(c, "dq", "must not overlap cu_seqlens_q", __LINE__);
-  // The workspace: the padded layout's size (each sequence's rows padded to 128-row blocks).
+  // The workspace: the padded layout's size (each sequence's rows padded to whole granules: 128
+  // rows, 320 at d = 128, whose kernel walks 80-row blocks without a mask).
   c = make_backward_call();
   const size_t needed = warpattn::backward_varlen_workspace_bytes(c.f.q, 3, c.options);
-  // (300 + 3 x 128) rows rounded up to 128 = 768 rows x 8 heads x (128 + 2) floats
-  CHECK(needed >= size_t(768) * 8 * 130 * 4 && needed < size_t(768) * 8 * 130 * 4 + 4096) << needed;
+  // (300 + 3 x G) rows rounded up to G, x 8 heads x (128 + 2) floats: 768 rows at G = 128, 1280 at 320
+  const int64_t g = warpattn::detail::backward_row_granule(128);
+  const size_t rows = size_t((300 + 3 * g + g - 1) / g * g);
+  CHECK(needed >= rows * 8 * 130 * 4 && needed < rows * 8 * 130 * 4 + 4096) << needed;
   expect_backward_rejected(c, "workspace", "expected at least", __LINE__,
                            warpattn::Workspace{fake(0xd0000000), needed - 1});
   CHECK(!backward_error_of(c, warpattn::Workspace{fake(0xd0000000), needed}));
@@ -212,7 +216,7 @@ TEST(varlen_backward_rules) {
   }
 }
 
-// ---- head dims: any multiple of 8 from 8 to 256, packed as dense (the same kernels, padded)
+// ---- head dims: any multiple of 8 from 8 to 512, packed as dense (the same kernels, padded)
 namespace {
 // t, a contiguous (total, heads, head_dim) view, at head dim d.
 void set_head_dim(TensorView& t, int64_t d) {
@@ -221,19 +225,13 @@ void set_head_dim(TensorView& t, int64_t d) {
 }  // namespace
 
 TEST(varlen_padded_head_dims) {
-  for (int64_t d : {8, 40, 80, 96, 200, 248}) {
+  for (int64_t d : {8, 40, 80, 96, 200, 248, 264, 384, 512}) {
     Call c = make_call();
     for (TensorView* t : {&c.q, &c.k, &c.v, &c.out}) set_head_dim(*t, d);
     CHECK(!error_of(c)) << "d=" << d << ": " << *error_of(c);
     BackwardCall b = make_backward_call();
     for (TensorView* t : {&b.f.q, &b.f.k, &b.f.v, &b.f.out, &b.dout, &b.dq, &b.dk, &b.dv}) set_head_dim(*t, d);
     CHECK(!backward_error_of(b)) << "d=" << d << ": " << *backward_error_of(b);
-  }
-  // Above 256 the packed forward goes to 512 as the dense one does (the 512 kernel); not the backward.
-  for (int64_t d : {264, 384, 512}) {
-    Call c = make_call();
-    for (TensorView* t : {&c.q, &c.k, &c.v, &c.out}) set_head_dim(*t, d);
-    CHECK(!error_of(c)) << "d=" << d << ": " << *error_of(c);
   }
   for (int64_t d : {100, 4, 520}) {
     Call c = make_call();
@@ -242,14 +240,11 @@ TEST(varlen_padded_head_dims) {
     const std::string got = "got " + std::to_string(d);
     EXPECT_REJECTED(c, "q", "head_dim (shape[2]) must be a multiple of 8 from 8 to 512", got.c_str());
   }
-  for (int64_t d : {100, 4, 264}) {
-    // the backward stops at 256, and says that above it is the forward's only
+  for (int64_t d : {100, 4, 520}) {
+    // the backward goes to 512 as the forward does (above 256 in the 512 kernel)
     BackwardCall b = make_backward_call();
     for (TensorView* t : {&b.f.q, &b.f.k, &b.f.v, &b.f.out, &b.dout, &b.dq, &b.dk, &b.dv}) set_head_dim(*t, d);
-    expect_backward_rejected(b, "q", "must be a multiple of 8 from 8 to 256", __LINE__);
-    if (d == 264)
-      expect_backward_rejected(b, "q", "(head dims above 256: the 16-bit forward only, dense, packed or over KV caches)",
-                               __LINE__);
+    expect_backward_rejected(b, "q", "must be a multiple of 8 from 8 to 512", __LINE__);
   }
   // The backward's softcap at every head dim (at 8 to 64 in the 128 kernel).
   for (int64_t d : {32, 64, 80}) {

@@ -414,8 +414,8 @@ TEST(backward_deterministic_is_bitwise_repeatable) {
     }
 }
 
-// Head dims between and below the kernels' (any multiple of 8 from 8 to 256), each run in the
-// d = 64, 128 or 256 kernel with the missing columns zero-filled: dq, dk and dv written only in
+// Head dims between and below the kernels' (any multiple of 8 from 8 to 256; above 256: the
+// d512 tests below), each run in the d = 64, 128 or 256 kernel with the missing columns zero-filled: dq, dk and dv written only in
 // their real columns (strided cases: a padded column's write lands in the head stride's gap),
 // the default scale 1/sqrt of the real d (the reference's). Causal and not, Sq != Sk both ways,
 // GQA and MHA, f16 in one shape; small shapes, the fp64 reference backward being the cost.
@@ -502,6 +502,86 @@ TEST(backward_empty_sequences) {
       c.padded = true;
       check_case(c);
     }
+}
+
+// ---- head dim 512, and the padded head dims 264..504 that run in its kernel: two CTAs per key
+// block (one per half of the head dim's columns of dK, dV and dQ), 32-row query blocks, dQ
+// computed transposed (docs/headdim512-design.md, "The backward at 512"). The same error model
+// and margin as every other head dim. Built on a machine without a GPU: the first run's checks
+// (`./build/test_gpu_backward d512` runs every test below, each name contains "d512").
+TEST(backward_bf16_d512_full) { run_matrix(DType::bf16, 512, false); }
+TEST(backward_bf16_d512_causal) { run_matrix(DType::bf16, 512, true); }
+TEST(backward_f16_d512_full) { run_matrix(DType::f16, 512, false); }
+TEST(backward_f16_d512_causal) { run_matrix(DType::f16, 512, true); }
+
+// The padded head dims above 256: the columns past d zero-filled on load (NaN outside the input
+// views must not leak in) and never written (a CTA whose column half lies wholly past d, as the
+// second one at 264, writes nothing); GQA and MHA, Sq != Sk both ways, f16 in one shape.
+TEST(backward_d512_padded_head_dims) {
+  REQUIRE_HOPPER();
+  struct Shape {
+    int64_t batch, sq, sk, hq, hkv;
+    bool causal, padded;
+    DType dtype;
+  };
+  const Shape shapes[] = {
+      {2, 77, 77, 4, 4, false, true, DType::bf16},
+      {1, 300, 513, 4, 2, true, false, DType::bf16},
+      {1, 513, 300, 4, 1, false, true, DType::f16},
+      {2, 1, 77, 2, 2, true, false, DType::bf16},
+  };
+  for (int d : {264, 320, 384, 488, 504})
+    for (const Shape& sh : shapes) {
+      Case c;
+      c.dtype = sh.dtype, c.head_dim = d, c.causal = sh.causal;
+      c.batch = sh.batch, c.seqlen_q = sh.sq, c.seqlen_k = sh.sk, c.heads_q = sh.hq, c.heads_kv = sh.hkv;
+      c.padded = sh.padded;
+      c.nan_outside_inputs = true;
+      check_case(c);
+    }
+  for (int d : {264, 384}) {  // deterministic: bitwise repeatable (run_and_compare runs it twice)
+    Case c;
+    c.head_dim = d, c.causal = d == 264, c.deterministic = true;
+    c.batch = 2, c.seqlen_q = 300, c.seqlen_k = 500, c.heads_q = 4, c.heads_kv = 2, c.padded = true;
+    c.nan_outside_inputs = true;
+    check_case(c);
+  }
+}
+
+// Deterministic mode at 512: the turn counters per 32-row block, both CTAs of a key block adding
+// their column halves in the same turn; bitwise equal over two runs, within the error model.
+TEST(backward_d512_deterministic_is_bitwise_repeatable) {
+  REQUIRE_HOPPER();
+  for (DType dtype : {DType::bf16, DType::f16})
+    for (bool causal : {false, true}) {
+      Case c;
+      c.dtype = dtype, c.head_dim = 512, c.causal = causal, c.deterministic = true;
+      c.batch = 2, c.seqlen_q = 700, c.seqlen_k = 900, c.heads_q = 4, c.heads_kv = 2;
+      check_case(c);
+    }
+}
+
+// The model options at 512: windows (query-block ranges not from 0, the mask's left edge),
+// softcap (tanh's derivative), sinks and their gradient.
+TEST(backward_window_bf16_d512) { run_window_matrix(DType::bf16, 512); }
+TEST(backward_softcap_bf16_d512) { run_softcap_matrix(DType::bf16, 512); }
+TEST(backward_d512_sinks) {
+  REQUIRE_HOPPER();
+  run_model_cases(DType::bf16, 512, {{300, 900, true, 200, -1, 0, true, false}, {900, 300, true, -1, -1, 0, true, true}});
+  run_model_cases(DType::f16, 512, {{513, 257, false, 100, -1, 30, true, false}});
+}
+
+// The checks have teeth at 512 too: D's sign flipped, a query block's dO zeroed.
+TEST(backward_d512_planted_faults_fail) {
+  REQUIRE_HOPPER();
+  for (Fault fault : {Fault::d_sign, Fault::skipped_query_block}) {
+    Case c;
+    c.head_dim = 512;
+    c.causal = true;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    CHECK(!run_and_compare(c, fault).within()) << describe(c) << ": a planted fault passed the checks";
+  }
 }
 
 // ---- 64K tokens

@@ -736,7 +736,7 @@ def test_model_options_gradients_against_fp64(dtype, d, case, sq, sk, attention_
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("d", [128, 256, 512])
 def test_model_options_gradients_deterministic_compiled_and_explicit(d, attention_reference_grads):
     # The deterministic backward with all three: the same bits on every run (dsinks included),
     # under torch.compile(fullgraph) as eagerly, and from warpattn.flash_attn_backward (which
@@ -878,8 +878,9 @@ def test_model_options_cupy_inputs(attention_reference):
 # zero-filled: the smallest, one in each kernel's range, and the largest below 256. The float64
 # reference takes the real head dim (its default scale 1/sqrt(d), as warpattn's must be).
 PADDED_HEAD_DIMS = [8, 80, 96, 192, 248]
-# Above 256, to 512: the dense forward only, in the 512 kernel whose warpgroups each hold half of
-# the head dim (no gradient: test_head_dims_above_256_have_no_gradient).
+# Above 256, to 512: the 512 kernels, the forward's warpgroups each holding half of the head dim,
+# the backward's two CTAs per key block each half of dK, dV and dQ's columns
+# (test_wide_head_dims_gradients_against_fp64).
 WIDE_HEAD_DIMS = [264, 384, 512]
 PADDED_SHAPES = [(77, 77), (300, 513), (513, 300)]
 
@@ -917,16 +918,19 @@ def test_padded_head_dims_gradients_against_fp64(dtype, d, causal, sq, sk, atten
     check_grads_against_fp64(q, k, v, dout, options, model_grads(q, k, v, dout, options), attention_reference_grads)
 
 
-# Above 256 a gradient is refused with the backward's limit in the message (before any launch of
-# it); the forward is checked among the padded head dims above.
+# Above 256 the gradients come from the 512 backward kernel (built without a GPU; its first run is
+# here and in test_gpu_backward's d512 tests): against float64 with the bounds of every other
+# head dim, GQA 8/2 (MHA on the square shape), Sq > Sk causal leaving rows with no key.
 @pytest.mark.gpu
-def test_head_dims_above_256_have_no_gradient():
-    assert 512 in warpattn.forward_head_dims and 512 not in warpattn.backward_head_dims
-    q, k, v, dout = padded_case("wide-grad", torch.bfloat16, 512, True, 77, 77)
-    q.requires_grad_(True)
-    out = warpattn.flash_attn_func(q, k, v, causal=True)
-    with pytest.raises(ValueError, match=r"must be a multiple of 8 from 8 to 256 .*the 16-bit forward only"):
-        out.backward(dout)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", WIDE_HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk", PADDED_SHAPES)
+def test_wide_head_dims_gradients_against_fp64(dtype, d, causal, sq, sk, attention_reference_grads):
+    assert d in warpattn.backward_head_dims
+    q, k, v, dout = padded_case("wide-grad", dtype, d, causal, sq, sk, heads_kv=8 if sq == sk else 2)
+    options = dict(causal=causal)
+    check_grads_against_fp64(q, k, v, dout, options, model_grads(q, k, v, dout, options), attention_reference_grads)
 
 
 @pytest.mark.gpu

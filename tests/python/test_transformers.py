@@ -812,14 +812,14 @@ def test_refusals(change, message):
 
 
 def test_refused_inputs():
-    # Any multiple of 8 up to 256 is supported (padded into the kernels), and up to 512 without
-    # gradients; 100 and 520 are not.
+    # Any multiple of 8 up to 512 is supported (padded into the kernels), with gradients (the
+    # backward's 512 kernel above 256); 100 and 520 are not.
     for d in (100, 520):
         with pytest.raises(NotImplementedError, match="head_dim %d is not supported" % d):
             wt.warpattn_attention_forward(_Module(), *_qkv(d=d), None)
-    q, k, v = _qkv(d=264)
-    with pytest.raises(NotImplementedError, match="head_dim 264 has no backward"):
-        wt.warpattn_attention_forward(_Module(), q.requires_grad_(), k, v, None)
+    for d in (264, 512):
+        q, k, v = _qkv(d=d)
+        wt._refuse_head_dims(q.requires_grad_(), k, v, None)  # no refusal: the backward takes it
     q, k, v = _qkv()
     with pytest.raises(NotImplementedError, match="the key head dim 32 differs from the query's"):
         wt.warpattn_attention_forward(_Module(), q, k[..., :32], v, None)

@@ -37,8 +37,8 @@ Padded batches and packed sequences get the same options (each packed sequence i
 
 What warpattn does not do is refused with NotImplementedError naming it, never done by another
 implementation behind the caller's back: position biases, dropout > 0, attention weights
-(output_attentions), head dims other than warpattn's (q and k: any multiple of 8 up to 256, and
-up to 512 without gradients, warpattn.forward_head_dims; v: at most q's, e.g. MLA's 192/128
+(output_attentions), head dims other than warpattn's (q and k: any multiple of 8 up to 512, with
+gradients, warpattn.forward_head_dims and backward_head_dims; v: at most q's, e.g. MLA's 192/128
 without padding v), float32 inputs outside autocast, masks other than
 a 2-D padding mask (4-D or float masks, padding masks with holes, masks overlaid with
 or_mask_function/and_mask_function).
@@ -164,9 +164,9 @@ def _refuse_what_warpattn_lacks(query, key, value, mask, dropout, softcap, kwarg
 
 
 def _refuse_head_dims(query, key, value, s_aux):
-    """q and k: a head dim warpattn's backward takes (multiples of 8 up to 256), or one of its
-    forward's above that (to 512, dense or packed) where no gradient is asked for; v: its own head
-    dim, at most q's (MLA's 192/128 runs as it comes)."""
+    """q and k: a head dim warpattn's backward takes (multiples of 8 up to 512), or one of its
+    forward's beyond that where no gradient is asked for (none today: both go to 512); v: its own
+    head dim, at most q's (MLA's 192/128 runs as it comes)."""
     def refuse(what):
         raise NotImplementedError("warpattn: %s; use another attn_implementation for this model" % what)
     d, dv = query.shape[-1], value.shape[-1]

@@ -10,11 +10,12 @@
 #include <cstdint>
 
 #include "hopper/backward/backward_block_m.hpp"
-// d = 256 experiment (built, not yet measured: docs/backward-design.md): each consumer computes
-// S and dP only for its own 32 of the step's 64 queries and both store Pᵀ and dSᵀ to shared
-// memory, so that dV and dK read their A operands from there. 0: the code as it was.
+// d = 256 (docs/backward-design.md): each consumer computes S and dP only for its own 32 of the
+// step's 64 queries and both store Pᵀ and dSᵀ to shared memory, so that dV and dK read their A
+// operands from there: 1, the default (+2.8% without a mask, +4.4% causal on the H200, run 163).
+// 0: each consumer computes S and dP for all 64 (two GEMMs done twice), P and dS in registers.
 #ifndef WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES
-#define WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES 0
+#define WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES 1
 #endif
 
 namespace warpattn::detail {
@@ -32,9 +33,17 @@ struct BackwardConfig {
   // consumers take the same 64 keys and split the head dim: each keeps dK and dV for half of its
   // columns, and each computes S and dP whole (the same values, bit for bit; consumer 0 stores
   // dS). That repeats two of the five GEMMs, the price of keeping P and dS in registers.
-  static constexpr bool kSplitHeadDim = kHeadDim == 256;
+  // d = 512 (docs/headdim512-design.md, "The backward at 512"): a consumer's half would be 256
+  // columns, dK + dV 256 registers. Two CTAs take each key block instead (kColumnHalves), CTA h
+  // owning columns 256h .. 256h + 255 of dK, dV and dQ, split over its consumers as at d = 256
+  // (128 columns each: 128 registers); each computes S and dP whole (over all 512 columns), so
+  // those two GEMMs are done four times. Its query block is 32 rows (kBlockM) so that K, V, Q and
+  // dO, all 512 columns wide, fit in shared memory.
+  static constexpr bool kSplitHeadDim = kHeadDim >= 256;
+  static constexpr int kColumnHalves = kHeadDim == 512 ? 2 : 1;  // CTAs per key block
+  static constexpr int kCtaColumns = kHeadDim / kColumnHalves;   // a CTA's dK, dV and dQ columns
   static constexpr int kBlockN = kSplitHeadDim ? 64 : 64 * kConsumerWarpgroups;  // keys per CTA
-  static constexpr int kKVColumns = kSplitHeadDim ? kHeadDim / 2 : kHeadDim;     // dK, dV columns per consumer
+  static constexpr int kKVColumns = kSplitHeadDim ? kCtaColumns / 2 : kHeadDim;  // dK, dV columns per consumer
   // Query rows per step. dQ's tile (kBlockM x d) is split over the two consumers in pieces of
   // 64 x 64: at d = 128 one each (the same 64 queries, columns 64·consumer..), at d = 256 two
   // each (columns 128·consumer..), at d = 64 the whole row width, so each takes 64 of kBlockM =
@@ -42,24 +51,29 @@ struct BackwardConfig {
   // 80 rows, not a multiple of the wgmma's M = 64, so dQ is computed transposed (kDqTransposed,
   // FlashAttention-3's dQ_swapAB): dQᵀ = Kᵀ·dSᵀ, head dim on M (consumer c: columns 64c..),
   // the 80 queries on N, dS stored [query][key] for it; a piece is then 64 columns x 80 rows.
-  static constexpr int kBlockM =
-      kHeadDim == 64 ? 128 : kHeadDim == 128 ? (kCausal ? kBackwardD128CausalBlockM : kBackwardD128BlockM) : 64;
+  // d = 512: 32 rows, so dQ is transposed as at 80 (its M, the head dim, in 64-column pieces:
+  // two per consumer, the consumer's 128 columns).
+  static constexpr int kBlockM = kHeadDim == 64    ? 128
+                                 : kHeadDim == 128 ? (kCausal ? kBackwardD128CausalBlockM : kBackwardD128BlockM)
+                                 : kHeadDim == 512 ? 32
+                                                   : 64;
   static constexpr bool kDqTransposed = kBlockM % 64 != 0;
-  static constexpr int kDqPiecesPerConsumer = kHeadDim == 256 ? 2 : 1;
+  static constexpr int kDqPiecesPerConsumer = kSplitHeadDim ? kKVColumns / 64 : 1;
   // With the head dim split, WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES: consumer c computes Sᵀ and
   // dPᵀ for queries kSdpQueries·c .. of the step only (no GEMM done twice), stores its Pᵀ and
   // dSᵀ columns to shared memory, and dV, dK become SS GEMMs over all kBlockM queries.
-  static constexpr bool kSplitQueries = kSplitHeadDim && WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES != 0;
+  static constexpr bool kSplitQueries = kHeadDim == 256 && WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES != 0;
   static constexpr int kSdpQueries = kSplitQueries ? kBlockM / kConsumerWarpgroups : kBlockM;
-  static_assert(kDqTransposed ? kHeadDim == 64 * kConsumerWarpgroups && !kSplitHeadDim
+  static_assert(kDqTransposed ? kHeadDim == 64 * kConsumerWarpgroups * kDqPiecesPerConsumer * kColumnHalves
                               : kBlockM / 64 * kHeadDim / 64 == kConsumerWarpgroups * kDqPiecesPerConsumer,
-                "the consumers' dQ pieces tile the step's dQ");
+                "the consumers' dQ pieces (of every CTA of a key block) tile the step's dQ");
   // The workspace's row granule (a multiple of kBlockM: query blocks never span two sequences).
   static constexpr int kRowGranule = backward_row_granule(kHeadDim);
   static_assert(kRowGranule % kBlockM == 0 && kRowGranule % 64 == 0, "whole blocks in the padded rows");
   // Q (+ LSE) and dO (+ D) buffers; d = 256 keeps one dO buffer to fit in shared memory (dO is
-  // free again after the dV GEMM, early in a step).
-  static constexpr int kQStages = 2;
+  // free again after the dV GEMM, early in a step); d = 512 one Q buffer too (K and V alone are
+  // 128 KB there: K 64 + V 64 + Q 32 + dO 32 + dS 8 + dQ pieces 16 = 216 KB of 227).
+  static constexpr int kQStages = kHeadDim == 512 ? 1 : 2;
   static constexpr int kDoStages = kSplitHeadDim ? 1 : 2;
   static constexpr int kPanels = kHeadDim / 64;  // 128-byte panels per row
   static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;

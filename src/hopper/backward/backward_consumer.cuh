@@ -16,6 +16,7 @@
 
 #include "hopper/backward/backward_params.hpp"
 #include "hopper/backward/backward_shared_storage.cuh"
+#include "hopper/backward/column_half.cuh"
 #include "hopper/backward/dq_accum.cuh"
 #include "hopper/backward/key_block_work.hpp"
 #include "hopper/backward/key_query_tile.hpp"
@@ -143,7 +144,7 @@ struct BackwardConsumer {
 
   // Transposed dQ: dS itself, [query][key], the K-major B operand of dQᵀ = Kᵀ·dSᵀ. This
   // warpgroup's 64 keys are one panel: kM query rows of 128 bytes (panel `warpgroup`, kM x 128
-  // bytes on), 128B-swizzled as TMA writes K-major tiles (16-byte chunk c of row n at c ^ (n % 8)).
+  // bytes on; with the head dim split, d = 512, the CTA's only 64 keys, panel 0), 128B-swizzled as TMA writes K-major tiles (16-byte chunk c of row n at c ^ (n % 8)).
   // One stmatrix.trans per 16 queries: its four 8x8 matrices are ds[kk][0..3] = (keys g, queries
   // 16kk + 2q ..), (keys g + 8, the same queries), (keys g, queries 16kk + 8 + 2q ..), (keys g + 8,
   // those), each stored transposed, so stored row i of matrix mat is query 16kk + 8 (mat / 2) + i,
@@ -153,20 +154,23 @@ struct BackwardConsumer {
   __device__ __forceinline__ void write_ds_transposed(const uint32_t (&ds)[kM / 16][4], int buf) const {
     const int lane = threadIdx.x % 32, mat = lane / 8, row = lane % 8;
     const int chunk = (2 * f.warp + mat % 2) ^ row;  // (query % 8) = row: 16kk + 8 (mat / 2) is a multiple of 8
-    const uint32_t addr = ptx::smem_addr(ss.ds[buf]) + warpgroup * kM * 128 + (8 * (mat / 2) + row) * 128 + chunk * 16;
+    const int panel = Cfg::kSplitHeadDim ? 0 : warpgroup;
+    const uint32_t addr = ptx::smem_addr(ss.ds[buf]) + panel * kM * 128 + (8 * (mat / 2) + row) * 128 + chunk * 16;
 #pragma unroll
     for (int kk = 0; kk < kM / 16; ++kk)
       ptx::stmatrix_x4_trans(addr + kk * 16 * 128, ds[kk][0], ds[kk][1], ds[kk][2], ds[kk][3]);
   }
 
   // Transposed dQ of this warpgroup's 64 columns: dQᵀ (64 x kM) = Kᵀ·dSᵀ over the CTA's kN keys.
-  // A = Kᵀ: K's panel `warpgroup` (its columns 64·warpgroup ..) read MN-major (tnspA: d
-  // contiguous), as the untransposed kernel reads K as B; +16 rows of 128 bytes per k16 step. B =
+  // A = Kᵀ: K's panel `warpgroup` (its columns 64·warpgroup ..; with the head dim split, d = 512,
+  // the panel of piece `piece` of the consumer's columns, consumer_column0 / 64 + piece) read
+  // MN-major (tnspA: d contiguous), as the untransposed kernel reads K as B; +16 rows of 128 bytes per k16 step. B =
   // dSᵀ: dS [query][key] read K-major (kM rows of 128 bytes, 8-row groups 1024 bytes apart), 32
   // bytes per k16 step within a panel of 64 keys, the next panel kM x 128 bytes on.
-  __device__ __forceinline__ void issue_dq_transposed_gemm(float (&dq)[kDqRegs], int buf) const {
+  __device__ __forceinline__ void issue_dq_transposed_gemm(float (&dq)[kDqRegs], int buf, int piece) const {
     using Mma = ptx::WgmmaSSTransposedA<Element, kM>;
-    const uint32_t a = ptx::smem_addr(ss.k) + warpgroup * kN * 128;
+    const int panel = Cfg::kSplitHeadDim ? consumer_column0<Cfg>(warpgroup) / 64 + piece : warpgroup;
+    const uint32_t a = ptx::smem_addr(ss.k) + panel * kN * 128;
     const uint64_t ad = ptx::make_smem_desc(a, kN * 128, 1024, 128);
     const uint64_t bd = kmajor_desc<128>(ptx::smem_addr(ss.ds[buf]));
     ptx::wgmma_fence();
@@ -195,7 +199,7 @@ struct BackwardConsumer {
   // kM = 128 all 64 columns for queries 64·warpgroup.. (A that dS panel, B K's only panel).
   __device__ __forceinline__ void issue_dq_gemm(float (&dq)[kDqRegs], int buf, int piece) const {
     if constexpr (kDqT) {
-      issue_dq_transposed_gemm(dq, buf);
+      issue_dq_transposed_gemm(dq, buf, piece);
     } else {
       using Mma = ptx::WgmmaSSTransposed<Element, 64>;
       const uint32_t a = ptx::smem_addr(ss.ds[buf]) + (kM == 128 ? warpgroup * kN * 128 : 0);
@@ -242,6 +246,15 @@ struct BackwardConsumer {
       pin(dq);
       hand_over_dq_piece(dq, step * kPieces + piece);
     }
+  }
+
+  // Where this consumer's kKV columns start in a kM-row tile of Q or dO (panels of kM x 128
+  // bytes): column_half.cuh's consumer_column0 in panels.
+  __device__ __forceinline__ uint32_t kv_column_bytes() const {
+    if constexpr (Cfg::kColumnHalves > 1)
+      return consumer_column0<Cfg>(warpgroup) / 64 * kM * 128;
+    else
+      return Cfg::kSplitHeadDim ? warpgroup * (kKV / 64) * kM * 128 : 0;
   }
 
   // Frees a ring slot: every consumer thread arrives (the empty barriers count
@@ -359,7 +372,9 @@ struct BackwardConsumer {
       // dV, then dQ once both halves of dS are written, then dK: dQ completes first among what
       // the writer waits for, and dK runs while the dQ piece is handed over. A consumer's
       // dK and dV columns: kKV from kKV·warpgroup with the head dim split, else all.
-      const uint32_t kv_columns = Cfg::kSplitHeadDim ? warpgroup * (kKV / 64) * kM * 128 : 0;
+      const uint32_t kv_columns = Cfg::kColumnHalves > 1 ? kv_column_bytes()
+                                  : Cfg::kSplitHeadDim   ? warpgroup * (kKV / 64) * kM * 128
+                                                         : 0;
       wgmma_fence();
       issue_register_gemm<Element, kKV, kM / 16, kM * 128>(dv, pt, smem_addr(ss.dout[ds.stage]) + kv_columns);
       wgmma_commit();
@@ -389,7 +404,7 @@ struct BackwardConsumer {
   __device__ __forceinline__ void store(float (&dk)[kKV / 2], const float (&dv)[kKV / 2]) const {
 #pragma unroll
     for (int i = 0; i < kKV / 2; ++i) dk[i] *= p.softmax_scale;
-    const int column0 = Cfg::kSplitHeadDim ? warpgroup * kKV : 0;
+    const int column0 = Cfg::kColumnHalves > 1 ? consumer_column0<Cfg>(warpgroup) : Cfg::kSplitHeadDim ? warpgroup * kKV : 0;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int key = key0 + f.row(r);

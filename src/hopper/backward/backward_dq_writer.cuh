@@ -10,10 +10,16 @@
 // Transposed dQ (80-row query blocks, Cfg::kDqTransposed): the consumer's piece is the 80 rows
 // of its 64 columns (dq_transposed_layout.hpp), and the turn counter is per 80-row block: the
 // one at (the block's first row) / 80 of the 64-row blocks' counters (all zeroed, more of them).
+// d = 512 (32-row query blocks, transposed): a consumer's two pieces are its 128 columns, and a
+// 32-row block has its own counter (the workspace keeps rows / 32 of them there:
+// backward_turn_rows). Both CTAs of a key block wait for the same turn and count 4 pieces each
+// in; their columns are disjoint, so only the order across key blocks is fixed, which is all that
+// a column's sum depends on.
 #pragma once
 
 #include "hopper/backward/backward_params.hpp"
 #include "hopper/backward/backward_shared_storage.cuh"
+#include "hopper/backward/column_half.cuh"
 #include "hopper/backward/dq_accum.cuh"
 #include "hopper/backward/key_block_work.hpp"
 #include "hopper/ptx/memory_order.cuh"
@@ -43,11 +49,14 @@ __device__ __forceinline__ void run_dq_writer(BackwardSharedStorage<Cfg>& ss, co
     named_barrier_sync(BackwardBarrier::kDqFull0 + consumer, BackwardBarrier::kDqThreads);
     if (leader) {
       float* dst;
-      if constexpr (Cfg::kDqTransposed)
+      if constexpr (Cfg::kDqTransposed) {
+        // the 64-column piece: the consumer's (d = 128), or piece `piece` of its columns (d = 512)
+        const int column_piece = Cfg::kSplitHeadDim ? consumer_column0<Cfg>(consumer) / 64 + piece : consumer;
         dst = p.dq_accum +
-              DqAccumLayout::transposed_piece_offset<kM>(p, work.ws_row0, head, work.m_block(step), consumer, kD);
-      else
+              DqAccumLayout::transposed_piece_offset<kM>(p, work.ws_row0, head, work.m_block(step), column_piece, kD);
+      } else {
         dst = p.dq_accum + DqAccumLayout::piece_offset(p, work.ws_row0, head, row_block, piece_index, kD);
+      }
       int* turn = nullptr;
       if constexpr (Cfg::kDeterministic && Cfg::kDqTransposed) {
         // rows (ws_row0 + head x rows) and kM x m_block are multiples of kM (the granule's)
@@ -58,7 +67,7 @@ __device__ __forceinline__ void run_dq_writer(BackwardSharedStorage<Cfg>& ss, co
       if constexpr (Cfg::kDeterministic) {
         const int mine = dq_turn(work.n_block, work.m_block(step), kM, Cfg::kBlockN, work.seqlen_q, work.seqlen_k,
                                  Cfg::kCausal, p.band) *
-                         (kD / 64);  // each key block adds kD / 64 pieces to a 64-row block
+                         (kD / 64);  // each key block adds kD / 64 pieces to a block (d = 512: from its two CTAs)
         while (load_acquire_gpu(turn) < mine) {
         }
         fence_proxy_async_global();

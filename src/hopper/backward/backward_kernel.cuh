@@ -1,4 +1,5 @@
-// The Hopper backward's main kernel: one CTA per (key block, KV head, batch), three
+// The Hopper backward's main kernel: one CTA per (key block, KV head, batch) (two at d = 512,
+// one per column half: kColumnHalves), three
 // warpgroups: warpgroup 0 produces (warp 0 loads through TMA, warps 1 and 2 add the consumers'
 // dQ pieces to global memory), the other two consume (backward_consumer.cuh).
 // Not persistent: the grid is ordered key block fastest, so under the causal mask the long
@@ -22,12 +23,15 @@ namespace warpattn::detail {
 // (the longest under the causal mask start first), except for the deterministic causal order,
 // which needs them last-first (dq_turn). A packed batch: entry blockIdx.x of the plan (in the
 // same orders within a sequence, varlen_tiles.hpp), or n_block -1 past its end.
+// d = 512 (Cfg::kColumnHalves = 2): CTAs 2t and 2t + 1 take key block t's two column halves
+// (column_half, backward_consumer.cuh), so a key block's index is blockIdx.x / 2 and the grid's
+// key blocks gridDim.x / 2.
 template <class Cfg>
 __device__ __forceinline__ KeyBlockWork key_block_work(const BackwardParams& params) {
   KeyBlockWork work;
   work.group = params.kv_group;
   if (params.varlen_tiles != nullptr) {
-    const int t = static_cast<int>(blockIdx.x);
+    const int t = static_cast<int>(blockIdx.x / Cfg::kColumnHalves);
     if (t >= *params.varlen_tile_count) {
       work.n_block = -1;
       return work;
@@ -37,7 +41,12 @@ __device__ __forceinline__ KeyBlockWork key_block_work(const BackwardParams& par
     work.seqlen_q = e.seqlen_q, work.seqlen_k = e.seqlen_k, work.q_offset = e.q_offset, work.k_offset = e.k_offset;
     work.ws_row0 = varlen_row0<Cfg::kRowGranule>(e.q_offset, e.batch);
   } else {
-    work.n_block = Cfg::kCausal && Cfg::kDeterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    if constexpr (Cfg::kColumnHalves == 1) {
+      work.n_block = Cfg::kCausal && Cfg::kDeterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    } else {  // the same over the grid's key blocks (as written above, the others' code is as before)
+      const unsigned tile = blockIdx.x / Cfg::kColumnHalves, tiles = gridDim.x / Cfg::kColumnHalves;
+      work.n_block = Cfg::kCausal && Cfg::kDeterministic ? tiles - 1 - tile : tile;
+    }
     work.head_kv = blockIdx.y;
     work.batch = blockIdx.z;
     work.seqlen_q = params.seqlen_q, work.seqlen_k = params.seqlen_k, work.q_offset = 0, work.k_offset = 0;

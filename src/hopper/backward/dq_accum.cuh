@@ -77,36 +77,45 @@ template <class Element, int kHeadDim, int kBlockM, int kGranule>
 __global__ void __launch_bounds__(256) convert_dq_transposed_kernel(const __grid_constant__ BackwardParams p) {
   using Piece = DqTransposedPiece<kBlockM>;
   static_assert(kHeadDim % 64 == 0 && kBlockM * kHeadDim == Piece::kFloats * (kHeadDim / 64), "64-column pieces");
-  constexpr int kPitch = kHeadDim + 4;  // a multiple of 4: the 16-byte row reads stay aligned
+  // At most 256 columns at a time (d = 512: two passes), so that the rows stay within the 48 KB of
+  // static shared memory (32 x 516 floats would not); a pass's pieces are consecutive floats.
+  constexpr int kColumns = kHeadDim < 256 ? kHeadDim : 256;
+  constexpr int kPasses = kHeadDim / kColumns;
+  constexpr int kPitch = kColumns + 4;  // a multiple of 4: the 16-byte row reads stay aligned
   __shared__ alignas(16) float rows[kBlockM * kPitch];
   const RowBlock rb = row_block_of<kBlockM, kGranule>(p);
   const int row_block = rb.row_block, head = blockIdx.y, batch = rb.batch;
-  const float4* block = reinterpret_cast<const float4*>(p.dq_accum + rb.first * kHeadDim);
-  constexpr int kGroups = kBlockM * kHeadDim / 4;
-  for (int e = threadIdx.x; e < kGroups; e += blockDim.x) {
-    // float 4e of the block: piece `piece` (piece_float0), float `first` in it
-    const int piece = e / (Piece::kFloats / 4), first = 4 * e - Piece::piece_float0(piece);
-    const float4 v = block[e];
-    const float x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll 1
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int column0 = pass * kColumns;
+    const float4* block = reinterpret_cast<const float4*>(p.dq_accum + rb.first * kHeadDim + kBlockM * column0);
+    constexpr int kGroups = kBlockM * kColumns / 4;
+    if (pass > 0) __syncthreads();  // the previous pass's rows are out
+    for (int e = threadIdx.x; e < kGroups; e += blockDim.x) {
+      // float 4e of the pass's columns: piece `piece` (piece_float0) of them, float `first` in it
+      const int piece = e / (Piece::kFloats / 4), first = 4 * e - Piece::piece_float0(piece);
+      const float4 v = block[e];
+      const float x[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const typename Piece::Element el = Piece::element(first + k);
-      rows[el.row * kPitch + 64 * piece + el.column] = x[k];
+      for (int k = 0; k < 4; ++k) {
+        const typename Piece::Element el = Piece::element(first + k);
+        rows[el.row * kPitch + 64 * piece + el.column] = x[k];
+      }
     }
-  }
-  __syncthreads();
-  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a 16-bit row
-  for (int e = threadIdx.x; e < kBlockM * kChunks; e += blockDim.x) {
-    const int r = e / kChunks, col = 8 * (e % kChunks);
-    const int row = kBlockM * row_block + r;
-    // A padded head dim is a multiple of 8: a chunk is wholly in or out.
-    if (row >= rb.seqlen_q || col >= p.head_dim) continue;
-    const float4 a = *reinterpret_cast<const float4*>(rows + r * kPitch + col);
-    const float4 b = *reinterpret_cast<const float4*>(rows + r * kPitch + col + 4);
-    const float s = p.softmax_scale;
-    *reinterpret_cast<uint4*>(p.dq.row<Element>(batch, rb.q_offset + row, head) + col) =
-        make_uint4(ptx::pack_pair<Element>(a.x * s, a.y * s), ptx::pack_pair<Element>(a.z * s, a.w * s),
-                   ptx::pack_pair<Element>(b.x * s, b.y * s), ptx::pack_pair<Element>(b.z * s, b.w * s));
+    __syncthreads();
+    constexpr int kChunks = kColumns / 8;  // 16-byte chunks of a 16-bit row
+    for (int e = threadIdx.x; e < kBlockM * kChunks; e += blockDim.x) {
+      const int r = e / kChunks, col = 8 * (e % kChunks);
+      const int row = kBlockM * row_block + r;
+      // A padded head dim is a multiple of 8: a chunk is wholly in or out.
+      if (row >= rb.seqlen_q || column0 + col >= p.head_dim) continue;
+      const float4 a = *reinterpret_cast<const float4*>(rows + r * kPitch + col);
+      const float4 b = *reinterpret_cast<const float4*>(rows + r * kPitch + col + 4);
+      const float s = p.softmax_scale;
+      *reinterpret_cast<uint4*>(p.dq.row<Element>(batch, rb.q_offset + row, head) + column0 + col) =
+          make_uint4(ptx::pack_pair<Element>(a.x * s, a.y * s), ptx::pack_pair<Element>(a.z * s, a.w * s),
+                     ptx::pack_pair<Element>(b.x * s, b.y * s), ptx::pack_pair<Element>(b.z * s, b.w * s));
+    }
   }
 }
 

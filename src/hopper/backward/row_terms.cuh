@@ -92,23 +92,29 @@ __global__ void __launch_bounds__(256) backward_row_terms_kernel(const __grid_co
   const RowBlock rb = row_block_of<64, backward_row_granule(kHeadDim)>(p);
   const int head = blockIdx.y, batch = rb.batch, row_block = rb.row_block;
   const int64_t first = rb.first;
-  // D: kLanes threads per row, 8 elements (16 bytes) each, summed with shuffles.
-  constexpr int kLanes = kHeadDim / 8;
-  static_assert(kLanes <= 32 && 256 % kLanes == 0, "a row's lanes sit in one warp");
+  // D: kLanes threads per row, 8 elements (16 bytes) each, kGroups of them (a row's kHeadDim / 8
+  // groups over at most a warp's 32 lanes: two each at d = 512), summed with shuffles.
+  constexpr int kLanes = kHeadDim / 8 < 32 ? kHeadDim / 8 : 32;
+  constexpr int kGroups = kHeadDim / 8 / kLanes;
+  static_assert(kLanes <= 32 && 256 % kLanes == 0 && kGroups * kLanes * 8 == kHeadDim, "a row's lanes sit in one warp");
   constexpr int kRowsPerPass = 256 / kLanes;
   const int lane = threadIdx.x % kLanes;
   for (int r0 = 0; r0 < 64; r0 += kRowsPerPass) {
     const int r = r0 + threadIdx.x / kLanes;
     const int row = row_block * 64 + r;
     float sum = 0.f;
-    if (row < rb.seqlen_q && 8 * lane < p.head_dim_v) {  // a padded head dim: its 16-byte groups only
-      const uint4 a = reinterpret_cast<const uint4*>(p.dout.row<const Element>(batch, rb.q_offset + row, head))[lane];
-      const uint4 b = reinterpret_cast<const uint4*>(p.out.row<const Element>(batch, rb.q_offset + row, head))[lane];
-      const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 x = ptx::unpack_pair<Element>(aw[i]), y = ptx::unpack_pair<Element>(bw[i]);
-        sum = fmaf(x.x, y.x, fmaf(x.y, y.y, sum));
+    for (int k = 0; k < kGroups; ++k) {
+      const int group = lane + k * kLanes;
+      if (row < rb.seqlen_q && 8 * group < p.head_dim_v) {  // a padded head dim: its 16-byte groups only
+        const uint4 a = reinterpret_cast<const uint4*>(p.dout.row<const Element>(batch, rb.q_offset + row, head))[group];
+        const uint4 b = reinterpret_cast<const uint4*>(p.out.row<const Element>(batch, rb.q_offset + row, head))[group];
+        const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 x = ptx::unpack_pair<Element>(aw[i]), y = ptx::unpack_pair<Element>(bw[i]);
+          sum = fmaf(x.x, y.x, fmaf(x.y, y.y, sum));
+        }
       }
     }
 #pragma unroll
@@ -128,7 +134,12 @@ __global__ void __launch_bounds__(256) backward_row_terms_kernel(const __grid_co
   if (p.sinks != nullptr) add_sink_terms(p, rb, first, head);
   float4* acc = reinterpret_cast<float4*>(p.dq_accum + first * kHeadDim);
   for (int e = threadIdx.x; e < 64 * kHeadDim / 4; e += blockDim.x) acc[e] = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (p.turns != nullptr && threadIdx.x == 0) p.turns[first / 64] = 0;
+  constexpr int kTurnRows = backward_turn_rows(kHeadDim);  // 64 rows a counter, or 32 (d = 512)
+  if constexpr (kTurnRows == 64) {
+    if (p.turns != nullptr && threadIdx.x == 0) p.turns[first / 64] = 0;
+  } else {
+    if (p.turns != nullptr && threadIdx.x < 64 / kTurnRows) p.turns[first / kTurnRows + threadIdx.x] = 0;
+  }
 }
 
 }  // namespace warpattn::detail

@@ -121,7 +121,8 @@ void run_backward(const BackwardProblem& pr, const BackwardTensors& t, void* wor
     return;
   }
   const dim3 row_grid(static_cast<unsigned>(layout.rows / 64), p.heads_q, p.batch);
-  const dim3 main_grid(ceil_div(p.seqlen_k, Cfg::kBlockN), p.heads_kv, p.batch);
+  // kColumnHalves CTAs per key block (two at d = 512, backward_kernel.cuh's key_block_work)
+  const dim3 main_grid(ceil_div(p.seqlen_k, Cfg::kBlockN) * Cfg::kColumnHalves, p.heads_kv, p.batch);
   launch_backward_kernels<Cfg>(p, t, row_grid, main_grid, stream);
 }
 
@@ -153,8 +154,9 @@ void run_backward_varlen(const BackwardProblem& pr, const BackwardTensors& t, co
   p.varlen_tiles = plan.tiles;
   p.varlen_tile_count = plan.tile_count;
   const dim3 row_grid(static_cast<unsigned>(layout.rows / 64), p.heads_q, 1);
-  // No key at all: no key block to run (and K has no map); dQ comes out zero.
-  const unsigned main_blocks = pr.seqlen_k > 0 ? static_cast<unsigned>(max_tiles) : 0;
+  // No key at all: no key block to run (and K has no map); dQ comes out zero. kColumnHalves CTAs
+  // per tile (validation bounds the tiles at d = 512 to half of what it lets the others have).
+  const unsigned main_blocks = pr.seqlen_k > 0 ? static_cast<unsigned>(max_tiles * Cfg::kColumnHalves) : 0;
   launch_backward_kernels<Cfg>(p, t, row_grid, dim3(main_blocks), stream);
 }
 

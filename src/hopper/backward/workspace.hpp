@@ -2,7 +2,8 @@
 //   dq_accum  fp32 [B][Hq][rows][D]   dQ's partial sums (the main kernel adds, postprocess reads)
 //   row_d     fp32 [B][Hq][rows]      D = rowsum(dO ∘ O) per query row (preprocess)
 //   lse_log2  fp32 [B][Hq][rows]      LSE · log2(e); +inf for rows without keys (preprocess)
-//   turns     int32 [B][Hq][rows/64]  deterministic mode: whose turn it is to add into a dQ block
+//   turns     int32 [B][Hq][rows/T]   deterministic mode: whose turn it is to add into a dQ block
+//                                     (T = backward_turn_rows: 64, or 32 at d = 512)
 //   sink_sums fp32 [Hq][B][rows/64]  with sinks: each 64-row block's part of its head's dsink
 // rows = seqlen_q rounded up to the granule G (backward_block_m.hpp: 128, or 320 at d = 128 with
 // an 80-row query block), so every query block of the kernels is whole and the bulk copies and
@@ -54,7 +55,9 @@ WARPATTN_HOST_DEVICE int sequence_of_padded_row(const int* cu, int sequences, in
 struct BackwardWorkspaceLayout {
   static constexpr int64_t kRowAlign = 128;  // the default granule (backward_row_granule)
   // One turn counter per 64 query rows: as many as the 64-row blocks, more than an 80-row
-  // kernel uses (its counter for block m is (its first row) / 80: below rows / 64 too).
+  // kernel uses (its counter for block m is (its first row) / 80: below rows / 64 too). The
+  // sinks' parts are per 64 rows at every head dim; the turns per backward_turn_rows (32 at
+  // d = 512).
   static constexpr int64_t kTurnRows = 64;
   int64_t rows = 0;
   int64_t dq_accum = 0, row_d = 0, lse_log2 = 0, turns = 0, sink_sums = 0;  // byte offsets
@@ -63,15 +66,16 @@ struct BackwardWorkspaceLayout {
   BackwardWorkspaceLayout(int64_t batch, int64_t heads_q, int64_t seqlen_q, int64_t head_dim, bool deterministic,
                           bool sinks = false) {
     const auto align = [](int64_t x) { return (x + 255) / 256 * 256; };
-    const int64_t granule = backward_row_granule(kernel_head_dim(head_dim));
+    const int kernel_dim = forward_kernel_head_dim(head_dim);  // 64, 128, 256 or 512
+    const int64_t granule = backward_row_granule(kernel_dim);
     rows = (seqlen_q + granule - 1) / granule * granule;
     const int64_t row_count = batch * heads_q * rows;
     dq_accum = 0;
-    // dQ's accumulator has the kernel's columns (64, 128 or 256: a head dim between is padded)
-    row_d = align(dq_accum + row_count * kernel_head_dim(head_dim) * 4);
+    // dQ's accumulator has the kernel's columns (64, 128, 256 or 512: a head dim between is padded)
+    row_d = align(dq_accum + row_count * kernel_dim * 4);
     lse_log2 = align(row_d + row_count * 4);
     turns = align(lse_log2 + row_count * 4);
-    sink_sums = align(turns + (deterministic ? row_count / kTurnRows * 4 : 0));
+    sink_sums = align(turns + (deterministic ? row_count / backward_turn_rows(kernel_dim) * 4 : 0));
     bytes = align(sink_sums + (sinks ? row_count / kTurnRows * 4 : 0));
   }
 };

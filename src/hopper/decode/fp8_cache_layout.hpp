@@ -1,6 +1,7 @@
 // Where an E4M3 KV cache keeps each element (issue 16; docs/decode-fp8-cache-design.md), as
 // host-and-device functions: the append kernel writes by them, the attention's producer loads
-// by them, and the CPU tests check them. Not used by a kernel yet.
+// by them (append_fp8_kv.cu; the attention reads Vᵀ through make_vt_slices_tensor_map), and the
+// CPU tests check them.
 //
 // K pages keep the 16-bit cache's layout in one byte an element: (num_pages, page_size, Hkv, d).
 // V pages are transposed, (num_pages, Hkv, d, page_size), because FP8 wgmma reads its B operand

@@ -9,6 +9,8 @@
 #include "hopper/decode/combine_splits.cuh"
 #include "hopper/decode/decode_plan.hpp"
 #include "hopper/decode/kv_pages.hpp"
+#include "hopper/decode/quantize_cache_q.hpp"
+#include "common/stream_memory.hpp"
 #include "hopper/dependent_launch.cuh"
 #include "hopper/run_forward.cuh"
 #include "hopper/tile_shapes.hpp"
@@ -45,16 +47,60 @@ inline KvCacheSplits kvcache_splits(int num_splits, long long tiles, long long t
   return {splits, 0, kMaxDecodeSplits};
 }
 
+// An E4M3 cache's step (Cfg::kFp8): its Q quantised per work tile (quantize_cache_q.hpp) into
+// memory of the call's own, freed in stream order after the launches that read it.
+struct QuantizedCacheQ {
+  StreamMemory memory;
+  TensorView codes;  // (B, Sq, Hq, D) e4m3, contiguous
+  float* descales;   // (B, chunks, blocks of positions), contiguous
+  QuantizedCacheQ(const TensorView& q, int chunks, int m_blocks, cudaStream_t stream)
+      : memory(code_bytes(q) + static_cast<size_t>(q.shape[0]) * chunks * m_blocks * sizeof(float), stream,
+               "forward_kvcache: the FP8 step's quantised q"),
+        codes(q),
+        descales(reinterpret_cast<float*>(static_cast<char*>(memory.get()) + code_bytes(q))) {
+    codes.data = memory.get();
+    codes.dtype = DType::e4m3;
+    codes.stride[3] = 1;
+    codes.stride[2] = q.shape[3];
+    codes.stride[1] = q.shape[2] * q.shape[3];
+    codes.stride[0] = q.shape[1] * codes.stride[1];
+  }
+  static size_t code_bytes(const TensorView& q) {  // rounded up to 256 bytes: the descales' alignment
+    return (static_cast<size_t>(q.shape[0] * q.shape[1] * q.shape[2] * q.shape[3]) + 255) / 256 * 256;
+  }
+};
+
+// The descales as the consumers read them (DescaleArray::at(batch, head, block); a KV-cache
+// tile's head is its chunk of packed heads, its block of Q rows its block of positions, its key
+// blocks any: the cache's descales are one per KV head).
+inline void set_cache_descales(ForwardParams& params, const float* q_descales, const CacheDescales& cache) {
+  params.q_descale.data = q_descales;
+  params.q_descale.stride[0] = static_cast<int64_t>(params.heads_q) * params.m_blocks;
+  params.q_descale.stride[1] = params.m_blocks;
+  params.q_descale.stride[2] = 1;
+  params.k_descale.data = cache.k;
+  params.k_descale.stride[0] = 0;
+  params.k_descale.stride[1] = cache.k_stride;
+  params.k_descale.stride[2] = 0;
+  params.v_descale.data = cache.v;
+  params.v_descale.stride[0] = 0;
+  params.v_descale.stride[1] = cache.v_stride;
+  params.v_descale.stride[2] = 0;
+}
+
 // q, out: (B, Sq, Hq, D); k_cache, v_cache: dense (B, S_cache, Hkv, D) or paged (num_pages,
 // page_size, Hkv, D); lse (B, Hq, Sq). p: batch B, seqlen_q Sq, seqlen_k the capacity (>= 1);
 // work: the lengths as validated (splits and pieces are set here); pages as validated (the box
 // sizes are set here, from the tile); num_splits as kvcache_splits takes it; append: the new
 // rows (or null), written once the tensor maps and the scheduler memory are in hand.
+// An E4M3 cache (Cfg::kFp8, fp8: its descales): k_cache e4m3 as above, v_cache its Vᵀ, dense
+// (B, Hkv, D, S_cache) or paged (num_pages, Hkv, D, page_size), the keys a multiple of 16; q, out
+// and the new rows 16-bit.
 template <class Cfg>
 void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages pages, int num_splits,
                          const NewRows* append, const TensorView& q, const TensorView& k_cache,
                          const TensorView& v_cache, const TensorView& out, const std::optional<TensorView>& lse,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, const CacheDescales* fp8 = nullptr) {
   static_assert(Cfg::kKvCache, "a KvCacheConfig");
   static_assert(Cfg::kBlockM == kvcache_block_m(Cfg::kHeadDim), "validation's GQA packing (c7) is the kernel's");
   pages.box_rows = cache_box_rows(Cfg::kBlockN, pages.table != nullptr ? pages.page_size : 0);
@@ -68,9 +114,19 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   params.kv_group /= packing.heads;  // chunks per KV head
   params.m_blocks = ceil_div(params.seqlen_q, packing.positions);
   params.kv_pages = pages;
-  const ForwardMaps maps{make_packed_q_tensor_map(q, "q", packing.heads, packing.positions, Cfg::kSwizzleBytes),
-                         make_panel_tensor_map(k_cache, "k_cache", pages.box_rows, Cfg::kPanels, Cfg::kSwizzleBytes),
-                         make_panel_tensor_map(v_cache, "v_cache", pages.box_rows, Cfg::kPanels, Cfg::kSwizzleBytes)};
+  std::optional<QuantizedCacheQ> q8;
+  if constexpr (Cfg::kFp8) q8.emplace(q, params.heads_q, params.m_blocks, stream);
+  // An E4M3 cache's K through a 1-byte panel map of one-panel boxes (a box of box_rows keys per
+  // panel, as the 16-bit cache's), its Vᵀ in 16-key slices (make_vt_slices_tensor_map).
+  const ForwardMaps maps =
+      Cfg::kFp8 ? ForwardMaps{make_packed_q_tensor_map(q8->codes, "q", packing.heads, packing.positions,
+                                                       Cfg::kSwizzleBytes),
+                              make_panel_tensor_map(k_cache, "k_cache", pages.box_rows, 1, Cfg::kSwizzleBytes),
+                              make_vt_slices_tensor_map(v_cache, "v_cache", pages.box_rows)}
+                : ForwardMaps{make_packed_q_tensor_map(q, "q", packing.heads, packing.positions, Cfg::kSwizzleBytes),
+                              make_panel_tensor_map(k_cache, "k_cache", pages.box_rows, Cfg::kPanels, Cfg::kSwizzleBytes),
+                              make_panel_tensor_map(v_cache, "v_cache", pages.box_rows, Cfg::kPanels, Cfg::kSwizzleBytes)};
+  if constexpr (Cfg::kFp8) set_cache_descales(params, q8->descales, *fp8);
   // Validation keeps the tiles below 2^31 (validate_forward_kvcache).
   const long long tiles = p.batch * static_cast<long long>(params.m_blocks) * params.heads_q;
   // Split keys (flash-decoding): when the tiles cannot fill the SMs, each tile's key range is cut
@@ -89,8 +145,13 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   SchedulerWorkspace ws(stream, combined ? static_cast<size_t>(work.pieces) * PartialState<Cfg>::kSlotBytes : 0);
   params.tile_counter = ws.tile_counter();
   params.partials = ws.partials();
-  if (append != nullptr)
-    append_kv(append->k, append->v, k_cache, v_cache, work.cache_seqlens, pages, work.capacity, stream);
+  if (append != nullptr) {
+    if constexpr (Cfg::kFp8)
+      append_fp8_kv(append->k, append->v, k_cache, v_cache, *fp8, work.cache_seqlens, pages, work.capacity, stream);
+    else
+      append_kv(append->k, append->v, k_cache, v_cache, work.cache_seqlens, pages, work.capacity, stream);
+  }
+  if constexpr (Cfg::kFp8) quantize_cache_q(q, q8->codes.data, q8->descales, packing, stream);
   launch_forward_kernel<Cfg>(std::min<int64_t>(work.pieces, multiprocessor_count()), maps, params, stream);
   if (combined) {
     // Scheduled while the attention's last pieces still run (the kernel waits for them itself).
@@ -138,5 +199,50 @@ void run_forward_kvcache_band(const ForwardProblem& p, const KvCacheWork& work, 
     else                                                                                                     \
       run_forward_kvcache_band<Element, kHeadDim, false>(p, work, pages, num_splits, append, q, k_cache,       \
                                                          v_cache, out, lse, stream);                         \
+  }                                                                                                          \
+  }
+
+namespace warpattn::detail {
+
+// An E4M3 cache's kernels, in forward_kvcache_fp8_d<dim>.cu: q, out and the new rows 16-bit
+// (p.dtype, the kernel's output), the caches E4M3 (run_forward_kvcache's layouts).
+template <int kHeadDim>
+void run_forward_kvcache_fp8_head_dim(const ForwardProblem& p, const KvCacheWork& work, const KvPages& pages,
+                                      int num_splits, const NewRows* append, const TensorView& q,
+                                      const TensorView& k_cache, const TensorView& v_cache,
+                                      const CacheDescales& descales, const TensorView& out,
+                                      const std::optional<TensorView>& lse, cudaStream_t stream);
+
+template <int kHeadDim, bool kBanded, class Out>
+void run_forward_kvcache_fp8_band(const ForwardProblem& p, const KvCacheWork& work, const KvPages& pages,
+                                  int num_splits, const NewRows* append, const TensorView& q,
+                                  const TensorView& k_cache, const TensorView& v_cache, const CacheDescales& descales,
+                                  const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream) {
+  run_forward_kvcache<KvCacheConfig<Fp8ForwardConfigFor<kHeadDim, kBanded, Out, __nv_fp8_e4m3>>>(
+      p, work, pages, num_splits, append, q, k_cache, v_cache, out, lse, stream, &descales);
+}
+
+}  // namespace warpattn::detail
+
+// The body of each forward_kvcache_fp8_d<dim>.cu: banded and not, bf16 and fp16 output.
+#define WARPATTN_FORWARD_KVCACHE_FP8_INSTANCE(kHeadDim)                                                        \
+  namespace warpattn::detail {                                                                               \
+  template <>                                                                                                \
+  void run_forward_kvcache_fp8_head_dim<kHeadDim>(                                                           \
+      const ForwardProblem& p, const KvCacheWork& work, const KvPages& pages, int num_splits,                 \
+      const NewRows* append, const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,       \
+      const CacheDescales& descales, const TensorView& out, const std::optional<TensorView>& lse,            \
+      cudaStream_t stream) {                                                                                 \
+    const auto run = [&](auto banded, auto out_type) {                                                       \
+      run_forward_kvcache_fp8_band<kHeadDim, decltype(banded)::value, decltype(out_type)>(                   \
+          p, work, pages, num_splits, append, q, k_cache, v_cache, descales, out, lse, stream);              \
+    };                                                                                                       \
+    if (p.dtype == DType::bf16) {                                                                            \
+      if (p.banded) run(std::true_type{}, __nv_bfloat16{});                                                  \
+      else run(std::false_type{}, __nv_bfloat16{});                                                          \
+    } else {                                                                                                 \
+      if (p.banded) run(std::true_type{}, __half{});                                                         \
+      else run(std::false_type{}, __half{});                                                                 \
+    }                                                                                                        \
   }                                                                                                          \
   }

@@ -78,4 +78,12 @@ __device__ __forceinline__ uint64_t make_smem_desc(uint32_t addr, uint32_t lbo, 
          (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (layout << 62);
 }
 
+// The same for a no-swizzle operand (layout 0, "interleave"): core matrices of 8 rows x 16
+// bytes (128 contiguous bytes), lbo between core matrices along K, sbo between 8-row groups
+// along M or N. tools/probes/p_fp8_vt_pages.cu checked it on the H200 (run 146).
+__device__ __forceinline__ uint64_t make_plain_smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
+         (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32);
+}
+
 }  // namespace warpattn::ptx

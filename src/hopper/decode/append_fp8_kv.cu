@@ -1,0 +1,105 @@
+// The append into an E4M3 cache (append_kv.hpp, append_fp8_kv): a warp per new row of one
+// (sequence, KV head), as append_kv's, lane l the row's elements 4l .. 4l + 3 (+ 128, ...): their
+// K codes in one 4-byte store, their V codes as four 1-byte stores down the Vᵀ page's column
+// (page rows apart). Those scattered stores are d bytes a row: small beside the step that
+// reads the cache.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "hopper/cuda_check.hpp"
+#include "hopper/decode/e4m3_code.cuh"
+#include "hopper/decode/append_kv.hpp"
+#include "hopper/decode/fp8_cache_layout.hpp"
+
+namespace warpattn::detail {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+struct Fp8AppendArgs {
+  const char* k_new;
+  const char* v_new;
+  int64_t new_stride[3];  // k_new's (and v_new's: validated alike) batch, row, head strides, elements
+  int64_t v_new_stride[3];
+  uint8_t* k_cache;
+  int64_t k_stride[3];  // page, row, head (bytes: one per element)
+  uint8_t* vt_cache;
+  int64_t vt_stride[3];  // page, head, head-dim row
+  CacheDescales descales;
+  int64_t rows;  // B x S_new x Hkv
+  int new_rows, heads_kv, head_dim;
+  const int* cache_seqlens;
+  KvPages pages;
+  int capacity;
+};
+
+template <class T>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) append_fp8_kv_kernel(const __grid_constant__ Fp8AppendArgs a) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; r < a.rows; r += warps) {
+    const int h = static_cast<int>(r % a.heads_kv);
+    const int i = static_cast<int>(r / a.heads_kv % a.new_rows);
+    const int b = static_cast<int>(r / a.heads_kv / a.new_rows);
+    const int cached = min(max(a.cache_seqlens[b], 0), a.capacity);
+    const int64_t key = static_cast<int64_t>(cached) + i;
+    if (key >= a.capacity) continue;
+    const CacheBox at = cache_box(a.pages, b, static_cast<int>(key), a.capacity);
+    if (at.page < 0) continue;  // a page index outside the cache: never written
+    const float kd = a.descales.k[h * a.descales.k_stride], vd = a.descales.v[h * a.descales.v_stride];
+    const T* k_row = reinterpret_cast<const T*>(a.k_new) + b * a.new_stride[0] + i * a.new_stride[1] + h * a.new_stride[2];
+    const T* v_row =
+        reinterpret_cast<const T*>(a.v_new) + b * a.v_new_stride[0] + i * a.v_new_stride[1] + h * a.v_new_stride[2];
+    uint8_t* k_out = a.k_cache + at.page * a.k_stride[0] + at.row * a.k_stride[1] + h * a.k_stride[2];
+    // The key's column of its page's Vᵀ (kFp8KeyOrder within its 16-key group).
+    uint8_t* vt_out = a.vt_cache + at.page * a.vt_stride[0] + h * a.vt_stride[1] + fp8_vt_column(at.row);
+    for (int c = 4 * lane; c < a.head_dim; c += 128) {
+      const uint2 kraw = *reinterpret_cast<const uint2*>(k_row + c), vraw = *reinterpret_cast<const uint2*>(v_row + c);
+      const T* kx = reinterpret_cast<const T*>(&kraw);
+      const T* vx = reinterpret_cast<const T*>(&vraw);
+      uint32_t codes = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) codes |= static_cast<uint32_t>(e4m3_code(to_float(kx[j]), kd)) << (8 * j);
+      *reinterpret_cast<uint32_t*>(k_out + c) = codes;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) vt_out[(c + j) * a.vt_stride[2]] = e4m3_code(to_float(vx[j]), vd);
+    }
+  }
+}
+
+}  // namespace
+
+void append_fp8_kv(const TensorView& k_new, const TensorView& v_new, const TensorView& k_cache,
+                   const TensorView& v_cache, const CacheDescales& descales, const int* cache_seqlens,
+                   const KvPages& pages, int capacity, cudaStream_t stream) {
+  Fp8AppendArgs a{static_cast<const char*>(k_new.data),
+                  static_cast<const char*>(v_new.data),
+                  {k_new.stride[0], k_new.stride[1], k_new.stride[2]},
+                  {v_new.stride[0], v_new.stride[1], v_new.stride[2]},
+                  static_cast<uint8_t*>(k_cache.data),
+                  {k_cache.stride[0], k_cache.stride[1], k_cache.stride[2]},
+                  static_cast<uint8_t*>(v_cache.data),
+                  {v_cache.stride[0], v_cache.stride[1], v_cache.stride[2]},
+                  descales,
+                  k_new.shape[0] * k_new.shape[1] * k_new.shape[2],
+                  static_cast<int>(k_new.shape[1]),
+                  static_cast<int>(k_new.shape[2]),
+                  static_cast<int>(k_new.shape[3]),
+                  cache_seqlens,
+                  pages,
+                  capacity};
+  if (a.rows == 0) return;
+  const int64_t blocks = std::min<int64_t>((a.rows + kWarpsPerBlock - 1) / kWarpsPerBlock, 1 << 16);
+  if (k_new.dtype == DType::bf16)
+    append_fp8_kv_kernel<__nv_bfloat16><<<static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, stream>>>(a);
+  else
+    append_fp8_kv_kernel<__half><<<static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, stream>>>(a);
+  check_cuda(cudaGetLastError(), "append_fp8_kv_kernel: launch failed");
+}
+
+}  // namespace warpattn::detail
