@@ -110,7 +110,7 @@ void check_rows(const char* what, const std::vector<float>& in, const std::vecto
         // 2-norm of at most 2^-24 times the stage's (the norm grows by sqrt 2 a stage, as the
         // remaining stages grow the error, and 1/sqrt d undoes both), so an element of the
         // rotated row is off by at most log2(d) 2^-24 ||row||_2. Near zero that absolute error
-        // can be far above a relative bound (run 3 of 2026-12-02: one code at d = 256 missed it).
+        // can be far above a relative bound (run 167: one code at d = 256 missed it).
         double norm2 = 0.0;
         for (int64_t d = 0; d < c.d; ++d) norm2 += r[s * c.d + d] * r[s * c.d + d];
         const double rotation_error = c.rotate ? std::log2(static_cast<double>(c.d)) * 0x1p-24 * std::sqrt(norm2) : 0.0;
