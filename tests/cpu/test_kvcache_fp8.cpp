@@ -180,28 +180,27 @@ TEST(kvcache_fp8_cache_tensors) {
 }
 
 TEST(kvcache_fp8_q_out_and_new_rows) {
-  Call c = make_call();
-  c.q.dtype = DType::e4m3;
-  EXPECT_REJECTED(c, "q", "expected dtype float16 or bfloat16");
-  c = make_call();
-  c.out.dtype = DType::f16;
-  EXPECT_REJECTED(c, "out", "expected dtype bfloat16 (same as q)");
-  c = make_call();
-  c.cache.k->dtype = DType::e4m3;
-  EXPECT_REJECTED(c, "k", "expected dtype bfloat16 (same as q)");
-  c = make_call();
-  c.cache.v = view(kVNew, DType::bf16, {3, 1, 2, 64});
-  EXPECT_REJECTED(c, "v", "head_dim");
-  c = make_call();
-  c.cache.v = view(kVNew, DType::bf16, {3, 1, 4, 128});
-  EXPECT_REJECTED(c, "v", "expected shape (3, 1, 2, 128)");
-  c = make_call();
-  c.lse = view(kLse, DType::f32, {3, 1, 8});
-  EXPECT_REJECTED(c, "lse", "expected shape (batch, heads_q, seqlen_q) = (3, 8, 1)");
-  c = make_call();
-  c.options.softcap = 30.f;
-  EXPECT_REJECTED(c, "options.softcap", "no softcap");
-  c = make_call();
-  c.cache.cache_seqlens.reset();
-  EXPECT_REJECTED(c, "cache_seqlens", "needed to append k and v");
+  // Each rule: the argument its refusal names, a phrase of that refusal, and the change that
+  // breaks the rule, made to a fresh default call (so that the call breaks that rule alone).
+  struct Rule {
+    const char* argument;
+    const char* phrase;
+    void (*change)(Call&);
+  };
+  const Rule rules[] = {
+      {"q", "expected dtype float16 or bfloat16", [](Call& c) { c.q.dtype = DType::e4m3; }},
+      {"out", "expected dtype bfloat16 (same as q)", [](Call& c) { c.out.dtype = DType::f16; }},
+      {"k", "expected dtype bfloat16 (same as q)", [](Call& c) { c.cache.k->dtype = DType::e4m3; }},
+      {"v", "head_dim", [](Call& c) { c.cache.v = view(kVNew, DType::bf16, {3, 1, 2, 64}); }},
+      {"v", "expected shape (3, 1, 2, 128)", [](Call& c) { c.cache.v = view(kVNew, DType::bf16, {3, 1, 4, 128}); }},
+      {"lse", "expected shape (batch, heads_q, seqlen_q) = (3, 8, 1)",
+       [](Call& c) { c.lse = view(kLse, DType::f32, {3, 1, 8}); }},
+      {"options.softcap", "no softcap", [](Call& c) { c.options.softcap = 30.f; }},
+      {"cache_seqlens", "needed to append k and v", [](Call& c) { c.cache.cache_seqlens.reset(); }},
+  };
+  for (const Rule& r : rules) {
+    Call c = make_call();
+    r.change(c);
+    expect_rejected(c, r.argument, {r.phrase}, __LINE__);
+  }
 }
