@@ -17,6 +17,15 @@
 #ifndef WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES
 #define WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES 1
 #endif
+// d = 256 (docs/backward-design.md, "Key blocks of 80 at d = 256"): FlashAttention-3's d = 256
+// tile, 80 keys x 64 queries a CTA, S = Q·Kᵀ and dP = dO·Vᵀ not transposed (each consumer 40 of
+// the 80 keys), P and dS through shared memory, dK and dV transposed (head dim on the wgmma M
+// axis: each consumer dKᵀ and dVᵀ for its 128 columns and all 80 keys, 160 registers), dQ in
+// 32-column pieces (backward_consumer_n80.cuh): 1. 0, the default: 64 keys a CTA as above
+// (WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES). Not yet measured on the H200.
+#ifndef WARPATTN_TUNE_BWD_D256_BLOCK_N80
+#define WARPATTN_TUNE_BWD_D256_BLOCK_N80 0
+#endif
 
 namespace warpattn::detail {
 
@@ -42,7 +51,11 @@ struct BackwardConfig {
   static constexpr bool kSplitHeadDim = kHeadDim >= 256;
   static constexpr int kColumnHalves = kHeadDim == 512 ? 2 : 1;  // CTAs per key block
   static constexpr int kCtaColumns = kHeadDim / kColumnHalves;   // a CTA's dK, dV and dQ columns
-  static constexpr int kBlockN = kSplitHeadDim ? 64 : 64 * kConsumerWarpgroups;  // keys per CTA
+  // d = 256 with WARPATTN_TUNE_BWD_D256_BLOCK_N80: 80 keys a CTA (BackwardConsumerN80, its own
+  // consumer: S and dP untransposed, each consumer 40 keys; dK and dV transposed, each consumer 128
+  // columns of them for all 80 keys).
+  static constexpr bool kBlockN80 = kHeadDim == 256 && WARPATTN_TUNE_BWD_D256_BLOCK_N80 != 0;
+  static constexpr int kBlockN = kBlockN80 ? 80 : kSplitHeadDim ? 64 : 64 * kConsumerWarpgroups;  // keys per CTA
   static constexpr int kKVColumns = kSplitHeadDim ? kCtaColumns / 2 : kHeadDim;  // dK, dV columns per consumer
   // Query rows per step. dQ's tile (kBlockM x d) is split over the two consumers in pieces of
   // 64 x 64: at d = 128 one each (the same 64 queries, columns 64·consumer..), at d = 256 two
@@ -58,14 +71,20 @@ struct BackwardConfig {
                                  : kHeadDim == 512 ? 32
                                                    : 64;
   static constexpr bool kDqTransposed = kBlockM % 64 != 0;
-  static constexpr int kDqPiecesPerConsumer = kSplitHeadDim ? kKVColumns / 64 : 1;
+  // A dQ piece's columns (untransposed: 64 query rows). 32 with kBlockN80, whose shared memory
+  // has 8 KB a consumer for it, not 16 (the 80-key K and V tiles): a 32-column piece is the
+  // first or second half of a 64 x 64 piece of the accumulator's layout (dq_accum.cuh: an m64n32
+  // accumulator's registers are an m64n64's d[0 .. 15] or d[16 .. 31]), so the workspace, the
+  // conversion kernel and the turns' pieces are as before, each added in two bulk reduces.
+  static constexpr int kDqPieceColumns = kBlockN80 ? 32 : 64;
+  static constexpr int kDqPiecesPerConsumer = kSplitHeadDim ? kKVColumns / kDqPieceColumns : 1;
   // With the head dim split, WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES: consumer c computes Sᵀ and
   // dPᵀ for queries kSdpQueries·c .. of the step only (no GEMM done twice), stores its Pᵀ and
   // dSᵀ columns to shared memory, and dV, dK become SS GEMMs over all kBlockM queries.
-  static constexpr bool kSplitQueries = kHeadDim == 256 && WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES != 0;
+  static constexpr bool kSplitQueries = kHeadDim == 256 && WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES != 0 && !kBlockN80;
   static constexpr int kSdpQueries = kSplitQueries ? kBlockM / kConsumerWarpgroups : kBlockM;
   static_assert(kDqTransposed ? kHeadDim == 64 * kConsumerWarpgroups * kDqPiecesPerConsumer * kColumnHalves
-                              : kBlockM / 64 * kHeadDim / 64 == kConsumerWarpgroups * kDqPiecesPerConsumer,
+                              : kBlockM / 64 * kHeadDim / kDqPieceColumns == kConsumerWarpgroups * kDqPiecesPerConsumer,
                 "the consumers' dQ pieces (of every CTA of a key block) tile the step's dQ");
   // The workspace's row granule (a multiple of kBlockM: query blocks never span two sequences).
   static constexpr int kRowGranule = backward_row_granule(kHeadDim);
@@ -80,8 +99,11 @@ struct BackwardConfig {
   static constexpr int kKTileBytes = kBlockN * kHeadDim * 2;
   // dS as [key][query], 64-query panels; transposed dQ: as [query][key], 64-key panels.
   static constexpr int kDsTileBytes = kBlockN * kBlockM * 2;
-  static constexpr int kPtTileBytes = kSplitQueries ? kDsTileBytes : 0;  // Pᵀ, dSᵀ's layout (d = 256)
-  static constexpr int kDqPieceFloats = 64 * (kDqTransposed ? kBlockM : 64);  // a wgmma accumulator's
+  // Pᵀ, dSᵀ's layout (d = 256; with kBlockN80: P stored as Pᵀ, 80 key rows of 64 queries)
+  static constexpr int kPtTileBytes = kSplitQueries || kBlockN80 ? kDsTileBytes : 0;
+  static constexpr int kDqPieceFloats = 64 * (kDqTransposed ? kBlockM : kDqPieceColumns);  // a wgmma accumulator's
+  // The bulk reduces a key block makes into one query block of dQ (the deterministic turns count them)
+  static constexpr int kDqAddsPerKeyBlock = kHeadDim / (kDqTransposed ? 64 : kDqPieceColumns);
   // setmaxnreg: 24 + 2 x 240 = 504 per 128 threads, within the launch's 384 x 168.
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;

@@ -5,7 +5,7 @@
 //
 // Deterministic mode: the key blocks add to a 64-row block of dQ in a fixed order (dq_turn in
 // key_block_work.hpp). The writer waits until the block's turn counter shows every earlier key
-// block's pieces (kD / 64 per key block) as landed, adds, waits for its own add to land in global
+// block's pieces (kD / 64 per key block; kD / 32 with 32-column pieces) as landed, adds, waits for its own add to land in global
 // memory (wait_group 0, not just the shared-memory read) and counts itself in with a release.
 // Transposed dQ (80-row query blocks, Cfg::kDqTransposed): the consumer's piece is the 80 rows
 // of its 64 columns (dq_transposed_layout.hpp), and the turn counter is per 80-row block: the
@@ -54,6 +54,12 @@ __device__ __forceinline__ void run_dq_writer(BackwardSharedStorage<Cfg>& ss, co
         const int column_piece = Cfg::kSplitHeadDim ? consumer_column0<Cfg>(consumer) / 64 + piece : consumer;
         dst = p.dq_accum +
               DqAccumLayout::transposed_piece_offset<kM>(p, work.ws_row0, head, work.m_block(step), column_piece, kD);
+      } else if constexpr (Cfg::kBlockN80) {
+        // 32-column pieces: piece `piece` of the consumer's kKVColumns is half (column0 % 64) / 32
+        // of the 64 x 64 piece column0 / 64 (its registers' floats, the first or second 2048)
+        const int column0 = Cfg::kKVColumns * consumer + Cfg::kDqPieceColumns * piece;
+        dst = p.dq_accum + DqAccumLayout::piece_offset(p, work.ws_row0, head, row_block, column0 / 64, kD) +
+              (column0 % 64) * 64;
       } else {
         dst = p.dq_accum + DqAccumLayout::piece_offset(p, work.ws_row0, head, row_block, piece_index, kD);
       }
@@ -67,7 +73,8 @@ __device__ __forceinline__ void run_dq_writer(BackwardSharedStorage<Cfg>& ss, co
       if constexpr (Cfg::kDeterministic) {
         const int mine = dq_turn(work.n_block, work.m_block(step), kM, Cfg::kBlockN, work.seqlen_q, work.seqlen_k,
                                  Cfg::kCausal, p.band) *
-                         (kD / 64);  // each key block adds kD / 64 pieces to a block (d = 512: from its two CTAs)
+                         Cfg::kDqAddsPerKeyBlock;  // each key block's pieces in a block (kD / 64; d = 512: from
+                                                   // its two CTAs; 32-column pieces: kD / 32)
         while (load_acquire_gpu(turn) < mine) {
         }
         fence_proxy_async_global();

@@ -9,6 +9,7 @@
 #include <cuda.h>
 
 #include "hopper/backward/backward_consumer.cuh"
+#include "hopper/backward/backward_consumer_n80.cuh"
 #include "hopper/backward/backward_dq_writer.cuh"
 #include "hopper/backward/backward_producer.cuh"
 #include "hopper/ptx/mbarrier.cuh"
@@ -97,7 +98,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   } else {
     acquire_registers<Cfg::kConsumerRegisters>();
-    BackwardConsumer<Cfg>(ss, params, work, warpgroup - 1).run();
+    if constexpr (Cfg::kBlockN80)  // d = 256, WARPATTN_TUNE_BWD_D256_BLOCK_N80: 80 keys a CTA
+      BackwardConsumerN80<Cfg>(ss, params, work, warpgroup - 1).run();
+    else
+      BackwardConsumer<Cfg>(ss, params, work, warpgroup - 1).run();
   }
 }
 

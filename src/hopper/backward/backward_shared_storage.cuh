@@ -10,9 +10,10 @@ namespace warpattn::detail {
 // Pᵀ under WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES, one buffer per dO stage: its only reader, the
 // dV GEMM, is also dO's last, so a consumer that has waited for a dO slot's next load knows
 // both consumers' dV GEMMs of the slot's previous step have completed (their do_empty
-// arrivals), and may write the slot's Pᵀ again. Without the knob, an empty base: no bytes,
-// the layout as before.
-template <class Cfg, bool = Cfg::kSplitQueries>
+// arrivals), and may write the slot's Pᵀ again. The same for P (stored as Pᵀ) under
+// WARPATTN_TUNE_BWD_D256_BLOCK_N80. Without either knob, an empty base: no bytes, the layout as
+// before.
+template <class Cfg, bool = (Cfg::kPtTileBytes > 0)>
 struct BackwardPtStorage {};
 template <class Cfg>
 struct BackwardPtStorage<Cfg, true> {

@@ -19,4 +19,20 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, ui
                : "memory");
 }
 
+// The same for two matrices (lanes 0-15 give the addresses; the others' are not read).
+__device__ __forceinline__ void stmatrix_x2_trans(uint32_t addr, uint32_t r0, uint32_t r1) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};\n" ::"r"(addr), "r"(r0), "r"(r1)
+               : "memory");
+}
+
+// An 8x8 matrix of 16-bit elements transposed across the warp, in registers (PTX ISA
+// "movmatrix"): lane l's x holds (row l / 4, columns 2 (l % 4), + 1; the low half the even
+// column); the result holds the same positions of the transposed matrix, i.e. (rows 2 (l % 4),
+// + 1 of column l / 4).
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
 }  // namespace warpattn::ptx
