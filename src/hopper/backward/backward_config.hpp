@@ -21,7 +21,9 @@
 // tile, 80 keys x 64 queries a CTA, S = Q·Kᵀ and dP = dO·Vᵀ not transposed (each consumer 40 of
 // the 80 keys), P and dS through shared memory, dK and dV transposed (head dim on the wgmma M
 // axis: each consumer dKᵀ and dVᵀ for its 128 columns and all 80 keys, 160 registers), dQ in
-// 32-column pieces (backward_consumer_n80.cuh): 1. 0, the default: 64 keys a CTA as above
+// 32-column pieces (backward_consumer_n80.cuh): 1. 2: the same with each dQ GEMM 64 columns wide,
+// handed over as two 32-column pieces (the fallback should the 32-column GEMM's B, which starts
+// 64 bytes into K's swizzled rows, not read as modelled). 0, the default: 64 keys a CTA as above
 // (WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES). Not yet measured on the H200.
 #ifndef WARPATTN_TUNE_BWD_D256_BLOCK_N80
 #define WARPATTN_TUNE_BWD_D256_BLOCK_N80 0
@@ -77,6 +79,9 @@ struct BackwardConfig {
   // accumulator's registers are an m64n64's d[0 .. 15] or d[16 .. 31]), so the workspace, the
   // conversion kernel and the turns' pieces are as before, each added in two bulk reduces.
   static constexpr int kDqPieceColumns = kBlockN80 ? 32 : 64;
+  static constexpr int kDqGemmColumns = kBlockN80 && WARPATTN_TUNE_BWD_D256_BLOCK_N80 == 2 ? 64 : kDqPieceColumns;
+  static_assert(WARPATTN_TUNE_BWD_D256_BLOCK_N80 >= 0 && WARPATTN_TUNE_BWD_D256_BLOCK_N80 <= 2,
+                "WARPATTN_TUNE_BWD_D256_BLOCK_N80: 0, 1 or 2");
   static constexpr int kDqPiecesPerConsumer = kSplitHeadDim ? kKVColumns / kDqPieceColumns : 1;
   // With the head dim split, WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES: consumer c computes Sᵀ and
   // dPᵀ for queries kSdpQueries·c .. of the step only (no GEMM done twice), stores its Pᵀ and

@@ -12,7 +12,8 @@
 //                                  (B = the P / dS tile, K-major); 2 x 2 x 40 = 160 registers
 //   dQ = dS·K                       SS m64n32 (A = dS read MN-major, B = 32 columns of a K panel
 //                                  read MN-major), four 32-column pieces of c's 128 columns,
-//                                  each handed to the writer warp (8 KB of shared memory each)
+//                                  each handed to the writer warp (8 KB of shared memory each);
+//                                  knob = 2: two m64n64 GEMMs, each handed over as two pieces
 //   dK, dV out                      transposed back by movmatrix, 4-byte pairs per key row
 // It reuses BackwardConsumer's dQ hand-over, slot release, and the producer, writer, rings and
 // turn counters unchanged.
@@ -33,7 +34,7 @@ struct BackwardConsumerN80 : BackwardConsumer<Cfg> {
   static constexpr int kAcc = kN / 2;                   // an m64n80 accumulator's registers
   static constexpr int kPieces = Cfg::kDqPiecesPerConsumer, kDqRegs = Base::kDqRegs;
   static_assert(Cfg::kBlockN80 && kM == 64 && kN == L::kKeys && kKeys * Cfg::kConsumerWarpgroups == kN &&
-                    Cfg::kDqPieceColumns == 32 && kDqRegs == 16 && Cfg::kDoStages == 1,
+                    Cfg::kDqPieceColumns == 32 && kDqRegs == 16 && Cfg::kDoStages == 1 && kPieces == 4,
                 "the 80-key tile of docs/backward-design.md");
   using Base::f;
   using Base::p;
@@ -133,13 +134,14 @@ struct BackwardConsumerN80 : BackwardConsumer<Cfg> {
     }
   }
 
-  // dQ piece `piece` (columns 128c + 32 piece ..) = dS·K: A = dS, the [key][query] tile read
-  // MN-major (the queries on M; +16 key rows per k16), B = 32 columns of K's panel (c's columns
-  // / 64) read MN-major, from byte 64 of its rows for the panel's second half; 5 k16 steps over
-  // the 80 keys.
-  __device__ __forceinline__ void issue_dq_gemm(float (&dq)[kDqRegs], int buf, int piece) const {
-    using Mma = ptx::WgmmaSSTransposed<Element, Cfg::kDqPieceColumns>;
-    const int column0 = Cfg::kKVColumns * warpgroup + Cfg::kDqPieceColumns * piece;
+  // dQ columns column0 .. column0 + kCols - 1 (c's 128 from 128c; kCols 32, or 64 under
+  // WARPATTN_TUNE_BWD_D256_BLOCK_N80 = 2) = dS·K: A = dS, the [key][query] tile read MN-major
+  // (the queries on M; +16 key rows per k16), B = kCols columns of K's panel column0 / 64 read
+  // MN-major, from byte 2 (column0 % 64) of its rows (64 for a panel's second 32 columns); 5 k16
+  // steps over the 80 keys.
+  template <int kCols>
+  __device__ __forceinline__ void issue_dq_gemm(float (&dq)[kCols / 2], int buf, int column0) const {
+    using Mma = ptx::WgmmaSSTransposed<Element, kCols>;
     const uint32_t b = ptx::smem_addr(ss.k) + column0 / 64 * kN * 128 + column0 % 64 * 2;
     const uint64_t ad = ptx::make_smem_desc(ptx::smem_addr(ss.ds[buf]), kN * 128, 1024, 128);
     const uint64_t bd = ptx::make_smem_desc(b, kN * 128, 1024, 128);
@@ -147,6 +149,10 @@ struct BackwardConsumerN80 : BackwardConsumer<Cfg> {
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk)
       Mma::mma(dq, advance(ad, kk * 16 * 128), advance(bd, kk * 16 * 128), kk > 0);
+  }
+  // The first column of this consumer's 32-column piece `piece`.
+  __device__ __forceinline__ int piece_column0(int piece) const {
+    return Cfg::kKVColumns * warpgroup + Cfg::kDqPieceColumns * piece;
   }
 
   // One step. Buffers as under WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES (BackwardConsumer::
@@ -176,36 +182,59 @@ struct BackwardConsumerN80 : BackwardConsumer<Cfg> {
     write_tile(dp, ss.ds[buf]);
     fence_proxy_async_shared();                            // the stores, before wgmma reads them
     named_barrier_sync(BackwardBarrier::kDsWritten, 256);  // both consumers' keys written
-    // dV, dQ's first piece, dK; dV and the piece are waited for first, dK while the piece is
-    // handed over and the next one computed.
+    // dV, dQ's first GEMM, dK; dV and the dQ GEMM are waited for first, dK while its pieces are
+    // handed over and the next GEMM computed.
 #pragma unroll
     for (int i = 0; i < kSlices; ++i) pin(dv[i]), pin(dk[i]);
     wgmma_fence();
     issue_transposed_kv_gemm(dv, smem_addr(ss.dout[ds.stage]), smem_addr(ss.pt[ds.stage]));
     wgmma_commit();
-    float dq[kDqRegs];
-    issue_dq_gemm(dq, buf, 0);
+    float dq[Cfg::kDqGemmColumns / 2];
+    issue_dq_gemm<Cfg::kDqGemmColumns>(dq, buf, piece_column0(0));
     wgmma_commit();
     issue_transposed_kv_gemm(dk, smem_addr(ss.q[qs.stage]), smem_addr(ss.ds[buf]));
     wgmma_commit();
-    wgmma_wait<1>();  // dV and the first piece
+    wgmma_wait<1>();  // dV and the first dQ GEMM
 #pragma unroll
     for (int i = 0; i < kSlices; ++i) pin(dv[i]);
     pin(dq);
     Base::release(&ss.do_empty[ds.stage]);
-    this->hand_over_dq_piece(dq, step * kPieces);
+    if constexpr (Cfg::kDqGemmColumns == 32) {  // one GEMM a piece
+      this->hand_over_dq_piece(dq, step * kPieces);
 #pragma unroll
-    for (int piece = 1; piece < kPieces; ++piece) {
-      issue_dq_gemm(dq, buf, piece);
-      wgmma_commit();
-      wgmma_wait<0>();  // the piece (and, the first time, dK: Q's last reader)
-      pin(dq);
-      if (piece == 1) {
+      for (int piece = 1; piece < kPieces; ++piece) {
+        issue_dq_gemm<32>(dq, buf, piece_column0(piece));
+        wgmma_commit();
+        wgmma_wait<0>();  // the piece (and, the first time, dK: Q's last reader)
+        pin(dq);
+        if (piece == 1) {
 #pragma unroll
-        for (int i = 0; i < kSlices; ++i) pin(dk[i]);
-        Base::release(&ss.q_empty[qs.stage]);
+          for (int i = 0; i < kSlices; ++i) pin(dk[i]);
+          Base::release(&ss.q_empty[qs.stage]);
+        }
+        this->hand_over_dq_piece(dq, step * kPieces + piece);
       }
-      this->hand_over_dq_piece(dq, step * kPieces + piece);
+    } else {  // = 2: a 64-column GEMM gives two pieces, d[0 .. 15] and d[16 .. 31], handed over in turn
+      static_assert(Cfg::kDqGemmColumns == 2 * Cfg::kDqPieceColumns, "two pieces a GEMM");
+      const auto half = [&](int h) -> const float(&)[kDqRegs] {
+        return *reinterpret_cast<const float(*)[kDqRegs]>(dq + kDqRegs * h);
+      };
+#pragma unroll
+      for (int gemm = 0; gemm < kPieces / 2; ++gemm) {
+        if (gemm > 0) {
+          issue_dq_gemm<64>(dq, buf, piece_column0(2 * gemm));
+          wgmma_commit();
+          wgmma_wait<0>();  // the GEMM (and, the first time, dK: Q's last reader)
+          pin(dq);
+          if (gemm == 1) {
+#pragma unroll
+            for (int i = 0; i < kSlices; ++i) pin(dk[i]);
+            Base::release(&ss.q_empty[qs.stage]);
+          }
+        }
+        this->hand_over_dq_piece(half(0), step * kPieces + 2 * gemm);
+        this->hand_over_dq_piece(half(1), step * kPieces + 2 * gemm + 1);
+      }
     }
   }
 
