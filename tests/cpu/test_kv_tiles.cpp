@@ -53,7 +53,7 @@ int mismatches(int block_m, int block_n, int sq, int sk, bool causal) {
 
 TEST(kv_tiles_match_brute_force) {
   const int seqlens[] = {1, 2, 17, 63, 64, 65, 127, 128, 129, 200, 300, 513};
-  const int tiles[][2] = {{128, 128}, {128, 80}, {128, 176}, {64, 64}};
+  const int tiles[][2] = {{128, 128}, {128, 80}, {128, 176}, {64, 64}, {64, 80}};
   int bad = 0;
   for (auto& t : tiles)
     for (int sq : seqlens)
@@ -124,7 +124,9 @@ TEST(band_tiles_match_brute_force) {
   using warpattn::detail::sees_few_keys;
   const int seqlens[] = {1, 17, 128, 129, 300, 513};
   const int sides[] = {0, 1, 63, 200, kUnbounded};
-  const int tiles[][2] = {{128, 128}, {128, 80}, {192, 112}, {80, 128}};  // {80, 128}: the 80-row backward's
+  // {80, 128}: the 80-row backward's; {64, 80}: the d = 256 backward's 80-key blocks
+  // (WARPATTN_TUNE_BWD_D256_BLOCK_N80)
+  const int tiles[][2] = {{128, 128}, {128, 80}, {192, 112}, {80, 128}, {64, 80}};
   int bad = 0, checked = 0;
   for (auto& t : tiles)
     for (int sq : seqlens)
@@ -282,12 +284,13 @@ TEST(backward_key_block_work_matches_brute_force) {
   using warpattn::detail::last_key_block;
   using warpattn::detail::query_block_range;
   int bad = 0, configs = 0;
+  for (int block_n : {128, 80})  // 80: the d = 256 backward's key blocks (WARPATTN_TUNE_BWD_D256_BLOCK_N80)
   for (int block_m : {64, 80, 128})
     for (bool causal : {false, true})
       for (int sq : {1, 63, 64, 65, 200, 383, 700})
         for (int sk : {1, 100, 128, 129, 300, 900}) {
           ++configs;
-          const int block_n = 128, m_blocks = (sq + block_m - 1) / block_m, n_blocks = (sk + block_n - 1) / block_n;
+          const int m_blocks = (sq + block_m - 1) / block_m, n_blocks = (sk + block_n - 1) / block_n;
           std::vector<std::vector<int>> visitors(m_blocks);
           for (int n = 0; n < n_blocks; ++n) {
             const auto range = query_block_range(n, block_n, block_m, sq, sk, causal);
@@ -325,6 +328,7 @@ TEST(backward_key_block_work_matches_brute_force_with_windows) {
   using warpattn::detail::last_key_block;
   using warpattn::detail::query_block_range;
   int bad = 0, configs = 0;
+  for (int block_n : {128, 80})
   for (int block_m : {64, 80, 128})
     for (int left : {0, 50, 300, kUnbounded})
       for (int right : {0, 7, 200, kUnbounded})
@@ -337,7 +341,7 @@ TEST(backward_key_block_work_matches_brute_force_with_windows) {
               return key < sk && (left == kUnbounded || key >= diagonal - left) &&
                      (right == kUnbounded || key <= diagonal + right);
             };
-            const int block_n = 128, m_blocks = (sq + block_m - 1) / block_m, n_blocks = (sk + block_n - 1) / block_n;
+            const int m_blocks = (sq + block_m - 1) / block_m, n_blocks = (sk + block_n - 1) / block_n;
             std::vector<std::vector<int>> visitors(m_blocks);
             for (int n = 0; n < n_blocks; ++n) {
               const auto range = query_block_range(n, block_n, block_m, sq, sk, band);
