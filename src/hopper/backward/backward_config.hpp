@@ -17,14 +17,15 @@
 #ifndef WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES
 #define WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES 1
 #endif
-// d = 256 (docs/backward-design.md, "Key blocks of 80 at d = 256"): FlashAttention-3's d = 256
-// tile, 80 keys x 64 queries a CTA, S = Q·Kᵀ and dP = dO·Vᵀ not transposed (each consumer 40 of
-// the 80 keys), P and dS through shared memory, dK and dV transposed (head dim on the wgmma M
-// axis: each consumer dKᵀ and dVᵀ for its 128 columns and all 80 keys, 160 registers), dQ in
-// 32-column pieces (backward_consumer_n80.cuh): 1. 2: the same with each dQ GEMM 64 columns wide,
-// handed over as two 32-column pieces (the fallback should the 32-column GEMM's B, which starts
-// 64 bytes into K's swizzled rows, not read as modelled). 0, the default: 64 keys a CTA as above
-// (WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES). Not yet measured on the H200.
+// d = 256 (docs/backward-design.md, "Key blocks of 80 at d = 256"), not yet run on the H200:
+//   0  the default: 64 keys a CTA as above (WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES)
+//   1  FlashAttention-3's d = 256 tile, 80 keys x 64 queries a CTA (backward_consumer_n80.cuh):
+//      S = Q·Kᵀ and dP = dO·Vᵀ not transposed (each consumer 40 of the 80 keys), P and dS through
+//      shared memory, dK and dV transposed (head dim on the wgmma M axis: each consumer dKᵀ and
+//      dVᵀ for its 128 columns and all 80 keys, 160 registers), dQ in 32-column pieces
+//   2  the same with each dQ GEMM 64 columns wide, handed over as two 32-column pieces: the
+//      fallback should 1's 32-column GEMM, whose B starts 64 bytes into K's swizzled rows, not
+//      read as modelled
 #ifndef WARPATTN_TUNE_BWD_D256_BLOCK_N80
 #define WARPATTN_TUNE_BWD_D256_BLOCK_N80 0
 #endif

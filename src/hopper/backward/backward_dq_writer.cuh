@@ -5,8 +5,9 @@
 //
 // Deterministic mode: the key blocks add to a 64-row block of dQ in a fixed order (dq_turn in
 // key_block_work.hpp). The writer waits until the block's turn counter shows every earlier key
-// block's pieces (kD / 64 per key block; kD / 32 with 32-column pieces) as landed, adds, waits for its own add to land in global
-// memory (wait_group 0, not just the shared-memory read) and counts itself in with a release.
+// block's pieces (kD / 64 per key block; kD / 32 with 32-column pieces) as landed, adds, waits
+// for its own add to land in global memory (wait_group 0, not just the shared-memory read) and
+// counts itself in with a release.
 // Transposed dQ (80-row query blocks, Cfg::kDqTransposed): the consumer's piece is the 80 rows
 // of its 64 columns (dq_transposed_layout.hpp), and the turn counter is per 80-row block: the
 // one at (the block's first row) / 80 of the 64-row blocks' counters (all zeroed, more of them).
