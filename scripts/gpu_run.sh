@@ -7,7 +7,7 @@ set -u -o pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 STAGES=${STAGES:-"ctest cli bench"}  # also: primitives, forward, fp8, devices, sanitize, fa3, python, bench_backward, ncu, ncu_fp8
-# python: PY_PARTS (default gpu cpu training varlen kvcache transformers jax_ffi; PY_PARALLEL=1 runs them side by side; PYTEST_ARGS, default --durations=25: the slowest tests listed), VARLEN_BENCH=1 for the varlen mixes,
+# python: PY_PARTS (default gpu cpu training varlen kvcache kvcache_fp8 transformers jax_ffi; PY_PARALLEL=1 runs them side by side; PYTEST_ARGS, default --durations=25: the slowest tests listed), VARLEN_BENCH=1 for the varlen mixes,
 #   DECODE_BENCH=1 for the KV-cache benchmark (python -m warpattn.bench --decode; DECODE_BENCH_ARGS, default --quick),
 #   JAX_BENCH=1 for warpattn under jax.jit beside cuDNN (python -m warpattn.bench_jax; JAX_BENCH_ARGS),
 #   MODEL_OPTIONS_BENCH=1 for scripts/bench_model_options.py, HOST_COST=1 for scripts/host_cost.py,
@@ -120,14 +120,14 @@ if stage python; then
     # PY_PARALLEL=1: the parts side by side on the one GPU (correctness only, as ctest -j3; JAX
     # then allocates as it goes instead of taking 75% of the memory first), reported in order.
     if [ -n "${PY_PARALLEL:-}" ]; then
-      for part in ${PY_PARTS:-gpu cpu training varlen kvcache transformers jax_ffi}; do
+      for part in ${PY_PARTS:-gpu cpu training varlen kvcache kvcache_fp8 transformers jax_ffi}; do
         (cd /tmp && XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1 timeout -k 5 ${PYTEST_TIMEOUT:-400} \
           python3 -X faulthandler -m pytest -q -rs ${PYTEST_ARGS---durations=25} "$OLDPWD/tests/python/test_$part.py" > "$OUT/pytest-$part.log" 2>&1;
          echo $? > "$OUT/pytest-$part.rc") &
       done
       wait
     fi
-    for part in ${PY_PARTS:-gpu cpu training varlen kvcache transformers jax_ffi}; do  # separately: a crash in one part still leaves the others' results
+    for part in ${PY_PARTS:-gpu cpu training varlen kvcache kvcache_fp8 transformers jax_ffi}; do  # separately: a crash in one part still leaves the others' results
       if [ -n "${PY_PARALLEL:-}" ]; then
         rc=$(cat "$OUT/pytest-$part.rc"); rm -f "$OUT/pytest-$part.rc"
       else

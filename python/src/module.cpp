@@ -267,16 +267,24 @@ void forward_varlen(const AnyArray& q, const AnyArray& k, const AnyArray& v, con
 // The cache of forward_kvcache as the library takes it: k_cache and v_cache dense (batch,
 // seqlen, heads_kv, head_dim) or paged (num_pages, page_size, heads_kv, head_dim) with a block
 // table; the lengths, the block table and the new keys and values optional.
+// An E4M3 cache comes as its bytes (uint8, as every FP8 operand here: fp8_view_of) with its
+// (heads_kv) float32 descales; the library's rules say which dtypes go together.
 warpattn::KvCache kv_cache(const AnyArray& k_cache, const AnyArray& v_cache, const std::optional<AnyArray>& k,
                            const std::optional<AnyArray>& v, const std::optional<AnyArray>& cache_seqlens,
-                           const std::optional<AnyArray>& block_table) {
+                           const std::optional<AnyArray>& block_table, const std::optional<AnyArray>& k_descale,
+                           const std::optional<AnyArray>& v_descale) {
+  const auto cache_view = [](const AnyArray& a, const char* name) {
+    return a.dtype().bits == 8 ? fp8_view_of(a, name) : view_of(a, name);
+  };
   warpattn::KvCache cache;
-  cache.k_cache = view_of(k_cache, "k_cache");
-  cache.v_cache = view_of(v_cache, "v_cache");
+  cache.k_cache = cache_view(k_cache, "k_cache");
+  cache.v_cache = cache_view(v_cache, "v_cache");
   cache.k = optional_view(k, "k");
   cache.v = optional_view(v, "v");
   if (cache_seqlens) cache.cache_seqlens = int32_view_of(*cache_seqlens, "cache_seqlens");
   if (block_table) cache.block_table = int32_view_of(*block_table, "block_table");
+  cache.k_descale = optional_view(k_descale, "k_descale");
+  cache.v_descale = optional_view(v_descale, "v_descale");
   return cache;
 }
 
@@ -285,18 +293,20 @@ void forward_kvcache(const AnyArray& q, const AnyArray& k_cache, const AnyArray&
                      const std::optional<AnyArray>& v, const std::optional<AnyArray>& cache_seqlens,
                      const std::optional<AnyArray>& block_table, std::optional<float> softmax_scale, bool causal,
                      uintptr_t stream, bool batch_invariant, int window_left, int window_right, float softcap,
-                     const std::optional<AnyArray>& sinks, int num_splits) {
+                     const std::optional<AnyArray>& sinks, int num_splits, const std::optional<AnyArray>& k_descale,
+                     const std::optional<AnyArray>& v_descale) {
   const ModelOptions model{window_left, window_right, softcap, sinks};
   const warpattn::TensorView vq = view_of(q, "q"), vo = view_of(out, "out");
   const std::optional<warpattn::TensorView> vl = optional_view(lse, "lse");
-  warpattn::KvCache cache = kv_cache(k_cache, v_cache, k, v, cache_seqlens, block_table);
+  warpattn::KvCache cache = kv_cache(k_cache, v_cache, k, v, cache_seqlens, block_table, k_descale, v_descale);
   cache.num_splits = num_splits;
   const warpattn::ForwardOptions options = forward_options(softmax_scale, causal, batch_invariant, model);
   checked_launch([&] { warpattn::validate_forward_kvcache(vq, cache, vo, vl, options); },
                  {{&q, "q"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&out, "out"},
                   {lse ? &*lse : nullptr, "lse"}, {k ? &*k : nullptr, "k"}, {v ? &*v : nullptr, "v"},
                   {cache_seqlens ? &*cache_seqlens : nullptr, "cache_seqlens"},
-                  {block_table ? &*block_table : nullptr, "block_table"}, {sinks_of(model), "sinks"}},
+                  {block_table ? &*block_table : nullptr, "block_table"}, {sinks_of(model), "sinks"},
+                  {k_descale ? &*k_descale : nullptr, "k_descale"}, {v_descale ? &*v_descale : nullptr, "v_descale"}},
                  [&] { warpattn::forward_kvcache(vq, cache, vo, vl, options, reinterpret_cast<cudaStream_t>(stream)); });
 }
 
@@ -455,14 +465,16 @@ NB_MODULE(_warpattn, m) {
         nb::arg("block_table").none(), nb::arg("softmax_scale").none(), nb::arg("causal"), nb::arg("stream"),
         nb::arg("batch_invariant") = false, nb::kw_only(), nb::arg("window_left") = -1,
         nb::arg("window_right") = -1, nb::arg("softcap") = 0.0f, nb::arg("sinks").none() = nb::none(),
-        nb::arg("num_splits") = 0,
+        nb::arg("num_splits") = 0, nb::arg("k_descale").none() = nb::none(), nb::arg("v_descale").none() = nb::none(),
         "forward over each sequence's KV cache: q, out (batch, seqlen_q, heads, head_dim); k_cache, v_cache dense "
         "(batch, seqlen_cache, heads_kv, head_dim) or paged (num_pages, page_size, heads_kv, head_dim) with "
         "block_table (batch, max_pages) int32; cache_seqlens (batch) int32 or None (every cache full); k, v "
         "(batch, seqlen_new, heads_kv, head_dim) or None: written into the caches at rows cache_seqlens[b] "
         "onwards before the attention; lse (batch, heads, seqlen_q). window_left, window_right, softcap, sinks: as "
         "forward's, aligned bottom-right on each sequence's keys; num_splits: the pieces of each tile's keys (0: "
-        "chosen from the shape; warpattn.hpp, KvCache).");
+        "chosen from the shape; warpattn.hpp, KvCache). k_descale, v_descale: (heads_kv) float32 with an E4M3 cache "
+        "(its bytes as uint8; v_cache then V transposed: (batch, heads_kv, head_dim, seqlen_cache) or (num_pages, "
+        "heads_kv, head_dim, page_size)), else None.");
   // Every multiple of 8 from 8 to 256 (64, 128 and 256 compiled, those between padded); the dense
   // forward's and the backward's to 512 (a 512 kernel above 256).
   nb::list supported_head_dims, backward_head_dims, forward_head_dims;

@@ -28,8 +28,9 @@ def framework_of(x, name):
 def _common_framework(q, **others):
     """q's framework, once every other tensor given (None: not given) is found to be of it too."""
     fw = framework_of(q, "q")
+    same = type(q)
     for name, t in others.items():
-        if t is not None and framework_of(t, name) != fw:
+        if t is not None and type(t) is not same and framework_of(t, name) != fw:
             raise TypeError("%s: expected a %s tensor like q, got %s.%s"
                             % (name, fw, type(t).__module__, type(t).__name__))
     return fw
@@ -49,7 +50,7 @@ def _torch_ops():
 
 
 def _check_rank(q):
-    if len(q.shape) != 4:
+    if q.ndim != 4:
         raise ValueError("q: expected rank 4 (batch, seqlen, heads, head_dim), got rank %d" % len(q.shape))
 
 

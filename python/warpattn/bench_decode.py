@@ -21,6 +21,13 @@ What each figure is:
                   default's time).
   warpattn_paged  the same keys in a paged cache (pages of --page-size keys, a random page
                   order), with block_table.
+  warpattn_fp8, warpattn_fp8_paged  (--fp8) the same keys and values in an E4M3 cache
+                  (warpattn.quantize_kvcache_fp8: K as the dense cache, V transposed, descales
+                  amax / 448 per KV head), dense and paged; bf16_over_fp8 = time(warpattn) /
+                  time(warpattn_fp8), the issue's bar 1.7 for caches of 64 MB or more (BF16's
+                  bytes). Its bytes read are half the BF16 cache's. --fp8 also reports the E4M3
+                  cache's accuracy against the BF16 cache's (kvcache_fp8_accuracy.py: rel L2 and
+                  RMSE against float64, N(0, 1) and outlier data) in the record's fp8_accuracy.
   cudnn           PyTorch SDPA's CUDNN_ATTENTION backend on (B, H, Sq, d) / (B, Hkv, S, d) views
                   with enable_gqa (or K and V repeated to Hq heads beforehand, said in the
                   record, when the backend refuses GQA); no per-sequence lengths (full caches).
@@ -68,6 +75,8 @@ def parse_args(argv):
     p.add_argument("--splits", default="0", metavar="N[,N...]",
                    help="num_splits values to time warpattn's dense cache at (0: its own choice; e.g. 0,1,2,4,8 to "
                    "see how default_splits chose), each as warpattn_s<N> beside warpattn")
+    p.add_argument("--fp8", action="store_true",
+                   help="also time the E4M3 cache (warpattn_fp8, warpattn_fp8_paged) and report its accuracy")
     p.add_argument("--batch-invariant", action="store_true",
                    help="also time batch_invariant=True on the dense cache (warpattn_invariant)")
     p.add_argument("--out", default="bench-decode.json")
@@ -98,13 +107,13 @@ def points(args):
     return [p for p in pts if all(p[k] in v for k, v in args.filters.items())]
 
 
-def cache_bytes(p):
-    return 2 * p["B"] * p["S"] * p["Hkv"] * p["d"] * 2
+def cache_bytes(p, element_bytes=2):
+    return 2 * p["B"] * p["S"] * p["Hkv"] * p["d"] * element_bytes
 
 
-def moved_bytes(p):
-    """K and V read once, Q read and out written (BF16)."""
-    return cache_bytes(p) + 2 * 2 * p["B"] * p["Sq"] * p["Hq"] * p["d"]
+def moved_bytes(p, element_bytes=2):
+    """K and V read once (BF16, or E4M3: element_bytes 1), Q read and out written (BF16)."""
+    return cache_bytes(p, element_bytes) + 2 * 2 * p["B"] * p["Sq"] * p["Hq"] * p["d"]
 
 
 def copy_rate(torch, timer):
@@ -188,6 +197,14 @@ def bench_point(torch, warpattn, timer, p, args, gen):
     out_paged = torch.empty_like(q)
     runs["warpattn_paged"] = lambda: warpattn.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=lens,
                                                                       block_table=table, out=out_paged)
+    if args.fp8:
+        f8, f8p = warpattn.quantize_kvcache_fp8(k, v), warpattn.quantize_kvcache_fp8(kp, vp)
+        out_fp8, out_fp8_paged = torch.empty_like(q), torch.empty_like(q)
+        runs["warpattn_fp8"] = lambda: warpattn.flash_attn_with_kvcache(
+            q, f8.k_cache, f8.v_cache, cache_seqlens=lens, k_descale=f8.k_descale, v_descale=f8.v_descale, out=out_fp8)
+        runs["warpattn_fp8_paged"] = lambda: warpattn.flash_attn_with_kvcache(
+            q, f8p.k_cache, f8p.v_cache, cache_seqlens=lens, block_table=table, k_descale=f8p.k_descale,
+            v_descale=f8p.v_descale, out=out_fp8_paged)
     from torch.nn.attention import SDPBackend
     reference = None
     for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
@@ -211,12 +228,15 @@ def bench_point(torch, warpattn, timer, p, args, gen):
             times[name].append(timer(fn))
     for name, ts in times.items():
         ms = statistics.median(ts)
-        results[name] = {"ms": ms, "passes_ms": ts, "GB_per_s": moved_bytes(p) / (ms * 1e-3) / 1e9,
+        moved = moved_bytes(p, 1 if name.startswith("warpattn_fp8") else 2)
+        results[name] = {"ms": ms, "passes_ms": ts, "GB_per_s": moved / (ms * 1e-3) / 1e9,
                          "note": notes.get(name)}
     if reference is not None:
         outs = [("warpattn", out), ("warpattn_paged", out_paged)]
         if args.batch_invariant:
             outs.append(("warpattn_invariant", out_invariant))
+        if args.fp8:
+            outs += [("warpattn_fp8", out_fp8), ("warpattn_fp8_paged", out_fp8_paged)]
         for name, o in outs:
             if name in times:
                 results[name]["rel_l2_vs_sdpa"] = rel_l2(torch, o, reference)
@@ -247,6 +267,25 @@ def host_cost(torch, warpattn, calls):
     return us
 
 
+def fp8_accuracy(torch, warpattn):
+    """The E4M3 cache against the BF16 cache on the same data (kvcache_fp8_accuracy.errors), at
+    the headline point and a longer cache, N(0, 1) and outlier data, three draws each."""
+    try:
+        from warpattn.kvcache_fp8_accuracy import DATA_KINDS, errors
+    except ImportError:
+        from kvcache_fp8_accuracy import DATA_KINDS, errors
+    rows = []
+    for S in (4096, 16384):
+        for kind in DATA_KINDS:
+            for seed in range(3):
+                e = errors(torch, warpattn, kind, S=S, seed=seed)
+                rows.append(e)
+                print("fp8 accuracy S=%d %s seed %d: rel L2 bf16 %.2e e4m3 %.2e (%.1fx), RMSE bf16 %.2e e4m3 %.2e" % (
+                    S, kind, seed, e["bf16"]["rel_l2"], e["e4m3"]["rel_l2"], e["e4m3_over_bf16"], e["bf16"]["rmse"],
+                    e["e4m3"]["rmse"]), file=sys.stderr, flush=True)
+    return rows
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     import torch
@@ -269,11 +308,14 @@ def main(argv=None):
                 if "GB_per_s" in res:
                     res["of_copy_rate"] = res["GB_per_s"] * 1e9 / rate
             ref = r.get("cudnn", {}).get("ms")
-            for name in ("warpattn", "warpattn_paged", "warpattn_invariant"):
+            for name in ("warpattn", "warpattn_paged", "warpattn_invariant", "warpattn_fp8", "warpattn_fp8_paged"):
                 if ref and "ms" in r.get(name, {}):
                     r[name]["cudnn_over_this"] = ref / r[name]["ms"]
             if "ms" in r.get("warpattn_invariant", {}) and "ms" in r.get("warpattn", {}):
                 r["warpattn_invariant"]["over_default"] = r["warpattn_invariant"]["ms"] / r["warpattn"]["ms"]
+            for name, bf16 in (("warpattn_fp8", "warpattn"), ("warpattn_fp8_paged", "warpattn_paged")):
+                if "ms" in r.get(name, {}) and "ms" in r.get(bf16, {}):
+                    r[name]["bf16_over_fp8"] = r[bf16]["ms"] / r[name]["ms"]
             rows.append(dict(p, cache_MB=cache_bytes(p) / 1e6, results=r))
             print("B=%d S=%d %d/%d d=%d Sq=%d: %s" % (
                 p["B"], p["S"], p["Hq"], p["Hkv"], p["d"], p["Sq"], "  ".join(
@@ -281,9 +323,11 @@ def main(argv=None):
                                else "error") for n, x in r.items())), file=sys.stderr, flush=True)
             torch.cuda.empty_cache()
         host = host_cost(torch, warpattn, args.host_calls)
+        accuracy = fp8_accuracy(torch, warpattn) if args.fp8 else None
     print("host cost per call: %s" % ", ".join("%s %.1f us" % kv for kv in host.items()), file=sys.stderr)
     result = dict(method=method, copy_rate_GB_per_s=rate / 1e9, page_size=args.page_size, passes=args.passes,
-                  device=torch.cuda.get_device_name(), torch=torch.__version__, host_us_per_call=host, rows=rows)
+                  device=torch.cuda.get_device_name(), torch=torch.__version__, host_us_per_call=host, rows=rows,
+                  fp8_accuracy=accuracy)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)

@@ -12,6 +12,7 @@ import operator
 from . import _warpattn
 from .api import (_INT32, _array_module, _check_rank, _common_framework, _current_stream, _jax_ffi, _jax_run,
                   _lse_shape, _model_options, _no_out, _scale, _torch_ops, _wait_for_jax_arrays, device_of)
+from .kvcache_fp8 import is_e4m3
 
 
 def _cache_length(cache_seqlens):
@@ -50,7 +51,23 @@ def _full_lengths(fw, q, n):
 
 
 def _out_shape(q, v_cache):
-    return tuple(q.shape[:-1]) + (v_cache.shape[-1],)  # the caches' value head dim
+    """q's shape with the caches' value head dim: v_cache's last, or q's for an E4M3 cache (whose V
+    is transposed and has q's head dim: the library checks v_cache against it, naming v_cache)."""
+    return tuple(q.shape) if is_e4m3(v_cache) else tuple(q.shape[:-1]) + (v_cache.shape[-1],)
+
+
+def _cache_bytes(cache):
+    """What the module takes for a cache: an E4M3 one as its bytes (a uint8 view for PyTorch;
+    CuPy's already are), as every FP8 operand (fp8.py); a 16-bit one as it is."""
+    if is_e4m3(cache) and str(cache.dtype).endswith("float8_e4m3fn"):
+        import torch
+        return cache.view(torch.uint8)
+    return cache
+
+
+def _refuse_jax_fp8(k_cache, v_cache, k_descale, v_descale):
+    if any(t is not None for t in (k_descale, v_descale)) or is_e4m3(k_cache) or is_e4m3(v_cache):
+        raise TypeError("k_cache, v_cache: an E4M3 KV cache is taken from PyTorch and CuPy in this version, not JAX")
 
 
 def _refuse_jax_append(k, v):
@@ -77,7 +94,8 @@ def _refuse_jax(k, v, **arrays):
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, sinks=None,
-                            batch_invariant=False, num_splits=0, return_lse=False, out=None):
+                            batch_invariant=False, num_splits=0, return_lse=False, out=None, k_descale=None,
+                            v_descale=None):
     """Exact attention of new queries over each sequence's KV cache (FlashAttention's
     flash_attn_with_kvcache; decoding and chunked prefill), the new keys and values appended into
     the cache first.
@@ -112,6 +130,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     many (fewer where their partial states would pass 1 GiB).
     out: optional output tensor to write.
 
+    k_descale, v_descale: an E4M3 (FP8) cache's (heads_kv) float32 descales, given exactly when
+    k_cache and v_cache are float8_e4m3fn (CuPy: uint8 e4m3 bytes): half the bytes a step reads.
+    Such a cache keeps V transposed (warpattn.kvcache_fp8: its layouts, empty_kvcache_fp8 and
+    quantize_kvcache_fp8 to make one); q, out and the new k and v stay 16-bit, the new rows
+    quantised on append with the descales, each step's q with one descale per work tile; head
+    dims 64 and 128, no softcap. PyTorch and CuPy.
+
     Returns out (batch, seqlen_q, heads, head_dim), or (out, lse) with return_lse, lse being
     (batch, heads, seqlen_q) float32 (as flash_attn_func's); a row that sees no key gets 0 and
     lse -inf (its sink with sinks). Runs on the caller's current stream; argument errors raise
@@ -130,7 +155,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     length = _cache_length(cache_seqlens)
     fw = _common_framework(q, k_cache=k_cache, v_cache=v_cache, k=k, v=v,
                            cache_seqlens=cache_seqlens if length is None else None, block_table=block_table,
-                           out=out, sinks=sinks)
+                           out=out, sinks=sinks, k_descale=k_descale, v_descale=v_descale)
     _check_rank(q)
     scale, causal, batch_invariant = _scale(softmax_scale), bool(causal), bool(batch_invariant)
     model = dict(_model_options(window_size, softcap, sinks), num_splits=operator.index(num_splits))
@@ -138,9 +163,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         if length is not None:
             cache_seqlens = _full_lengths(fw, q, length)
         return _torch_ops().flash_attn_kvcache_torch(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale,
-                                                     causal, return_lse, out, batch_invariant, **model)
+                                                     causal, return_lse, out, batch_invariant, **model,
+                                                     k_descale=k_descale, v_descale=v_descale)
     if fw == "jax":
         _no_out(out)
+        _refuse_jax_fp8(k_cache, v_cache, k_descale, v_descale)
         ffi = _jax_ffi()
         if ffi is not None:  # the XLA FFI call: under jax.jit too
             _refuse_jax_append(k, v)
@@ -177,5 +204,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
             out = xp.empty(_out_shape(q, v_cache), dtype=q.dtype)
         lse = xp.empty(_lse_shape(q), dtype=xp.float32) if return_lse else None
         _warpattn.forward_kvcache(q, k_cache, v_cache, out, lse, k, v, cache_seqlens, block_table, scale, causal,
-                                  _current_stream(fw, q), batch_invariant, **model)
+                                  _current_stream(fw, q), batch_invariant, **model, k_descale=k_descale,
+                                  v_descale=v_descale)
     return (out, lse) if return_lse else out

@@ -21,6 +21,7 @@ import torch
 
 from . import _warpattn
 from .api import _current_stream, flash_attn_backward as _flash_attn_backward
+from .kvcache import _cache_bytes, _out_shape as _kvcache_out_shape
 
 
 # ------------------------------------------------------------------ the dispatcher, where needed
@@ -375,14 +376,15 @@ def flash_attn_varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_
 # implementations read neither the lengths nor the block table (torch.compile, CUDA graphs).
 
 def _kvcache_outputs(q, v_cache):
-    return q.new_empty(_out_shape(q, v_cache)), _lse_like(q)
+    return q.new_empty(_kvcache_out_shape(q, v_cache)), _lse_like(q)
 
 
 def _kvcache_run(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, batch_invariant,
-                 window_left, window_right, softcap, sinks, num_splits, out=None, lse=None):
-    _warpattn.forward_kvcache(q, k_cache, v_cache, out, lse, k, v, cache_seqlens, block_table, softmax_scale, causal,
-                              _current_stream("torch", q), batch_invariant, window_left=window_left,
-                              window_right=window_right, softcap=softcap, sinks=sinks, num_splits=num_splits)
+                 window_left, window_right, softcap, sinks, num_splits, k_descale, v_descale, out=None, lse=None):
+    _warpattn.forward_kvcache(q, _cache_bytes(k_cache), _cache_bytes(v_cache), out, lse, k, v, cache_seqlens,
+                              block_table, softmax_scale, causal, _current_stream("torch", q), batch_invariant,
+                              window_left=window_left, window_right=window_right, softcap=softcap, sinks=sinks,
+                              num_splits=num_splits, k_descale=k_descale, v_descale=v_descale)
 
 
 @_custom_op("warpattn::flash_attn_kvcache_forward")
@@ -390,18 +392,19 @@ def flash_attn_kvcache_forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                                cache_seqlens: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
                                softmax_scale: Optional[float], causal: bool, batch_invariant: bool = False,
                                window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
-                               sinks: Optional[torch.Tensor] = None,
-                               num_splits: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+                               sinks: Optional[torch.Tensor] = None, num_splits: int = 0,
+                               k_descale: Optional[torch.Tensor] = None,
+                               v_descale: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """out and lse of q over the caches, which it only reads (no new keys and values)."""
     out, lse = _kvcache_outputs(q, v_cache)
     _kvcache_run(q, k_cache, v_cache, None, None, cache_seqlens, block_table, softmax_scale, causal, batch_invariant,
-                 window_left, window_right, softcap, sinks, num_splits, out, lse)
+                 window_left, window_right, softcap, sinks, num_splits, k_descale, v_descale, out, lse)
     return out, lse
 
 
 @flash_attn_kvcache_forward.register_fake
 def _(q, k_cache, v_cache, cache_seqlens, block_table, softmax_scale, causal, batch_invariant=False, window_left=-1,
-      window_right=-1, softcap=0.0, sinks=None, num_splits=0):
+      window_right=-1, softcap=0.0, sinks=None, num_splits=0, k_descale=None, v_descale=None):
     return _kvcache_outputs(q, v_cache)
 
 
@@ -411,29 +414,30 @@ def flash_attn_kvcache_append_forward(q: torch.Tensor, k_cache: torch.Tensor, v_
                                       block_table: Optional[torch.Tensor], softmax_scale: Optional[float],
                                       causal: bool, batch_invariant: bool = False, window_left: int = -1,
                                       window_right: int = -1, softcap: float = 0.0,
-                                      sinks: Optional[torch.Tensor] = None,
-                                      num_splits: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
-    """k and v written into k_cache and v_cache in place at rows cache_seqlens[b] on, then out
-    and lse of q over the caches so grown."""
+                                      sinks: Optional[torch.Tensor] = None, num_splits: int = 0,
+                                      k_descale: Optional[torch.Tensor] = None,
+                                      v_descale: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """k and v written into k_cache and v_cache in place at rows cache_seqlens[b] on (quantised
+    with the descales into an E4M3 cache), then out and lse of q over the caches so grown."""
     out, lse = _kvcache_outputs(q, v_cache)
     _kvcache_run(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, batch_invariant,
-                 window_left, window_right, softcap, sinks, num_splits, out, lse)
+                 window_left, window_right, softcap, sinks, num_splits, k_descale, v_descale, out, lse)
     return out, lse
 
 
 @flash_attn_kvcache_append_forward.register_fake
 def _(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, batch_invariant=False,
-      window_left=-1, window_right=-1, softcap=0.0, sinks=None, num_splits=0):
+      window_left=-1, window_right=-1, softcap=0.0, sinks=None, num_splits=0, k_descale=None, v_descale=None):
     return _kvcache_outputs(q, v_cache)
 
 
 def flash_attn_kvcache_torch(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal,
                              return_lse, out, batch_invariant=False, window_left=-1, window_right=-1, softcap=0.0,
-                             sinks=None, num_splits=0):
-    model = (batch_invariant, window_left, window_right, softcap, sinks, num_splits)
+                             sinks=None, num_splits=0, k_descale=None, v_descale=None):
+    model = (batch_invariant, window_left, window_right, softcap, sinks, num_splits, k_descale, v_descale)
     if out is None and k is None and v is None and not return_lse and _may_skip_dispatcher(
-            (q, k_cache, v_cache, cache_seqlens, block_table, sinks)):
-        out = q.new_empty(_out_shape(q, v_cache))  # eager and no lse asked for: none allocated (as above)
+            (q, k_cache, v_cache, cache_seqlens, block_table, sinks, k_descale, v_descale)):
+        out = q.new_empty(_kvcache_out_shape(q, v_cache))  # eager and no lse asked for: none allocated (as above)
     if out is not None:
         # Writing into a caller's tensor is outside the custom ops (a graph break under compile).
         lse = _lse_like(q) if return_lse else None

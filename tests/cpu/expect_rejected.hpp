@@ -13,7 +13,10 @@ template <class Call>
 void expect_rejected(const Call& c, const std::string& argument, std::initializer_list<const char*> expected, int line) {
   const std::optional<std::string> message = error_of(c);
   if (!message) {
-    CHECK(false) << "line " << line << ": accepted, expected an error about " << argument;
+    // With the phrases, which tell apart the rules of a table checked from one line.
+    std::string phrases;
+    for (const char* text : expected) phrases += std::string(" \"") + text + "\"";
+    CHECK(false) << "line " << line << ": accepted, expected an error about " << argument << phrases;
     return;
   }
   CHECK(message->rfind(argument + ": ", 0) == 0) << "line " << line << ": should name " << argument << ": " << *message;

@@ -1,5 +1,5 @@
 // warpattn::forward_kvcache on the host (issue 16; warpattn.hpp, KvCache): its argument rules
-// (validate_forward_kvcache, fake device addresses as test_varlen_validation.cpp), what the
+// (validate_forward_kvcache, on the fake device addresses of kvcache_fixture.hpp), what the
 // validated call hands to dispatch (api/problem.hpp, KvCacheCall), where a cached key is
 // loaded from (hopper/decode/kv_pages.hpp, cache_box and cache_box_rows, against the layout's
 // definition), the sequences' lengths and the launch's pieces of work (hopper/decode/
@@ -18,50 +18,23 @@
 #include "harness.hpp"
 #include "hopper/decode/kv_pages.hpp"
 #include "hopper/decode/kv_cache_pieces.hpp"
+#include "kvcache_fixture.hpp"
 #include "warpattn/warpattn.hpp"
 
 namespace {
 
-using warpattn::DType;
-using warpattn::TensorView;
+using namespace kvcache_fixture;
 
-void* fake(uintptr_t address) { return reinterpret_cast<void*>(address); }
-
-TensorView view(uintptr_t address, DType dtype, std::initializer_list<int64_t> shape) {
-  int64_t s[4] = {0, 0, 0, 0};
-  int rank = 0;
-  for (int64_t x : shape) s[rank++] = x;
-  return warpattn::make_contiguous_view(fake(address), dtype, rank, s);
-}
-
-// The sizes of a call; the defaults make a valid one.
-struct Spec {
-  bool paged = false;
-  int64_t batch = 3, seqlen_q = 4, heads_q = 8, heads_kv = 2, head_dim = 128;
-  int64_t s_cache = 512;                                   // dense
-  int64_t num_pages = 40, page_size = 64, max_pages = 10;  // paged
-  int64_t s_new = 2;                                       // 0: no append
+// The sizes of a call, and whether it gives the lengths and lse; the defaults make a valid one.
+struct Spec : Sizes {
   bool seqlens = true, lse = true;
-  DType dtype = DType::bf16;
 };
 
-struct Call {
-  TensorView q, out;
-  std::optional<TensorView> lse;
-  warpattn::KvCache cache;
-  warpattn::ForwardOptions options;
-};
+constexpr uintptr_t kSinks = 0xa0000000;  // the sinks' logits, apart from the fixture's tensors
 
-// Each tensor at its own address, far enough apart for the default sizes (a few MB at most).
-constexpr uintptr_t kQ = 0x10000000, kOut = 0x20000000, kLse = 0x30000000, kKCache = 0x40000000,
-                    kVCache = 0x50000000, kKNew = 0x60000000, kVNew = 0x70000000, kSeqlens = 0x80000000,
-                    kTable = 0x90000000, kSinks = 0xa0000000;
-
+// K and V cached alike: (batch, s_cache) or (num_pages, page_size) by (heads_kv, head_dim).
 Call make_call(const Spec& s = {}) {
-  Call c;
-  c.q = view(kQ, s.dtype, {s.batch, s.seqlen_q, s.heads_q, s.head_dim});
-  c.out = view(kOut, s.dtype, {s.batch, s.seqlen_q, s.heads_q, s.head_dim});
-  if (s.lse) c.lse = view(kLse, DType::f32, {s.batch, s.heads_q, s.seqlen_q});
+  Call c = call_without_caches(s, s.lse, s.seqlens);
   if (s.paged) {
     c.cache.k_cache = view(kKCache, s.dtype, {s.num_pages, s.page_size, s.heads_kv, s.head_dim});
     c.cache.v_cache = view(kVCache, s.dtype, {s.num_pages, s.page_size, s.heads_kv, s.head_dim});
@@ -70,11 +43,6 @@ Call make_call(const Spec& s = {}) {
     c.cache.k_cache = view(kKCache, s.dtype, {s.batch, s.s_cache, s.heads_kv, s.head_dim});
     c.cache.v_cache = view(kVCache, s.dtype, {s.batch, s.s_cache, s.heads_kv, s.head_dim});
   }
-  if (s.seqlens) c.cache.cache_seqlens = view(kSeqlens, DType::s32, {s.batch});
-  if (s.s_new > 0) {
-    c.cache.k = view(kKNew, s.dtype, {s.batch, s.s_new, s.heads_kv, s.head_dim});
-    c.cache.v = view(kVNew, s.dtype, {s.batch, s.s_new, s.heads_kv, s.head_dim});
-  }
   return c;
 }
 
@@ -82,23 +50,6 @@ Call make_paged(Spec s = {}) {
   s.paged = true;
   return make_call(s);
 }
-
-std::optional<std::string> error_of(const Call& c) {
-  try {
-    warpattn::validate_forward_kvcache(c.q, c.cache, c.out, c.lse, c.options);
-  } catch (const warpattn::Error& e) {
-    return std::string(e.what());
-  }
-  return std::nullopt;
-}
-
-// The detail validation's result (the call must be valid).
-warpattn::detail::KvCacheCall validated(const Call& c) {
-  return warpattn::detail::validate_forward_kvcache(c.q, c.cache, c.out, c.lse, c.options);
-}
-
-#define EXPECT_ACCEPTED(call, what) \
-  CHECK(!error_of(call)) << "line " << __LINE__ << " (" << what << "): " << error_of(call).value_or("")
 
 }  // namespace
 

@@ -1,6 +1,7 @@
 // warpattn::forward_kvcache over an E4M3 cache on the host (issue 16; warpattn.hpp,
 // KvCache::k_descale; docs/decode-fp8-cache-design.md): its argument rules (validate_forward_kvcache,
-// fake device addresses as test_kvcache.cpp) and what the validated call hands to dispatch.
+// on the fake device addresses of kvcache_fixture.hpp, as test_kvcache.cpp) and what the validated
+// call hands to dispatch.
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
@@ -9,75 +10,37 @@
 #include "api/problem.hpp"
 #include "expect_rejected.hpp"
 #include "harness.hpp"
+#include "kvcache_fixture.hpp"
 #include "warpattn/warpattn.hpp"
 
 namespace {
 
-using warpattn::DType;
-using warpattn::TensorView;
+using namespace kvcache_fixture;
 
-TensorView view(uintptr_t address, DType dtype, std::initializer_list<int64_t> shape) {
-  int64_t s[4] = {0, 0, 0, 0};
-  int rank = 0;
-  for (int64_t x : shape) s[rank++] = x;
-  return warpattn::make_contiguous_view(reinterpret_cast<void*>(address), dtype, rank, s);
-}
-
-// The sizes of a call over an E4M3 cache; the defaults make a valid one.
-struct Spec {
-  bool paged = false;
-  int64_t batch = 3, seqlen_q = 1, heads_q = 8, heads_kv = 2, head_dim = 128;
-  int64_t s_cache = 512;                                   // dense
-  int64_t num_pages = 40, page_size = 16, max_pages = 10;  // paged
-  int64_t s_new = 1;                                       // 0: no append
-  DType dtype = DType::bf16;
+// The sizes of a call over an E4M3 cache; the defaults make a valid one: a decode step (one
+// query row, one to append) over pages of 16 keys.
+struct Spec : Sizes {
+  Spec() { seqlen_q = 1, page_size = 16, s_new = 1; }
 };
 
-struct Call {
-  TensorView q, out;
-  std::optional<TensorView> lse;
-  warpattn::KvCache cache;
-  warpattn::ForwardOptions options;
-};
+constexpr uintptr_t kKDescale = 0xa0000000, kVDescale = 0xb0000000;
 
-constexpr uintptr_t kQ = 0x10000000, kOut = 0x20000000, kLse = 0x30000000, kKCache = 0x40000000,
-                    kVCache = 0x50000000, kKNew = 0x60000000, kVNew = 0x70000000, kSeqlens = 0x80000000,
-                    kTable = 0x90000000, kKDescale = 0xa0000000, kVDescale = 0xb0000000;
-
+// K as the 16-bit cache's, (pages, keys, heads_kv, head_dim), and V transposed: (pages,
+// heads_kv, head_dim, keys), in E4M3, with a descale per KV head for each.
 Call make_call(const Spec& s = {}) {
-  Call c;
-  c.q = view(kQ, s.dtype, {s.batch, s.seqlen_q, s.heads_q, s.head_dim});
-  c.out = view(kOut, s.dtype, {s.batch, s.seqlen_q, s.heads_q, s.head_dim});
-  c.lse = view(kLse, DType::f32, {s.batch, s.heads_q, s.seqlen_q});
+  Call c = call_without_caches(s, /*with_lse=*/true, /*with_seqlens=*/true);
   const int64_t pages = s.paged ? s.num_pages : s.batch, keys = s.paged ? s.page_size : s.s_cache;
   c.cache.k_cache = view(kKCache, DType::e4m3, {pages, keys, s.heads_kv, s.head_dim});
   c.cache.v_cache = view(kVCache, DType::e4m3, {pages, s.heads_kv, s.head_dim, keys});  // Vᵀ
   if (s.paged) c.cache.block_table = view(kTable, DType::s32, {s.batch, s.max_pages});
   c.cache.k_descale = view(kKDescale, DType::f32, {s.heads_kv});
   c.cache.v_descale = view(kVDescale, DType::f32, {s.heads_kv});
-  c.cache.cache_seqlens = view(kSeqlens, DType::s32, {s.batch});
-  if (s.s_new > 0) {
-    c.cache.k = view(kKNew, s.dtype, {s.batch, s.s_new, s.heads_kv, s.head_dim});
-    c.cache.v = view(kVNew, s.dtype, {s.batch, s.s_new, s.heads_kv, s.head_dim});
-  }
   return c;
 }
 Call make_paged(Spec s = {}) {
   s.paged = true;
   return make_call(s);
 }
-
-std::optional<std::string> error_of(const Call& c) {
-  try {
-    warpattn::validate_forward_kvcache(c.q, c.cache, c.out, c.lse, c.options);
-  } catch (const warpattn::Error& e) {
-    return std::string(e.what());
-  }
-  return std::nullopt;
-}
-
-#define EXPECT_ACCEPTED(call, what) \
-  CHECK(!error_of(call)) << "line " << __LINE__ << " (" << what << "): " << error_of(call).value_or("")
 
 }  // namespace
 
@@ -115,22 +78,19 @@ TEST(kvcache_fp8_valid_calls) {
 }
 
 TEST(kvcache_fp8_call_sizes) {
-  const warpattn::detail::KvCacheCall dense =
-      warpattn::detail::validate_forward_kvcache(make_call().q, make_call().cache, make_call().out, make_call().lse, {});
+  const warpattn::detail::KvCacheCall dense = validated(make_call());
   CHECK(dense.fp8);
   CHECK(dense.problem.seqlen_k == 512) << dense.problem.seqlen_k;
   CHECK(dense.problem.heads_kv == 2 && dense.problem.head_dim == 128);
   CHECK(dense.problem.dtype == DType::bf16);
   CHECK(dense.pages.table == nullptr && dense.pages.num_pages == 3);
-  const Call p = make_paged();
-  const warpattn::detail::KvCacheCall paged = warpattn::detail::validate_forward_kvcache(p.q, p.cache, p.out, p.lse, {});
+  const warpattn::detail::KvCacheCall paged = validated(make_paged());
   CHECK(paged.fp8);
   CHECK(paged.work.capacity == 160) << paged.work.capacity;
   CHECK(paged.pages.page_size == 16 && paged.pages.num_pages == 40);
   Spec s;
   s.dtype = DType::f16;
-  const Call c16 = make_call(s);
-  const warpattn::detail::KvCacheCall f16 = warpattn::detail::validate_forward_kvcache(c16.q, c16.cache, c16.out, c16.lse, {});
+  const warpattn::detail::KvCacheCall f16 = validated(make_call(s));
   CHECK(f16.fp8 && f16.problem.dtype == DType::f16);
 }
 
@@ -154,7 +114,7 @@ TEST(kvcache_fp8_descales) {
   c.cache.k_descale->stride[0] = -1;
   EXPECT_REJECTED(c, "k_descale", "must not be negative");
   c = make_call();
-  c.cache.v_descale->data = reinterpret_cast<void*>(kVDescale + 2);
+  c.cache.v_descale->data = fake(kVDescale + 2);
   EXPECT_REJECTED(c, "v_descale", "4-byte aligned");
   // Descales with 16-bit caches: the call is an E4M3 cache's, whose caches must be e4m3.
   c = make_call();
@@ -168,7 +128,7 @@ TEST(kvcache_fp8_descales) {
   EXPECT_REJECTED(c, "k_descale", "needs both", "got neither");
   // Overlap: a descale inside out.
   c = make_call();
-  c.cache.k_descale->data = reinterpret_cast<void*>(kOut + 64);
+  c.cache.k_descale->data = fake(kOut + 64);
   CHECK(error_of(c).has_value()) << "a descale overlapping out was accepted";
 }
 
@@ -220,28 +180,27 @@ TEST(kvcache_fp8_cache_tensors) {
 }
 
 TEST(kvcache_fp8_q_out_and_new_rows) {
-  Call c = make_call();
-  c.q.dtype = DType::e4m3;
-  EXPECT_REJECTED(c, "q", "expected dtype float16 or bfloat16");
-  c = make_call();
-  c.out.dtype = DType::f16;
-  EXPECT_REJECTED(c, "out", "expected dtype bfloat16 (same as q)");
-  c = make_call();
-  c.cache.k->dtype = DType::e4m3;
-  EXPECT_REJECTED(c, "k", "expected dtype bfloat16 (same as q)");
-  c = make_call();
-  c.cache.v = view(kVNew, DType::bf16, {3, 1, 2, 64});
-  EXPECT_REJECTED(c, "v", "head_dim");
-  c = make_call();
-  c.cache.v = view(kVNew, DType::bf16, {3, 1, 4, 128});
-  EXPECT_REJECTED(c, "v", "expected shape (3, 1, 2, 128)");
-  c = make_call();
-  c.lse = view(kLse, DType::f32, {3, 1, 8});
-  EXPECT_REJECTED(c, "lse", "expected shape (batch, heads_q, seqlen_q) = (3, 8, 1)");
-  c = make_call();
-  c.options.softcap = 30.f;
-  EXPECT_REJECTED(c, "options.softcap", "no softcap");
-  c = make_call();
-  c.cache.cache_seqlens.reset();
-  EXPECT_REJECTED(c, "cache_seqlens", "needed to append k and v");
+  // Each rule: the argument its refusal names, a phrase of that refusal, and the change that
+  // breaks the rule, made to a fresh default call (so that the call breaks that rule alone).
+  struct Rule {
+    const char* argument;
+    const char* phrase;
+    void (*change)(Call&);
+  };
+  const Rule rules[] = {
+      {"q", "expected dtype float16 or bfloat16", [](Call& c) { c.q.dtype = DType::e4m3; }},
+      {"out", "expected dtype bfloat16 (same as q)", [](Call& c) { c.out.dtype = DType::f16; }},
+      {"k", "expected dtype bfloat16 (same as q)", [](Call& c) { c.cache.k->dtype = DType::e4m3; }},
+      {"v", "head_dim", [](Call& c) { c.cache.v = view(kVNew, DType::bf16, {3, 1, 2, 64}); }},
+      {"v", "expected shape (3, 1, 2, 128)", [](Call& c) { c.cache.v = view(kVNew, DType::bf16, {3, 1, 4, 128}); }},
+      {"lse", "expected shape (batch, heads_q, seqlen_q) = (3, 8, 1)",
+       [](Call& c) { c.lse = view(kLse, DType::f32, {3, 1, 8}); }},
+      {"options.softcap", "no softcap", [](Call& c) { c.options.softcap = 30.f; }},
+      {"cache_seqlens", "needed to append k and v", [](Call& c) { c.cache.cache_seqlens.reset(); }},
+  };
+  for (const Rule& r : rules) {
+    Call c = make_call();
+    r.change(c);
+    expect_rejected(c, r.argument, {r.phrase}, __LINE__);
+  }
 }

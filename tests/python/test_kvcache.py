@@ -57,11 +57,11 @@ def test_exported_with_flash_attention_signature():
     params = inspect.signature(warpattn.flash_attn_with_kvcache).parameters
     assert list(params) == ["q", "k_cache", "v_cache", "k", "v", "cache_seqlens", "block_table", "softmax_scale",
                             "causal", "window_size", "softcap", "sinks", "batch_invariant", "num_splits", "return_lse",
-                            "out"]
+                            "out", "k_descale", "v_descale"]
     defaults = {name: p.default for name, p in params.items() if p.default is not inspect.Parameter.empty}
     assert defaults == dict(k=None, v=None, cache_seqlens=None, block_table=None, softmax_scale=None, causal=False,
                             window_size=(-1, -1), softcap=0.0, sinks=None, batch_invariant=False, num_splits=0,
-                            return_lse=False, out=None)
+                            return_lse=False, out=None, k_descale=None, v_descale=None)
     doc = warpattn.flash_attn_with_kvcache.__doc__
     assert "No gradients" in doc and "block_table" in doc and "JAX" in doc
     assert "forward_kvcache" in _warpattn.forward_kvcache.__doc__
