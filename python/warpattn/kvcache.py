@@ -56,15 +56,6 @@ def _out_shape(q, v_cache):
     return tuple(q.shape) if is_e4m3(v_cache) else tuple(q.shape[:-1]) + (v_cache.shape[-1],)
 
 
-def _cache_bytes(cache):
-    """What the module takes for a cache: an E4M3 one as its bytes (a uint8 view for PyTorch;
-    CuPy's already are), as every FP8 operand (fp8.py); a 16-bit one as it is."""
-    if is_e4m3(cache) and str(cache.dtype).endswith("float8_e4m3fn"):
-        import torch
-        return cache.view(torch.uint8)
-    return cache
-
-
 def _refuse_jax_fp8(k_cache, v_cache, k_descale, v_descale):
     if any(t is not None for t in (k_descale, v_descale)) or is_e4m3(k_cache) or is_e4m3(v_cache):
         raise TypeError("k_cache, v_cache: an E4M3 KV cache is taken from PyTorch and CuPy in this version, not JAX")

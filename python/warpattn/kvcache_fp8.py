@@ -2,7 +2,7 @@
 (include/warpattn/warpattn.hpp, KvCache::k_descale; docs/decode-fp8-cache-design.md). PyTorch.
 
     cache = warpattn.empty_kvcache_fp8(batch, capacity, heads_kv, head_dim, k_descale, v_descale,
-                                       device="cuda")          # or page_size= and num_pages=
+                                       device="cuda")  # paged: num_pages, page_size instead
     out = warpattn.flash_attn_with_kvcache(q, cache.k_cache, cache.v_cache, k=k, v=v,
                                            cache_seqlens=lens, k_descale=cache.k_descale,
                                            v_descale=cache.v_descale)

@@ -21,7 +21,8 @@ import torch
 
 from . import _warpattn
 from .api import _current_stream, flash_attn_backward as _flash_attn_backward
-from .kvcache import _cache_bytes, _out_shape as _kvcache_out_shape
+from .kvcache import _out_shape as _kvcache_out_shape
+from .kvcache_fp8 import is_e4m3
 
 
 # ------------------------------------------------------------------ the dispatcher, where needed
@@ -377,6 +378,11 @@ def flash_attn_varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_
 
 def _kvcache_outputs(q, v_cache):
     return q.new_empty(_kvcache_out_shape(q, v_cache)), _lse_like(q)
+
+
+def _cache_bytes(cache):
+    """An E4M3 cache as the module takes every FP8 operand (fp8.py): its bytes, a uint8 view."""
+    return cache.view(torch.uint8) if is_e4m3(cache) else cache
 
 
 def _kvcache_run(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, batch_invariant,

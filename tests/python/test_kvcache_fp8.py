@@ -303,5 +303,6 @@ def test_accuracy_against_the_bf16_cache(kind):
     e = errors(torch, warpattn, kind, B=4, S=2048, seed=int(torch.randint(0, 2**31 - 1, ()).item()))
     assert e["bf16"]["finite"] and e["e4m3"]["finite"]
     assert e["bf16"]["rel_l2"] < 1e-2, e
-    assert e["e4m3"]["rel_l2"] < 0.15, e
+    # run 170 (3 draws each, S 4K/16K, B 8): N(0, 1) 0.053-0.054, outlier 0.078-0.149 (no rotation yet)
+    assert e["e4m3"]["rel_l2"] < (0.1 if kind == "normal" else 0.3), e
     assert e["e4m3"]["rel_l2"] > e["bf16"]["rel_l2"], e  # the quantisation is really there

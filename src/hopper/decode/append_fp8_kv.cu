@@ -14,12 +14,11 @@
 #include "hopper/cuda_check.hpp"
 #include "hopper/decode/e4m3_code.cuh"
 #include "hopper/decode/append_kv.hpp"
+#include "hopper/decode/append_rows.cuh"
 #include "hopper/decode/fp8_cache_layout.hpp"
 
 namespace warpattn::detail {
 namespace {
-
-constexpr int kWarpsPerBlock = 8;
 
 struct Fp8AppendArgs {
   const char* k_new;
@@ -39,25 +38,18 @@ struct Fp8AppendArgs {
 };
 
 template <class T>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) append_fp8_kv_kernel(const __grid_constant__ Fp8AppendArgs a) {
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; r < a.rows; r += warps) {
-    const int h = static_cast<int>(r % a.heads_kv);
-    const int i = static_cast<int>(r / a.heads_kv % a.new_rows);
-    const int b = static_cast<int>(r / a.heads_kv / a.new_rows);
-    const int cached = min(max(a.cache_seqlens[b], 0), a.capacity);
-    const int64_t key = static_cast<int64_t>(cached) + i;
-    if (key >= a.capacity) continue;
-    const CacheBox at = cache_box(a.pages, b, static_cast<int>(key), a.capacity);
-    if (at.page < 0) continue;  // a page index outside the cache: never written
+__global__ void __launch_bounds__(32 * kAppendWarpsPerBlock)
+    append_fp8_kv_kernel(const __grid_constant__ Fp8AppendArgs a) {
+  for_each_appended_row(a.rows, a.new_rows, a.heads_kv, a.cache_seqlens, a.pages, a.capacity, [=](const AppendedRow& row,
+                                                                                                    int lane) {
+    const int b = row.b, i = row.i, h = row.h;
     const float kd = a.descales.k[h * a.descales.k_stride], vd = a.descales.v[h * a.descales.v_stride];
     const T* k_row = reinterpret_cast<const T*>(a.k_new) + b * a.new_stride[0] + i * a.new_stride[1] + h * a.new_stride[2];
     const T* v_row =
         reinterpret_cast<const T*>(a.v_new) + b * a.v_new_stride[0] + i * a.v_new_stride[1] + h * a.v_new_stride[2];
-    uint8_t* k_out = a.k_cache + at.page * a.k_stride[0] + at.row * a.k_stride[1] + h * a.k_stride[2];
+    uint8_t* k_out = a.k_cache + row.at.page * a.k_stride[0] + row.at.row * a.k_stride[1] + h * a.k_stride[2];
     // The key's column of its page's Vᵀ (kFp8KeyOrder within its 16-key group).
-    uint8_t* vt_out = a.vt_cache + at.page * a.vt_stride[0] + h * a.vt_stride[1] + fp8_vt_column(at.row);
+    uint8_t* vt_out = a.vt_cache + row.at.page * a.vt_stride[0] + h * a.vt_stride[1] + fp8_vt_column(row.at.row);
     for (int c = 4 * lane; c < a.head_dim; c += 128) {
       const uint2 kraw = *reinterpret_cast<const uint2*>(k_row + c), vraw = *reinterpret_cast<const uint2*>(v_row + c);
       const T* kx = reinterpret_cast<const T*>(&kraw);
@@ -69,7 +61,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) append_fp8_kv_kernel(cons
 #pragma unroll
       for (int j = 0; j < 4; ++j) vt_out[(c + j) * a.vt_stride[2]] = e4m3_code(to_float(vx[j]), vd);
     }
-  }
+  });
 }
 
 }  // namespace
@@ -94,11 +86,11 @@ void append_fp8_kv(const TensorView& k_new, const TensorView& v_new, const Tenso
                   pages,
                   capacity};
   if (a.rows == 0) return;
-  const int64_t blocks = std::min<int64_t>((a.rows + kWarpsPerBlock - 1) / kWarpsPerBlock, 1 << 16);
+  const unsigned blocks = append_blocks(a.rows);
   if (k_new.dtype == DType::bf16)
-    append_fp8_kv_kernel<__nv_bfloat16><<<static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, stream>>>(a);
+    append_fp8_kv_kernel<__nv_bfloat16><<<blocks, 32 * kAppendWarpsPerBlock, 0, stream>>>(a);
   else
-    append_fp8_kv_kernel<__half><<<static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, stream>>>(a);
+    append_fp8_kv_kernel<__half><<<blocks, 32 * kAppendWarpsPerBlock, 0, stream>>>(a);
   check_cuda(cudaGetLastError(), "append_fp8_kv_kernel: launch failed");
 }
 

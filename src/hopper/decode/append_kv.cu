@@ -1,16 +1,15 @@
-// The append of a KV-cache call (append_kv.hpp): a warp per new row of one (sequence, KV head),
-// lane l the row's 16-byte pieces l, l + 32, ... (one a lane at head dims up to 256, two up to
-// 512).
+// The append of a KV-cache call (append_kv.hpp): a warp per new row of one (sequence, KV head)
+// (append_rows.cuh), lane l the row's 16-byte pieces l, l + 32, ... (one a lane at head dims up
+// to 256, two up to 512).
 #include <algorithm>
 #include <cstdint>
 
 #include "hopper/cuda_check.hpp"
 #include "hopper/decode/append_kv.hpp"
+#include "hopper/decode/append_rows.cuh"
 
 namespace warpattn::detail {
 namespace {
-
-constexpr int kWarpsPerBlock = 8;
 
 // One 16-bit tensor of the append: its base and strides (elements) over (batch or page, row,
 // head); the head dim is contiguous.
@@ -34,25 +33,16 @@ struct AppendArgs {
   int capacity;
 };
 
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) append_kv_kernel(const __grid_constant__ AppendArgs a) {
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; r < a.rows; r += warps) {
-    const int h = static_cast<int>(r % a.heads_kv);
-    const int i = static_cast<int>(r / a.heads_kv % a.new_rows);
-    const int b = static_cast<int>(r / a.heads_kv / a.new_rows);
-    const int cached = min(max(a.cache_seqlens[b], 0), a.capacity);
-    const int64_t key = static_cast<int64_t>(cached) + i;
-    if (key >= a.capacity) continue;
-    const CacheBox at = cache_box(a.pages, b, static_cast<int>(key), a.capacity);
-    if (at.page < 0) continue;  // a page index outside the cache: never written
-    for (int piece = lane; piece < a.k_pieces; piece += 32)
-      reinterpret_cast<uint4*>(a.k_cache.row(at.page, at.row, h))[piece] =
-          reinterpret_cast<const uint4*>(a.k_new.row(b, i, h))[piece];
-    for (int piece = lane; piece < a.v_pieces; piece += 32)
-      reinterpret_cast<uint4*>(a.v_cache.row(at.page, at.row, h))[piece] =
-          reinterpret_cast<const uint4*>(a.v_new.row(b, i, h))[piece];
-  }
+__global__ void __launch_bounds__(32 * kAppendWarpsPerBlock) append_kv_kernel(const __grid_constant__ AppendArgs a) {
+  for_each_appended_row(a.rows, a.new_rows, a.heads_kv, a.cache_seqlens, a.pages, a.capacity,
+                        [=](const AppendedRow& row, int lane) {
+                          for (int piece = lane; piece < a.k_pieces; piece += 32)
+                            reinterpret_cast<uint4*>(a.k_cache.row(row.at.page, row.at.row, row.h))[piece] =
+                                reinterpret_cast<const uint4*>(a.k_new.row(row.b, row.i, row.h))[piece];
+                          for (int piece = lane; piece < a.v_pieces; piece += 32)
+                            reinterpret_cast<uint4*>(a.v_cache.row(row.at.page, row.at.row, row.h))[piece] =
+                                reinterpret_cast<const uint4*>(a.v_new.row(row.b, row.i, row.h))[piece];
+                        });
 }
 
 }  // namespace
@@ -64,8 +54,7 @@ void append_kv(const TensorView& k_new, const TensorView& v_new, const TensorVie
                static_cast<int>(k_new.shape[2]), static_cast<int>(k_new.shape[3] / 8),
                static_cast<int>(v_new.shape[3] / 8), cache_seqlens, pages, capacity};
   if (a.rows == 0) return;
-  const int64_t blocks = std::min<int64_t>((a.rows + kWarpsPerBlock - 1) / kWarpsPerBlock, 1 << 16);
-  append_kv_kernel<<<static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, stream>>>(a);
+  append_kv_kernel<<<append_blocks(a.rows), 32 * kAppendWarpsPerBlock, 0, stream>>>(a);
   check_cuda(cudaGetLastError(), "append_kv_kernel: launch failed");
 }
 
