@@ -27,7 +27,7 @@
 //      fallback should 1's 32-column GEMM, whose B starts 64 bytes into K's swizzled rows, not
 //      read as modelled
 #ifndef WARPATTN_TUNE_BWD_D256_BLOCK_N80
-#define WARPATTN_TUNE_BWD_D256_BLOCK_N80 0
+#define WARPATTN_TUNE_BWD_D256_BLOCK_N80 2
 #endif
 
 namespace warpattn::detail {
