@@ -30,6 +30,15 @@
 #define WARPATTN_TUNE_BWD_D256_BLOCK_N80 2
 #endif
 
+// dV += Pᵀ·dO issued as soon as Pᵀ is packed, before dSᵀ is computed, so that the dS phase
+// (dSᵀ = Pᵀ ∘ (dPᵀ − D), its packing and its store) runs under that GEMM instead of beside an
+// idle tensor pipe (docs/backward-design.md, "dV before dS"). Costs Pᵀ's packed registers live
+// through the dS phase. 0: dV after dS (as measured so far); 1: early at d = 128; 2: at d = 64
+// and 128. Not yet run on the H200.
+#ifndef WARPATTN_TUNE_BWD_EARLY_DV
+#define WARPATTN_TUNE_BWD_EARLY_DV 0
+#endif
+
 namespace warpattn::detail {
 
 template <class Element_, int kHeadDim_, bool kCausal_, bool kDeterministic_>
@@ -52,6 +61,8 @@ struct BackwardConfig {
   // those two GEMMs are done four times. Its query block is 32 rows (kBlockM) so that K, V, Q and
   // dO, all 512 columns wide, fit in shared memory.
   static constexpr bool kSplitHeadDim = kHeadDim >= 256;
+  static constexpr bool kEarlyDv = (kHeadDim == 128 && WARPATTN_TUNE_BWD_EARLY_DV >= 1) ||
+                                   (kHeadDim == 64 && WARPATTN_TUNE_BWD_EARLY_DV >= 2);
   static constexpr int kColumnHalves = kHeadDim == 512 ? 2 : 1;  // CTAs per key block
   static constexpr int kCtaColumns = kHeadDim / kColumnHalves;   // a CTA's dK, dV and dQ columns
   // d = 256 with WARPATTN_TUNE_BWD_D256_BLOCK_N80: 80 keys a CTA (BackwardConsumerN80, its own

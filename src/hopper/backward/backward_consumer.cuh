@@ -109,14 +109,15 @@ struct BackwardConsumer {
   // than kept from probabilities() in kM / 2 more registers. P = 0 (masked, or underflowed, where
   // dS is 0 anyway) would give log2 0 = -inf: the factor is 0 there.
   // kQ queries from qc, as in probabilities().
+  // j_begin .. j_end: the 8-query groups to do (all by default; the early dV, one k16 step's two).
   template <int kQ>
   __device__ __forceinline__ void score_gradients(const float (&s)[kQ / 2], float (&dp)[kQ / 2], int stage,
-                                                  int q_stage, int qc) const {
+                                                  int q_stage, int qc, int j_begin = 0, int j_end = kQ / 8) const {
     const float* row_d = ss.row_d[stage] + qc;
     const float* lse = ss.lse_log2[q_stage] + qc;
     const bool capped = kBackwardHasSoftcap<kD> && p.softcap_ex2 != 0.f;
 #pragma unroll
-    for (int j = 0; j < kQ / 8; ++j) {
+    for (int j = j_begin; j < j_end; ++j) {
       const float2 d = *reinterpret_cast<const float2*>(row_d + f.col(j, 0));
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -326,6 +327,35 @@ struct BackwardConsumer {
     release(&ss.q_empty[qs.stage]);
   }
 
+  // WARPATTN_TUNE_BWD_EARLY_DV: dV += Pᵀ·dO one k16 step (16 queries) at a time, each step
+  // issued as soon as its Pᵀ registers are packed, and that step's dSᵀ = Pᵀ ∘ (dPᵀ − D) computed
+  // and packed while the tensor cores run it, so the dS phase no longer leaves them idle. Step by
+  // step because a whole packed Pᵀ beside the whole Sᵀ and dPᵀ (and dK, dV) does not fit in
+  // the consumers' 240 registers (the one-shot order spilled and serialised the wgmmas at
+  // 80 rows); this way each step's Sᵀ registers die as its Pᵀ and dSᵀ are packed. One wgmma
+  // group (committed here), waited for with dQ's. b: dO's columns of this consumer. (The softcap
+  // branch inside the loop makes ptxas add a warpgroup.arrive there, C7519; deciding it once
+  // outside, with two copies of the loop, serialised the wgmmas for want of registers.)
+  __device__ __forceinline__ void early_dv_and_score_gradients(float (&dv)[kKV / 2], const float (&s)[kM / 2],
+                                                               float (&dp)[kM / 2], uint32_t (&pt)[kM / 16][4],
+                                                               uint32_t (&dst)[kM / 16][4], uint32_t b, int stage,
+                                                               int q_stage) const {
+    using Mma = ptx::WgmmaRS<Element, kKV>;
+    const uint64_t bd = ptx::make_smem_desc(b, kM * 128, 1024, 128);
+#pragma unroll
+    for (int kk = 0; kk < kM / 16; ++kk) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) pt[kk][i] = ptx::pack_pair<Element>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+      ptx::wgmma_fence();  // pt[kk] was just written
+      Mma::mma(dv, pt[kk], advance(bd, kk * 16 * 128), 1);
+      score_gradients<kM>(s, dp, stage, q_stage, 0, 2 * kk, 2 * kk + 2);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dst[kk][i] = ptx::pack_pair<Element>(dp[8 * kk + 2 * i], dp[8 * kk + 2 * i + 1]);
+    }
+    ptx::wgmma_fence();  // dSᵀ's registers, written beside dV's wgmmas, before dK's reads them
+    ptx::wgmma_commit();
+  }
+
   __device__ __forceinline__ void run() const {
     using namespace ptx;
     float dk[kKV / 2], dv[kKV / 2];
@@ -354,10 +384,19 @@ struct BackwardConsumer {
       probabilities<kM>(s, qs.stage, m_block * kM, 0);
       wgmma_wait<0>();
       pin(dp);
-      score_gradients<kM>(s, dp, ds.stage, qs.stage, 0);
+      // A consumer's dK and dV columns: kKV from kKV·warpgroup with the head dim split, else all.
+      const uint32_t kv_columns = Cfg::kColumnHalves > 1 ? kv_column_bytes()
+                                  : Cfg::kSplitHeadDim   ? warpgroup * (kKV / 64) * kM * 128
+                                                         : 0;
       uint32_t pt[kM / 16][4], dst[kM / 16][4];
-      accumulator_to_operand<Element, kM>(s, pt);
-      accumulator_to_operand<Element, kM>(dp, dst);
+      if constexpr (Cfg::kEarlyDv) {
+        early_dv_and_score_gradients(dv, s, dp, pt, dst, smem_addr(ss.dout[ds.stage]) + kv_columns, ds.stage,
+                                     qs.stage);
+      } else {
+        score_gradients<kM>(s, dp, ds.stage, qs.stage, 0);
+        accumulator_to_operand<Element, kM>(s, pt);
+        accumulator_to_operand<Element, kM>(dp, dst);
+      }
       // dSᵀ to shared memory before the register GEMMs read dst (registers an in-flight wgmma
       // reads must not be touched until it completes). With the head dim split, both consumers
       // hold the same dS: consumer 0 stores it.
@@ -365,19 +404,20 @@ struct BackwardConsumer {
         write_ds(dst, buf);
         fence_proxy_async_shared();
       }
-      pin(dv);
+      if constexpr (!Cfg::kEarlyDv) {  // (early: dV's operands are in flight, untouched until its wait)
+        pin(dv);
+        pin(pt);
+      }
       pin(dk);
-      pin(pt);
       pin(dst);
-      // dV, then dQ once both halves of dS are written, then dK: dQ completes first among what
-      // the writer waits for, and dK runs while the dQ piece is handed over. A consumer's
-      // dK and dV columns: kKV from kKV·warpgroup with the head dim split, else all.
-      const uint32_t kv_columns = Cfg::kColumnHalves > 1 ? kv_column_bytes()
-                                  : Cfg::kSplitHeadDim   ? warpgroup * (kKV / 64) * kM * 128
-                                                         : 0;
-      wgmma_fence();
-      issue_register_gemm<Element, kKV, kM / 16, kM * 128>(dv, pt, smem_addr(ss.dout[ds.stage]) + kv_columns);
-      wgmma_commit();
+      // dV (unless issued early), then dQ once both halves of dS are written, then dK: dQ
+      // completes first among what the writer waits for, and dK runs while the dQ piece is
+      // handed over.
+      if constexpr (!Cfg::kEarlyDv) {
+        wgmma_fence();
+        issue_register_gemm<Element, kKV, kM / 16, kM * 128>(dv, pt, smem_addr(ss.dout[ds.stage]) + kv_columns);
+        wgmma_commit();
+      }
       named_barrier_sync(BackwardBarrier::kDsWritten, 256);
       float dq[kDqRegs];
       issue_dq_gemm(dq, buf, 0);
