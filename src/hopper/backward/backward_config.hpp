@@ -36,7 +36,7 @@
 // through the dS phase. 0: dV after dS (as measured so far); 1: early at d = 128; 2: at d = 64
 // and 128. Not yet run on the H200.
 #ifndef WARPATTN_TUNE_BWD_EARLY_DV
-#define WARPATTN_TUNE_BWD_EARLY_DV 0
+#define WARPATTN_TUNE_BWD_EARLY_DV 1
 #endif
 
 namespace warpattn::detail {
