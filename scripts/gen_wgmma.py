@@ -4,18 +4,14 @@
 An asm statement must name every accumulator register, so each N needs its own operand list;
 generating them keeps the header mechanical and the kernels free of raw asm.
   SS (A and B from shared-memory descriptors): the S = Q·Kᵀ GEMM, N = kBlockN (N = 40: the
-  backward's S = Q·Kᵀ and dP = dO·Vᵀ at d = 256 under WARPATTN_TUNE_BWD_D256_BLOCK_N80, each
-  consumer 40 of the 80 keys).
+  backward's S = Q·Kᵀ and dP = dO·Vᵀ at d = 256, each consumer 40 of the 80 keys; N = 32: its
+  Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ at d = 512, 32-query blocks).
   RS (A from registers, B from a descriptor):  the O += P·V GEMM, N = head dim.
   SS, both transposed (A and B MN-major: tnspA = tnspB = 1): the backward's dQ = dS·K, dS
-  stored [key][query] and K [key][d], both read along their contiguous axis as M and N (N = 32:
-  the 32-column dQ pieces under WARPATTN_TUNE_BWD_D256_BLOCK_N80).
+  stored [key][query] and K [key][d], both read along their contiguous axis as M and N.
   SS, A transposed (A MN-major, B K-major: tnspA = 1, tnspB = 0): the backward's transposed dQ
   at 80-row query blocks (d = 128) and 32-row ones (d = 512), dQᵀ = Kᵀ·dSᵀ, K [key][d] read as Kᵀ (d on M), dS stored [query][key]
   (queries on N, keys contiguous: K-major).
-  SS, B transposed (A K-major, B MN-major: tnspA = 0, tnspB = 1): the backward's dV += Pᵀ·dO
-  and dK += dSᵀ·Q with Pᵀ and dSᵀ read from shared memory ([key][query]: K-major for
-  A) instead of registers (d = 256 under WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES).
   FP8 (e4m3, k32): both operands K-major (no transpose immediates exist for FP8); the P·V
   GEMM reads Vᵀ, so its B is K-major too.
   INT8 (s8, k32, SS only): the S GEMM of the INT8-Q/K variant. Its accumulators are s32, which
@@ -27,8 +23,7 @@ import pathlib
 
 SS_N = [32, 40, 64, 80, 96, 112, 128, 144, 160, 176, 192]
 RS_N = [64, 128, 256]
-SS_TRANSPOSED_N = [32, 64, 128]
-SS_TRANSPOSED_B_N = [128]
+SS_TRANSPOSED_N = [64, 128]
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
 FP8_SS_N = [128]
 FP8_RS_N = [64, 128, 256]
@@ -100,12 +95,6 @@ def ss_transposed_a(ctype, ptx, n):
                    ", 1, 1, 1, 0")
 
 
-def ss_transposed_b(ctype, ptx, n):
-    return wrapper("SSTransposedB", ctype, n, 16, f"f32.{ptx}.{ptx}",
-                   f"f32) {{=, +=}} A(64x16, smem, K-major) * B(16x{n}, smem, MN-major: tnspB = 1)",
-                   ", 1, 1, 0, 1")
-
-
 def ss_fp8(n):
     return wrapper("SS", "__nv_fp8_e4m3", n, 32, "f32.e4m3.e4m3",
                    f"f32) {{=, +=}} A(64x32, smem, K-major) * B(32x{n}, smem, K-major), e4m3", ", 1, 1")
@@ -142,8 +131,6 @@ def main():
         "struct WgmmaSSTransposed;",
         "template <class Element, int N>",
         "struct WgmmaSSTransposedA;",
-        "template <class Element, int N>",
-        "struct WgmmaSSTransposedB;",
         "",
     ]
     for ctype, ptx in TYPES:
@@ -155,8 +142,6 @@ def main():
             out.append(ss_transposed(ctype, ptx, n))
         for n in SS_TRANSPOSED_A_N:
             out.append(ss_transposed_a(ctype, ptx, n))
-        for n in SS_TRANSPOSED_B_N:
-            out.append(ss_transposed_b(ctype, ptx, n))
     for n in FP8_SS_N:
         out.append(ss_fp8(n))
     for n in FP8_RS_N:

@@ -29,8 +29,8 @@ __device__ __forceinline__ uint64_t advance(uint64_t desc, uint32_t bytes) { ret
 // acc (64 x kRows) = A·Bᵀ over the head dim: A = 64 rows at `a` of a tile with kARows rows per
 // panel, B = kRows rows at `b` of a tile with kBRows rows per panel (by default the whole tile);
 // both K-major in kW-byte swizzled panels (the TMA layout of Q, K, V and dO). The forward's
-// S = Q·Kᵀ; the backward's Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (at d = 256 under
-// WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES, for 32 of a 64-row Q or dO tile's rows).
+// S = Q·Kᵀ; the backward's Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (at d = 256 S = Q·Kᵀ and dP = dO·Vᵀ, B
+// 40 of an 80-row K or V tile's rows: backward_consumer_n80.cuh).
 template <class Element, int kPanels, int kARows, int kRows, int kW, int kBRows = kRows>
 __device__ __forceinline__ void issue_rows_gemm(float (&acc)[kRows / 2], uint32_t a, uint32_t b) {
   using Mma = ptx::WgmmaSS<Element, kRows>;
@@ -53,20 +53,6 @@ __device__ __forceinline__ void issue_register_gemm(float (&acc)[kCols / 2], con
   const uint64_t bd = ptx::make_smem_desc(b, kPanelStride, 1024, 128);
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) Mma::mma(acc, a[kk], advance(bd, kk * 16 * 128), 1);
-}
-
-// The same with A from shared memory: kSteps·16 K-columns of 64 rows of 128 bytes at `a`, K-major
-// and 128B-swizzled (a 16-bit [row][k] tile, 1024-byte aligned; each k16 step 32 B further).
-// The backward's dV += Pᵀ·dO and dK += dSᵀ·Q at d = 256 under
-// WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES, Pᵀ and dSᵀ stored [key][query] by both consumers.
-template <class Element, int kCols, int kSteps, int kPanelStride>
-__device__ __forceinline__ void issue_smem_gemm(float (&acc)[kCols / 2], uint32_t a, uint32_t b) {
-  static_assert(kSteps * 16 * 2 <= 128, "K within one 128-byte panel row");
-  using Mma = ptx::WgmmaSSTransposedB<Element, kCols>;
-  const uint64_t ad = kmajor_desc<128>(a);
-  const uint64_t bd = ptx::make_smem_desc(b, kPanelStride, 1024, 128);
-#pragma unroll
-  for (int kk = 0; kk < kSteps; ++kk) Mma::mma(acc, advance(ad, kk * 32), advance(bd, kk * 16 * 128), 1);
 }
 
 // An m64nN f32 accumulator packed to 16 bits as the A operand of a k16 GEMM over its columns:

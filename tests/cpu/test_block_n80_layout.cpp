@@ -1,12 +1,13 @@
-// The d = 256 backward's 80-key tile (WARPATTN_TUNE_BWD_D256_BLOCK_N80,
-// hopper/backward/block_n80_layout.hpp and backward_consumer_n80.cuh) on the CPU:
+// The d = 256 backward's 80-key tile (hopper/backward/block_n80_layout.hpp and
+// backward_consumer_n80.cuh) on the CPU:
 //   1. the P and dS tile writes: both consumers' m64n40 accumulators through stmatrix.trans
 //      (x4, x4, x2 a warp) cover the 80 x 64 [key][query] tile once, each element where the
 //      descriptors read it (K-major with the keys as rows: dVᵀ's and dKᵀ's B; the same bytes
 //      MN-major with the queries as M: dQ's A), and no stmatrix matrix has a bank conflict;
-//   2. a 32-column dQ piece (m64n32, stored in accumulator order) is the first or second half of
-//      the 64 x 64 piece of dq_accum.cuh's layout, so the writer's offset (half x 2048 floats)
-//      and the conversion kernel agree;
+//   2. a 32-column dQ piece (d[0 .. 15] or d[16 .. 31] of an m64n64 dQ GEMM's accumulator,
+//      stored in register order) is the first or second half of the 64 x 64 piece of
+//      dq_accum.cuh's layout, so the writer's offset (half x 2048 floats) and the conversion
+//      kernel agree;
 //   3. the epilogue's movmatrix.trans pairs cover each slice's 80 keys x 64 columns once, each
 //      pair the accumulator's element transposed.
 // The fragments are modelled from the PTX rules (HOPPER-PRIMER.md sections 5, 8.1):
@@ -83,14 +84,14 @@ TEST(block_n80_dq_half_pieces) {
   int bad = 0;
   for (int half = 0; half < 2; ++half)
     for (int t = 0; t < 128; ++t)
-      for (int i = 0; i < 16; ++i) {  // register i of the m64n32 accumulator
-        const AccumulatorCoord a = accumulator_coord(t, i);
+      for (int i = 0; i < 16; ++i) {  // register i of the piece: d[16 half + i] of the m64n64 GEMM's
+        const AccumulatorCoord a = accumulator_coord(t, 16 * half + i);
         // hand_over_dq_piece: d[4j .. 4j + 3] at floats 4 (128 j + t); the writer adds the
         // buffer at 2048 x half floats into the 64 x 64 piece
         const int f = 2048 * half + 4 * (128 * (i / 4) + t) + i % 4;
         // the 64 x 64 piece's float f holds register 4 (f / 512) + f % 4 of thread f / 4 % 128
         const AccumulatorCoord b = accumulator_coord(f / 4 % 128, 4 * (f / 512) + f % 4);
-        if (b.m != a.m || b.n != a.n + 32 * half) {
+        if (b.m != a.m || b.n != a.n) {
           if (bad++ < 5) std::printf("    half %d thread %d register %d\n", half, t, i);
         }
       }

@@ -1,7 +1,7 @@
 // The backward's [key][query] tiles (hopper/backward/key_query_tile.hpp) against the layout the
-// WGMMA descriptors read, for every way the consumers write them: dSᵀ by one consumer at
-// d = 256, by each for its keys at d = 128 and 64, and Pᵀ and dSᵀ by both consumers, each for
-// its own 32 queries, at d = 256 under WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES.
+// WGMMA descriptors read, for every way the consumers write them: dSᵀ by each consumer for its
+// keys at d = 128 (64-row query blocks) and d = 64. (d = 256 writes its 80-key tiles by
+// stmatrix: test_block_n80_layout.cpp.)
 //
 // The registers a thread writes are modelled from the PTX fragment rules (fragment.cuh,
 // HOPPER-PRIMER.md §5): thread t = 32 w + 4 g + q holds accumulator register 4j + 2r + c at
@@ -32,8 +32,7 @@ int kmajor_read_offset(int m, int k) {
 
 struct Writer {       // one consumer's writes of one tile
   int key_base;       // its first key row in the tile
-  int q0;             // its first query column of the step
-  int queries;        // columns of its accumulator (the N of its m64nN)
+  int queries;        // columns of its accumulator (the N of its m64nN), from the step's first
 };
 
 // Writes every writer's registers (each element tagged with its (key, query)) into a tile of
@@ -56,11 +55,11 @@ int check_tile(const char* what, int block_n, int block_m, const std::vector<Wri
           for (int lane = 0; lane < 32; ++lane) {
             const int g = lane / 4, q = lane % 4;
             const int key = wr.key_base + 16 * warp + g + 8 * (i % 2);  // row of register half i % 2
-            const int group = operand_query_group(wr.q0, kk, i);
+            const int group = operand_query_group(kk, i);
             const int query = 8 * group + 2 * q;  // and query + 1 in the high half
             // the model of the fragment: operand register i of step kk = accumulator
             // registers 8 kk + 2 i, + 1 = j = 2 kk + i / 2, r = i % 2, c = 0, 1
-            if (query != wr.q0 + 8 * (2 * kk + i / 2) + 2 * q) fail("group", key, query);
+            if (query != 8 * (2 * kk + i / 2) + 2 * q) fail("group", key, query);
             const int offset = static_cast<int>(key_query_tile_pair(tile.data(), key, group, q, block_n) - tile.data());
             if (offset < 0 || offset + 4 > bytes || offset % 4 != 0) {
               fail("outside the tile", key, query);
@@ -90,17 +89,9 @@ int check_tile(const char* what, int block_n, int block_m, const std::vector<Wri
 
 }  // namespace
 
-// d = 256 today: consumer 0 writes all 64 keys x 64 queries of dSᵀ.
-TEST(key_query_tile_d256_one_writer) { CHECK(check_tile("d=256", 64, 64, {{0, 0, 64}}) == 0); }
-
-// d = 128: 128 keys, consumer c its 64 from 64 c, all 64 queries.
-TEST(key_query_tile_d128) { CHECK(check_tile("d=128", 128, 64, {{0, 0, 64}, {64, 0, 64}}) == 0); }
+// d = 128 with 64-row query blocks (WARPATTN_TUNE_BWD_BLOCK_M = 64): 128 keys, consumer c its
+// 64 from 64 c, all 64 queries.
+TEST(key_query_tile_d128) { CHECK(check_tile("d=128", 128, 64, {{0, 64}, {64, 64}}) == 0); }
 
 // d = 64: 128 keys by 128 queries (two 64-query panels), consumer c its 64 keys.
-TEST(key_query_tile_d64) { CHECK(check_tile("d=64", 128, 128, {{0, 0, 128}, {64, 0, 128}}) == 0); }
-
-// WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES: 64 keys; consumer c writes its m64n32 accumulator,
-// queries 32 c .. 32 c + 31, into the same tile (Pᵀ's and dSᵀ's alike).
-TEST(key_query_tile_d256_split_queries) {
-  CHECK(check_tile("d=256 split queries", 64, 64, {{0, 0, 32}, {0, 32, 32}}) == 0);
-}
+TEST(key_query_tile_d64) { CHECK(check_tile("d=64", 128, 128, {{0, 128}, {64, 128}}) == 0); }

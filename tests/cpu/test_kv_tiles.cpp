@@ -125,7 +125,6 @@ TEST(band_tiles_match_brute_force) {
   const int seqlens[] = {1, 17, 128, 129, 300, 513};
   const int sides[] = {0, 1, 63, 200, kUnbounded};
   // {80, 128}: the 80-row backward's; {64, 80}: the d = 256 backward's 80-key blocks
-  // (WARPATTN_TUNE_BWD_D256_BLOCK_N80)
   const int tiles[][2] = {{128, 128}, {128, 80}, {192, 112}, {80, 128}, {64, 80}};
   int bad = 0, checked = 0;
   for (auto& t : tiles)
@@ -284,7 +283,7 @@ TEST(backward_key_block_work_matches_brute_force) {
   using warpattn::detail::last_key_block;
   using warpattn::detail::query_block_range;
   int bad = 0, configs = 0;
-  for (int block_n : {128, 80})  // 80: the d = 256 backward's key blocks (WARPATTN_TUNE_BWD_D256_BLOCK_N80)
+  for (int block_n : {128, 80})  // 80: the d = 256 backward's key blocks
   for (int block_m : {64, 80, 128})
     for (bool causal : {false, true})
       for (int sq : {1, 63, 64, 65, 200, 383, 700})

@@ -12,6 +12,7 @@
 //                                     the 80 rows of its 64 columns, dq_transposed_layout.hpp)
 //   dQ piece handed to a writer warp, which adds it to the fp32 accumulator in global memory
 //                                     with one bulk reduce
+// d = 64, 128 and 512; d = 256 has its own (backward_consumer_n80.cuh, built on this one).
 #pragma once
 
 #include "hopper/backward/backward_params.hpp"
@@ -64,16 +65,13 @@ struct BackwardConsumer {
   // past seqlen_k (zero-filled by TMA) and outside a query's band (right of the causal diagonal
   // or a window, left of a window) are masked.
   // Softcap: S becomes tanh(scale S / softcap) first (softcap.cuh), then P = 2^(tanh ·
-  // softcap log2(e) - LSE log2(e)).
-  // s holds kQ queries of the step's kM: from qc (0, or the consumer's half with
-  // kSplitQueries); q0 is the step's first query.
-  template <int kQ>
-  __device__ __forceinline__ void probabilities(float (&s)[kQ / 2], int stage, int q0, int qc) const {
-    const float* lse = ss.lse_log2[stage] + qc;
+  // softcap log2(e) - LSE log2(e)). q0 is the step's first query.
+  __device__ __forceinline__ void probabilities(float (&s)[kM / 2], int stage, int q0) const {
+    const float* lse = ss.lse_log2[stage];
     if (kBackwardHasSoftcap<kD> && p.softcap_ex2 != 0.f) softcap_scores<false>(s, p.softcap_ex2);
     const float c = p.probability_log2;
 #pragma unroll
-    for (int j = 0; j < kQ / 8; ++j) {
+    for (int j = 0; j < kM / 8; ++j) {
       const float2 l = *reinterpret_cast<const float2*>(lse + f.col(j, 0));
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -89,14 +87,14 @@ struct BackwardConsumer {
     // a constant of the element. So three thresholds per thread cover every bound: fewer
     // registers than a bound per row (the d = 64 kernel spilled with those).
     const int offset = work.seqlen_k - work.seqlen_q;
-    const int base = q0 + qc - key0 + f.col(0, 0) - f.row(0);
+    const int base = q0 - key0 + f.col(0, 0) - f.row(0);
     const int lo = band.right == kUnbounded ? -kM : -(offset + band.right) - base;  // hidden below
     const int hi = band.left == kUnbounded ? kM : band.left - offset - base;       // hidden above
     const int key_end = work.seqlen_k - key0 - f.row(0);  // keys past seqlen_k: 8r >= key_end
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int j = 0; j < kQ / 8; ++j)
+      for (int j = 0; j < kM / 8; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int e = 8 * j + c - 8 * r;
@@ -108,13 +106,11 @@ struct BackwardConsumer {
   // derivative, its tanh recovered from P (log2 P = tanh · softcap log2(e) − LSE log2(e)) rather
   // than kept from probabilities() in kM / 2 more registers. P = 0 (masked, or underflowed, where
   // dS is 0 anyway) would give log2 0 = -inf: the factor is 0 there.
-  // kQ queries from qc, as in probabilities().
   // j_begin .. j_end: the 8-query groups to do (all by default; the early dV, one k16 step's two).
-  template <int kQ>
-  __device__ __forceinline__ void score_gradients(const float (&s)[kQ / 2], float (&dp)[kQ / 2], int stage,
-                                                  int q_stage, int qc, int j_begin = 0, int j_end = kQ / 8) const {
-    const float* row_d = ss.row_d[stage] + qc;
-    const float* lse = ss.lse_log2[q_stage] + qc;
+  __device__ __forceinline__ void score_gradients(const float (&s)[kM / 2], float (&dp)[kM / 2], int stage,
+                                                  int q_stage, int j_begin = 0, int j_end = kM / 8) const {
+    const float* row_d = ss.row_d[stage];
+    const float* lse = ss.lse_log2[q_stage];
     const bool capped = kBackwardHasSoftcap<kD> && p.softcap_ex2 != 0.f;
 #pragma unroll
     for (int j = j_begin; j < j_end; ++j) {
@@ -139,7 +135,7 @@ struct BackwardConsumer {
     if constexpr (kDqT) {
       write_ds_transposed(ds, buf);
     } else {
-      write_key_query_tile<kM>(ds, ss.ds[buf], 0);
+      write_key_query_tile(ds, ss.ds[buf]);
     }
   }
 
@@ -180,17 +176,16 @@ struct BackwardConsumer {
       Mma::mma(dq, advance(ad, kk * 16 * 128), advance(bd, kk / 4 * kM * 128 + kk % 4 * 32), kk > 0);
   }
 
-  // 16-bit pairs of kQ queries from qc (dSᵀ's; with kSplitQueries also Pᵀ's) into the
-  // [key][query] tile at `base` (key_query_tile.hpp: rows of 128 bytes, 64-query panels kN x 128
-  // bytes apart, 128B-swizzled). A warp's 32 stores hit 32 different banks.
-  template <int kQ>
-  __device__ __forceinline__ void write_key_query_tile(const uint32_t (&x)[kQ / 16][4], uint8_t* base, int qc) const {
+  // dSᵀ's 16-bit pairs, the step's kM queries, into the [key][query] tile at `base`
+  // (key_query_tile.hpp: rows of 128 bytes, 64-query panels kN x 128 bytes apart,
+  // 128B-swizzled). A warp's 32 stores hit 32 different banks.
+  __device__ __forceinline__ void write_key_query_tile(const uint32_t (&x)[kM / 16][4], uint8_t* base) const {
 #pragma unroll
-    for (int kk = 0; kk < kQ / 16; ++kk)
+    for (int kk = 0; kk < kM / 16; ++kk)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int key = key0 - work.n_block * kN + f.row(i % 2);
-        const int j = operand_query_group(qc, kk, i);  // 8-query group
+        const int j = operand_query_group(kk, i);  // 8-query group
         *reinterpret_cast<uint32_t*>(key_query_tile_pair(base, key, j, f.quad, kN)) = x[kk][i];
       }
   }
@@ -235,7 +230,7 @@ struct BackwardConsumer {
     named_barrier_arrive(BackwardBarrier::kDqFull0 + warpgroup, BackwardBarrier::kDqThreads);
   }
 
-  // The step's dQ pieces after the first (d = 256: two a consumer), each into the same registers
+  // The step's dQ pieces after the first (d = 512: two a consumer), each into the same registers
   // once the previous one is handed over, while the dK GEMM still runs.
   __device__ __forceinline__ void hand_over_other_dq_pieces(float (&dq)[kDqRegs], int buf, int step) const {
     using namespace ptx;
@@ -250,12 +245,9 @@ struct BackwardConsumer {
   }
 
   // Where this consumer's kKV columns start in a kM-row tile of Q or dO (panels of kM x 128
-  // bytes): column_half.cuh's consumer_column0 in panels.
+  // bytes): column_half.cuh's consumer_column0 in panels (0 without a split head dim).
   __device__ __forceinline__ uint32_t kv_column_bytes() const {
-    if constexpr (Cfg::kColumnHalves > 1)
-      return consumer_column0<Cfg>(warpgroup) / 64 * kM * 128;
-    else
-      return Cfg::kSplitHeadDim ? warpgroup * (kKV / 64) * kM * 128 : 0;
+    return consumer_column0<Cfg>(warpgroup) / 64 * kM * 128;
   }
 
   // Frees a ring slot: every consumer thread arrives (the empty barriers count
@@ -264,68 +256,6 @@ struct BackwardConsumer {
   // into it. One arrival per warpgroup (run 102) or per warp after a __syncwarp (run 104) left
   // the other threads' reads unordered for racecheck.
   __device__ __forceinline__ static void release(uint64_t* empty) { ptx::mbarrier_arrive(ptx::smem_addr(empty)); }
-
-  // One step at d = 256 under WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES: consumer c computes Sᵀ and
-  // dPᵀ for its kQ = 32 queries qc = 32c .. of the step only (keys on M, m64n32: no GEMM done
-  // twice), stores Pᵀ and dSᵀ, packed to 16 bits, into its columns of the [key][query] tiles;
-  // once both consumers' columns are there, dV += Pᵀ·dO and dK += dSᵀ·Q over all kM queries
-  // read their A operands from those tiles (SS, K-major) for this consumer's kKV columns, and
-  // dQ = dS·K as in run(). Buffers: Pᵀ in the dO slot's tile (BackwardPtStorage says why that
-  // is free again), dSᵀ in ds[buf] as in run() (its readers at step s - 2, both consumers' dQ
-  // and dK GEMMs, were waited for before either reached step s - 1's kDsWritten barrier).
-  __device__ __forceinline__ void split_query_step(float (&dk)[kKV / 2], float (&dv)[kKV / 2], uint32_t k_rows,
-                                                   uint32_t v_rows, RingSlot qs, RingSlot ds, int m_block, int buf,
-                                                   int step) const {
-    using namespace ptx;
-    constexpr int kQ = Cfg::kSdpQueries;
-    static_assert(kQ * Cfg::kConsumerWarpgroups == kM && kM == 64, "the consumers' queries tile the step's");
-    const int qc = warpgroup * kQ;  // this consumer's first query of the step
-    float s[kQ / 2], dp[kQ / 2];
-    // B: kQ rows of the 64-row Q and dO tiles, kQ x 128 bytes (a multiple of 1024) into each panel
-    mbarrier_wait(smem_addr(&ss.q_full[qs.stage]), qs.phase);
-    issue_rows_gemm<Element, Cfg::kPanels, kN, kQ, 128, kM>(s, k_rows, smem_addr(ss.q[qs.stage]) + qc * 128);
-    wgmma_commit();
-    mbarrier_wait(smem_addr(&ss.do_full[ds.stage]), ds.phase);
-    issue_rows_gemm<Element, Cfg::kPanels, kN, kQ, 128, kM>(dp, v_rows, smem_addr(ss.dout[ds.stage]) + qc * 128);
-    wgmma_commit();
-    wgmma_wait<1>();
-    pin(s);
-    probabilities<kQ>(s, qs.stage, m_block * kM, qc);
-    wgmma_wait<0>();
-    pin(dp);
-    score_gradients<kQ>(s, dp, ds.stage, qs.stage, qc);
-    {
-      uint32_t pt[kQ / 16][4], dst[kQ / 16][4];
-      accumulator_to_operand<Element, kQ>(s, pt);
-      accumulator_to_operand<Element, kQ>(dp, dst);
-      write_key_query_tile<kQ>(pt, ss.pt[ds.stage], qc);
-      write_key_query_tile<kQ>(dst, ss.ds[buf], qc);
-    }
-    fence_proxy_async_shared();  // the stores, before the async proxy (wgmma) reads them
-    named_barrier_sync(BackwardBarrier::kDsWritten, 256);  // both consumers' columns written
-    // dV, dQ, dK in that order as in run(): dV and dQ are waited for first.
-    const uint32_t kv_columns = warpgroup * (kKV / 64) * kM * 128;
-    pin(dv);
-    pin(dk);
-    wgmma_fence();
-    issue_smem_gemm<Element, kKV, kM / 16, kM * 128>(dv, smem_addr(ss.pt[ds.stage]),
-                                                     smem_addr(ss.dout[ds.stage]) + kv_columns);
-    wgmma_commit();
-    float dq[kDqRegs];
-    issue_dq_gemm(dq, buf, 0);
-    wgmma_commit();
-    issue_smem_gemm<Element, kKV, kM / 16, kM * 128>(dk, smem_addr(ss.ds[buf]), smem_addr(ss.q[qs.stage]) + kv_columns);
-    wgmma_commit();
-    wgmma_wait<1>();  // dV and dQ
-    pin(dv);
-    pin(dq);
-    release(&ss.do_empty[ds.stage]);
-    hand_over_dq_piece(dq, step * kPieces);
-    hand_over_other_dq_pieces(dq, buf, step);
-    wgmma_wait<0>();  // dK
-    pin(dk);
-    release(&ss.q_empty[qs.stage]);
-  }
 
   // WARPATTN_TUNE_BWD_EARLY_DV: dV += Pᵀ·dO one k16 step (16 queries) at a time, each step
   // issued as soon as its Pᵀ registers are packed, and that step's dSᵀ = Pᵀ ∘ (dPᵀ − D) computed
@@ -348,7 +278,7 @@ struct BackwardConsumer {
       for (int i = 0; i < 4; ++i) pt[kk][i] = ptx::pack_pair<Element>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
       ptx::wgmma_fence();  // pt[kk] was just written
       Mma::mma(dv, pt[kk], advance(bd, kk * 16 * 128), 1);
-      score_gradients<kM>(s, dp, stage, q_stage, 0, 2 * kk, 2 * kk + 2);
+      score_gradients(s, dp, stage, q_stage, 2 * kk, 2 * kk + 2);
 #pragma unroll
       for (int i = 0; i < 4; ++i) dst[kk][i] = ptx::pack_pair<Element>(dp[8 * kk + 2 * i], dp[8 * kk + 2 * i + 1]);
     }
@@ -368,10 +298,6 @@ struct BackwardConsumer {
       const RingSlot qs = ring_slot<Cfg::kQStages>(step), ds = ring_slot<Cfg::kDoStages>(step);
       const int head = work.head(step), m_block = work.m_block(step);
       const int buf = step % 2;
-      if constexpr (Cfg::kSplitQueries) {  // d = 256, WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES
-        split_query_step(dk, dv, k_rows, v_rows, qs, ds, m_block, buf, step);
-        continue;
-      }
       float s[kM / 2], dp[kM / 2];
       mbarrier_wait(smem_addr(&ss.q_full[qs.stage]), qs.phase);
       issue_rows_gemm<Element, Cfg::kPanels, kN, kM, 128>(s, k_rows, smem_addr(ss.q[qs.stage]));
@@ -381,19 +307,17 @@ struct BackwardConsumer {
       wgmma_commit();
       wgmma_wait<1>();
       pin(s);
-      probabilities<kM>(s, qs.stage, m_block * kM, 0);
+      probabilities(s, qs.stage, m_block * kM);
       wgmma_wait<0>();
       pin(dp);
-      // A consumer's dK and dV columns: kKV from kKV·warpgroup with the head dim split, else all.
-      const uint32_t kv_columns = Cfg::kColumnHalves > 1 ? kv_column_bytes()
-                                  : Cfg::kSplitHeadDim   ? warpgroup * (kKV / 64) * kM * 128
-                                                         : 0;
+      // A consumer's dK and dV columns: its kKV with the head dim split, else all.
+      const uint32_t kv_columns = kv_column_bytes();
       uint32_t pt[kM / 16][4], dst[kM / 16][4];
       if constexpr (Cfg::kEarlyDv) {
         early_dv_and_score_gradients(dv, s, dp, pt, dst, smem_addr(ss.dout[ds.stage]) + kv_columns, ds.stage,
                                      qs.stage);
       } else {
-        score_gradients<kM>(s, dp, ds.stage, qs.stage, 0);
+        score_gradients(s, dp, ds.stage, qs.stage);
         accumulator_to_operand<Element, kM>(s, pt);
         accumulator_to_operand<Element, kM>(dp, dst);
       }
@@ -444,7 +368,7 @@ struct BackwardConsumer {
   __device__ __forceinline__ void store(float (&dk)[kKV / 2], const float (&dv)[kKV / 2]) const {
 #pragma unroll
     for (int i = 0; i < kKV / 2; ++i) dk[i] *= p.softmax_scale;
-    const int column0 = Cfg::kColumnHalves > 1 ? consumer_column0<Cfg>(warpgroup) : Cfg::kSplitHeadDim ? warpgroup * kKV : 0;
+    const int column0 = consumer_column0<Cfg>(warpgroup);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int key = key0 + f.row(r);

@@ -1,6 +1,6 @@
-// A consumer warpgroup of the d = 256 backward with 80 keys a CTA
-// (WARPATTN_TUNE_BWD_D256_BLOCK_N80; FlashAttention-3's d = 256 tile; docs/backward-design.md,
-// "Key blocks of 80 at d = 256"). Consumer c, per step of 64 queries:
+// A consumer warpgroup of the d = 256 backward, 80 keys a CTA (BackwardConfig::kBlockN80;
+// FlashAttention-3's d = 256 tile; docs/backward-design.md, "Key blocks of 80 at d = 256").
+// Consumer c, per step of 64 queries:
 //   S  = Q·Kᵀ, dP = dO·Vᵀ          SS m64n40: queries on M, c's 40 keys (40c ..) on N, not
 //                                  transposed and not repeated (the other consumer has the
 //                                  other 40 keys); LSE and D per row: 2 values a thread
@@ -10,10 +10,10 @@
 //   dVᵀ += dOᵀ·P, dKᵀ += Qᵀ·dS      SS m64n80, head dim on M: c's 128 columns in two 64-column
 //                                  slices (A = the dO / Q panel read MN-major), all 80 keys on N
 //                                  (B = the P / dS tile, K-major); 2 x 2 x 40 = 160 registers
-//   dQ = dS·K                       SS m64n32 (A = dS read MN-major, B = 32 columns of a K panel
-//                                  read MN-major), four 32-column pieces of c's 128 columns,
-//                                  each handed to the writer warp (8 KB of shared memory each);
-//                                  knob = 2: two m64n64 GEMMs, each handed over as two pieces
+//   dQ = dS·K                       SS m64n64 (A = dS read MN-major, B = a K panel read
+//                                  MN-major), two GEMMs over c's 128 columns, each handed to the
+//                                  writer warp as two 32-column pieces (8 KB of shared memory
+//                                  each)
 //   dK, dV out                      transposed back by movmatrix, 4-byte pairs per key row
 // It reuses BackwardConsumer's dQ hand-over, slot release, and the producer, writer, rings and
 // turn counters unchanged.
@@ -33,8 +33,12 @@ struct BackwardConsumerN80 : BackwardConsumer<Cfg> {
   static constexpr int kSlices = Cfg::kKVColumns / 64;  // 64-column slices of dKᵀ, dVᵀ (M = 64 each)
   static constexpr int kAcc = kN / 2;                   // an m64n80 accumulator's registers
   static constexpr int kPieces = Cfg::kDqPiecesPerConsumer, kDqRegs = Base::kDqRegs;
+  // A dQ GEMM's columns: two pieces of kDqPieceColumns. One GEMM a piece, 32 columns with B 64
+  // bytes into K's swizzled rows for every second one, was timed slower on the H200 (run 173).
+  static constexpr int kDqGemmColumns = 64;
   static_assert(Cfg::kBlockN80 && kM == 64 && kN == L::kKeys && kKeys * Cfg::kConsumerWarpgroups == kN &&
-                    Cfg::kDqPieceColumns == 32 && kDqRegs == 16 && Cfg::kDoStages == 1 && kPieces == 4,
+                    Cfg::kDqPieceColumns == 32 && kDqRegs == 16 && Cfg::kDoStages == 1 && kPieces == 4 &&
+                    kDqGemmColumns == 2 * Cfg::kDqPieceColumns,
                 "the 80-key tile of docs/backward-design.md");
   using Base::f;
   using Base::p;
@@ -134,15 +138,12 @@ struct BackwardConsumerN80 : BackwardConsumer<Cfg> {
     }
   }
 
-  // dQ columns column0 .. column0 + kCols - 1 (c's 128 from 128c; kCols 32, or 64 under
-  // WARPATTN_TUNE_BWD_D256_BLOCK_N80 = 2) = dS·K: A = dS, the [key][query] tile read MN-major
-  // (the queries on M; +16 key rows per k16), B = kCols columns of K's panel column0 / 64 read
-  // MN-major, from byte 2 (column0 % 64) of its rows (64 for a panel's second 32 columns); 5 k16
-  // steps over the 80 keys.
-  template <int kCols>
-  __device__ __forceinline__ void issue_dq_gemm(float (&dq)[kCols / 2], int buf, int column0) const {
-    using Mma = ptx::WgmmaSSTransposed<Element, kCols>;
-    const uint32_t b = ptx::smem_addr(ss.k) + column0 / 64 * kN * 128 + column0 % 64 * 2;
+  // dQ columns column0 .. column0 + 63 (a panel of c's 128 from 128c) = dS·K: A = dS, the
+  // [key][query] tile read MN-major (the queries on M; +16 key rows per k16), B = K's panel
+  // column0 / 64 read MN-major; 5 k16 steps over the 80 keys.
+  __device__ __forceinline__ void issue_dq_gemm(float (&dq)[kDqGemmColumns / 2], int buf, int column0) const {
+    using Mma = ptx::WgmmaSSTransposed<Element, kDqGemmColumns>;
+    const uint32_t b = ptx::smem_addr(ss.k) + column0 / 64 * kN * 128;
     const uint64_t ad = ptx::make_smem_desc(ptx::smem_addr(ss.ds[buf]), kN * 128, 1024, 128);
     const uint64_t bd = ptx::make_smem_desc(b, kN * 128, 1024, 128);
     ptx::wgmma_fence();
@@ -155,8 +156,7 @@ struct BackwardConsumerN80 : BackwardConsumer<Cfg> {
     return Cfg::kKVColumns * warpgroup + Cfg::kDqPieceColumns * piece;
   }
 
-  // One step. Buffers as under WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES (BackwardConsumer::
-  // split_query_step): P in the dO slot's tile (its only reader, the dV GEMM, is dO's last; a
+  // One step. Buffers: P in the dO slot's tile (its only reader, the dV GEMM, is dO's last; a
   // consumer writes it after waiting for the slot's next load, which follows both consumers'
   // do_empty arrivals after their dV waits), dS in ds[buf] (its readers at step s - 2 were waited
   // for before either consumer reached step s - 1's kDsWritten barrier).
@@ -189,8 +189,8 @@ struct BackwardConsumerN80 : BackwardConsumer<Cfg> {
     wgmma_fence();
     issue_transposed_kv_gemm(dv, smem_addr(ss.dout[ds.stage]), smem_addr(ss.pt[ds.stage]));
     wgmma_commit();
-    float dq[Cfg::kDqGemmColumns / 2];
-    issue_dq_gemm<Cfg::kDqGemmColumns>(dq, buf, piece_column0(0));
+    float dq[kDqGemmColumns / 2];
+    issue_dq_gemm(dq, buf, piece_column0(0));
     wgmma_commit();
     issue_transposed_kv_gemm(dk, smem_addr(ss.q[qs.stage]), smem_addr(ss.ds[buf]));
     wgmma_commit();
@@ -199,42 +199,25 @@ struct BackwardConsumerN80 : BackwardConsumer<Cfg> {
     for (int i = 0; i < kSlices; ++i) pin(dv[i]);
     pin(dq);
     Base::release(&ss.do_empty[ds.stage]);
-    if constexpr (Cfg::kDqGemmColumns == 32) {  // one GEMM a piece
-      this->hand_over_dq_piece(dq, step * kPieces);
+    // A GEMM gives two pieces, d[0 .. 15] and d[16 .. 31], handed over in turn.
+    const auto half = [&](int h) -> const float(&)[kDqRegs] {
+      return *reinterpret_cast<const float(*)[kDqRegs]>(dq + kDqRegs * h);
+    };
 #pragma unroll
-      for (int piece = 1; piece < kPieces; ++piece) {
-        issue_dq_gemm<32>(dq, buf, piece_column0(piece));
+    for (int gemm = 0; gemm < kPieces / 2; ++gemm) {
+      if (gemm > 0) {
+        issue_dq_gemm(dq, buf, piece_column0(2 * gemm));
         wgmma_commit();
-        wgmma_wait<0>();  // the piece (and, the first time, dK: Q's last reader)
+        wgmma_wait<0>();  // the GEMM (and, the first time, dK: Q's last reader)
         pin(dq);
-        if (piece == 1) {
+        if (gemm == 1) {
 #pragma unroll
           for (int i = 0; i < kSlices; ++i) pin(dk[i]);
           Base::release(&ss.q_empty[qs.stage]);
         }
-        this->hand_over_dq_piece(dq, step * kPieces + piece);
       }
-    } else {  // = 2: a 64-column GEMM gives two pieces, d[0 .. 15] and d[16 .. 31], handed over in turn
-      static_assert(Cfg::kDqGemmColumns == 2 * Cfg::kDqPieceColumns, "two pieces a GEMM");
-      const auto half = [&](int h) -> const float(&)[kDqRegs] {
-        return *reinterpret_cast<const float(*)[kDqRegs]>(dq + kDqRegs * h);
-      };
-#pragma unroll
-      for (int gemm = 0; gemm < kPieces / 2; ++gemm) {
-        if (gemm > 0) {
-          issue_dq_gemm<64>(dq, buf, piece_column0(2 * gemm));
-          wgmma_commit();
-          wgmma_wait<0>();  // the GEMM (and, the first time, dK: Q's last reader)
-          pin(dq);
-          if (gemm == 1) {
-#pragma unroll
-            for (int i = 0; i < kSlices; ++i) pin(dk[i]);
-            Base::release(&ss.q_empty[qs.stage]);
-          }
-        }
-        this->hand_over_dq_piece(half(0), step * kPieces + 2 * gemm);
-        this->hand_over_dq_piece(half(1), step * kPieces + 2 * gemm + 1);
-      }
+      this->hand_over_dq_piece(half(0), step * kPieces + 2 * gemm);
+      this->hand_over_dq_piece(half(1), step * kPieces + 2 * gemm + 1);
     }
   }
 

@@ -1,7 +1,8 @@
 // The Hopper backward's main kernel: one CTA per (key block, KV head, batch) (two at d = 512,
 // one per column half: kColumnHalves), three
 // warpgroups: warpgroup 0 produces (warp 0 loads through TMA, warps 1 and 2 add the consumers'
-// dQ pieces to global memory), the other two consume (backward_consumer.cuh).
+// dQ pieces to global memory), the other two consume (backward_consumer.cuh; d = 256:
+// backward_consumer_n80.cuh).
 // Not persistent: the grid is ordered key block fastest, so under the causal mask the long
 // key blocks (the first ones see the most query blocks) start first, and in the deterministic
 // mode the key blocks a CTA waits for were launched before it.
@@ -98,7 +99,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   } else {
     acquire_registers<Cfg::kConsumerRegisters>();
-    if constexpr (Cfg::kBlockN80)  // d = 256, WARPATTN_TUNE_BWD_D256_BLOCK_N80: 80 keys a CTA
+    if constexpr (Cfg::kBlockN80)  // d = 256: 80 keys a CTA
       BackwardConsumerN80<Cfg>(ss, params, work, warpgroup - 1).run();
     else
       BackwardConsumer<Cfg>(ss, params, work, warpgroup - 1).run();

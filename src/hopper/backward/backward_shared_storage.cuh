@@ -7,12 +7,11 @@
 
 namespace warpattn::detail {
 
-// Pᵀ under WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES, one buffer per dO stage: its only reader, the
-// dV GEMM, is also dO's last, so a consumer that has waited for a dO slot's next load knows
-// both consumers' dV GEMMs of the slot's previous step have completed (their do_empty
-// arrivals), and may write the slot's Pᵀ again. The same for P (stored as Pᵀ) under
-// WARPATTN_TUNE_BWD_D256_BLOCK_N80. Without either knob, an empty base: no bytes, the layout as
-// before.
+// P (stored as Pᵀ) of the d = 256 kernel's 80-key tile (Cfg::kBlockN80), one buffer per dO
+// stage: its only reader, the dV GEMM, is also dO's last, so a consumer that has waited for a
+// dO slot's next load knows both consumers' dV GEMMs of the slot's previous step have completed
+// (their do_empty arrivals), and may write the slot's P again. The other head dims keep P in
+// registers: an empty base, no bytes.
 template <class Cfg, bool = (Cfg::kPtTileBytes > 0)>
 struct BackwardPtStorage {};
 template <class Cfg>

@@ -1,4 +1,4 @@
-// Where the d = 256 backward's 80-key consumers (WARPATTN_TUNE_BWD_D256_BLOCK_N80,
+// Where the d = 256 backward's 80-key consumers (BackwardConfig::kBlockN80,
 // backward_consumer_n80.cuh) put their registers: host-and-device, so the CPU tests
 // (tests/cpu/test_block_n80_layout.cpp) check the kernel's addresses against the layouts the
 // wgmma descriptors read.

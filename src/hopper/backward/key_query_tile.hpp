@@ -1,14 +1,14 @@
-// The backward's [key][query] tiles in shared memory (dSᵀ; at d = 256 under
-// WARPATTN_TUNE_BWD_D256_SPLIT_QUERIES also Pᵀ): one row of 128 bytes (64 16-bit queries) per
-// key, 64-query panels block_n x 128 bytes apart, 128B-swizzled on a 1024-byte-aligned base:
-// the 16-byte chunk of 8-query group g of key row k sits at chunk (g % 8) ^ (k % 8). That is
+// The backward's [key][query] tiles in shared memory (dSᵀ where dQ is not transposed: d = 64,
+// and d = 128 with 64-row query blocks): one row of 128 bytes (64 16-bit queries) per key,
+// 64-query panels block_n x 128 bytes apart, 128B-swizzled on a 1024-byte-aligned base: the
+// 16-byte chunk of 8-query group g of key row k sits at chunk (g % 8) ^ (k % 8). That is
 // the layout the descriptors read as a TMA tile's: K-major with the keys as M (dV += Pᵀ·dO,
 // dK += dSᵀ·Q) and MN-major with the queries as M (dQ = dS·K).
 //
 // A consumer writes its 16-bit operand registers (accumulator_to_operand of an m64nN
-// accumulator whose N axis is queries q0 .. q0 + N - 1 of the step) with one 32-bit store each:
-// register i of k16 step kk holds rows f.row(i % 2) and queries
-// q0 + 16 kk + 8 (i / 2) + 2 quad, + 1 (fragment.cuh).
+// accumulator whose N axis is the step's N queries) with one 32-bit store each: register i of
+// k16 step kk holds rows f.row(i % 2) and queries 16 kk + 8 (i / 2) + 2 quad, + 1
+// (fragment.cuh).
 #pragma once
 
 #include <cstdint>
@@ -17,9 +17,8 @@
 
 namespace warpattn::detail {
 
-// The 8-query group (of the step's) that operand register i of k16 step kk holds, for an
-// accumulator whose first query column is q0 (a multiple of 8).
-WARPATTN_HOST_DEVICE constexpr int operand_query_group(int q0, int kk, int i) { return q0 / 8 + 2 * kk + i / 2; }
+// The 8-query group (of the step's) that operand register i of k16 step kk holds.
+WARPATTN_HOST_DEVICE constexpr int operand_query_group(int kk, int i) { return 2 * kk + i / 2; }
 
 // Where in the tile at `tile` the 32-bit pair (queries 8 group + 2 quad, + 1) of key row `key`
 // lies. (The terms are added to the pointer one by one, as the kernels always did: summing them
