@@ -6,7 +6,7 @@
 set -u -o pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-"ctest cli bench"}  # also: primitives, forward, fp8, devices, sanitize, fa3, python, bench_backward, ncu, ncu_fp8
+STAGES=${STAGES:-"ctest cli bench"}  # also: primitives, forward, fp8, devices, sanitize, fa3, python, bench_backward, ncu, ncu_fp8, ncu_backward
 # python: PY_PARTS (default gpu cpu training varlen kvcache kvcache_fp8 transformers jax_ffi; PY_PARALLEL=1 runs them side by side; PYTEST_ARGS, default --durations=25: the slowest tests listed), VARLEN_BENCH=1 for the varlen mixes,
 #   DECODE_BENCH=1 for the KV-cache benchmark (python -m warpattn.bench --decode; DECODE_BENCH_ARGS, default --quick),
 #   JAX_BENCH=1 for warpattn under jax.jit beside cuDNN (python -m warpattn.bench_jax; JAX_BENCH_ARGS),
@@ -203,6 +203,22 @@ if stage ncu; then
       ./build/warpattn --batch $((16384 / n)) --heads $((2048 / d)) --seqlen-q "$n" --head-dim "$d" \
       --dtype bf16 --causal "$c" --iters 1 --warmup 2 --check-rows 1 ${NCU_CLI_ARGS:-} > "/tmp/$name.run.log" 2>&1
     echo "ncu $shape rc=$?"
+    ncu_report "$name"
+  done
+fi
+if stage ncu_backward; then
+  # Nsight Compute on the backward's main kernel, one launch per shape in $NCU_BWD_SHAPES
+  # ("d:N:causal"; 16k tokens, H*d = 2048, as bench_backward), the second of its three untimed
+  # calls (bench_backward --warpattn-only), the full section set (tensor pipe, shared memory and
+  # L2 throughput with the dQ reductions, warp stalls), reported by ncu_report.
+  for shape in ${NCU_BWD_SHAPES:-128:16384:0}; do
+    IFS=: read -r d n c <<< "$shape"
+    name="ncu-bwd-d$d-n$n-c$c"
+    timeout -k 5 ${NCU_TIMEOUT:-300} ncu --clock-control none --kernel-name regex:attention_backward_kernel \
+      --launch-skip 1 --launch-count 1 --set full --import-source yes -f -o "/tmp/$name" \
+      python3 python/warpattn/bench_backward.py --lib build/libwarpattn.so --d "$d" --n "$n" --causal "$c" \
+      --warpattn-only > "/tmp/$name.run.log" 2>&1
+    echo "$name rc=$?"; tail -3 "/tmp/$name.run.log"
     ncu_report "$name"
   done
 fi
