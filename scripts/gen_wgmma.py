@@ -23,7 +23,7 @@ import pathlib
 
 SS_N = [32, 40, 64, 80, 96, 112, 128, 144, 160, 176, 192]
 RS_N = [64, 128, 256]
-SS_TRANSPOSED_N = [64, 128]
+SS_TRANSPOSED_N = [64]
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
 FP8_SS_N = [128]
 FP8_RS_N = [64, 128, 256]
