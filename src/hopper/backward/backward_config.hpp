@@ -12,11 +12,10 @@
 
 #include "hopper/backward/backward_block_m.hpp"
 
-// dV += Pᵀ·dO issued as soon as Pᵀ is packed, before dSᵀ is computed, so that the dS phase
-// (dSᵀ = Pᵀ ∘ (dPᵀ − D), its packing and its store) runs under that GEMM instead of beside an
-// idle tensor pipe (docs/backward-design.md, "dV before dS"). Costs Pᵀ's packed registers live
-// through the dS phase. 0: dV after dS (as measured so far); 1: early at d = 128; 2: at d = 64
-// and 128. Not yet run on the H200.
+// dV += Pᵀ·dO issued one k16 step at a time as Pᵀ is packed, so that the dS phase (dSᵀ =
+// Pᵀ ∘ (dPᵀ − D) and its packing) runs under that GEMM instead of beside an idle tensor pipe
+// (docs/backward-design.md, "dV before dS"). 0: dV after dS; 1 (the default): early at d = 128,
+// +2-6% on the H200 (run 176); 2: at d = 64 too, where it measured -2 to +1%.
 #ifndef WARPATTN_TUNE_BWD_EARLY_DV
 #define WARPATTN_TUNE_BWD_EARLY_DV 1
 #endif
