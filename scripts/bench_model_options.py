@@ -4,11 +4,13 @@ built (.fa3/hopper, FA3_PROFILE=model: scripts/fa3_model_profile.sh) on the same
 options (FA3 has no sinks), and beside cuDNN's causal attention with its sliding window through
 the cuDNN frontend where that wheel is installed (scripts/cudnn_band.py; causal and windows:
 cuDNN has no softcap or sinks there). TFLOP/s over the work inside the band (4 · keys seen · d
-per row and head). 16384 tokens, H · d = 2048, BF16, median of triton's do_bench; with a peer, 3
+per row and head). 16384 tokens (--n: more lengths; above 16384 only the causal and window rows,
+issue 19's windows at 16K-128K), H · d = 2048, BF16, median of triton's do_bench; with a peer, 3
 passes alternating them and each ratio as the median of the passes' ratios.
 
-    python3 scripts/bench_model_options.py [--json PATH]
+    python3 scripts/bench_model_options.py [--n 16384 65536 131072] [--json PATH]
 """
+import argparse
 import json
 import os
 import statistics
@@ -18,7 +20,6 @@ import torch
 import triton
 import warpattn
 
-N = 16384
 PASSES = 3
 
 
@@ -61,16 +62,22 @@ def bench(fn):
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, nargs="+", default=[16384], help="sequence lengths (one sequence each)")
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args()
     fa3 = fa3_module()
     rows_out = []
-    for d in (64, 128, 256):
+    for N, d in ((n, d) for n in args.n for d in (64, 128, 256)):
         h = 2048 // d
         q, k, v = (torch.randn(1, N, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         sinks = torch.randn(h, device="cuda")
         rows = torch.arange(N, device="cuda", dtype=torch.float64)
-        for label, opts in [("causal", {}), ("window 4096", dict(window_size=(4095, 0))),
-                            ("window 1024", dict(window_size=(1023, 0))), ("window 256", dict(window_size=(255, 0))),
-                            ("softcap 30", dict(softcap=30.0)), ("sinks", dict(sinks=sinks))]:
+        points = [("causal", {}), ("window 4096", dict(window_size=(4095, 0))),
+                  ("window 1024", dict(window_size=(1023, 0))), ("window 256", dict(window_size=(255, 0)))]
+        if N <= 16384:
+            points += [("softcap 30", dict(softcap=30.0)), ("sinks", dict(sinks=sinks))]
+        for label, opts in points:
             left = opts.get("window_size", (N, 0))[0]
             keys = torch.minimum(rows + 1, torch.full_like(rows, left + 1)).sum().item()
             flop = 4 * keys * d * h
@@ -87,9 +94,9 @@ def main():
                     ms_theirs.append(bench(theirs))
                 if cudnn_run is not None:
                     ms_cudnn.append(bench(cudnn_run[0]))
-            row = {"d": d, "option": label, "warpattn_tflops": flop / statistics.median(ms_ours) / 1e9,
+            row = {"n": N, "d": d, "option": label, "warpattn_tflops": flop / statistics.median(ms_ours) / 1e9,
                    "warpattn_us": statistics.median(ms_ours) * 1e3}
-            text = f"d={d:3d} {label:12s} warpattn {row['warpattn_tflops']:7.1f} TFLOP/s {row['warpattn_us']:8.1f} us"
+            text = f"N={N:6d} d={d:3d} {label:12s} warpattn {row['warpattn_tflops']:7.1f} TFLOP/s {row['warpattn_us']:8.1f} us"
             if theirs is not None:
                 ratio = statistics.median(t / o for o, t in zip(ms_ours, ms_theirs))
                 row.update(fa3_tflops=flop / statistics.median(ms_theirs) / 1e9, warpattn_over_fa3=ratio)
@@ -103,9 +110,9 @@ def main():
                 text += f"   cuDNN {row['cudnn_tflops']:7.1f} TFLOP/s   warpattn/cuDNN {ratio:.3f} (rel L2 {err:.1e})"
             print(text, flush=True)
             rows_out.append(row)
-    if "--json" in sys.argv:
-        with open(sys.argv[sys.argv.index("--json") + 1], "w") as f:
-            json.dump({"tokens": N, "passes": PASSES, "rows": rows_out}, f, indent=1)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"tokens": args.n, "passes": PASSES, "rows": rows_out}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ STAGES=${STAGES:-"ctest cli bench"}  # also: primitives, forward, fp8, devices, 
 # python: PY_PARTS (default gpu cpu training varlen kvcache kvcache_fp8 transformers jax_ffi; PY_PARALLEL=1 runs them side by side; PYTEST_ARGS, default --durations=25: the slowest tests listed), VARLEN_BENCH=1 for the varlen mixes,
 #   DECODE_BENCH=1 for the KV-cache benchmark (python -m warpattn.bench --decode; DECODE_BENCH_ARGS, default --quick),
 #   JAX_BENCH=1 for warpattn under jax.jit beside cuDNN (python -m warpattn.bench_jax; JAX_BENCH_ARGS),
-#   MODEL_OPTIONS_BENCH=1 for scripts/bench_model_options.py, HOST_COST=1 for scripts/host_cost.py,
+#   MODEL_OPTIONS_BENCH=1 for scripts/bench_model_options.py (MODEL_OPTIONS_ARGS, e.g. "--n 16384 131072"), HOST_COST=1 for scripts/host_cost.py,
 #   STRESS=1 for scripts/stress_kvcache.py (STRESS_ARGS), D512_BENCH=1 for scripts/bench_headdim512.py,
 #   HEAD_DIMS_BENCH=1 for scripts/bench_head_dims.py
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -166,7 +166,7 @@ if stage python; then
     fi
     if [ -n "${MODEL_OPTIONS_BENCH:-}" ]; then  # issue 19's window / softcap / sinks beside warpattn's causal forward
       (cd /tmp && PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 "$OLDPWD/scripts/bench_model_options.py" \
-        --json "$OUT/model-options.json" > "$OUT/model-options.log" 2>&1)
+        ${MODEL_OPTIONS_ARGS:-} --json "$OUT/model-options.json" > "$OUT/model-options.log" 2>&1)
       echo "model options bench rc=$?"; cat "$OUT/model-options.log"
     fi
     if [ -n "${D512_BENCH:-}" ]; then  # issue 19's head dim 512 beside warpattn's d = 256 at the same FLOPs
