@@ -46,26 +46,40 @@ __device__ __forceinline__ void issue_rows_gemm(float (&acc)[kRows / 2], uint32_
 // acc (64 x kCols) += A·B, A in registers (kSteps k16 steps), B = kSteps·16 rows of a 16-bit tile
 // read MN-major (kCols columns in 128-byte panels kPanelStride bytes apart). The forward's
 // O += P·V; the backward's dV += Pᵀ·dO and dK += dSᵀ·Q.
+// Its pieces, for a caller that issues the k16 steps one by one between other work (the
+// backward's early dV): B's descriptor, and step kk.
+template <int kPanelStride>
+__device__ __forceinline__ uint64_t register_gemm_b_desc(uint32_t b) {
+  return ptx::make_smem_desc(b, kPanelStride, 1024, 128);
+}
+template <class Element, int kCols>
+__device__ __forceinline__ void issue_register_gemm_step(float (&acc)[kCols / 2], const uint32_t (&a)[4], uint64_t bd,
+                                                         int kk) {
+  ptx::WgmmaRS<Element, kCols>::mma(acc, a, advance(bd, kk * 16 * 128), 1);
+}
 template <class Element, int kCols, int kSteps, int kPanelStride>
 __device__ __forceinline__ void issue_register_gemm(float (&acc)[kCols / 2], const uint32_t (&a)[kSteps][4],
                                                     uint32_t b) {
-  using Mma = ptx::WgmmaRS<Element, kCols>;
-  const uint64_t bd = ptx::make_smem_desc(b, kPanelStride, 1024, 128);
+  const uint64_t bd = register_gemm_b_desc<kPanelStride>(b);
 #pragma unroll
-  for (int kk = 0; kk < kSteps; ++kk) Mma::mma(acc, a[kk], advance(bd, kk * 16 * 128), 1);
+  for (int kk = 0; kk < kSteps; ++kk) issue_register_gemm_step<Element, kCols>(acc, a[kk], bd, kk);
 }
 
 // An m64nN f32 accumulator packed to 16 bits as the A operand of a k16 GEMM over its columns:
 // for columns 16kk .. 16kk + 15 the registers acc[8kk .. 8kk + 7] already sit where the A
 // fragment wants them. kRow (0 or 1) packs only that row's registers (register i of each step
 // holds row i % 2); -1 packs both.
+// k16 step kk of it alone (columns 16kk .. 16kk + 15).
+template <class Element, int kRow = -1, int kRegs>
+__device__ __forceinline__ void accumulator_step_to_operand(const float (&acc)[kRegs], int kk, uint32_t (&op)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    if (kRow < 0 || i % 2 == kRow) op[i] = ptx::pack_pair<Element>(acc[8 * kk + 2 * i], acc[8 * kk + 2 * i + 1]);
+}
 template <class Element, int kCols, int kRow = -1>
 __device__ __forceinline__ void accumulator_to_operand(const float (&acc)[kCols / 2], uint32_t (&op)[kCols / 16][4]) {
 #pragma unroll
-  for (int kk = 0; kk < kCols / 16; ++kk)
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      if (kRow < 0 || i % 2 == kRow) op[kk][i] = ptx::pack_pair<Element>(acc[8 * kk + 2 * i], acc[8 * kk + 2 * i + 1]);
+  for (int kk = 0; kk < kCols / 16; ++kk) accumulator_step_to_operand<Element, kRow>(acc, kk, op[kk]);
 }
 
 template <class Cfg>

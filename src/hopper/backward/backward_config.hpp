@@ -55,7 +55,7 @@ struct BackwardConfig {
   static constexpr int kKVColumns = kSplitHeadDim ? kCtaColumns / 2 : kHeadDim;  // dK, dV columns per consumer
   // Query rows per step. dQ's tile (kBlockM x d) is split over the two consumers in pieces of
   // 64 x 64: at d = 128 one each (the same 64 queries, columns 64·consumer..), at d = 256 four
-  // halves of one, 64 x 32 each (columns 128·consumer..: kDqPieceColumns), at d = 64 the whole
+  // pieces of 64 x 32 each (columns 128·consumer..: kDqPieceColumns), at d = 64 the whole
   // row width, so each takes 64 of kBlockM = 128 queries. d = 128 with
   // WARPATTN_TUNE_BWD_BLOCK_M(_CAUSAL) = 80 (backward_block_m.hpp): 80 rows, not a multiple of
   // the wgmma's M = 64, so dQ is computed transposed (kDqTransposed, FlashAttention-3's

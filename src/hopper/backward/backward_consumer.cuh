@@ -270,17 +270,14 @@ struct BackwardConsumer {
                                                                float (&dp)[kM / 2], uint32_t (&pt)[kM / 16][4],
                                                                uint32_t (&dst)[kM / 16][4], uint32_t b, int stage,
                                                                int q_stage) const {
-    using Mma = ptx::WgmmaRS<Element, kKV>;
-    const uint64_t bd = ptx::make_smem_desc(b, kM * 128, 1024, 128);
+    const uint64_t bd = register_gemm_b_desc<kM * 128>(b);
 #pragma unroll
     for (int kk = 0; kk < kM / 16; ++kk) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) pt[kk][i] = ptx::pack_pair<Element>(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+      accumulator_step_to_operand<Element>(s, kk, pt[kk]);
       ptx::wgmma_fence();  // pt[kk] was just written
-      Mma::mma(dv, pt[kk], advance(bd, kk * 16 * 128), 1);
+      issue_register_gemm_step<Element, kKV>(dv, pt[kk], bd, kk);
       score_gradients(s, dp, stage, q_stage, 2 * kk, 2 * kk + 2);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) dst[kk][i] = ptx::pack_pair<Element>(dp[8 * kk + 2 * i], dp[8 * kk + 2 * i + 1]);
+      accumulator_step_to_operand<Element>(dp, kk, dst[kk]);
     }
     ptx::wgmma_fence();  // dSᵀ's registers, written beside dV's wgmmas, before dK's reads them
     ptx::wgmma_commit();
