@@ -8,7 +8,7 @@
 #     TESTS="test_gpu_fp8:fp8_accuracy_on_outlier_data" bash scripts/ab_fp8.sh --points d=256 N=16384 causal=0
 # BUILD_ONLY=1 builds and stops (to build while something else runs). A variant is NAME=FLAGS (FLAGS: CMAKE_CUDA_FLAGS, the WARPATTN_TUNE_* knobs; empty for the
 # code as it is; @DIR for a folder already built, e.g. base=@build: gpu_run.sh's build, not built
-# again). Writes $OUT/ab/<name>-pass<k>.md and <name>-<test>[-<filter>].log; prints the rows.
+# again; several flags comma-separated). Writes $OUT/ab/<name>-pass<k>.md and <name>-<test>[-<filter>].log; prints the rows.
 # AB_BENCH: a command to run instead of bench_fp8 (from /tmp, with the variant's package on
 # PYTHONPATH; give paths absolute), e.g. AB_BENCH="python3 $PWD/scripts/bench_model_options.py";
 # its last AB_LINES (20) lines are printed, the whole log kept as $OUT/ab/<name>-pass<k>.log.
@@ -24,6 +24,7 @@ builds=$(echo $to_build | wc -w)
 jobs=$(( $(nproc) / (builds > 0 ? builds : 1) + 1 ))  # the cores shared by the builds (none: every variant prebuilt)
 for v in $to_build; do
   name=$(name_of "$v") flags=${v#*=} src=.
+  flags=${flags//,/ }  # several flags: NAME=FLAG1,FLAG2
   case ${v%%=*} in *@*) src=${v%%=*}; src=${src#*@} ;; esac
   (cmake -S "$src" -B "build-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWARPATTN_BUILD_PYTHON=ON \
      -DWARPATTN_BUILD_TESTS=$([ -n "${TESTS:-}" ] && echo ON || echo OFF) -DCMAKE_CUDA_FLAGS="$flags" &&

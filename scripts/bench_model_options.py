@@ -8,7 +8,8 @@ per row and head). 16384 tokens (--n: more lengths; above 16384 only the causal 
 issue 19's windows at 16K-128K), H · d = 2048, BF16, median of triton's do_bench; with a peer, 3
 passes alternating them and each ratio as the median of the passes' ratios.
 
-    python3 scripts/bench_model_options.py [--n 16384 65536 131072] [--json PATH]
+    python3 scripts/bench_model_options.py [--n 16384 65536 131072] [--d 64 256] [--options window256 causal]
+                                           [--json PATH]
 """
 import argparse
 import json
@@ -65,10 +66,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, nargs="+", default=[16384], help="sequence lengths (one sequence each)")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--d", type=int, nargs="+", default=[64, 128, 256], help="head dims (default 64 128 256)")
+    ap.add_argument("--options", nargs="+", default=None, metavar="LABEL",
+                    help="only these points, by label's first word and number (e.g. causal window256 softcap30)")
     args = ap.parse_args()
     fa3 = fa3_module()
     rows_out = []
-    for N, d in ((n, d) for n in args.n for d in (64, 128, 256)):
+    for N, d in ((n, d) for n in args.n for d in args.d):
         h = 2048 // d
         q, k, v = (torch.randn(1, N, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         sinks = torch.randn(h, device="cuda")
@@ -77,6 +81,8 @@ def main():
                   ("window 1024", dict(window_size=(1023, 0))), ("window 256", dict(window_size=(255, 0)))]
         if N <= 16384:
             points += [("softcap 30", dict(softcap=30.0)), ("sinks", dict(sinks=sinks))]
+        if args.options is not None:
+            points = [(label, opts) for label, opts in points if label.replace(" ", "") in args.options]
         for label, opts in points:
             left = opts.get("window_size", (N, 0))[0]
             keys = torch.minimum(rows + 1, torch.full_like(rows, left + 1)).sum().item()

@@ -12,6 +12,7 @@
 
 #include "hopper/barriers.hpp"
 #include "hopper/consumer_gemms.cuh"
+#include "hopper/epilogue.cuh"
 #include "hopper/forward_params.hpp"
 #include "hopper/fragment.cuh"
 #include "hopper/kv_tiles.hpp"
@@ -24,6 +25,29 @@
 #include "hopper/softmax.cuh"
 
 namespace warpattn::detail {
+
+// Whether each consumer warpgroup visits only the key tiles its own 64 rows see
+// (warpgroup_key_tiles), taking part in the others' turns and ring slots without their work
+// (skip_key_tiles): on a narrow window the block's band is wider than a warpgroup's by the
+// other warpgroup's rows, and a KV cache's decode tile holds its few real rows in warpgroup 0.
+#ifndef WARPATTN_TUNE_WARPGROUP_KEY_TILES
+#define WARPATTN_TUNE_WARPGROUP_KEY_TILES 1
+#endif
+inline constexpr bool kWarpgroupKeyTiles = WARPATTN_TUNE_WARPGROUP_KEY_TILES != 0;
+// The head dims (up to this one) whose main loop masks a window's left edge itself, keeping the
+// overlap of S with the previous P·V there (at d = 256 the left bound does not fit in registers
+// beside O, P and S in flight: see ConsumerTile::run). 0: every head dim masks it after.
+#ifndef WARPATTN_TUNE_LEFT_EDGE_IN_MAIN_MAX_D
+#define WARPATTN_TUNE_LEFT_EDGE_IN_MAIN_MAX_D 0
+#endif
+
+// KV caches: whether a warp whose 16 rows are all padding (a decode tile's warps 1-3 of
+// warpgroup 0 at 4 real rows) skips its softmax, leaving its P as it was: a row of P reaches
+// only its own row of O, and padding rows are neither stored nor combined. Up to d = 128 (the
+// E4M3 caches'; the flag spilled beside d = 256's banded state).
+#ifndef WARPATTN_TUNE_IDLE_WARP_SOFTMAX
+#define WARPATTN_TUNE_IDLE_WARP_SOFTMAX 0
+#endif
 
 // Ping-pong turns, in a ring 0 -> 1 (-> 2) -> 0. Every consumer warpgroup of a CTA takes the
 // same number of turns over the kernel's life. The last warpgroup hands warpgroup 0 the first
@@ -77,6 +101,14 @@ struct ConsumerTile {
   // and the query rows of this thread's register halves (row1: a KV cache's packed positions
   // only; otherwise the second half's row is row0 + 8, mask_scores).
   int m_start, block_rows, row0, row1;  // (set in the constructor's body for a KV cache)
+  // The rows whose band decides which key tiles need a mask: the warpgroup's own 64
+  // (kWarpgroupKeyTiles), or the tile's (a KV cache's packed positions, a shared-rows split).
+  int mask_m_start, mask_rows;
+  // This warp's rows are all padding (idle_rows; KV caches, WARPATTN_TUNE_IDLE_WARP_SOFTMAX).
+  bool idle_warp = false;
+  __device__ __forceinline__ bool idle_rows() const {
+    return Cfg::kKvCache && Cfg::kHeadDim <= 128 && WARPATTN_TUNE_IDLE_WARP_SOFTMAX != 0 && idle_warp;
+  }
   const uint32_t q_rows;
   const float q_scale;  // softmax_scale log2(e), times Q's descale for FP8
   // FP8: the K and V descales of the work tile's last key tile (ordinal 0); the tile of
@@ -94,6 +126,8 @@ struct ConsumerTile {
         block_rows(Cfg::kBlockM),
         row0(t_.m_block * Cfg::kBlockM + (kSharedRows ? 0 : t_.warpgroup) * 64 + f.row(0)),
         row1(0),
+        mask_m_start(t_.m_block * Cfg::kBlockM + (kWarpgroupKeyTiles && !kSharedRows ? t_.warpgroup * 64 : 0)),
+        mask_rows(kWarpgroupKeyTiles && !kSharedRows ? 64 : Cfg::kBlockM),
         q_rows(ptx::smem_addr(ss_.q[t_.q_stage]) + (kSharedRows ? 0 : t_.warpgroup) * 64 * Cfg::kSwizzleBytes),
         q_scale(Cfg::kFp8 ? p.scale_log2 * p.q_descale.at(t_.batch, t_.head,
                                                            t_.q_block0 + (m_start + t_.warpgroup * 64) / Cfg::kDescaleRows)
@@ -106,6 +140,10 @@ struct ConsumerTile {
       const int rows_from = (kSharedRows ? 0 : t_.warpgroup) * 64;
       row0 = m_start + (rows_from + f.row(0)) / p.packing.heads;
       row1 = m_start + (rows_from + f.row(1)) / p.packing.heads;
+      mask_m_start = m_start, mask_rows = block_rows;
+      // The warp's first row holds its lowest position (warp-uniform: from the warp index).
+      const int warp_row = rows_from + (__shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x % 128) / 32, 0)) * 16;
+      idle_warp = !packed_row_place(warp_row, m_start, t_.head, p.packing, t_.seqlen_q).stored;
     }
   }
 
@@ -138,7 +176,7 @@ struct ConsumerTile {
   // sliding window); the others bound keys by seqlen_k alone.
   __device__ __forceinline__ KeyBand band() const { return Cfg::kCausal ? params.band : KeyBand{}; }
   __device__ __forceinline__ MaskedTiles masked() const {
-    return masked_tiles(m_start, block_rows, Cfg::kBlockN, t.seqlen_q, t.seqlen_k, band());
+    return masked_tiles(mask_m_start, mask_rows, Cfg::kBlockN, t.seqlen_q, t.seqlen_k, band());
   }
   // kLeftEdge: the tile may lie on a window's left edge (see run: never in the main loop).
   template <bool kLeftEdge>
@@ -148,9 +186,12 @@ struct ConsumerTile {
       mask_scores<Cfg::kCausal, kLeftEdge && Cfg::kCausal>(s, f, row0, n * Cfg::kBlockN, t.seqlen_q, t.seqlen_k,
                                                           band(), Cfg::kKvCache ? row1 : -1);
   }
-  // How many of the tile's key tiles, the last visited, lie on a window's left edge.
+  // Whether the main loop masks a window's left edge itself (left_edge_tiles is then 0).
+  static constexpr bool kLeftEdgeInMainLoop = Cfg::kCausal && Cfg::kHeadDim <= WARPATTN_TUNE_LEFT_EDGE_IN_MAIN_MAX_D;
+  // How many of the tile's key tiles, the last visited, lie on a window's left edge (and are
+  // masked after their P·V).
   __device__ __forceinline__ int left_edge_tiles() const {
-    if constexpr (!Cfg::kCausal) return 0;
+    if constexpr (!Cfg::kCausal || kLeftEdgeInMainLoop) return 0;
     const int n = masked().left_below - (t.n_end - t.n_tiles);
     return n < 0 ? 0 : (n > t.n_tiles ? t.n_tiles : n);
   }
@@ -246,9 +287,14 @@ struct ConsumerTile {
 
     // First key tile: S only.
     scores_alone(s, 0);
-    const VTerms v0 = v_terms(0);
-    softmax.step<true, Cfg::kIntScores>(s, alpha, score_scale(0), v0.log2, v0.inv);
-    convert_to_operand<Cfg>(s, p);
+    if (idle_rows()) {
+#pragma unroll
+      for (int k = 0; k < Cfg::kPvSteps; ++k) p[k][0] = p[k][1] = p[k][2] = p[k][3] = 0u;
+    } else {
+      const VTerms v0 = v_terms(0);
+      softmax.step<true, Cfg::kIntScores>(s, alpha, score_scale(0), v0.log2, v0.inv);
+      convert_to_operand<Cfg>(s, p);
+    }
 
     // Steady state: S_it with P_{it-1}·V_{it-1}. FP8's descales of tile it are loaded before
     // the GEMMs are issued, so their latency hides under them (a load after the wgmma wait
@@ -262,7 +308,11 @@ struct ConsumerTile {
 
       wgmma_wait<1>();  // S_it is done; P·V may still run
       pin(s);
-      scores_done<false>(s, it, ks.stage);
+      scores_done<kLeftEdgeInMainLoop>(s, it, ks.stage);
+      if (idle_rows()) {
+        wait_pv(o, vs, p);
+        continue;
+      }
       if constexpr (Cfg::kSoftmaxRowsThenConvert) {
         // Cfg::kSoftmaxRowsThenConvert: the fence keeps the P·V wait below the first row's
         // exponentials and the second row's max; the first row's conversion then shares a
@@ -292,6 +342,7 @@ struct ConsumerTile {
         wait_pv(o, vs, p);  // S_it and P_{it-1}·V_{it-1} done: P's registers are free
         pin(s);
         scores_done<true>(s, it, ks.stage);
+        if (idle_rows()) continue;
         softmax.step<false, Cfg::kIntScores>(s, alpha, c, v.log2, v.inv);
         convert_to_operand<Cfg>(s, p);
         rescale_if_needed(o, alpha);
@@ -323,5 +374,27 @@ struct ConsumerTile {
     }
   }
 };
+
+// A warpgroup's part in the key tiles of its work tile that none of its rows see
+// (warpgroup_key_tiles): the ping-pong turn it would have taken for each (ConsumerTile::run
+// takes one a key tile and one more for its last P·V; the precise path visits every tile), so
+// that the warpgroups' turns stay in step, and the ring slots it would have released, in that
+// turn: a warpgroup that held its releases back while the others wait in their turns for a
+// tile the producer cannot load before those releases would deadlock them. Each slot only once
+// its tile has arrived: the arrival must count toward this use of the slot, which the producer
+// starts only after every warpgroup has released the slot's previous use.
+template <class Cfg>
+__device__ __forceinline__ void skip_key_tiles(SharedStorage<Cfg>& ss, const PingPong& turns, int kv_first, int tiles) {
+  using namespace ptx;
+  for (int j = 0; j < tiles; ++j) {
+    turns.wait_turn();
+    turns.pass_turn();
+    const RingSlot slot = ring_slot<Cfg::kStages>(kv_first + j);
+    mbarrier_wait(smem_addr(&ss.k_full[slot.stage]), slot.phase);
+    release_slot(&ss.k_empty[slot.stage]);
+    mbarrier_wait(smem_addr(&ss.v_full[slot.stage]), slot.phase);
+    release_slot(&ss.v_empty[slot.stage]);
+  }
+}
 
 }  // namespace warpattn::detail

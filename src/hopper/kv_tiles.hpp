@@ -58,6 +58,29 @@ WARPATTN_HOST_DEVICE KeyTileRange kv_tile_range(int m_block, int block_m, int bl
   return {begin / block_n, ceil_div(end, block_n)};
 }
 
+// The part of a work tile's key range [n_end - n_tiles, n_end) that one consumer warpgroup's
+// rows [first_row, first_row + rows) see: its rows' own band, which is narrower than the block's
+// by the rows of the other warpgroups (on a 256-key window with 80-key tiles, 5 tiles of the
+// block's 6). Visited downwards like the block's: `front` tiles of the block first that the
+// warpgroup skips, then its `count`, then the rest skipped. count == 0 (front == n_tiles): no
+// row of the warpgroup sees a key of the range (rows past seqlen_q, or a band that misses it).
+struct WarpgroupTiles {
+  int front, count;
+};
+WARPATTN_HOST_DEVICE WarpgroupTiles warpgroup_key_tiles(int first_row, int rows, int block_n, int seqlen_q,
+                                                        int seqlen_k, const KeyBand& band, int n_end, int n_tiles) {
+  const WarpgroupTiles none{n_tiles, 0};
+  const int last_row = (first_row + rows < seqlen_q ? first_row + rows : seqlen_q) - 1;
+  if (last_row < first_row) return none;
+  const int begin = band_key_begin(first_row, seqlen_q, seqlen_k, band);
+  const int end = band_key_end(last_row, seqlen_q, seqlen_k, band);
+  if (end <= begin) return none;
+  const int lo = begin / block_n > n_end - n_tiles ? begin / block_n : n_end - n_tiles;
+  const int hi = ceil_div(end, block_n) < n_end ? ceil_div(end, block_n) : n_end;
+  if (hi <= lo) return none;
+  return {n_end - hi, hi - lo};
+}
+
 // Number of key tiles [0, count) that hold at least one key visible to some row of query
 // block `m_block`, without a left bound (the backward's ranges, key_block_work.hpp, and the
 // split tail's, where every tile starts at key 0).

@@ -98,9 +98,24 @@ template <int kHeadDim, bool kCausal, class OutElement, class QKElement, int kWa
 using Fp8ForwardConfigFor = ForwardConfig<__nv_fp8_e4m3, kHeadDim, 128, kFp8Stages<kHeadDim>, kCausal,
                                           WARPATTN_TUNE_FP8_QSTAGES, OutElement, QKElement, kWarpgroups>;
 
+// The dense and packed forward's tiles: TileShape's, but for an A/B the d = 64 banded kernel's
+// (short causal sequences and windows narrower than kTallTileMinBand, where the tall tiles do not
+// take them) from WARPATTN_TUNE_D64_BANDED_BLOCK_N and _STAGES (KV caches keep TileShape's).
+#ifndef WARPATTN_TUNE_D64_BANDED_BLOCK_N
+#define WARPATTN_TUNE_D64_BANDED_BLOCK_N 128
+#endif
+#ifndef WARPATTN_TUNE_D64_BANDED_STAGES
+#define WARPATTN_TUNE_D64_BANDED_STAGES 2
+#endif
+template <int kHeadDim, bool kCausal>
+struct ForwardTileShape : TileShape<kHeadDim, kCausal> {};
+template <>
+struct ForwardTileShape<64, true> {
+  static constexpr int kBlockN = WARPATTN_TUNE_D64_BANDED_BLOCK_N, kStages = WARPATTN_TUNE_D64_BANDED_STAGES;
+};
 template <class Element, int kHeadDim, bool kCausal>
-using ForwardConfigFor = ForwardConfig<Element, kHeadDim, TileShape<kHeadDim, kCausal>::kBlockN,
-                                       TileShape<kHeadDim, kCausal>::kStages, kCausal, 0, Element, Element, 2,
+using ForwardConfigFor = ForwardConfig<Element, kHeadDim, ForwardTileShape<kHeadDim, kCausal>::kBlockN,
+                                       ForwardTileShape<kHeadDim, kCausal>::kStages, kCausal, 0, Element, Element, 2,
                                        kValueHeadDim<kHeadDim>>;
 // KV caches (decode, run_kvcache.cuh): the banded tile's shape whatever the mask, so that a key
 // tile is a power of two keys where the dense forward's is not (176 at d = 128): a paged cache's

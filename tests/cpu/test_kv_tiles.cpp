@@ -168,6 +168,64 @@ TEST(band_tiles_match_brute_force) {
   CHECK(bad == 0) << bad << " mismatches over " << checked << " blocks";
 }
 
+// A consumer warpgroup's own key tiles (warpgroup_key_tiles) against brute force: within its
+// block's visited range, exactly the tiles holding a key some row of its 64 sees (contiguous),
+// and none where no row of it exists or sees a key; also inside a block range cut short (a
+// split's piece).
+TEST(warpgroup_key_tiles_match_brute_force) {
+  using warpattn::detail::KeyBand;
+  using warpattn::detail::kUnbounded;
+  using warpattn::detail::kv_tile_range;
+  using warpattn::detail::warpgroup_key_tiles;
+  const int seqlens[] = {1, 17, 64, 65, 129, 300, 513};
+  const int sides[] = {0, 1, 63, 200, 255, kUnbounded};
+  const int tiles[][2] = {{128, 128}, {128, 80}, {192, 112}, {128, 64}, {128, 176}};
+  int bad = 0, checked = 0, narrower = 0;
+  for (auto& t : tiles)
+    for (int sq : seqlens)
+      for (int sk : seqlens)
+        for (int left : sides)
+          for (int right : sides) {
+            const KeyBand band{left, right};
+            const auto visible = [&](long long row, long long key) {
+              const long long diagonal = row + sk - sq;
+              return key >= 0 && key < sk && (left == kUnbounded || key >= diagonal - left) &&
+                     (right == kUnbounded || key <= diagonal + right);
+            };
+            for (int m = 0; m * t[0] < sq; ++m) {
+              const auto range = kv_tile_range(m, t[0], t[1], sq, sk, band);
+              for (int cut = 0; cut < 2; ++cut) {
+                // cut: the range without its first tile (a piece ending below the block's end)
+                const int n_end = range.end - (cut && range.count() > 1 ? 1 : 0);
+                const int n_tiles = n_end - range.begin;
+                if (n_tiles <= 0) continue;
+                for (int wg = 0; wg * 64 < t[0]; ++wg) {
+                  const int r0 = m * t[0] + wg * 64, r1 = std::min(sq, r0 + 64);
+                  int lo = -1, hi = -1;
+                  for (int n = range.begin; n < n_end; ++n) {
+                    bool any = false;
+                    for (int r = r0; r < r1 && !any; ++r)
+                      for (int key = n * t[1]; key < (n + 1) * t[1] && !any; ++key) any = visible(r, key);
+                    if (!any) continue;
+                    if (lo < 0) lo = n;
+                    bad += hi >= 0 && hi != n;  // a gap: the warpgroup's tiles would not be contiguous
+                    hi = n + 1;
+                  }
+                  const auto own = warpgroup_key_tiles(r0, 64, t[1], sq, sk, band, n_end, n_tiles);
+                  if (lo < 0)
+                    bad += own.count != 0 || own.front != n_tiles;
+                  else
+                    bad += own.front != n_end - hi || own.count != hi - lo;
+                  narrower += own.count < n_tiles;
+                  ++checked;
+                }
+              }
+            }
+          }
+  CHECK(bad == 0) << bad << " mismatches over " << checked << " warpgroups";
+  CHECK(narrower > 0) << "no case where a warpgroup sees fewer tiles than its block";
+}
+
 #include <set>
 #include <tuple>
 
