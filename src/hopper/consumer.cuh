@@ -12,7 +12,6 @@
 
 #include "hopper/barriers.hpp"
 #include "hopper/consumer_gemms.cuh"
-#include "hopper/epilogue.cuh"
 #include "hopper/forward_params.hpp"
 #include "hopper/fragment.cuh"
 #include "hopper/kv_tiles.hpp"
@@ -28,25 +27,33 @@ namespace warpattn::detail {
 
 // Whether each consumer warpgroup visits only the key tiles its own 64 rows see
 // (warpgroup_key_tiles), taking part in the others' turns and ring slots without their work
-// (skip_key_tiles): on a narrow window the block's band is wider than a warpgroup's by the
-// other warpgroup's rows, and a KV cache's decode tile holds its few real rows in warpgroup 0.
+// (skip_key_tiles): on a window the block's band is wider than a warpgroup's by the other
+// warpgroups' rows, and a KV cache's decode tile holds its few real rows in warpgroup 0.
+// Run 183 (BF16 N = 16K causal, windows 4096/1024/256, 3 interleaved passes beside cuDNN's
+// sliding window): d = 256 (80-key tiles) +3.3/+4.5/+6.2%, causal +2.7%; d = 64's tall tiles
+// (112 keys) +2.6/+6.4%, causal +1.5%; the E4M3 KV cache's decode at B = 64 201 -> 185 us,
+// BF16's at B = 8 54.0 -> 52.6. Where key tiles are 128 keys on 128-row blocks, each
+// warpgroup's band covers its block's tiles (causal, windows of 2^k keys, Sq = Sk): d = 128
+// came within +-1.5%, and d = 64's 128 x 128 banded kernel 5.7% slower on the 256-key window
+// (the same work; the schedule around it moved). So 1 (the default) takes it in the banded
+// kernels whose key tiles are not a multiple of 128 keys and in the KV caches, the other
+// kernels' code staying as it was; 2 in every banded or packed kernel (to measure); 0 nowhere.
+// Never on a split head dim (both warpgroups on the same rows).
 #ifndef WARPATTN_TUNE_WARPGROUP_KEY_TILES
 #define WARPATTN_TUNE_WARPGROUP_KEY_TILES 1
 #endif
-inline constexpr bool kWarpgroupKeyTiles = WARPATTN_TUNE_WARPGROUP_KEY_TILES != 0;
+template <class Cfg>
+inline constexpr bool kWarpgroupKeyTiles =
+    !Cfg::kSplitHeadDim &&
+    (WARPATTN_TUNE_WARPGROUP_KEY_TILES == 2 ? Cfg::kCausal || Cfg::kVarlen
+     : WARPATTN_TUNE_WARPGROUP_KEY_TILES == 1 ? Cfg::kKvCache || (Cfg::kCausal && Cfg::kBlockN % 128 != 0)
+                                              : false);
 // The head dims (up to this one) whose main loop masks a window's left edge itself, keeping the
 // overlap of S with the previous P·V there (at d = 256 the left bound does not fit in registers
-// beside O, P and S in flight: see ConsumerTile::run). 0: every head dim masks it after.
+// beside O, P and S in flight: see ConsumerTile::run). 0: every head dim masks it after. Run
+// 183: 128 (with d = 64's 64-key banded tiles) within +-1% of 0 at d = 128.
 #ifndef WARPATTN_TUNE_LEFT_EDGE_IN_MAIN_MAX_D
 #define WARPATTN_TUNE_LEFT_EDGE_IN_MAIN_MAX_D 0
-#endif
-
-// KV caches: whether a warp whose 16 rows are all padding (a decode tile's warps 1-3 of
-// warpgroup 0 at 4 real rows) skips its softmax, leaving its P as it was: a row of P reaches
-// only its own row of O, and padding rows are neither stored nor combined. Up to d = 128 (the
-// E4M3 caches'; the flag spilled beside d = 256's banded state).
-#ifndef WARPATTN_TUNE_IDLE_WARP_SOFTMAX
-#define WARPATTN_TUNE_IDLE_WARP_SOFTMAX 0
 #endif
 
 // Ping-pong turns, in a ring 0 -> 1 (-> 2) -> 0. Every consumer warpgroup of a CTA takes the
@@ -102,13 +109,8 @@ struct ConsumerTile {
   // only; otherwise the second half's row is row0 + 8, mask_scores).
   int m_start, block_rows, row0, row1;  // (set in the constructor's body for a KV cache)
   // The rows whose band decides which key tiles need a mask: the warpgroup's own 64
-  // (kWarpgroupKeyTiles), or the tile's (a KV cache's packed positions, a shared-rows split).
+  // (kWarpgroupKeyTiles<Cfg>), or the tile's (a KV cache's packed positions, a shared-rows split).
   int mask_m_start, mask_rows;
-  // This warp's rows are all padding (idle_rows; KV caches, WARPATTN_TUNE_IDLE_WARP_SOFTMAX).
-  bool idle_warp = false;
-  __device__ __forceinline__ bool idle_rows() const {
-    return Cfg::kKvCache && Cfg::kHeadDim <= 128 && WARPATTN_TUNE_IDLE_WARP_SOFTMAX != 0 && idle_warp;
-  }
   const uint32_t q_rows;
   const float q_scale;  // softmax_scale log2(e), times Q's descale for FP8
   // FP8: the K and V descales of the work tile's last key tile (ordinal 0); the tile of
@@ -126,8 +128,8 @@ struct ConsumerTile {
         block_rows(Cfg::kBlockM),
         row0(t_.m_block * Cfg::kBlockM + (kSharedRows ? 0 : t_.warpgroup) * 64 + f.row(0)),
         row1(0),
-        mask_m_start(t_.m_block * Cfg::kBlockM + (kWarpgroupKeyTiles && !kSharedRows ? t_.warpgroup * 64 : 0)),
-        mask_rows(kWarpgroupKeyTiles && !kSharedRows ? 64 : Cfg::kBlockM),
+        mask_m_start(t_.m_block * Cfg::kBlockM + (kWarpgroupKeyTiles<Cfg> && !kSharedRows ? t_.warpgroup * 64 : 0)),
+        mask_rows(kWarpgroupKeyTiles<Cfg> && !kSharedRows ? 64 : Cfg::kBlockM),
         q_rows(ptx::smem_addr(ss_.q[t_.q_stage]) + (kSharedRows ? 0 : t_.warpgroup) * 64 * Cfg::kSwizzleBytes),
         q_scale(Cfg::kFp8 ? p.scale_log2 * p.q_descale.at(t_.batch, t_.head,
                                                            t_.q_block0 + (m_start + t_.warpgroup * 64) / Cfg::kDescaleRows)
@@ -141,9 +143,6 @@ struct ConsumerTile {
       row0 = m_start + (rows_from + f.row(0)) / p.packing.heads;
       row1 = m_start + (rows_from + f.row(1)) / p.packing.heads;
       mask_m_start = m_start, mask_rows = block_rows;
-      // The warp's first row holds its lowest position (warp-uniform: from the warp index).
-      const int warp_row = rows_from + (__shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x % 128) / 32, 0)) * 16;
-      idle_warp = !packed_row_place(warp_row, m_start, t_.head, p.packing, t_.seqlen_q).stored;
     }
   }
 
@@ -287,14 +286,9 @@ struct ConsumerTile {
 
     // First key tile: S only.
     scores_alone(s, 0);
-    if (idle_rows()) {
-#pragma unroll
-      for (int k = 0; k < Cfg::kPvSteps; ++k) p[k][0] = p[k][1] = p[k][2] = p[k][3] = 0u;
-    } else {
-      const VTerms v0 = v_terms(0);
-      softmax.step<true, Cfg::kIntScores>(s, alpha, score_scale(0), v0.log2, v0.inv);
-      convert_to_operand<Cfg>(s, p);
-    }
+    const VTerms v0 = v_terms(0);
+    softmax.step<true, Cfg::kIntScores>(s, alpha, score_scale(0), v0.log2, v0.inv);
+    convert_to_operand<Cfg>(s, p);
 
     // Steady state: S_it with P_{it-1}·V_{it-1}. FP8's descales of tile it are loaded before
     // the GEMMs are issued, so their latency hides under them (a load after the wgmma wait
@@ -309,10 +303,6 @@ struct ConsumerTile {
       wgmma_wait<1>();  // S_it is done; P·V may still run
       pin(s);
       scores_done<kLeftEdgeInMainLoop>(s, it, ks.stage);
-      if (idle_rows()) {
-        wait_pv(o, vs, p);
-        continue;
-      }
       if constexpr (Cfg::kSoftmaxRowsThenConvert) {
         // Cfg::kSoftmaxRowsThenConvert: the fence keeps the P·V wait below the first row's
         // exponentials and the second row's max; the first row's conversion then shares a
@@ -342,7 +332,6 @@ struct ConsumerTile {
         wait_pv(o, vs, p);  // S_it and P_{it-1}·V_{it-1} done: P's registers are free
         pin(s);
         scores_done<true>(s, it, ks.stage);
-        if (idle_rows()) continue;
         softmax.step<false, Cfg::kIntScores>(s, alpha, c, v.log2, v.inv);
         convert_to_operand<Cfg>(s, p);
         rescale_if_needed(o, alpha);

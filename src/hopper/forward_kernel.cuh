@@ -46,15 +46,14 @@ __device__ __forceinline__ void init_barriers(SharedStorage<Cfg>& ss, int issuer
 }
 
 // The key tiles of work tile w that consumer warpgroup `warpgroup` visits itself
-// (kWarpgroupKeyTiles; otherwise all). A KV cache's packed rows: all, or none where the
+// (kWarpgroupKeyTiles<Cfg>; otherwise all). A KV cache's packed rows: all, or none where the
 // warpgroup's first row (its lowest position) holds no stored row, as the padding rows of a
 // decode tile's warpgroup 1 (4 real rows of 128 at one position with 4 query heads a KV head).
-// The dense kernel without a band keeps every tile (its split tail's pieces store whole states).
 template <class Cfg>
 __device__ __forceinline__ WarpgroupTiles own_key_tiles(const ScheduledTile& w, int warpgroup,
                                                        const ForwardParams& params, int seqlen_q, int seqlen_k) {
   const WarpgroupTiles all{0, w.n_tiles};
-  if constexpr (!kWarpgroupKeyTiles || Cfg::kSplitHeadDim || (!Cfg::kCausal && !Cfg::kVarlen)) {
+  if constexpr (!kWarpgroupKeyTiles<Cfg>) {
     return all;
   } else if constexpr (Cfg::kKvCache) {
     const int first_position = first_row_of_block<Cfg>(w.m_block, params);
@@ -65,6 +64,34 @@ __device__ __forceinline__ WarpgroupTiles own_key_tiles(const ScheduledTile& w, 
     return warpgroup_key_tiles(w.m_block * Cfg::kBlockM + 64 * warpgroup, 64, Cfg::kBlockN, seqlen_q, seqlen_k,
                                Cfg::kCausal ? params.band : KeyBand{}, w.n_end, w.n_tiles);
   }
+}
+
+// Whether the tile's rows take the precise path (ConsumerTile::run_precise): 16-bit only, FP8 P
+// has 3 mantissa bits and splitting it would not buy the 16-bit path's precision. Two calls, not
+// one through first_row_of_block/rows_of_block: that form reassociates the 16-bit causal
+// kernels' row arithmetic (their SASS changed); this one keeps it as it was.
+template <class Cfg>
+__device__ __forceinline__ bool tile_sees_few_keys(const ScheduledTile& w, const ForwardParams& params, int seqlen_q,
+                                                   int seqlen_k) {
+  if constexpr (Cfg::kFp8)
+    return false;
+  else if constexpr (Cfg::kKvCache)  // a block of positions, or the prefill block its first lies in
+    return kvcache_sees_few_keys(first_row_of_block<Cfg>(w.m_block, params), rows_of_block<Cfg>(params), seqlen_q,
+                                 seqlen_k, Cfg::kCausal ? params.band : KeyBand{}, Cfg::kBlockM);
+  else
+    return sees_few_keys(w.m_block * Cfg::kBlockM, Cfg::kBlockM, seqlen_q, seqlen_k,
+                         Cfg::kCausal ? params.band : KeyBand{});
+}
+
+template <class Cfg>
+__device__ __forceinline__ void run_tile(const ConsumerTile<Cfg>& tile, bool few_keys, float (&o)[Cfg::kOCols / 2],
+                                         OnlineSoftmax& softmax) {
+  if constexpr (Cfg::kFp8)
+    tile.run(o, softmax);
+  else if (few_keys)
+    tile.run_precise(o, softmax);
+  else
+    tile.run(o, softmax);
 }
 
 template <class Cfg>
@@ -96,41 +123,30 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
         t.k_block0 = static_cast<int>(varlen_row0(w.k_offset, w.batch) / Cfg::kDescaleRows);
       }
       ptx::mbarrier_wait(ptx::smem_addr(&ss.q_full[qs.stage]), qs.phase);
-      // FP8 P has 3 mantissa bits; splitting it would not buy the 16-bit path's precision.
-      bool few_keys = false;
-      if constexpr (!Cfg::kFp8) {
-        // Two calls, not one through first_row_of_block/rows_of_block: that form reassociates the
-        // 16-bit causal kernels' row arithmetic (their SASS changed); this one keeps it as it was.
-        if constexpr (Cfg::kKvCache)  // a block of positions, or the prefill block its first lies in
-          few_keys = kvcache_sees_few_keys(first_row_of_block<Cfg>(w.m_block, params), rows_of_block<Cfg>(params),
-                                           seqlen_q, seqlen_k, Cfg::kCausal ? params.band : KeyBand{}, Cfg::kBlockM);
-        else
-          few_keys = sees_few_keys(w.m_block * Cfg::kBlockM, Cfg::kBlockM, seqlen_q, seqlen_k,
-                                   Cfg::kCausal ? params.band : KeyBand{});
-      }
-      // The warpgroup's own key tiles: the tile's, or the part its rows see (kWarpgroupKeyTiles;
-      // not on the precise path, whose rows see few keys: rare, and two turns a tile).
-      const WarpgroupTiles own =
-          few_keys ? WarpgroupTiles{0, n_tiles} : own_key_tiles<Cfg>(w, warpgroup, params, seqlen_q, seqlen_k);
-      skip_key_tiles<Cfg>(ss, turns, kv, own.front);
-      // (A KV cache's warpgroup takes all or none: nothing after its own, and nothing held across them.)
-      const int back = Cfg::kKvCache ? 0 : n_tiles - own.front - own.count;
-      t.n_end -= own.front, t.n_tiles = own.count, t.kv_base += own.front;
-      if (own.count > 0) {
+      if constexpr (!kWarpgroupKeyTiles<Cfg>) {
         const ConsumerTile<Cfg> tile(ss, params, t);
-        if constexpr (Cfg::kFp8)
-          tile.run(o, softmax);
-        else if (few_keys)
-          tile.run_precise(o, softmax);
-        else
-          tile.run(o, softmax);
-      } else {  // no row of this warpgroup sees a key (O = 0, lse = -inf): run's turn for its last P·V
-        release_slot(&ss.q_empty[qs.stage]);
-        turns.wait_turn();
-        turns.pass_turn();
+        run_tile(tile, tile_sees_few_keys<Cfg>(w, params, seqlen_q, seqlen_k), o, softmax);
+        kv += n_tiles;
+      } else {
+        // The warpgroup's own key tiles (not on the precise path, whose rows see few keys: rare,
+        // and two turns a key tile).
+        const bool few_keys = tile_sees_few_keys<Cfg>(w, params, seqlen_q, seqlen_k);
+        const WarpgroupTiles own =
+            few_keys ? WarpgroupTiles{0, n_tiles} : own_key_tiles<Cfg>(w, warpgroup, params, seqlen_q, seqlen_k);
+        skip_key_tiles<Cfg>(ss, turns, kv, own.front);
+        // (A KV cache's warpgroup takes all or none: nothing after its own, and nothing held across them.)
+        const int back = Cfg::kKvCache ? 0 : n_tiles - own.front - own.count;
+        t.n_end -= own.front, t.n_tiles = own.count, t.kv_base += own.front;
+        if (own.count > 0) {
+          run_tile(ConsumerTile<Cfg>(ss, params, t), few_keys, o, softmax);
+        } else {  // no row of this warpgroup sees a key (O = 0, lse = -inf): run's turn for its last P·V
+          release_slot(&ss.q_empty[qs.stage]);
+          turns.wait_turn();
+          turns.pass_turn();
+        }
+        skip_key_tiles<Cfg>(ss, turns, t.kv_base + t.n_tiles, back);
+        kv = t.kv_base + t.n_tiles + back;
       }
-      skip_key_tiles<Cfg>(ss, turns, t.kv_base + t.n_tiles, back);
-      kv = t.kv_base + t.n_tiles + back;
       ++q_iter;
     }
     // A piece of the split tail leaves its partial state to combine_split_tail_kernel.
