@@ -196,7 +196,7 @@ if stage python; then
 fi
 if stage ncu; then
   # Nsight Compute on one launch per shape in $NCU_SHAPES ("d:N:causal" ...; 16k tokens, H*d = 2048
-  # as in the sweep), reported by ncu_report. NCU_CLI_ARGS: more flags of the CLI (--softcap 30).
+  # as in the sweep), reported by ncu_report. NCU_CLI_ARGS: more flags of the CLI (--softcap 30, --window-left 255).
   for shape in ${NCU_SHAPES:-128:512:0 64:1024:0}; do
     IFS=: read -r d n c <<< "$shape"
     name="ncu-d$d-n$n-c$c"

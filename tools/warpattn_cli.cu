@@ -94,6 +94,7 @@ struct Options {
   std::optional<uint64_t> seed;
   std::string json_path;
   float softcap = 0;  // > 0: Gemma 2's logit soft cap (ForwardOptions::softcap), checked and timed
+  int64_t window_left = -1;  // >= 0: a sliding window (ForwardOptions::window_left), checked and timed
 };
 
 void print_usage(FILE* to) {
@@ -118,6 +119,9 @@ void print_usage(FILE* to) {
                "  --check-rows N     query rows checked per (batch, head) (default 16)\n"
                "  --seed N           random seed (default: from the clock; printed)\n"
                "  --softcap X        soft-cap the logits at X > 0 (default 0: off)\n"
+               "  --window-left N    a sliding window: each row sees N keys left of its diagonal\n"
+               "                     (FlashAttention's window_size=(N, -1), or (N, 0) with causal;\n"
+               "                     default -1: unbounded); TFLOP/s count the in-window work\n"
                "  --json PATH        also write the results as JSON to PATH\n"
                "  -h, --help         this text\n"
                "\n"
@@ -222,6 +226,8 @@ Options parse_options(int argc, char** argv) {
       if (used == 0 || used != text.size() || !(value >= 0) || !std::isfinite(value))
         throw UsageError("--softcap: expected a finite number >= 0, got '" + text + "'");
       o.softcap = value;
+    } else if (arg == "--window-left") {
+      o.window_left = std::min<int64_t>(parse_int(arg, next(), -1), 1 << 30);
     } else if (arg == "--json") {
       o.json_path = next();
       if (o.json_path.empty()) throw UsageError("--json: expected a path");
@@ -446,6 +452,7 @@ struct Config {
   warpattn::DType dtype;
   bool causal;
   float softcap;
+  int64_t window_left;
 };
 
 struct Result {
@@ -473,6 +480,7 @@ constexpr double kLseLimit = 1e-4;
 double forward_flops(const Config& c) {
   warpattn::reference::AttentionShape shape;
   shape.seqlen_q = c.seqlen_q, shape.seqlen_k = c.seqlen_k, shape.causal = c.causal;
+  shape.window_left = c.window_left;
   return 4.0 * c.batch * c.heads_q * warpattn::reference::visible_pairs(shape) * c.head_dim;
 }
 
@@ -557,6 +565,7 @@ void check_configuration(const Config& c, const DeviceBuffer& q, const DeviceBuf
   warpattn::ForwardOptions options;
   options.causal = c.causal;
   options.softcap = c.softcap;
+  options.window_left = c.window_left;
   warpattn::forward(qv, kv, vv, ov, lv, options, stream);
   CUDA_CHECK(cudaStreamSynchronize(stream));
 
@@ -593,6 +602,7 @@ void check_configuration(const Config& c, const DeviceBuffer& q, const DeviceBuf
   shape.softmax_scale = static_cast<double>(1.f / std::sqrt(static_cast<float>(c.head_dim)));
   shape.causal = c.causal;
   shape.softcap = c.softcap;
+  shape.window_left = c.window_left;
   std::vector<double> ref_out, ref_lse;
   run_reference(shape, hq, hk, hv, tasks, ref_out, ref_lse);
 
@@ -650,6 +660,7 @@ Result run_configuration(const Config& c, const Options& o, uint64_t seed, uint6
     warpattn::ForwardOptions options;
     options.causal = c.causal;
     options.softcap = c.softcap;
+    options.window_left = c.window_left;
     auto launch = [&] { warpattn::forward(qv, kv, vv, ov, std::nullopt, options, stream); };
     const std::vector<float> ms = time_each_launch(launch, o.warmup, o.iters, stream);
     r.ms = median(ms);
@@ -771,6 +782,7 @@ void write_json(const std::string& path, const DeviceInfo& dev, const Options& o
       << "\", \"B\": " << c.batch << ", \"H\": " << c.heads_q << ", \"H_kv\": " << c.heads_kv
       << ", \"N\": " << c.seqlen_q << ", \"N_k\": " << c.seqlen_k << ", \"d\": " << c.head_dim
       << ", \"causal\": " << (c.causal ? "true" : "false") << ", \"softcap\": " << c.softcap
+      << ", \"window_left\": " << c.window_left
       << ", \"pass\": \"fwd\""
       << ", \"ms\": " << json_number(r.ms) << ", \"ms_min\": " << json_number(r.ms_min)
       << ", \"ms_max\": " << json_number(r.ms_max) << ", \"tflops\": " << json_number(r.tflops)
@@ -818,6 +830,7 @@ int run(int argc, char** argv) {
       static_cast<long long>(o.seqlen_k), static_cast<long long>(o.head_dim), o.iters, o.warmup,
       o.check_rows, static_cast<unsigned long long>(seed));
   if (o.softcap > 0) std::printf("softcap %g\n", o.softcap);
+  if (o.window_left >= 0) std::printf("window_left %lld\n", static_cast<long long>(o.window_left));
   std::fflush(stdout);
 
   Stream stream;
@@ -840,7 +853,7 @@ int run(int argc, char** argv) {
     std::fflush(stdout);
     for (const bool causal : o.causal) {
       const Config c{o.batch,    o.heads,    o.kv_heads, o.seqlen_q,
-                     o.seqlen_k, o.head_dim, dtype,      causal,     o.softcap};
+                     o.seqlen_k, o.head_dim, dtype,      causal,     o.softcap, o.window_left};
       results.push_back(run_configuration(c, o, seed, ++config_index, gemm_rate, stream.get()));
       const Result& r = results.back();
       std::printf("  %s causal=%d: %s\n", short_name(dtype), causal ? 1 : 0,
