@@ -472,16 +472,40 @@ const char* torch_name(warpattn::DType d) {
 double rel_l2_limit(warpattn::DType d) { return d == warpattn::DType::bf16 ? 5e-3 : 1e-3; }
 constexpr double kLseLimit = 1e-4;
 
+// The configuration as the fp64 reference reads it (its mask, scale and soft cap; the FLOP count
+// below counts its visible pairs).
+warpattn::reference::AttentionShape reference_shape(const Config& c) {
+  warpattn::reference::AttentionShape shape{};
+  shape.batch = c.batch;
+  shape.seqlen_q = c.seqlen_q;
+  shape.seqlen_k = c.seqlen_k;
+  shape.heads_q = c.heads_q;
+  shape.heads_kv = c.heads_kv;
+  shape.head_dim = c.head_dim;
+  // The library's default scale, computed as it is documented (in float).
+  shape.softmax_scale = static_cast<double>(1.f / std::sqrt(static_cast<float>(c.head_dim)));
+  shape.causal = c.causal;
+  shape.softcap = c.softcap;
+  shape.window_left = c.window_left;
+  return shape;
+}
+
+// The configuration as the library's forward takes it (checked and timed calls alike).
+warpattn::ForwardOptions forward_options(const Config& c) {
+  warpattn::ForwardOptions options;
+  options.causal = c.causal;
+  options.softcap = c.softcap;
+  options.window_left = static_cast<int>(c.window_left);
+  return options;
+}
+
 // Forward FLOPs: 4·d per (query, key) pair the mask leaves, per batch and head. Without a mask
 // that is 4·B·H·Nq·Nk·d. With the bottom-right causal mask, query i sees keys j <= i + Nk - Nq,
 // so the pairs are counted row by row: (Nq² + Nq)/2 when Nq = Nk (the usual "halved" figure, to
 // within 1/Nq), but far fewer for Nq > Nk and far more than half for Nq < Nk (halving
 // overstated Nq = 16384, Nk = 1024 sixteenfold).
 double forward_flops(const Config& c) {
-  warpattn::reference::AttentionShape shape;
-  shape.seqlen_q = c.seqlen_q, shape.seqlen_k = c.seqlen_k, shape.causal = c.causal;
-  shape.window_left = c.window_left;
-  return 4.0 * c.batch * c.heads_q * warpattn::reference::visible_pairs(shape) * c.head_dim;
+  return 4.0 * c.batch * c.heads_q * warpattn::reference::visible_pairs(reference_shape(c)) * c.head_dim;
 }
 
 float to_float(uint16_t bits, warpattn::DType d) {
@@ -562,11 +586,7 @@ void check_configuration(const Config& c, const DeviceBuffer& q, const DeviceBuf
                          cudaStream_t stream, Result& r) {
   CUDA_CHECK(cudaMemsetAsync(out.get(), 0xFF, out.bytes(), stream));
   CUDA_CHECK(cudaMemsetAsync(lse.get(), 0xFF, lse.bytes(), stream));
-  warpattn::ForwardOptions options;
-  options.causal = c.causal;
-  options.softcap = c.softcap;
-  options.window_left = c.window_left;
-  warpattn::forward(qv, kv, vv, ov, lv, options, stream);
+  warpattn::forward(qv, kv, vv, ov, lv, forward_options(c), stream);
   CUDA_CHECK(cudaStreamSynchronize(stream));
 
   const int64_t q_elems = c.batch * c.seqlen_q * c.heads_q * c.head_dim;
@@ -591,18 +611,7 @@ void check_configuration(const Config& c, const DeviceBuffer& q, const DeviceBuf
       }
     }
   }
-  warpattn::reference::AttentionShape shape{};
-  shape.batch = c.batch;
-  shape.seqlen_q = c.seqlen_q;
-  shape.seqlen_k = c.seqlen_k;
-  shape.heads_q = c.heads_q;
-  shape.heads_kv = c.heads_kv;
-  shape.head_dim = c.head_dim;
-  // The library's default scale, computed as it is documented (in float).
-  shape.softmax_scale = static_cast<double>(1.f / std::sqrt(static_cast<float>(c.head_dim)));
-  shape.causal = c.causal;
-  shape.softcap = c.softcap;
-  shape.window_left = c.window_left;
+  const warpattn::reference::AttentionShape shape = reference_shape(c);
   std::vector<double> ref_out, ref_lse;
   run_reference(shape, hq, hk, hv, tasks, ref_out, ref_lse);
 
@@ -657,10 +666,7 @@ Result run_configuration(const Config& c, const Options& o, uint64_t seed, uint6
                         derive_seed(seed, config_index, 4), stream, r);
 
     // Timed without LSE: the plain inference forward, as PyTorch's SDPA anchors run it.
-    warpattn::ForwardOptions options;
-    options.causal = c.causal;
-    options.softcap = c.softcap;
-    options.window_left = c.window_left;
+    const warpattn::ForwardOptions options = forward_options(c);
     auto launch = [&] { warpattn::forward(qv, kv, vv, ov, std::nullopt, options, stream); };
     const std::vector<float> ms = time_each_launch(launch, o.warmup, o.iters, stream);
     r.ms = median(ms);
