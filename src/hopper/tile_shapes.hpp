@@ -92,6 +92,17 @@ struct TallTileShape {  // used where kHasTallTiles
 #endif
 template <int kHeadDim>
 inline constexpr int kFp8Stages = kHeadDim == 256 ? WARPATTN_TUNE_FP8_STAGES_D256 : WARPATTN_TUNE_FP8_STAGES;
+// An E4M3 KV cache's stages (run_kvcache.cuh): its key and Vᵀ tiles are half the BF16 cache's
+// bytes, so its 3 stages keep 96 KB in flight per CTA against BF16's 192 KB; at B = 64 it read
+// 0.69 of the copy rate where BF16 read 0.92 (run 184), with neither the padding rows' work (run
+// 183) nor one warpgroup's serial chain (run 186) the limit. WARPATTN_TUNE_FP8_KVCACHE_STAGES
+// sets them for the A/B (6: 192 KB, as BF16's; to measure).
+#ifndef WARPATTN_TUNE_FP8_KVCACHE_STAGES
+#define WARPATTN_TUNE_FP8_KVCACHE_STAGES 0
+#endif
+template <int kHeadDim>
+inline constexpr int kFp8KvCacheStages =
+    WARPATTN_TUNE_FP8_KVCACHE_STAGES > 0 ? WARPATTN_TUNE_FP8_KVCACHE_STAGES : kFp8Stages<kHeadDim>;
 // QKElement: __nv_fp8_e4m3, or int8_t for INT8 Q and K (the same tiles: 1-byte operands).
 // kWarpgroups 3: the tall tiles (192 x 128; see kTallTileMinRows).
 template <int kHeadDim, bool kCausal, class OutElement, class QKElement, int kWarpgroups = 2>
@@ -126,6 +137,10 @@ using ForwardConfigFor = ForwardConfig<Element, kHeadDim, ForwardTileShape<kHead
 template <class Element, int kHeadDim, bool kBanded>
 using KvCacheForwardConfigFor = ForwardConfig<Element, kHeadDim, TileShape<kHeadDim, true>::kBlockN,
                                               TileShape<kHeadDim, true>::kStages, kBanded>;
+// An E4M3 KV cache's kernel (KvCacheConfig over it): the dense FP8 tile with kFp8KvCacheStages.
+template <int kHeadDim, bool kBanded, class OutElement>
+using Fp8KvCacheForwardConfigFor = ForwardConfig<__nv_fp8_e4m3, kHeadDim, 128, kFp8KvCacheStages<kHeadDim>, kBanded,
+                                                 WARPATTN_TUNE_FP8_QSTAGES, OutElement, __nv_fp8_e4m3, 2>;
 template <class Element, int kHeadDim, bool kCausal>
 using TallForwardConfigFor =
     ForwardConfig<Element, kHeadDim, TallTileShape<kHeadDim, kCausal>::kBlockN, TallTileShape<kHeadDim, kCausal>::kStages,
