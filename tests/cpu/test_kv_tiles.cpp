@@ -1,6 +1,8 @@
 // The tile-range and mask decisions of the forward kernel (hopper/kv_tiles.hpp) against brute
 // force over every (query row, key) pair.
 #include <algorithm>
+#include <array>
+#include <initializer_list>
 #include <cstdio>
 
 #include "harness.hpp"
@@ -112,22 +114,14 @@ TEST(kvcache_tiles_take_the_prefill_blocks_precise_path) {
             if (sees_few_keys(m, rows, sq, L, band)) CHECK(kvcache_sees_few_keys(m, rows, sq, L, band, 128));
 }
 
-// The band functions against brute force over every (row, key) pair, windows included: the
-// visited range is exactly the tiles with a visible key, the masked tiles exactly those with a
-// hidden pair, and sees_few_keys exactly "some row of the block sees 1..limit-1 keys or fewer".
-TEST(band_tiles_match_brute_force) {
-  using warpattn::detail::band_keys;
+// Every (tile shape {block_m, block_n}, seqlen_q, seqlen_k, band) of the lists, each with brute
+// force's visibility of a (row, key) pair under that band.
+template <class Fn>
+void for_each_band_case(std::initializer_list<std::array<int, 2>> tiles, std::initializer_list<int> seqlens,
+                        std::initializer_list<int> sides, Fn&& fn) {
   using warpattn::detail::KeyBand;
-  using warpattn::detail::kPreciseKeyLimit;
   using warpattn::detail::kUnbounded;
-  using warpattn::detail::kv_tile_range;
-  using warpattn::detail::sees_few_keys;
-  const int seqlens[] = {1, 17, 128, 129, 300, 513};
-  const int sides[] = {0, 1, 63, 200, kUnbounded};
-  // {80, 128}: the 80-row backward's; {64, 80}: the d = 256 backward's 80-key blocks
-  const int tiles[][2] = {{128, 128}, {128, 80}, {192, 112}, {80, 128}, {64, 80}};
-  int bad = 0, checked = 0;
-  for (auto& t : tiles)
+  for (const auto& t : tiles)
     for (int sq : seqlens)
       for (int sk : seqlens)
         for (int left : sides)
@@ -138,33 +132,52 @@ TEST(band_tiles_match_brute_force) {
               return key >= 0 && key < sk && (left == kUnbounded || key >= diagonal - left) &&
                      (right == kUnbounded || key <= diagonal + right);
             };
-            for (int m = 0; m * t[0] < sq; ++m) {
-              const int r0 = m * t[0], r1 = std::min(sq, r0 + t[0]);
-              int first = -1, last = -1, fewest = 1 << 30;
-              for (int r = r0; r < r1; ++r) {
-                int keys = 0;
-                for (int key = 0; key < sk; ++key)
-                  if (visible(r, key)) {
-                    ++keys;
-                    if (first < 0 || key / t[1] < first) first = key / t[1];
-                    last = std::max(last, key / t[1]);
-                  }
-                bad += keys != band_keys(r, sq, sk, band);
-                fewest = std::min(fewest, keys);
-              }
-              const auto range = kv_tile_range(m, t[0], t[1], sq, sk, band);
-              if (first < 0) bad += range.count() != 0;
-              else bad += range.begin != first || range.end != last + 1;
-              bad += sees_few_keys(r0, t[0], sq, sk, band) != (fewest < kPreciseKeyLimit);
-              for (int n = range.begin; n < range.end; ++n) {
-                bool any_hidden = false;
-                for (int r = r0; r < r1 && !any_hidden; ++r)
-                  for (int key = n * t[1]; key < (n + 1) * t[1]; ++key) any_hidden |= !visible(r, key);
-                bad += kv_tile_needs_mask(n, t[1], r0, t[0], sq, sk, band) != any_hidden;
-              }
-              ++checked;
-            }
+            fn(t, sq, sk, band, visible);
           }
+}
+
+// The band functions against brute force over every (row, key) pair, windows included: the
+// visited range is exactly the tiles with a visible key, the masked tiles exactly those with a
+// hidden pair, and sees_few_keys exactly "some row of the block sees 1..limit-1 keys or fewer".
+TEST(band_tiles_match_brute_force) {
+  using warpattn::detail::band_keys;
+  using warpattn::detail::KeyBand;
+  using warpattn::detail::kPreciseKeyLimit;
+  using warpattn::detail::kUnbounded;
+  using warpattn::detail::kv_tile_range;
+  using warpattn::detail::sees_few_keys;
+  // {80, 128}: the 80-row backward's; {64, 80}: the d = 256 backward's 80-key blocks
+  int bad = 0, checked = 0;
+  for_each_band_case(
+      {{128, 128}, {128, 80}, {192, 112}, {80, 128}, {64, 80}}, {1, 17, 128, 129, 300, 513}, {0, 1, 63, 200, kUnbounded},
+      [&](const std::array<int, 2>& t, int sq, int sk, const KeyBand& band, const auto& visible) {
+        for (int m = 0; m * t[0] < sq; ++m) {
+          const int r0 = m * t[0], r1 = std::min(sq, r0 + t[0]);
+          int first = -1, last = -1, fewest = 1 << 30;
+          for (int r = r0; r < r1; ++r) {
+            int keys = 0;
+            for (int key = 0; key < sk; ++key)
+              if (visible(r, key)) {
+                ++keys;
+                if (first < 0 || key / t[1] < first) first = key / t[1];
+                last = std::max(last, key / t[1]);
+              }
+            bad += keys != band_keys(r, sq, sk, band);
+            fewest = std::min(fewest, keys);
+          }
+          const auto range = kv_tile_range(m, t[0], t[1], sq, sk, band);
+          if (first < 0) bad += range.count() != 0;
+          else bad += range.begin != first || range.end != last + 1;
+          bad += sees_few_keys(r0, t[0], sq, sk, band) != (fewest < kPreciseKeyLimit);
+          for (int n = range.begin; n < range.end; ++n) {
+            bool any_hidden = false;
+            for (int r = r0; r < r1 && !any_hidden; ++r)
+              for (int key = n * t[1]; key < (n + 1) * t[1]; ++key) any_hidden |= !visible(r, key);
+            bad += kv_tile_needs_mask(n, t[1], r0, t[0], sq, sk, band) != any_hidden;
+          }
+          ++checked;
+        }
+      });
   CHECK(bad == 0) << bad << " mismatches over " << checked << " blocks";
 }
 
@@ -177,51 +190,41 @@ TEST(warpgroup_key_tiles_match_brute_force) {
   using warpattn::detail::kUnbounded;
   using warpattn::detail::kv_tile_range;
   using warpattn::detail::warpgroup_key_tiles;
-  const int seqlens[] = {1, 17, 64, 65, 129, 300, 513};
-  const int sides[] = {0, 1, 63, 200, 255, kUnbounded};
-  const int tiles[][2] = {{128, 128}, {128, 80}, {192, 112}, {128, 64}, {128, 176}};
   int bad = 0, checked = 0, narrower = 0;
-  for (auto& t : tiles)
-    for (int sq : seqlens)
-      for (int sk : seqlens)
-        for (int left : sides)
-          for (int right : sides) {
-            const KeyBand band{left, right};
-            const auto visible = [&](long long row, long long key) {
-              const long long diagonal = row + sk - sq;
-              return key >= 0 && key < sk && (left == kUnbounded || key >= diagonal - left) &&
-                     (right == kUnbounded || key <= diagonal + right);
-            };
-            for (int m = 0; m * t[0] < sq; ++m) {
-              const auto range = kv_tile_range(m, t[0], t[1], sq, sk, band);
-              for (int cut = 0; cut < 2; ++cut) {
-                // cut: the range without its first tile (a piece ending below the block's end)
-                const int n_end = range.end - (cut && range.count() > 1 ? 1 : 0);
-                const int n_tiles = n_end - range.begin;
-                if (n_tiles <= 0) continue;
-                for (int wg = 0; wg * 64 < t[0]; ++wg) {
-                  const int r0 = m * t[0] + wg * 64, r1 = std::min(sq, r0 + 64);
-                  int lo = -1, hi = -1;
-                  for (int n = range.begin; n < n_end; ++n) {
-                    bool any = false;
-                    for (int r = r0; r < r1 && !any; ++r)
-                      for (int key = n * t[1]; key < (n + 1) * t[1] && !any; ++key) any = visible(r, key);
-                    if (!any) continue;
-                    if (lo < 0) lo = n;
-                    bad += hi >= 0 && hi != n;  // a gap: the warpgroup's tiles would not be contiguous
-                    hi = n + 1;
-                  }
-                  const auto own = warpgroup_key_tiles(r0, 64, t[1], sq, sk, band, n_end, n_tiles);
-                  if (lo < 0)
-                    bad += own.count != 0 || own.front != n_tiles;
-                  else
-                    bad += own.front != n_end - hi || own.count != hi - lo;
-                  narrower += own.count < n_tiles;
-                  ++checked;
-                }
+  for_each_band_case(
+      {{128, 128}, {128, 80}, {192, 112}, {128, 64}, {128, 176}}, {1, 17, 64, 65, 129, 300, 513},
+      {0, 1, 63, 200, 255, kUnbounded},
+      [&](const std::array<int, 2>& t, int sq, int sk, const KeyBand& band, const auto& visible) {
+        for (int m = 0; m * t[0] < sq; ++m) {
+          const auto range = kv_tile_range(m, t[0], t[1], sq, sk, band);
+          for (int cut = 0; cut < 2; ++cut) {
+            // cut: the range without its first tile (a piece ending below the block's end)
+            const int n_end = range.end - (cut && range.count() > 1 ? 1 : 0);
+            const int n_tiles = n_end - range.begin;
+            if (n_tiles <= 0) continue;
+            for (int wg = 0; wg * 64 < t[0]; ++wg) {
+              const int r0 = m * t[0] + wg * 64, r1 = std::min(sq, r0 + 64);
+              int lo = -1, hi = -1;
+              for (int n = range.begin; n < n_end; ++n) {
+                bool any = false;
+                for (int r = r0; r < r1 && !any; ++r)
+                  for (int key = n * t[1]; key < (n + 1) * t[1] && !any; ++key) any = visible(r, key);
+                if (!any) continue;
+                if (lo < 0) lo = n;
+                bad += hi >= 0 && hi != n;  // a gap: the warpgroup's tiles would not be contiguous
+                hi = n + 1;
               }
+              const auto own = warpgroup_key_tiles(r0, 64, t[1], sq, sk, band, n_end, n_tiles);
+              if (lo < 0)
+                bad += own.count != 0 || own.front != n_tiles;
+              else
+                bad += own.front != n_end - hi || own.count != hi - lo;
+              narrower += own.count < n_tiles;
+              ++checked;
             }
           }
+        }
+      });
   CHECK(bad == 0) << bad << " mismatches over " << checked << " warpgroups";
   CHECK(narrower > 0) << "no case where a warpgroup sees fewer tiles than its block";
 }
