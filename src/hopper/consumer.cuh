@@ -59,14 +59,20 @@ inline constexpr bool kWarpgroupKeyTiles =
 // Ping-pong turns, in a ring 0 -> 1 (-> 2) -> 0. Every consumer warpgroup of a CTA takes the
 // same number of turns over the kernel's life. The last warpgroup hands warpgroup 0 the first
 // turn once (start); warpgroup 0 takes one extra turn at exit (finish) to consume the last
-// hand-over, so no arrival is left pending, whatever the number of tiles.
-struct PingPong {
+// hand-over, so no arrival is left pending, whatever the number of tiles. kTaken = false: no
+// turns at all, each warpgroup issuing its GEMMs when it is ready (kPingPong).
+template <bool kTaken>
+struct PingPongTurns {
   int warpgroup, warpgroups;
   int next;  // the warpgroup whose turn follows this one's
-  __device__ __forceinline__ PingPong(int warpgroup_, int warpgroups_)
+  __device__ __forceinline__ PingPongTurns(int warpgroup_, int warpgroups_)
       : warpgroup(warpgroup_), warpgroups(warpgroups_), next(warpgroup_ + 1 == warpgroups_ ? 0 : warpgroup_ + 1) {}
-  __device__ __forceinline__ void wait_turn() const { ptx::named_barrier_sync(Barrier::kTurn0 + warpgroup, 256); }
-  __device__ __forceinline__ void pass_turn() const { ptx::named_barrier_arrive(Barrier::kTurn0 + next, 256); }
+  __device__ __forceinline__ void wait_turn() const {
+    if constexpr (kTaken) ptx::named_barrier_sync(Barrier::kTurn0 + warpgroup, 256);
+  }
+  __device__ __forceinline__ void pass_turn() const {
+    if constexpr (kTaken) ptx::named_barrier_arrive(Barrier::kTurn0 + next, 256);
+  }
   __device__ __forceinline__ void start() const {
     if (warpgroup == warpgroups - 1) pass_turn();
   }
@@ -74,6 +80,18 @@ struct PingPong {
     if (warpgroup == 0) wait_turn();
   }
 };
+// Whether Cfg's consumer warpgroups take turns. The profile of d = 64's 256-key window (run
+// 185: three key tiles a work tile) put 0.79 stall cycles an instruction on barriers, most of
+// them these turns; WARPATTN_TUNE_D64_BANDED_NO_PINGPONG=1 drops them in d = 64's two-warpgroup
+// banded kernels (windows narrower than 1024 keys, short causal sequences) for the A/B.
+#ifndef WARPATTN_TUNE_D64_BANDED_NO_PINGPONG
+#define WARPATTN_TUNE_D64_BANDED_NO_PINGPONG 0
+#endif
+template <class Cfg>
+inline constexpr bool kPingPong = !(WARPATTN_TUNE_D64_BANDED_NO_PINGPONG != 0 && Cfg::kHeadDim == 64 && Cfg::kCausal &&
+                                    Cfg::kConsumerWarpgroups == 2 && !Cfg::kFp8 && !Cfg::kKvCache);
+template <class Cfg>
+using PingPong = PingPongTurns<kPingPong<Cfg>>;
 
 // What a consumer needs to know about the work tile it is on.
 struct TileContext {
@@ -101,7 +119,7 @@ struct ConsumerTile {
   const ForwardParams& params;
   const TileContext& t;
   const FragmentCoords f;
-  const PingPong turns;
+  const PingPong<Cfg> turns;
   // The warpgroup's 64 rows within the tile (a split head dim's two warpgroups share rows 0-63).
   static constexpr bool kSharedRows = Cfg::kSplitHeadDim;
   // The tile's first query row and its row count (a KV cache's: positions, packing.positions),
@@ -373,7 +391,8 @@ struct ConsumerTile {
 // its tile has arrived: the arrival must count toward this use of the slot, which the producer
 // starts only after every warpgroup has released the slot's previous use.
 template <class Cfg>
-__device__ __forceinline__ void skip_key_tiles(SharedStorage<Cfg>& ss, const PingPong& turns, int kv_first, int tiles) {
+__device__ __forceinline__ void skip_key_tiles(SharedStorage<Cfg>& ss, const PingPong<Cfg>& turns, int kv_first,
+                                               int tiles) {
   using namespace ptx;
   for (int j = 0; j < tiles; ++j) {
     turns.wait_turn();

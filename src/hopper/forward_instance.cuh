@@ -35,6 +35,8 @@ void run_forward_tiles(const ForwardProblem& p, const TensorView& q, const Tenso
 template <class Element, int kHeadDim, bool kCausal>
 void run_forward_causal(const ForwardProblem& p, const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream) {
+  if constexpr (kCausal && kHasNarrowTiles<kHeadDim>)
+    if (narrow_band(p.band)) return run_forward<NarrowForwardConfigFor<Element, kHeadDim>>(p, q, k, v, out, lse, stream);
   run_forward_tiles<ForwardConfigFor<Element, kHeadDim, kCausal>, TallForwardConfigFor<Element, kHeadDim, kCausal>,
                     kHasTallTiles<kHeadDim>>(p, q, k, v, out, lse, stream);
 }
@@ -67,6 +69,9 @@ void run_forward_varlen_causal(const ForwardProblem& p, const VarlenSequences& s
     if (!narrow_band(p.band))
       return run_forward_varlen<VarlenConfig<TallForwardConfigFor<Element, kHeadDim, kCausal>>>(p, seqs, q, k, v, out,
                                                                                                lse, stream);
+  if constexpr (kCausal && kHasNarrowTiles<kHeadDim>)  // (a narrow band here: the tall tiles took the rest)
+    return run_forward_varlen<VarlenConfig<NarrowForwardConfigFor<Element, kHeadDim>>>(p, seqs, q, k, v, out, lse,
+                                                                                      stream);
   run_forward_varlen<VarlenConfig<ForwardConfigFor<Element, kHeadDim, kCausal>>>(p, seqs, q, k, v, out, lse, stream);
 }
 

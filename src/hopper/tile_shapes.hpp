@@ -124,6 +124,20 @@ template <>
 struct ForwardTileShape<64, true> {
   static constexpr int kBlockN = WARPATTN_TUNE_D64_BANDED_BLOCK_N, kStages = WARPATTN_TUNE_D64_BANDED_STAGES;
 };
+// d = 64's sliding windows narrower than kTallTileMinBand on a kernel of their own
+// (forward_instance.cuh), with WARPATTN_TUNE_D64_NARROW_BLOCK_N keys a tile (0: none, the 128 x
+// 128 banded kernel takes them; 64: 4 stages). Run 184 found 64-key tiles +4% on the 256-key
+// window (each warpgroup on its own 5 of them, 320 keys a row against 384) and -6.6% on short
+// causal sequences, so not in the kernel those share; to measure beside 0.
+#ifndef WARPATTN_TUNE_D64_NARROW_BLOCK_N
+#define WARPATTN_TUNE_D64_NARROW_BLOCK_N 0
+#endif
+template <int kHeadDim>
+inline constexpr bool kHasNarrowTiles = kHeadDim == 64 && WARPATTN_TUNE_D64_NARROW_BLOCK_N > 0;
+template <class Element, int kHeadDim>
+using NarrowForwardConfigFor =
+    ForwardConfig<Element, kHeadDim, (WARPATTN_TUNE_D64_NARROW_BLOCK_N > 0 ? WARPATTN_TUNE_D64_NARROW_BLOCK_N : 128),
+                  (WARPATTN_TUNE_D64_NARROW_BLOCK_N == 64 ? 4 : 2), true>;
 template <class Element, int kHeadDim, bool kCausal>
 using ForwardConfigFor = ForwardConfig<Element, kHeadDim, ForwardTileShape<kHeadDim, kCausal>::kBlockN,
                                        ForwardTileShape<kHeadDim, kCausal>::kStages, kCausal, 0, Element, Element, 2,
