@@ -48,31 +48,17 @@ inline constexpr bool kWarpgroupKeyTiles =
     (WARPATTN_TUNE_WARPGROUP_KEY_TILES == 2 ? Cfg::kCausal || Cfg::kVarlen
      : WARPATTN_TUNE_WARPGROUP_KEY_TILES == 1 ? Cfg::kKvCache || (Cfg::kCausal && Cfg::kBlockN % 128 != 0)
                                               : false);
-// The head dims (up to this one) whose main loop masks a window's left edge itself, keeping the
-// overlap of S with the previous P·V there (at d = 256 the left bound does not fit in registers
-// beside O, P and S in flight: see ConsumerTile::run). 0: every head dim masks it after. Run
-// 183: 128 (with d = 64's 64-key banded tiles) within +-1% of 0 at d = 128.
-#ifndef WARPATTN_TUNE_LEFT_EDGE_IN_MAIN_MAX_D
-#define WARPATTN_TUNE_LEFT_EDGE_IN_MAIN_MAX_D 0
-#endif
-
 // Ping-pong turns, in a ring 0 -> 1 (-> 2) -> 0. Every consumer warpgroup of a CTA takes the
 // same number of turns over the kernel's life. The last warpgroup hands warpgroup 0 the first
 // turn once (start); warpgroup 0 takes one extra turn at exit (finish) to consume the last
-// hand-over, so no arrival is left pending, whatever the number of tiles. kTaken = false: no
-// turns at all, each warpgroup issuing its GEMMs when it is ready (kPingPong).
-template <bool kTaken>
-struct PingPongTurns {
+// hand-over, so no arrival is left pending, whatever the number of tiles.
+struct PingPong {
   int warpgroup, warpgroups;
   int next;  // the warpgroup whose turn follows this one's
-  __device__ __forceinline__ PingPongTurns(int warpgroup_, int warpgroups_)
+  __device__ __forceinline__ PingPong(int warpgroup_, int warpgroups_)
       : warpgroup(warpgroup_), warpgroups(warpgroups_), next(warpgroup_ + 1 == warpgroups_ ? 0 : warpgroup_ + 1) {}
-  __device__ __forceinline__ void wait_turn() const {
-    if constexpr (kTaken) ptx::named_barrier_sync(Barrier::kTurn0 + warpgroup, 256);
-  }
-  __device__ __forceinline__ void pass_turn() const {
-    if constexpr (kTaken) ptx::named_barrier_arrive(Barrier::kTurn0 + next, 256);
-  }
+  __device__ __forceinline__ void wait_turn() const { ptx::named_barrier_sync(Barrier::kTurn0 + warpgroup, 256); }
+  __device__ __forceinline__ void pass_turn() const { ptx::named_barrier_arrive(Barrier::kTurn0 + next, 256); }
   __device__ __forceinline__ void start() const {
     if (warpgroup == warpgroups - 1) pass_turn();
   }
@@ -80,18 +66,6 @@ struct PingPongTurns {
     if (warpgroup == 0) wait_turn();
   }
 };
-// Whether Cfg's consumer warpgroups take turns. The profile of d = 64's 256-key window (run
-// 185: three key tiles a work tile) put 0.79 stall cycles an instruction on barriers, most of
-// them these turns; WARPATTN_TUNE_D64_BANDED_NO_PINGPONG=1 drops them in d = 64's two-warpgroup
-// banded kernels (windows narrower than 1024 keys, short causal sequences) for the A/B.
-#ifndef WARPATTN_TUNE_D64_BANDED_NO_PINGPONG
-#define WARPATTN_TUNE_D64_BANDED_NO_PINGPONG 0
-#endif
-template <class Cfg>
-inline constexpr bool kPingPong = !(WARPATTN_TUNE_D64_BANDED_NO_PINGPONG != 0 && Cfg::kHeadDim == 64 && Cfg::kCausal &&
-                                    Cfg::kConsumerWarpgroups == 2 && !Cfg::kFp8 && !Cfg::kKvCache);
-template <class Cfg>
-using PingPong = PingPongTurns<kPingPong<Cfg>>;
 
 // What a consumer needs to know about the work tile it is on.
 struct TileContext {
@@ -119,7 +93,7 @@ struct ConsumerTile {
   const ForwardParams& params;
   const TileContext& t;
   const FragmentCoords f;
-  const PingPong<Cfg> turns;
+  const PingPong turns;
   // The warpgroup's 64 rows within the tile (a split head dim's two warpgroups share rows 0-63).
   static constexpr bool kSharedRows = Cfg::kSplitHeadDim;
   // The tile's first query row and its row count (a KV cache's: positions, packing.positions),
@@ -203,12 +177,9 @@ struct ConsumerTile {
       mask_scores<Cfg::kCausal, kLeftEdge && Cfg::kCausal>(s, f, row0, n * Cfg::kBlockN, t.seqlen_q, t.seqlen_k,
                                                           band(), Cfg::kKvCache ? row1 : -1);
   }
-  // Whether the main loop masks a window's left edge itself (left_edge_tiles is then 0).
-  static constexpr bool kLeftEdgeInMainLoop = Cfg::kCausal && Cfg::kHeadDim <= WARPATTN_TUNE_LEFT_EDGE_IN_MAIN_MAX_D;
-  // How many of the tile's key tiles, the last visited, lie on a window's left edge (and are
-  // masked after their P·V).
+  // How many of the tile's key tiles, the last visited, lie on a window's left edge.
   __device__ __forceinline__ int left_edge_tiles() const {
-    if constexpr (!Cfg::kCausal || kLeftEdgeInMainLoop) return 0;
+    if constexpr (!Cfg::kCausal) return 0;
     const int n = masked().left_below - (t.n_end - t.n_tiles);
     return n < 0 ? 0 : (n > t.n_tiles ? t.n_tiles : n);
   }
@@ -320,7 +291,7 @@ struct ConsumerTile {
 
       wgmma_wait<1>();  // S_it is done; P·V may still run
       pin(s);
-      scores_done<kLeftEdgeInMainLoop>(s, it, ks.stage);
+      scores_done<false>(s, it, ks.stage);
       if constexpr (Cfg::kSoftmaxRowsThenConvert) {
         // Cfg::kSoftmaxRowsThenConvert: the fence keeps the P·V wait below the first row's
         // exponentials and the second row's max; the first row's conversion then shares a
@@ -391,8 +362,7 @@ struct ConsumerTile {
 // its tile has arrived: the arrival must count toward this use of the slot, which the producer
 // starts only after every warpgroup has released the slot's previous use.
 template <class Cfg>
-__device__ __forceinline__ void skip_key_tiles(SharedStorage<Cfg>& ss, const PingPong<Cfg>& turns, int kv_first,
-                                               int tiles) {
+__device__ __forceinline__ void skip_key_tiles(SharedStorage<Cfg>& ss, const PingPong& turns, int kv_first, int tiles) {
   using namespace ptx;
   for (int j = 0; j < tiles; ++j) {
     turns.wait_turn();

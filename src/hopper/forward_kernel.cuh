@@ -97,7 +97,7 @@ __device__ __forceinline__ void run_tile(const ConsumerTile<Cfg>& tile, bool few
 template <class Cfg>
 __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, const ForwardParams& params,
                                                        int warpgroup) {
-  const PingPong<Cfg> turns{warpgroup, Cfg::kConsumerWarpgroups};
+  const PingPong turns{warpgroup, Cfg::kConsumerWarpgroups};
   const FragmentCoords f(threadIdx.x % 128);
   turns.start();
   int kv = 0, q_iter = 0;  // as in the producer

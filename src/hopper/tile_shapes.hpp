@@ -104,26 +104,13 @@ template <int kHeadDim>
 inline constexpr int kFp8KvCacheStages =
     WARPATTN_TUNE_FP8_KVCACHE_STAGES > 0 ? WARPATTN_TUNE_FP8_KVCACHE_STAGES : kFp8Stages<kHeadDim>;
 // QKElement: __nv_fp8_e4m3, or int8_t for INT8 Q and K (the same tiles: 1-byte operands).
-// kWarpgroups 3: the tall tiles (192 x 128; see kTallTileMinRows).
-template <int kHeadDim, bool kCausal, class OutElement, class QKElement, int kWarpgroups = 2>
-using Fp8ForwardConfigFor = ForwardConfig<__nv_fp8_e4m3, kHeadDim, 128, kFp8Stages<kHeadDim>, kCausal,
-                                          WARPATTN_TUNE_FP8_QSTAGES, OutElement, QKElement, kWarpgroups>;
+// kWarpgroups 3: the tall tiles (192 x 128; see kTallTileMinRows). kStages: an E4M3 KV cache's
+// (kFp8KvCacheStages) where not the dense kernels'.
+template <int kHeadDim, bool kCausal, class OutElement, class QKElement, int kWarpgroups = 2,
+          int kStages = kFp8Stages<kHeadDim>>
+using Fp8ForwardConfigFor = ForwardConfig<__nv_fp8_e4m3, kHeadDim, 128, kStages, kCausal, WARPATTN_TUNE_FP8_QSTAGES,
+                                          OutElement, QKElement, kWarpgroups>;
 
-// The dense and packed forward's tiles: TileShape's, but for an A/B the d = 64 banded kernel's
-// (short causal sequences and windows narrower than kTallTileMinBand, where the tall tiles do not
-// take them) from WARPATTN_TUNE_D64_BANDED_BLOCK_N and _STAGES (KV caches keep TileShape's).
-#ifndef WARPATTN_TUNE_D64_BANDED_BLOCK_N
-#define WARPATTN_TUNE_D64_BANDED_BLOCK_N 128
-#endif
-#ifndef WARPATTN_TUNE_D64_BANDED_STAGES
-#define WARPATTN_TUNE_D64_BANDED_STAGES 2
-#endif
-template <int kHeadDim, bool kCausal>
-struct ForwardTileShape : TileShape<kHeadDim, kCausal> {};
-template <>
-struct ForwardTileShape<64, true> {
-  static constexpr int kBlockN = WARPATTN_TUNE_D64_BANDED_BLOCK_N, kStages = WARPATTN_TUNE_D64_BANDED_STAGES;
-};
 // d = 64's sliding windows narrower than kTallTileMinBand on a kernel of their own
 // (forward_instance.cuh), with WARPATTN_TUNE_D64_NARROW_BLOCK_N keys a tile (0: none, the 128 x
 // 128 banded kernel takes them; 64: 4 stages). Run 184 found 64-key tiles +4% on the 256-key
@@ -139,8 +126,8 @@ using NarrowForwardConfigFor =
     ForwardConfig<Element, kHeadDim, (WARPATTN_TUNE_D64_NARROW_BLOCK_N > 0 ? WARPATTN_TUNE_D64_NARROW_BLOCK_N : 128),
                   (WARPATTN_TUNE_D64_NARROW_BLOCK_N == 64 ? 4 : 2), true>;
 template <class Element, int kHeadDim, bool kCausal>
-using ForwardConfigFor = ForwardConfig<Element, kHeadDim, ForwardTileShape<kHeadDim, kCausal>::kBlockN,
-                                       ForwardTileShape<kHeadDim, kCausal>::kStages, kCausal, 0, Element, Element, 2,
+using ForwardConfigFor = ForwardConfig<Element, kHeadDim, TileShape<kHeadDim, kCausal>::kBlockN,
+                                       TileShape<kHeadDim, kCausal>::kStages, kCausal, 0, Element, Element, 2,
                                        kValueHeadDim<kHeadDim>>;
 // KV caches (decode, run_kvcache.cuh): the banded tile's shape whatever the mask, so that a key
 // tile is a power of two keys where the dense forward's is not (176 at d = 128): a paged cache's
@@ -151,10 +138,6 @@ using ForwardConfigFor = ForwardConfig<Element, kHeadDim, ForwardTileShape<kHead
 template <class Element, int kHeadDim, bool kBanded>
 using KvCacheForwardConfigFor = ForwardConfig<Element, kHeadDim, TileShape<kHeadDim, true>::kBlockN,
                                               TileShape<kHeadDim, true>::kStages, kBanded>;
-// An E4M3 KV cache's kernel (KvCacheConfig over it): the dense FP8 tile with kFp8KvCacheStages.
-template <int kHeadDim, bool kBanded, class OutElement>
-using Fp8KvCacheForwardConfigFor = ForwardConfig<__nv_fp8_e4m3, kHeadDim, 128, kFp8KvCacheStages<kHeadDim>, kBanded,
-                                                 WARPATTN_TUNE_FP8_QSTAGES, OutElement, __nv_fp8_e4m3, 2>;
 template <class Element, int kHeadDim, bool kCausal>
 using TallForwardConfigFor =
     ForwardConfig<Element, kHeadDim, TallTileShape<kHeadDim, kCausal>::kBlockN, TallTileShape<kHeadDim, kCausal>::kStages,
