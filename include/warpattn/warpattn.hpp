@@ -303,9 +303,11 @@ struct KvCache {
   // cached element stands for its e4m3 value times its head's descale. Both or neither; given
   // exactly when the caches are e4m3. Layouts:
   //   k_cache: as a 16-bit cache's, one byte an element;
-  //   v_cache: V transposed, dense (B, Hkv, D, S_cache) or paged (num_pages, Hkv, D, page_size),
-  //            inside every 16 keys of a page column 16 g + s holding key 16 g + kFp8KeyOrder[s]
-  //            (warpattn/fp8.hpp: forward_fp8's Vᵀ order);
+  //   v_cache: V transposed in slices of 16 keys, dense (B, Hkv, S_cache / 16, 16 D) or paged
+  //            (num_pages, Hkv, page_size / 16, 16 D): v_cache[p, h, s, 16 c + j] holds column c
+  //            of key 16 s + kFp8KeyOrder[j] of page p, head h (warpattn/fp8.hpp: forward_fp8's
+  //            Vᵀ order), each slice's 16 D bytes contiguous (the tile layout the step's P·V
+  //            GEMM reads, so a key tile streams in rows of 128 bytes);
   //   S_cache (dense) or page_size (paged) a multiple of 16; D 64 or 128 (256: not yet).
   // q, out and the new k and v stay fp16 or bf16: the new rows are quantised into the cache
   // (e4m3(x / descale), rounded to nearest even, saturated to +-448), and each step's q with one

@@ -120,8 +120,9 @@ WARPATTN_C_API int warpattn_forward_kvcache(const warpattn_tensor* q, const warp
                                             size_t err_len);
 
 /* warpattn_forward_kvcache over an E4M3 cache (KvCache::k_descale in warpattn.hpp): k_cache
- * float8_e4m3fn in the 16-bit cache's layout, v_cache float8_e4m3fn transposed, dense (B, Hkv,
- * D, S_cache) or paged (num_pages, Hkv, D, page_size), S_cache or page_size a multiple of 16;
+ * float8_e4m3fn in the 16-bit cache's layout, v_cache float8_e4m3fn transposed in slices of 16
+ * keys, dense (B, Hkv, S_cache / 16, 16 D) or paged (num_pages, Hkv, page_size / 16, 16 D)
+ * (KvCache::v_cache's layout in warpattn.hpp), S_cache or page_size a multiple of 16;
  * k_descale and v_descale (Hkv) float32 (stride 0: one for all heads); q, out, k_new and v_new
  * fp16 or bf16, the new rows quantised into the cache. The rest as warpattn_forward_kvcache's. */
 WARPATTN_C_API int warpattn_forward_kvcache_fp8(const warpattn_tensor* q, const warpattn_tensor* k_cache,

@@ -473,8 +473,8 @@ NB_MODULE(_warpattn, m) {
         "onwards before the attention; lse (batch, heads, seqlen_q). window_left, window_right, softcap, sinks: as "
         "forward's, aligned bottom-right on each sequence's keys; num_splits: the pieces of each tile's keys (0: "
         "chosen from the shape; warpattn.hpp, KvCache). k_descale, v_descale: (heads_kv) float32 with an E4M3 cache "
-        "(its bytes as uint8; v_cache then V transposed: (batch, heads_kv, head_dim, seqlen_cache) or (num_pages, "
-        "heads_kv, head_dim, page_size)), else None.");
+        "(its bytes as uint8; v_cache then V transposed in 16-key slices: (batch, heads_kv, seqlen_cache / 16, 16 x "
+        "head_dim) or (num_pages, heads_kv, page_size / 16, 16 x head_dim)), else None.");
   // Every multiple of 8 from 8 to 256 (64, 128 and 256 compiled, those between padded); the dense
   // forward's and the backward's to 512 (a 512 kernel above 256).
   nb::list supported_head_dims, backward_head_dims, forward_head_dims;

@@ -10,9 +10,11 @@
 Layouts (the library's own, so a step reads them without a transpose):
   k_cache float8_e4m3fn, as a 16-bit cache: dense (batch, capacity, heads_kv, head_dim) or paged
           (num_pages, page_size, heads_kv, head_dim);
-  v_cache float8_e4m3fn, V transposed: dense (batch, heads_kv, head_dim, capacity) or paged
-          (num_pages, heads_kv, head_dim, page_size), inside every 16 keys column 16 g + s
-          holding key 16 g + FP8_KEY_ORDER[s] (forward_fp8's Vᵀ order);
+  v_cache float8_e4m3fn, V transposed in slices of 16 keys: dense (batch, heads_kv, capacity // 16,
+          16 * head_dim) or paged (num_pages, heads_kv, page_size // 16, 16 * head_dim),
+          v_cache[p, h, s, 16 * c + j] holding column c of key 16 s + FP8_KEY_ORDER[j]
+          (forward_fp8's Vᵀ order): each slice's bytes are the step's P·V tile layout, so a key
+          tile streams in rows of 128 bytes;
   capacity (dense) or page_size (paged) a multiple of 16; head_dim 64 or 128.
 A cached element stands for its e4m3 value times its KV head's descale ((heads_kv) float32, fixed
 for the cache's life: an append quantises the new rows with them, e4m3(x / descale) rounded to
@@ -70,6 +72,21 @@ def _key_columns(keys, device):
     return (c // _VT_GROUP) * _VT_GROUP + order[c % _VT_GROUP]
 
 
+def _to_slices(vt):
+    """(pages, heads_kv, head_dim, keys) Vᵀ columns -> (pages, heads_kv, keys // 16, 16 * head_dim)."""
+    pages, heads_kv, head_dim, keys = vt.shape
+    return vt.reshape(pages, heads_kv, head_dim, keys // _VT_GROUP, _VT_GROUP).permute(0, 1, 3, 2, 4).reshape(
+        pages, heads_kv, keys // _VT_GROUP, _VT_GROUP * head_dim)
+
+
+def _from_slices(v_cache):
+    """_to_slices' inverse."""
+    pages, heads_kv, slices, width = v_cache.shape
+    head_dim = width // _VT_GROUP
+    return v_cache.reshape(pages, heads_kv, slices, head_dim, _VT_GROUP).permute(0, 1, 3, 2, 4).reshape(
+        pages, heads_kv, head_dim, slices * _VT_GROUP)
+
+
 def _check_keys(keys, what):
     if keys % _VT_GROUP != 0:
         raise ValueError("%s: expected a multiple of 16 for an E4M3 cache (Vᵀ's keys come in 16-key slices), got %d"
@@ -108,7 +125,7 @@ def quantize_kvcache_fp8(k_cache, v_cache, k_descale=None, v_descale=None):
     or pages (num_pages, page_size, heads_kv, head_dim) in float16 or bfloat16 (PyTorch), the
     rows' count per sequence or page a multiple of 16. k_descale, v_descale: floats or (heads_kv)
     tensors, default each head's amax / 448 over the whole cache (no headroom for rows appended
-    later). Returns Fp8KvCache(k_cache, v_cache (Vᵀ), k_descale, v_descale), the descales
+    later). Returns Fp8KvCache(k_cache, v_cache (Vᵀ in 16-key slices), k_descale, v_descale), the descales
     (heads_kv) float32 on the cache's device."""
     torch = _torch()
     if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
@@ -120,7 +137,8 @@ def quantize_kvcache_fp8(k_cache, v_cache, k_descale=None, v_descale=None):
     vs = _descales(v_descale, v_cache.abs().amax(dim=(0, 1, 3)), "v_descale", heads_kv, dev)
     # (the key order applied before the conversion: not every indexing kernel takes FP8)
     vt = v_cache.permute(0, 2, 3, 1)[..., _key_columns(k_cache.shape[1], dev)]  # (pages, heads_kv, head_dim, keys)
-    return Fp8KvCache(_e4m3(k_cache, ks[:, None]).contiguous(), _e4m3(vt, vs[:, None, None]).contiguous(), ks, vs)
+    return Fp8KvCache(_e4m3(k_cache, ks[:, None]).contiguous(), _e4m3(_to_slices(vt), vs[:, None, None]).contiguous(),
+                      ks, vs)
 
 
 def dequantize_kvcache_fp8(cache, dtype=None):
@@ -132,7 +150,8 @@ def dequantize_kvcache_fp8(cache, dtype=None):
     keys = cache.k_cache.shape[1]
     k = cache.k_cache.float() * cache.k_descale[:, None]
     inverse = torch.argsort(_key_columns(keys, cache.v_cache.device))
-    v = (cache.v_cache.float()[..., inverse] * cache.v_descale[:, None, None]).permute(0, 3, 1, 2)
+    vt = _from_slices(cache.v_cache.float())  # (pages, heads_kv, head_dim, keys)
+    v = (vt[..., inverse] * cache.v_descale[:, None, None]).permute(0, 3, 1, 2)
     return k.to(dtype), v.contiguous().to(dtype)
 
 
@@ -143,6 +162,7 @@ def empty_kvcache_fp8(batch_or_pages, keys, heads_kv, head_dim, k_descale, v_des
     torch = _torch()
     _check_keys(keys, "keys")
     k8 = torch.zeros((batch_or_pages, keys, heads_kv, head_dim), dtype=torch.float8_e4m3fn, device=device)
-    vt8 = torch.zeros((batch_or_pages, heads_kv, head_dim, keys), dtype=torch.float8_e4m3fn, device=device)
+    vt8 = torch.zeros((batch_or_pages, heads_kv, keys // _VT_GROUP, _VT_GROUP * head_dim), dtype=torch.float8_e4m3fn,
+                      device=device)
     return Fp8KvCache(k8, vt8, _descales(k_descale, None, "k_descale", heads_kv, k8.device),
                       _descales(v_descale, None, "v_descale", heads_kv, k8.device))

@@ -1215,8 +1215,8 @@ namespace {
 const char* const kPagedDimNames[4] = {"num_pages", "page_size", "heads", "head_dim"};
 const char* const kBlockTableDimNames[2] = {"batch", "max_pages"};
 const char* const kCacheSeqlensDimNames[1] = {"batch"};
-const char* const kDenseVtCacheDimNames[4] = {"batch", "heads", "head_dim", "seqlen"};
-const char* const kPagedVtCacheDimNames[4] = {"num_pages", "heads", "head_dim", "page_size"};
+const char* const kDenseVtCacheDimNames[4] = {"batch", "heads", "seqlen / 16", "16 x head_dim"};
+const char* const kPagedVtCacheDimNames[4] = {"num_pages", "heads", "page_size / 16", "16 x head_dim"};
 const char* const kCacheDescaleDimNames[1] = {"heads_kv"};
 
 // Whether a call's cache is E4M3 (KvCache::k_descale): either cache's dtype, or a descale given,
@@ -1226,7 +1226,8 @@ bool is_fp8_cache(const KvCache& c) {
 }
 
 // Rules a to j for an E4M3 cache (warpattn.hpp, KvCache::k_descale): q and out 16-bit as
-// forward()'s, the caches e4m3 (v_cache transposed: (pages, Hkv, D, page keys)), the keys of a
+// forward()'s, the caches e4m3 (v_cache transposed in 16-key slices: (pages, Hkv, page keys /
+// 16, 16 D)), the keys of a
 // page (the dense cache's S_cache) a multiple of 16, the head dim one with an FP8 kernel, the
 // descales (Hkv) fp32. Returns the call's sizes (seqlen_k: a page's keys, as
 // check_attention_tensors').
@@ -1261,17 +1262,17 @@ ProblemSizes check_fp8_cache_tensors(const Arg& aq, const Arg& ak, const Arg& av
   check_shape(aout, q.shape, "(same as q)");
   const int64_t k_want[4] = {paged ? k.shape[0] : sizes.batch, k.shape[1], k.shape[2], sizes.head_dim};
   check_shape(ak, k_want, paged ? "(head_dim as q)" : "(batch and head_dim as q)");
-  const int64_t v_want[4] = {k.shape[0], sizes.heads_kv, sizes.head_dim, k.shape[1]};
+  if (k.shape[1] % 16 != 0)
+    fail(Message() << "k_cache: " << (paged ? "page_size" : "seqlen") << " (shape[1]) must be a multiple of 16 for an "
+                   << "E4M3 cache (Vᵀ's keys come in 16-key slices), got " << k.shape[1]);
+  const int64_t v_want[4] = {k.shape[0], sizes.heads_kv, k.shape[1] / 16, 16 * sizes.head_dim};
   check_shape(av, v_want,
-              paged ? "(k_cache's num_pages, heads, head_dim, page_size: V transposed)"
-                    : "(k_cache's batch, heads, head_dim, seqlen: V transposed)");
+              paged ? "(k_cache's num_pages, heads, page_size / 16, 16 x head_dim: V transposed in 16-key slices)"
+                    : "(k_cache's batch, heads, seqlen / 16, 16 x head_dim: V transposed in 16-key slices)");
   const int64_t heads_want[1] = {sizes.heads_kv};
   for (const Arg* a : scales) check_shape(*a, heads_want, "(one descale per KV head of k_cache)");
   if (alse) check_lse_shape(*alse, sizes);
   check_head_groups(sizes.heads_q, sizes.heads_kv, ak.name);
-  if (k.shape[1] % 16 != 0)
-    fail(Message() << "k_cache: " << (paged ? "page_size" : "seqlen") << " (shape[1]) must be a multiple of 16 for an "
-                   << "E4M3 cache (Vᵀ's keys come in 16-key slices), got " << k.shape[1]);
   for (const Arg* a : tensors) check_last_dim_contiguous(*a);
   for (const Arg* a : tensors) check_tma_layout(*a);
   // (a zero stride is allowed: one descale for every head)

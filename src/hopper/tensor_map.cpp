@@ -130,17 +130,18 @@ CUtensorMap make_vt_tensor_map(const TensorView& vt, const char* name, int box_k
 }
 
 CUtensorMap make_vt_slices_tensor_map(const TensorView& vt, const char* name, int box_keys) {
-  const int64_t pages = vt.shape[0], heads = vt.shape[1], dim = vt.shape[2], page_keys = vt.shape[3];
+  const int64_t pages = vt.shape[0], heads = vt.shape[1], slices = vt.shape[2], dim = vt.shape[3] / 16;
   auto stride_bytes = [&](int axis, int64_t natural) {  // e4m3: one byte per element
     return static_cast<cuuint64_t>(vt.shape[axis] == 1 ? natural : vt.stride[axis]);
   };
-  // {16 keys, head_dim, slices of the page, heads, pages}: the slice axis steps 16 bytes along a
-  // head-dim row, so a box of box_keys / 16 slices lands slice after slice, each head_dim x 16 B.
-  const cuuint64_t dims[5] = {16, static_cast<cuuint64_t>(dim), static_cast<cuuint64_t>(page_keys / 16),
+  // {128 bytes, head_dim / 8 rows of them, slices of the page, heads, pages}: a slice (head_dim
+  // x 16 bytes) is head_dim / 8 contiguous rows of 128 bytes, so a box of box_keys / 16 slices
+  // lands slice after slice, each as it lies in memory, in rows of 128 bytes.
+  const cuuint64_t dims[5] = {128, static_cast<cuuint64_t>(dim / 8), static_cast<cuuint64_t>(slices),
                               static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(pages)};
-  const cuuint64_t strides[4] = {stride_bytes(2, page_keys), 16, stride_bytes(1, dim * page_keys),
-                                 stride_bytes(0, heads * dim * page_keys)};
-  const cuuint32_t box[5] = {16, static_cast<cuuint32_t>(dim), static_cast<cuuint32_t>(box_keys / 16), 1, 1};
+  const cuuint64_t strides[4] = {128, stride_bytes(2, 16 * dim), stride_bytes(1, slices * 16 * dim),
+                                 stride_bytes(0, heads * slices * 16 * dim)};
+  const cuuint32_t box[5] = {128, static_cast<cuuint32_t>(dim / 8), static_cast<cuuint32_t>(box_keys / 16), 1, 1};
   return encode(vt, name, dims, strides, box, 0);
 }
 

@@ -28,11 +28,12 @@ CUtensorMap make_packed_q_tensor_map(const TensorView& q, const char* name, int 
 // the K-major B operand of the P·V GEMM. Keys past the tensor are zero-filled.
 CUtensorMap make_vt_tensor_map(const TensorView& vt, const char* name, int box_keys);
 
-// An E4M3 KV cache's Vᵀ pages (pages, heads, head_dim, page_keys), page_keys a multiple of 16 (a
-// dense cache: one page per sequence), no swizzle, as {16, head_dim, page_keys / 16, heads,
-// pages}: a box of box_keys keys (a multiple of 16 dividing page_keys or past its end) lands as
-// box_keys / 16 slices of head_dim rows x 16 bytes, wgmma's no-swizzle K-major layout
-// (KvCacheConfig's kVtSlices). Slices past the page are zero-filled.
+// An E4M3 KV cache's Vᵀ pages in 16-key slices (pages, heads, page_keys / 16, 16 head_dim)
+// (decode/fp8_cache_layout.hpp; a dense cache: one page per sequence), no swizzle, as {128
+// bytes, head_dim / 8, slices, heads, pages}: a box of box_keys keys (a multiple of 16 dividing
+// page_keys or past its end) lands as box_keys / 16 slices of head_dim rows x 16 bytes, wgmma's
+// no-swizzle K-major layout (KvCacheConfig's kVtSlices), in rows of 128 bytes. Slices past the
+// page are zero-filled.
 CUtensorMap make_vt_slices_tensor_map(const TensorView& vt, const char* name, int box_keys);
 
 }  // namespace warpattn::detail

@@ -1,6 +1,7 @@
 // The E4M3 KV cache's layout (src/hopper/decode/fp8_cache_layout.hpp): the Vᵀ key order is
 // the inverse of warpattn/fp8.hpp's kFp8KeyOrder, and every (page, row, head, column) of K and of
-// V has its own byte inside its page's block, K row-major as the 16-bit cache, V transposed.
+// V has its own byte inside its page's block, K row-major as the 16-bit cache, V transposed in
+// 16-key slices (a slice's d rows of 16 keys contiguous: the P·V GEMM's tile layout).
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -38,9 +39,13 @@ TEST(fp8_cache_offsets_cover_each_byte_once) {
             // Each page's bytes are its own block (a page moves as a unit in a block table).
             const int64_t page_bytes = s.page_size * s.heads_kv * s.head_dim;
             CHECK(k / page_bytes == page && v / page_bytes == page) << "page " << page << " row " << row;
-            // K as the 16-bit cache (one byte an element); Vᵀ: a column's keys contiguous.
+            // K as the 16-bit cache (one byte an element); Vᵀ: the 16 keys of a slice's column
+            // contiguous, in the key order, and the slice's columns one after the other.
             CHECK(k == ((page * s.page_size + row) * s.heads_kv + head) * s.head_dim + col);
-            CHECK(v / s.page_size == (page * s.heads_kv + head) * s.head_dim + col);
+            const int64_t slice = (page * s.heads_kv + head) * (s.page_size / 16) + row / 16;
+            CHECK(v / (16 * s.head_dim) == slice && v % (16 * s.head_dim) / 16 == col &&
+                  v % 16 == fp8_vt_column(row) % 16)
+                << "page " << page << " row " << row << " head " << head << " col " << col << ": Vt byte " << v;
           }
     int64_t k_bad = 0, v_bad = 0;
     for (int64_t i = 0; i < bytes; ++i) k_bad += k_seen[i] != 1, v_bad += v_seen[i] != 1;

@@ -25,13 +25,13 @@ struct Spec : Sizes {
 
 constexpr uintptr_t kKDescale = 0xa0000000, kVDescale = 0xb0000000;
 
-// K as the 16-bit cache's, (pages, keys, heads_kv, head_dim), and V transposed: (pages,
-// heads_kv, head_dim, keys), in E4M3, with a descale per KV head for each.
+// K as the 16-bit cache's, (pages, keys, heads_kv, head_dim), and V transposed in 16-key
+// slices: (pages, heads_kv, keys / 16, 16 head_dim), in E4M3, with a descale per KV head for each.
 Call make_call(const Spec& s = {}) {
   Call c = call_without_caches(s, /*with_lse=*/true, /*with_seqlens=*/true);
   const int64_t pages = s.paged ? s.num_pages : s.batch, keys = s.paged ? s.page_size : s.s_cache;
   c.cache.k_cache = view(kKCache, DType::e4m3, {pages, keys, s.heads_kv, s.head_dim});
-  c.cache.v_cache = view(kVCache, DType::e4m3, {pages, s.heads_kv, s.head_dim, keys});  // Vᵀ
+  c.cache.v_cache = view(kVCache, DType::e4m3, {pages, s.heads_kv, keys / 16, 16 * s.head_dim});  // Vᵀ
   if (s.paged) c.cache.block_table = view(kTable, DType::s32, {s.batch, s.max_pages});
   c.cache.k_descale = view(kKDescale, DType::f32, {s.heads_kv});
   c.cache.v_descale = view(kVDescale, DType::f32, {s.heads_kv});
@@ -139,13 +139,18 @@ TEST(kvcache_fp8_cache_tensors) {
   // V not transposed (the 16-bit cache's layout).
   c = make_call();
   c.cache.v_cache = view(kVCache, DType::e4m3, {3, 512, 2, 128});
-  EXPECT_REJECTED(c, "v_cache", "expected shape (3, 2, 128, 512)", "V transposed", "got (3, 512, 2, 128)");
+  EXPECT_REJECTED(c, "v_cache", "expected shape (3, 2, 32, 2048)", "V transposed in 16-key slices",
+                  "got (3, 512, 2, 128)");
+  // V transposed without the slices (the layout before run 190).
+  c = make_call();
+  c.cache.v_cache = view(kVCache, DType::e4m3, {3, 2, 128, 512});
+  EXPECT_REJECTED(c, "v_cache", "expected shape (3, 2, 32, 2048)", "got (3, 2, 128, 512)");
   c = make_paged();
-  c.cache.v_cache = view(kVCache, DType::e4m3, {40, 2, 128, 32});
-  EXPECT_REJECTED(c, "v_cache", "expected shape (40, 2, 128, 16)", "num_pages, heads, head_dim, page_size");
+  c.cache.v_cache = view(kVCache, DType::e4m3, {40, 2, 2, 2048});
+  EXPECT_REJECTED(c, "v_cache", "expected shape (40, 2, 1, 2048)", "num_pages, heads, page_size / 16, 16 x head_dim");
   c = make_paged();
-  c.cache.v_cache = view(kVCache, DType::e4m3, {39, 2, 128, 16});
-  EXPECT_REJECTED(c, "v_cache", "expected shape (40, 2, 128, 16)");
+  c.cache.v_cache = view(kVCache, DType::e4m3, {39, 2, 1, 2048});
+  EXPECT_REJECTED(c, "v_cache", "expected shape (40, 2, 1, 2048)");
   // Keys of a page (the dense cache's S_cache) a multiple of 16.
   Spec s;
   s.page_size = 24;
@@ -161,19 +166,19 @@ TEST(kvcache_fp8_cache_tensors) {
     h.head_dim = dim;
     EXPECT_REJECTED(make_call(h), "q", "must be one of 64, 128 for an E4M3 KV cache");
   }
-  // Vᵀ's keys contiguous, TMA strides.
+  // A slice's bytes contiguous, TMA strides.
   c = make_call();
   c.cache.v_cache.stride[3] = 2;
-  EXPECT_REJECTED(c, "v_cache", "last dimension (seqlen) must be contiguous");
+  EXPECT_REJECTED(c, "v_cache", "last dimension (16 x head_dim) must be contiguous");
   c = make_paged();
-  c.cache.v_cache.stride[2] = 24;  // a head-dim row 24 bytes after the last
+  c.cache.v_cache.stride[2] = 2056;  // a slice 2056 bytes after the last
   EXPECT_REJECTED(c, "v_cache", "multiple of 16 bytes");
   c = make_call();
   c.cache.k_cache = view(kKCache, DType::e4m3, {3, 512, 2, 64});
   EXPECT_REJECTED(c, "k_cache", "expected shape (3, 512, 2, 128)");
   c = make_call();
   c.cache.k_cache = view(kKCache, DType::e4m3, {3, 512, 3, 128});
-  c.cache.v_cache = view(kVCache, DType::e4m3, {3, 3, 128, 512});
+  c.cache.v_cache = view(kVCache, DType::e4m3, {3, 3, 32, 2048});
   c.cache.k_descale = view(kKDescale, DType::f32, {3});
   c.cache.v_descale = view(kVDescale, DType::f32, {3});
   EXPECT_REJECTED(c, "k_cache", "query heads (8) must be a multiple of key/value heads (3)");

@@ -135,7 +135,7 @@ void run_case(const Case& c) {
   DeviceInts dseqlens(c.cache_seqlens), dtable(table_flat);
   warpattn::KvCache cache;
   cache.k_cache = gpu_test::contiguous(kc.mem, DType::e4m3, {num_pages, page_keys, Hkv, D});
-  cache.v_cache = gpu_test::contiguous(vc.mem, DType::e4m3, {num_pages, Hkv, D, page_keys});
+  cache.v_cache = gpu_test::contiguous(vc.mem, DType::e4m3, {num_pages, Hkv, page_keys / 16, 16 * D});
   cache.k_descale = gpu_test::contiguous(kds.mem, DType::f32, {Hkv});
   cache.v_descale = gpu_test::contiguous(vds.mem, DType::f32, {Hkv});
   cache.cache_seqlens = dseqlens.view;

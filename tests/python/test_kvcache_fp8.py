@@ -28,14 +28,14 @@ needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch is not installed
 
 def fp8_caches(b=3, sq=1, hq=8, hkv=2, d=64, s_cache=128, s_new=0, pages=None, page_size=16):
     """A valid call's keywords on NumPy arrays with an E4M3 cache (uint8 bytes): K (b or pages,
-    keys, hkv, d), Vᵀ (b or pages, hkv, d, keys), (hkv) float32 descales."""
+    keys, hkv, d), Vᵀ in 16-key slices (b or pages, hkv, keys // 16, 16 d), (hkv) float32 descales."""
     args = dict(q=np.zeros((b, sq, hq, d), np.float16), cache_seqlens=np.full(b, 5, np.int32),
                 k_descale=np.ones(hkv, np.float32), v_descale=np.ones(hkv, np.float32))
     rows, keys = (b, s_cache) if pages is None else (pages, page_size)
     if pages is not None:
         args["block_table"] = np.arange(pages, dtype=np.int32)[: b * (pages // b)].reshape(b, pages // b)
     args["k_cache"] = np.zeros((rows, keys, hkv, d), np.uint8)
-    args["v_cache"] = np.zeros((rows, hkv, d, keys), np.uint8)
+    args["v_cache"] = np.zeros((rows, hkv, keys // 16, 16 * d), np.uint8)
     if s_new:
         args["k"], args["v"] = np.zeros((b, s_new, hkv, d), np.float16), np.zeros((b, s_new, hkv, d), np.float16)
     return args
@@ -88,7 +88,7 @@ def test_out_takes_the_head_dim_of_the_transposed_v(monkeypatch):
     monkeypatch.setattr(warpattn._warpattn, "forward_kvcache", lambda *a, **kw: seen.append((a, kw)))
     args = fp8_caches(d=64, s_cache=128)
     out = warpattn.flash_attn_with_kvcache(**args)
-    assert out.shape == (3, 1, 8, 64)  # q's head dim (v_cache (3, 2, 64, 128) is V transposed)
+    assert out.shape == (3, 1, 8, 64)  # q's head dim (v_cache (3, 2, 8, 1024) is V transposed)
     a, kw = seen[-1]
     assert kw["k_descale"] is args["k_descale"] and kw["v_descale"] is args["v_descale"]
 
@@ -110,7 +110,7 @@ def test_quantize_layout_codes_and_round_trip(dtype):
     v = (torch.randn(2, 32, 3, 64, generator=gen) * 3).to(dtype)
     c = warpattn.quantize_kvcache_fp8(k, v)
     assert c.k_cache.dtype == torch.float8_e4m3fn and c.k_cache.shape == (2, 32, 3, 64)
-    assert c.v_cache.dtype == torch.float8_e4m3fn and c.v_cache.shape == (2, 3, 64, 32)
+    assert c.v_cache.dtype == torch.float8_e4m3fn and c.v_cache.shape == (2, 3, 2, 16 * 64)
     assert c.k_descale.dtype == torch.float32 and c.k_descale.shape == (3,)
     assert torch.allclose(c.k_descale, k.float().abs().amax(dim=(0, 1, 3)) / 448)
     # every code is e4m3(x / descale) rounded to nearest: the decoded value is the nearest e4m3
@@ -119,10 +119,10 @@ def test_quantize_layout_codes_and_round_trip(dtype):
     decoded = c.k_cache.float()
     assert torch.all((decoded - scaled).abs() <= torch.maximum(scaled.abs() * 2.0**-4, torch.tensor(2.0**-10)))
     assert float(decoded.abs().max()) == 448.0  # the amax maps to e4m3's largest
-    # V: column vt_column(key) of the page holds key `key`
+    # V: key `key`'s column c is byte 16 c + vt_column(key) % 16 of its slice key // 16
     for key in range(32):
-        col = vt_column(key)
-        assert torch.equal(c.v_cache[:, :, :, col].float(),
+        at = torch.arange(64) * 16 + vt_column(key) % 16
+        assert torch.equal(c.v_cache[:, :, key // 16, at].float(),
                            (v[:, key].float() / c.v_descale[:, None]).clamp(-448, 448)
                            .to(torch.float8_e4m3fn).float()), key
     kd, vd = warpattn.dequantize_kvcache_fp8(c)
@@ -142,7 +142,7 @@ def test_given_descales_saturate_and_empty_caches():
     with pytest.raises(ValueError, match="k_descale: expected finite descales > 0"):
         warpattn.quantize_kvcache_fp8(k, k, k_descale=0.0)
     e = warpattn.empty_kvcache_fp8(4, 64, 2, 128, 0.5, torch.tensor([0.25, 0.5]))
-    assert e.k_cache.shape == (4, 64, 2, 128) and e.v_cache.shape == (4, 2, 128, 64)
+    assert e.k_cache.shape == (4, 64, 2, 128) and e.v_cache.shape == (4, 2, 4, 16 * 128)
     assert not e.k_cache.float().any() and e.k_descale.tolist() == [0.5, 0.5] and e.v_descale.tolist() == [0.25, 0.5]
     with pytest.raises(ValueError, match="v_descale: expected a float or \\(heads_kv=2\\) values, got None"):
         warpattn.empty_kvcache_fp8(4, 64, 2, 128, 0.5, None)
@@ -153,7 +153,7 @@ def test_torch_fake_implementation_takes_the_transposed_v():
     import warpattn.torch_op  # noqa: F401 - registers the ops
     q = torch.zeros(2, 4, 8, 64, device="meta", dtype=torch.bfloat16)
     kc = torch.zeros(2, 96, 2, 64, device="meta", dtype=torch.float8_e4m3fn)
-    vt = torch.zeros(2, 2, 64, 96, device="meta", dtype=torch.float8_e4m3fn)
+    vt = torch.zeros(2, 2, 6, 16 * 64, device="meta", dtype=torch.float8_e4m3fn)
     s = torch.ones(2, device="meta")
     out, lse = torch.ops.warpattn.flash_attn_kvcache_forward(q, kc, vt, None, None, None, False, k_descale=s,
                                                              v_descale=s)

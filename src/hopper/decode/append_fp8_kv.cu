@@ -1,8 +1,8 @@
 // The append into an E4M3 cache (append_kv.hpp, append_fp8_kv): a warp per new row of one
 // (sequence, KV head), as append_kv's, lane l the row's elements 4l .. 4l + 3 (+ 128, ...): their
-// K codes in one 4-byte store, their V codes as four 1-byte stores down the Vᵀ page's column
-// (page rows apart). Those scattered stores are d bytes a row: small beside the step that
-// reads the cache.
+// K codes in one 4-byte store, their V codes as four 1-byte stores into the row's 16-key slice of
+// its Vᵀ page (16 bytes apart: fp8_cache_layout.hpp). Those scattered stores are d bytes a row:
+// small beside the step that reads the cache.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -28,7 +28,7 @@ struct Fp8AppendArgs {
   uint8_t* k_cache;
   int64_t k_stride[3];  // page, row, head (bytes: one per element)
   uint8_t* vt_cache;
-  int64_t vt_stride[3];  // page, head, head-dim row
+  int64_t vt_stride[3];  // page, head, 16-key slice (bytes)
   CacheDescales descales;
   int64_t rows;  // B x S_new x Hkv
   int new_rows, heads_kv, head_dim;
@@ -48,8 +48,9 @@ __global__ void __launch_bounds__(32 * kAppendWarpsPerBlock)
     const T* v_row =
         reinterpret_cast<const T*>(a.v_new) + b * a.v_new_stride[0] + i * a.v_new_stride[1] + h * a.v_new_stride[2];
     uint8_t* k_out = a.k_cache + row.at.page * a.k_stride[0] + row.at.row * a.k_stride[1] + h * a.k_stride[2];
-    // The key's column of its page's Vᵀ (kFp8KeyOrder within its 16-key group).
-    uint8_t* vt_out = a.vt_cache + row.at.page * a.vt_stride[0] + h * a.vt_stride[1] + fp8_vt_column(row.at.row);
+    // The key's 16-key slice of its page's Vᵀ, at column 0 (kFp8KeyOrder within the slice).
+    uint8_t* vt_out = a.vt_cache + row.at.page * a.vt_stride[0] + h * a.vt_stride[1] +
+                      row.at.row / 16 * a.vt_stride[2] + fp8_vt_byte_in_slice(row.at.row, 0);
     for (int c = 4 * lane; c < a.head_dim; c += 128) {
       const uint2 kraw = *reinterpret_cast<const uint2*>(k_row + c), vraw = *reinterpret_cast<const uint2*>(v_row + c);
       const T* kx = reinterpret_cast<const T*>(&kraw);
@@ -59,7 +60,7 @@ __global__ void __launch_bounds__(32 * kAppendWarpsPerBlock)
       for (int j = 0; j < 4; ++j) codes |= static_cast<uint32_t>(e4m3_code(to_float(kx[j]), kd)) << (8 * j);
       *reinterpret_cast<uint32_t*>(k_out + c) = codes;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) vt_out[(c + j) * a.vt_stride[2]] = e4m3_code(to_float(vx[j]), vd);
+      for (int j = 0; j < 4; ++j) vt_out[16 * (c + j)] = e4m3_code(to_float(vx[j]), vd);
     }
   });
 }

@@ -93,9 +93,9 @@ inline void set_cache_descales(ForwardParams& params, const float* q_descales, c
 // work: the lengths as validated (splits and pieces are set here); pages as validated (the box
 // sizes are set here, from the tile); num_splits as kvcache_splits takes it; append: the new
 // rows (or null), written once the tensor maps and the scheduler memory are in hand.
-// An E4M3 cache (Cfg::kFp8, fp8: its descales): k_cache e4m3 as above, v_cache its Vᵀ, dense
-// (B, Hkv, D, S_cache) or paged (num_pages, Hkv, D, page_size), the keys a multiple of 16; q, out
-// and the new rows 16-bit.
+// An E4M3 cache (Cfg::kFp8, fp8: its descales): k_cache e4m3 as above, v_cache its Vᵀ in 16-key
+// slices, dense (B, Hkv, S_cache / 16, 16 D) or paged (num_pages, Hkv, page_size / 16, 16 D)
+// (decode/fp8_cache_layout.hpp), the keys a multiple of 16; q, out and the new rows 16-bit.
 template <class Cfg>
 void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages pages, int num_splits,
                          const NewRows* append, const TensorView& q, const TensorView& k_cache,
