@@ -92,24 +92,12 @@ struct TallTileShape {  // used where kHasTallTiles
 #endif
 template <int kHeadDim>
 inline constexpr int kFp8Stages = kHeadDim == 256 ? WARPATTN_TUNE_FP8_STAGES_D256 : WARPATTN_TUNE_FP8_STAGES;
-// An E4M3 KV cache's stages (run_kvcache.cuh): its key and Vᵀ tiles are half the BF16 cache's
-// bytes, so its 3 stages keep 96 KB in flight per CTA against BF16's 192 KB; at B = 64 it read
-// 0.69 of the copy rate where BF16 read 0.92 (run 184), with neither the padding rows' work (run
-// 183) nor one warpgroup's serial chain (run 186) the limit. WARPATTN_TUNE_FP8_KVCACHE_STAGES
-// sets them for the A/B (6: 192 KB, as BF16's; to measure).
-#ifndef WARPATTN_TUNE_FP8_KVCACHE_STAGES
-#define WARPATTN_TUNE_FP8_KVCACHE_STAGES 0
-#endif
-template <int kHeadDim>
-inline constexpr int kFp8KvCacheStages =
-    WARPATTN_TUNE_FP8_KVCACHE_STAGES > 0 ? WARPATTN_TUNE_FP8_KVCACHE_STAGES : kFp8Stages<kHeadDim>;
 // QKElement: __nv_fp8_e4m3, or int8_t for INT8 Q and K (the same tiles: 1-byte operands).
-// kWarpgroups 3: the tall tiles (192 x 128; see kTallTileMinRows). kStages: an E4M3 KV cache's
-// (kFp8KvCacheStages) where not the dense kernels'.
-template <int kHeadDim, bool kCausal, class OutElement, class QKElement, int kWarpgroups = 2,
-          int kStages = kFp8Stages<kHeadDim>>
-using Fp8ForwardConfigFor = ForwardConfig<__nv_fp8_e4m3, kHeadDim, 128, kStages, kCausal, WARPATTN_TUNE_FP8_QSTAGES,
-                                          OutElement, QKElement, kWarpgroups>;
+// kWarpgroups 3: the tall tiles (192 x 128; see kTallTileMinRows). (The E4M3 KV cache takes the
+// same 3 stages: 5 and 6 measured the same, run 188.)
+template <int kHeadDim, bool kCausal, class OutElement, class QKElement, int kWarpgroups = 2>
+using Fp8ForwardConfigFor = ForwardConfig<__nv_fp8_e4m3, kHeadDim, 128, kFp8Stages<kHeadDim>, kCausal,
+                                          WARPATTN_TUNE_FP8_QSTAGES, OutElement, QKElement, kWarpgroups>;
 
 // d = 64's sliding windows narrower than kTallTileMinBand on a kernel of their own
 // (forward_instance.cuh), with WARPATTN_TUNE_D64_NARROW_BLOCK_N keys a tile (0: none, the 128 x

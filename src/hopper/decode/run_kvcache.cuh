@@ -218,8 +218,7 @@ void run_forward_kvcache_fp8_band(const ForwardProblem& p, const KvCacheWork& wo
                                   int num_splits, const NewRows* append, const TensorView& q,
                                   const TensorView& k_cache, const TensorView& v_cache, const CacheDescales& descales,
                                   const TensorView& out, const std::optional<TensorView>& lse, cudaStream_t stream) {
-  run_forward_kvcache<
-      KvCacheConfig<Fp8ForwardConfigFor<kHeadDim, kBanded, Out, __nv_fp8_e4m3, 2, kFp8KvCacheStages<kHeadDim>>>>(
+  run_forward_kvcache<KvCacheConfig<Fp8ForwardConfigFor<kHeadDim, kBanded, Out, __nv_fp8_e4m3>>>(
       p, work, pages, num_splits, append, q, k_cache, v_cache, out, lse, stream, &descales);
 }
 
