@@ -1,7 +1,8 @@
-// Host side of programmatic dependent launch (ptx/grid_dependency.cuh): a small kernel that
-// follows a big one on the stream (the KV-cache combine after the attention) is launched so that
-// its scheduling overlaps the big one's tail instead of waiting for it to drain; the kernel
-// itself waits (wait_for_preceding_grid) before it reads what the big one wrote.
+// Host side of programmatic dependent launch (ptx/grid_dependency.cuh): a kernel that follows
+// another on the stream (the KV-cache combine after the attention, an E4M3 cache's attention
+// after its Q quantisation) is launched so that its scheduling and prologue overlap the other's
+// tail instead of waiting for it to drain; the kernel itself waits (wait_for_preceding_grid)
+// before it reads what the other wrote.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,12 +12,12 @@
 namespace warpattn::detail {
 
 template <class... Params, class... Args>
-void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, const char* what,
-                      Args&&... args) {
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t dynamic_smem, cudaStream_t stream,
+                      const char* what, Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
-  config.dynamicSmemBytes = 0;
+  config.dynamicSmemBytes = dynamic_smem;
   config.stream = stream;
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;

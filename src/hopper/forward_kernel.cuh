@@ -198,6 +198,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   int issuers = 1;
   if constexpr (Cfg::kKvCache) issuers = cache_issuers(params.kv_pages);
   if (threadIdx.x == 0) init_barriers(ss, issuers);
+  // An E4M3 cache's step is launched as its Q quantisation's dependent (run_kvcache.cuh), so
+  // that its launch and this prologue overlap that kernel's tail: Q's codes and descales (and
+  // nothing before them: the append ran before the quantisation) are read after this wait.
+  if constexpr (Cfg::kKvCache && Cfg::kFp8) ptx::wait_for_preceding_grid();
   __syncthreads();  // the last CTA-wide barrier: roles split below
 
   // Broadcast from lane 0 so that ptxas knows the value is the same in the whole warp: what

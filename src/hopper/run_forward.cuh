@@ -10,6 +10,7 @@
 
 #include "api/problem.hpp"
 #include "hopper/cuda_check.hpp"
+#include "hopper/dependent_launch.cuh"
 #include "hopper/device_info.hpp"
 #include "hopper/forward_kernel.cuh"
 #include "hopper/kv_tiles.hpp"
@@ -88,12 +89,20 @@ inline void set_descales(ForwardParams& params, const Fp8Operands& fp8) {
   params.v_descale = descales(fp8.v_descale);
 }
 
+// dependent: launched as the preceding kernel's programmatic dependent (dependent_launch.cuh;
+// only an E4M3 KV cache's, whose kernel waits for its Q quantisation: forward_kernel.cuh).
 template <class Cfg>
-void launch_forward_kernel(int64_t blocks, const ForwardMaps& maps, const ForwardParams& params, cudaStream_t stream) {
+void launch_forward_kernel(int64_t blocks, const ForwardMaps& maps, const ForwardParams& params, cudaStream_t stream,
+                           bool dependent = false) {
   auto kernel = attention_forward_kernel<Cfg>;
   constexpr int kSmem = Cfg::kSplitHeadDim ? kSplitHeadDimSmemBytes<Cfg> : static_cast<int>(sizeof(SharedStorage<Cfg>));
   static_assert(kSmem <= Cfg::kSharedMemoryLimit, "the kernel's shared memory");
   allow_shared_memory<attention_forward_kernel<Cfg>>(kSmem, "attention_forward_kernel: setting its shared-memory size");
+  if (dependent) {
+    launch_dependent(kernel, dim3(static_cast<unsigned>(blocks)), dim3(Cfg::kThreads), kSmem, stream,
+                     "attention_forward_kernel: launch failed", maps.q, maps.k, maps.v, params);
+    return;
+  }
   kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, kSmem, stream>>>(maps.q, maps.k, maps.v, params);
   check_cuda(cudaGetLastError(), "attention_forward_kernel: launch failed");
 }

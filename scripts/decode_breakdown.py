@@ -1,0 +1,98 @@
+"""Where a decode step's time goes (issue 16): each kernel of flash_attn_with_kvcache (the Q
+quantisation, the attention, the splits' combine) and the gaps between them, from the CUDA
+trace of torch.profiler, for the BF16 and the E4M3 cache at a few of bench_decode's points;
+and optionally the step's time with forced split counts beside the default's (bench.make_timer,
+L2 flushed before each call). Run on the GPU host after `pip install .`:
+    python3 scripts/decode_breakdown.py [--points b8_4k b1_64k b64_4k] [--splits 1 2 4 8 16 32]
+"""
+import argparse
+import statistics
+
+import torch
+import warpattn
+from warpattn.bench import make_timer
+
+POINTS = {"b8_4k": dict(B=8, S=4096), "b1_64k": dict(B=1, S=65536), "b64_4k": dict(B=64, S=4096)}
+
+
+def caches(B, S, Hkv=8, d=128):
+    k = torch.randn(B, S, Hkv, d, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(B, S, Hkv, d, dtype=torch.bfloat16, device="cuda")
+    return k, v
+
+
+def step(q, cache, lens, num_splits, out):
+    k, v, f8 = cache
+    if f8 is None:
+        return lambda: warpattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, num_splits=num_splits, out=out)
+    return lambda: warpattn.flash_attn_with_kvcache(q, f8.k_cache, f8.v_cache, cache_seqlens=lens,
+                                                    k_descale=f8.k_descale, v_descale=f8.v_descale,
+                                                    num_splits=num_splits, out=out)
+
+
+def kernel_trace(fn, calls=20):
+    """Per kernel name: the median duration (us); and the median span of a call (first kernel's
+    start to last kernel's end, us), from the profiler's CUDA events."""
+    flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            flush.zero_()
+            fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    events.sort(key=lambda e: e.time_range.start)
+    # A call: the kernels after each flush (the L2 flush's fill kernel), up to the next flush.
+    calls_k, current = [], None
+    for e in events:
+        if "FillFunctor" in e.name:
+            current = []
+            calls_k.append(current)
+        elif current is not None:
+            current.append(e)
+    durations, spans = {}, []
+    for ks in calls_k:
+        if not ks:
+            continue
+        spans.append(ks[-1].time_range.end - ks[0].time_range.start)
+        for e in ks:
+            durations.setdefault(e.name[:60], []).append(e.time_range.end - e.time_range.start)
+    return {n: statistics.median(t) for n, t in durations.items()}, statistics.median(spans) if spans else 0.0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--points", nargs="+", default=list(POINTS))
+    # (bench.make_timer times each call alone: at the small points it can be bound by the host's
+    # ~40 us a call, not the GPU's; the traces above are the GPU's own)
+    ap.add_argument("--splits", nargs="*", type=int, default=[])
+    args = ap.parse_args()
+    timer, _ = make_timer(torch, 25, 100)
+    torch.manual_seed(0)
+    for name in args.points:
+        p = POINTS[name]
+        B, S = p["B"], p["S"]
+        k, v = caches(B, S)
+        q = torch.randn(B, 1, 32, 128, dtype=torch.bfloat16, device="cuda")
+        lens = torch.full((B,), S, dtype=torch.int32, device="cuda")
+        out = torch.empty_like(q)
+        kinds = {"bf16": (k, v, None), "e4m3": (k, v, warpattn.quantize_kvcache_fp8(k, v))}
+        for kind, cache in kinds.items():
+            per_kernel, span = kernel_trace(step(q, cache, lens, 0, out))
+            print("%s %s: a call's kernels span %.1f us (median of 20)" % (name, kind, span))
+            for n, t in sorted(per_kernel.items(), key=lambda x: -x[1]):
+                print("    %7.1f us  %s" % (t, n))
+        for kind, cache in kinds.items() if args.splits else ():
+            row = ["default %.1f" % (1e3 * timer(step(q, cache, lens, 0, out)))]
+            for n in args.splits:
+                row.append("s%d %.1f" % (n, 1e3 * timer(step(q, cache, lens, n, out))))
+            print("%s %s us by num_splits: %s" % (name, kind, "  ".join(row)))
+        del k, v, kinds
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
