@@ -209,18 +209,10 @@ int main() {
     const int m = run.mode, run_tiles = run.tiles;
     const bool strided = m == kHeadsTogether || m == kHeadsApart;
     cudaFuncSetAttribute(kernels[m], cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    float best = 1e30f;
-    for (int rep = 0; rep < 4; ++rep) {
-      cudaMemset(firsts, 0xFF, sms * kBoxes * 4);
-      cudaEventRecord(e0);
+    const float best = best_of_runs(4, [&] { cudaMemset(firsts, 0xFF, sms * kBoxes * 4); }, [&] {
       kernels[m]<<<sms, 256, kSmem>>>(dense_map, strided ? wide_map : page_map, table_dev, run_tiles,
                                       static_cast<int>(total_rows), firsts);
-      cudaEventRecord(e1);
-      cudaEventSynchronize(e1);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, e0, e1);
-      if (rep > 0 && ms < best) best = ms;  // (the first launch warms up)
-    }
+    });
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) {
       std::printf("FAIL: %s: %s\n", run.name, cudaGetErrorString(err));

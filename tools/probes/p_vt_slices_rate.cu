@@ -29,6 +29,7 @@
 
 #include "hopper/ptx/mbarrier.cuh"
 #include "hopper/ptx/tma.cuh"
+#include "probe_host.hpp"
 
 namespace ptx = warpattn::ptx;
 
@@ -193,17 +194,9 @@ int main() {
   for (const Run& run : runs) {
     const int m = run.mode;
     cudaFuncSetAttribute(kernels[m], cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    float best = 1e30f;
-    for (int rep = 0; rep < 5; ++rep) {
-      cudaMemset(last, 0xA5, static_cast<size_t>(sms) * kTileBytes);
-      cudaEventRecord(e0);
-      kernels[m]<<<sms, 256, kSmem>>>(k_map, *run.v_map, sliced_dev, tiles, last);
-      cudaEventRecord(e1);
-      cudaEventSynchronize(e1);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, e0, e1);
-      if (rep > 0 && ms < best) best = ms;  // (the first launch warms up)
-    }
+    const float best = best_of_runs(
+        5, [&] { cudaMemset(last, 0xA5, static_cast<size_t>(sms) * kTileBytes); },
+        [&] { kernels[m]<<<sms, 256, kSmem>>>(k_map, *run.v_map, sliced_dev, tiles, last); });
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) {
       std::printf("FAIL: %s: %s\n", run.name, cudaGetErrorString(err));

@@ -1,7 +1,9 @@
-// Host pieces the TMA probes share (p_split_head_dim_loop.cu, p_alternating_key_tiles.cu).
+// Host pieces the TMA probes share (p_split_head_dim_loop.cu, p_alternating_key_tiles.cu,
+// p_tma_issue_rate.cu, p_vt_slices_rate.cu).
 #pragma once
 #include <cuda.h>
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -32,4 +34,25 @@ inline void normal_bf16(std::mt19937& rng, size_t n, std::vector<__nv_bfloat16>&
   std::normal_distribution<float> normal(0.f, 1.f);
   bf16.resize(n), exact.resize(n);
   for (size_t i = 0; i < n; ++i) exact[i] = __bfloat162float(bf16[i] = __float2bfloat16(normal(rng)));
+}
+
+// The fastest of reps - 1 timed runs of run() (after a first, untimed warm-up), in ms; each run
+// starts with reset() (outside the timing), e.g. poisoning what the kernel writes.
+template <class Reset, class Run>
+float best_of_runs(int reps, Reset&& reset, Run&& run) {
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0), cudaEventCreate(&e1);
+  float best = 1e30f;
+  for (int rep = 0; rep < reps; ++rep) {
+    reset();
+    cudaEventRecord(e0);
+    run();
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (rep > 0 && ms < best) best = ms;
+  }
+  cudaEventDestroy(e0), cudaEventDestroy(e1);
+  return best;
 }
