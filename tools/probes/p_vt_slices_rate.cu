@@ -13,7 +13,8 @@
 //            (16 KB), one box of {128 bytes, 128 rows} without swizzle (a straight copy);
 //   bulk     the same layout, one cp.async.bulk of 16 KB.
 // K is the same in every mode: (pairs, S, d) bytes, a box {128, 128 keys}, 128B swizzle. Also
-// "K only" (no Vᵀ: what the bytes of K alone take). Reported: us, the bytes' rate against the
+// "K only" (no Vᵀ: what the bytes of K alone take) and "K only, 64-byte rows" (the same bytes
+// as rows of 64, a box {64, 256 rows} with the 64B swizzle: FP8 d = 64's K and Q tiles). Reported: us, the bytes' rate against the
 // copy rate of the same run; checked: every byte of each CTA's last Vᵀ tile against the host's
 // layout (FAIL on any difference).
 // Build and run on the H200 from the repository root:
@@ -38,7 +39,7 @@ constexpr int kTileBytes = kTileKeys * kDim;              // 16 KB, K's or Vᵀ'
 constexpr int kTilesPerPair = kKeys / kTileKeys;          // 32
 constexpr long long kCacheBytes = 1LL * kPairs * kKeys * kDim;  // 256 MB each for K and Vᵀ
 constexpr int kSmem = 1024 + kStages * 2 * kTileBytes + 256;
-enum Mode { kPanel = 0, kSlices = 1, kSliced = 2, kBulk = 3, kKOnly = 4 };
+enum Mode { kPanel = 0, kSlices = 1, kSliced = 2, kBulk = 3, kKOnly = 4, kK64Only = 5 };
 
 struct Ring {
   uint64_t full[kStages], empty[kStages];
@@ -69,8 +70,12 @@ __global__ void __launch_bounds__(256, 1) stream(const __grid_constant__ CUtenso
       const uint32_t k_dst = ptx::smem_addr(base + stage * 2 * kTileBytes), v_dst = k_dst + kTileBytes;
       const uint32_t full = ptx::smem_addr(&ring.full[stage]);
       ptx::mbarrier_wait(ptx::smem_addr(&ring.empty[stage]), phase ^ 1);
-      ptx::mbarrier_arrive_expect_tx(full, kMode == kKOnly ? kTileBytes : 2 * kTileBytes);
-      ptx::tma_load_5d(k_dst, &k_map, full, 0, block * kTileKeys, pair, 0, 0);
+      constexpr bool kKAlone = kMode == kKOnly || kMode == kK64Only;
+      ptx::mbarrier_arrive_expect_tx(full, kKAlone ? kTileBytes : 2 * kTileBytes);
+      if constexpr (kMode == kK64Only)  // (v_map: the K bytes as rows of 64)
+        ptx::tma_load_5d(k_dst, &v_map, full, 0, static_cast<int>(tile * 256), 0, 0, 0);
+      else
+        ptx::tma_load_5d(k_dst, &k_map, full, 0, block * kTileKeys, pair, 0, 0);
       if constexpr (kMode == kPanel) ptx::tma_load_5d(v_dst, &v_map, full, block * kTileKeys, 0, pair, 0, 0);
       if constexpr (kMode == kSlices) ptx::tma_load_5d(v_dst, &v_map, full, 0, 0, block * 8, pair, 0);
       if constexpr (kMode == kSliced) ptx::tma_load_5d(v_dst, &v_map, full, 0, static_cast<int>(tile * 128), 0, 0, 0);
@@ -158,6 +163,9 @@ int main() {
   const cuuint64_t l_dims[2] = {128, static_cast<cuuint64_t>(kCacheBytes / 128)}, l_strides[1] = {128};
   const cuuint32_t l_box[2] = {128, 128};
   const CUtensorMap sliced_map = encode(sliced_dev, 2, l_dims, l_strides, l_box, CU_TENSOR_MAP_SWIZZLE_NONE);
+  const cuuint64_t r_dims[2] = {64, static_cast<cuuint64_t>(kCacheBytes / 64)}, r_strides[1] = {64};
+  const cuuint32_t r_box[2] = {64, 256};
+  const CUtensorMap k64_map = encode(k_dev, 2, r_dims, r_strides, r_box, CU_TENSOR_MAP_SWIZZLE_64B);
 
   // The copy rate of the same run (bytes read + written per second).
   cudaEvent_t e0, e1;
@@ -182,14 +190,15 @@ int main() {
     const CUtensorMap* v_map;
   };
   const Run runs[] = {{kKOnly, "K only", &panel_map},
+                      {kK64Only, "K only, 64-byte rows (box 64 B x 256, 64B swizzle)", &k64_map},
                       {kPanel, "K + Vt panel (box 128 keys x d, 128B swizzle)", &panel_map},
                       {kSlices, "K + Vt slices (box 16 x d x 8, 16-byte rows)", &slices_map},
                       {kSliced, "K + Vt sliced in global (box 128 B x 128)", &sliced_map},
                       {kBulk, "K + Vt sliced in global (one bulk copy)", &sliced_map},
                       {kSlices, "K + Vt slices again", &slices_map},
                       {kPanel, "K + Vt panel again", &panel_map}};
-  void (*kernels[5])(CUtensorMap, CUtensorMap, const uint8_t*, int, uint8_t*) = {
-      stream<kPanel>, stream<kSlices>, stream<kSliced>, stream<kBulk>, stream<kKOnly>};
+  void (*kernels[6])(CUtensorMap, CUtensorMap, const uint8_t*, int, uint8_t*) = {
+      stream<kPanel>, stream<kSlices>, stream<kSliced>, stream<kBulk>, stream<kKOnly>, stream<kK64Only>};
   bool ok = true;
   for (const Run& run : runs) {
     const int m = run.mode;
@@ -203,7 +212,7 @@ int main() {
       return 1;
     }
     int wrong = 0;
-    if (m != kKOnly) {
+    if (m != kKOnly && m != kK64Only) {
       std::vector<uint8_t> got(static_cast<size_t>(sms) * kTileBytes);
       cudaMemcpy(got.data(), last, got.size(), cudaMemcpyDeviceToHost);
       for (int c = 0; c < sms; ++c)
@@ -211,10 +220,10 @@ int main() {
           wrong += got[static_cast<size_t>(c) * kTileBytes + i] !=
                    expected(m, vt, static_cast<long long>(c) * tiles + tiles - 1, i);
     }
-    const double bytes = static_cast<double>(sms) * tiles * kTileBytes * (m == kKOnly ? 1 : 2);
+    const double bytes = static_cast<double>(sms) * tiles * kTileBytes * (m == kKOnly || m == kK64Only ? 1 : 2);
     std::printf("  %-48s %8.1f us  %6.0f GB/s (%.2f of the copy rate)  %s\n", run.name, best * 1e3,
                 bytes / (best * 1e-3) / 1e9, bytes / (best * 1e-3) / copy_rate,
-                m == kKOnly ? "" : (wrong == 0 ? "tiles ok" : "TILES WRONG"));
+                m == kKOnly || m == kK64Only ? "" : (wrong == 0 ? "tiles ok" : "TILES WRONG"));
     ok = ok && wrong == 0;
   }
   std::printf("%s\n", ok ? "PASS" : "FAIL");
