@@ -1,8 +1,9 @@
 """Where a decode step's time goes (issue 16): each kernel of flash_attn_with_kvcache (the Q
 quantisation, the attention, the splits' combine) and the gaps between them, from the CUDA
 trace of torch.profiler, for the BF16 and the E4M3 cache at a few of bench_decode's points;
-and optionally the step's time with forced split counts beside the default's (bench.make_timer,
-L2 flushed before each call). Run on the GPU host after `pip install .`:
+and optionally, with forced split counts beside the default's, a call's GPU span (the trace) and
+its do_bench time (bench.make_timer, L2 flushed before each call; host-bound at small steps).
+Run on the GPU host after `pip install .`:
     python3 scripts/decode_breakdown.py [--points b8_4k b1_64k b64_4k] [--splits 1 2 4 8 16 32]
 """
 import argparse
@@ -86,10 +87,14 @@ def main():
             for n, t in sorted(per_kernel.items(), key=lambda x: -x[1]):
                 print("    %7.1f us  %s" % (t, n))
         for kind, cache in kinds.items() if args.splits else ():
-            row = ["default %.1f" % (1e3 * timer(step(q, cache, lens, 0, out)))]
-            for n in args.splits:
-                row.append("s%d %.1f" % (n, 1e3 * timer(step(q, cache, lens, n, out))))
-            print("%s %s us by num_splits: %s" % (name, kind, "  ".join(row)))
+            # The GPU's span of a call (the trace), and do_bench's time (host-bound where small).
+            row, bench = [], []
+            for n in [0] + args.splits:
+                label = "default" if n == 0 else "s%d" % n
+                row.append("%s %.1f" % (label, kernel_trace(step(q, cache, lens, n, out))[1]))
+                bench.append("%s %.1f" % (label, 1e3 * timer(step(q, cache, lens, n, out))))
+            print("%s %s GPU span us by num_splits: %s" % (name, kind, "  ".join(row)))
+            print("%s %s do_bench us by num_splits: %s" % (name, kind, "  ".join(bench)))
         del k, v, kinds
         torch.cuda.empty_cache()
 
