@@ -79,41 +79,12 @@ struct TileContext {
   // FP8: the descale blocks of the sequence's first query row and key (a packed batch's padded
   // blocks, quantize_fp8_varlen; 0 otherwise).
   int q_block0 = 0, k_block0 = 0;
-  // A KV cache's split keys (Cfg::kSplitKeys, decode/split_keys.cuh): the 64-row block of the
-  // tile this warpgroup computes (its own, or warpgroup 0's), its key tiles' ordinal step (1, or
-  // 2: every other tile), and whether the other warpgroup's tile comes before its first and
-  // after its last (taken in between as skip_key_tiles takes them).
-  int row_block = 0;
-  int step = 1;
-  bool other_first = false, other_last = false;
 };
 
 // One elected thread per warpgroup releases a ring slot once the warpgroup's wgmma reading it
 // has completed (empty barriers count one arrival per consumer warpgroup).
 __device__ __forceinline__ void release_slot(uint64_t* empty_bar) {
   if (threadIdx.x % 128 == 0) ptx::mbarrier_arrive(ptx::smem_addr(empty_bar));
-}
-
-// A warpgroup's part in the key tiles of its work tile that none of its rows see
-// (warpgroup_key_tiles): the ping-pong turn it would have taken for each (ConsumerTile::run
-// takes one a key tile and one more for its last P·V; the precise path visits every tile), so
-// that the warpgroups' turns stay in step, and the ring slots it would have released, in that
-// turn: a warpgroup that held its releases back while the others wait in their turns for a
-// tile the producer cannot load before those releases would deadlock them. Each slot only once
-// its tile has arrived: the arrival must count toward this use of the slot, which the producer
-// starts only after every warpgroup has released the slot's previous use.
-template <class Cfg>
-__device__ __forceinline__ void skip_key_tiles(SharedStorage<Cfg>& ss, const PingPong& turns, int kv_first, int tiles) {
-  using namespace ptx;
-  for (int j = 0; j < tiles; ++j) {
-    turns.wait_turn();
-    turns.pass_turn();
-    const RingSlot slot = ring_slot<Cfg::kStages>(kv_first + j);
-    mbarrier_wait(smem_addr(&ss.k_full[slot.stage]), slot.phase);
-    release_slot(&ss.k_empty[slot.stage]);
-    mbarrier_wait(smem_addr(&ss.v_full[slot.stage]), slot.phase);
-    release_slot(&ss.v_empty[slot.stage]);
-  }
 }
 
 template <class Cfg>
@@ -147,11 +118,11 @@ struct ConsumerTile {
         turns{t_.warpgroup, Cfg::kConsumerWarpgroups},
         m_start(t_.m_block * Cfg::kBlockM),
         block_rows(Cfg::kBlockM),
-        row0(t_.m_block * Cfg::kBlockM + (kSharedRows ? 0 : row_block_of(t_)) * 64 + f.row(0)),
+        row0(t_.m_block * Cfg::kBlockM + (kSharedRows ? 0 : t_.warpgroup) * 64 + f.row(0)),
         row1(0),
         mask_m_start(t_.m_block * Cfg::kBlockM + (kWarpgroupKeyTiles<Cfg> && !kSharedRows ? t_.warpgroup * 64 : 0)),
         mask_rows(kWarpgroupKeyTiles<Cfg> && !kSharedRows ? 64 : Cfg::kBlockM),
-        q_rows(ptx::smem_addr(ss_.q[t_.q_stage]) + (kSharedRows ? 0 : row_block_of(t_)) * 64 * Cfg::kSwizzleBytes),
+        q_rows(ptx::smem_addr(ss_.q[t_.q_stage]) + (kSharedRows ? 0 : t_.warpgroup) * 64 * Cfg::kSwizzleBytes),
         q_scale(Cfg::kFp8 ? p.scale_log2 * p.q_descale.at(t_.batch, t_.head,
                                                            t_.q_block0 + (m_start + t_.warpgroup * 64) / Cfg::kDescaleRows)
                           : p.scale_log2),
@@ -160,53 +131,21 @@ struct ConsumerTile {
     if constexpr (Cfg::kKvCache) {  // packed rows (decode_plan.hpp): positions, each row's own
       m_start = first_row_of_block<Cfg>(t_.m_block, p);
       block_rows = rows_of_block<Cfg>(p);
-      const int rows_from = (kSharedRows ? 0 : row_block_of(t_)) * 64;
+      const int rows_from = (kSharedRows ? 0 : t_.warpgroup) * 64;
       row0 = m_start + (rows_from + f.row(0)) / p.packing.heads;
       row1 = m_start + (rows_from + f.row(1)) / p.packing.heads;
       mask_m_start = m_start, mask_rows = block_rows;
     }
   }
 
-  // The tile's 64-row block this warpgroup computes: its own, or with split keys the one given.
-  static __device__ __forceinline__ int row_block_of(const TileContext& c) {
-    return Cfg::kSplitKeys ? c.row_block : c.warpgroup;
-  }
-  // With split keys a warpgroup's ordinals step over the other's tiles (TileContext::step). The
-  // helpers keep each expression's form without them: ptxas schedules reassociated integer
-  // arithmetic differently, and those kernels' SASS stays as it was.
-  // The ring ordinals of the key tile visited at ordinal it and of the one before it.
-  __device__ __forceinline__ int ordinal(int it) const {
-    if constexpr (Cfg::kSplitKeys) return t.kv_base + t.step * it;
-    else return t.kv_base + it;
-  }
-  __device__ __forceinline__ int previous_ordinal(int it) const {
-    if constexpr (Cfg::kSplitKeys) return t.kv_base + t.step * (it - 1);
-    else return t.kv_base + it - 1;
-  }
-  __device__ __forceinline__ int last_ordinal() const {
-    if constexpr (Cfg::kSplitKeys) return t.kv_base + t.step * (t.n_tiles - 1);
-    else return t.kv_base + t.n_tiles - 1;
-  }
   // The key tile visited at ordinal it (the last first).
-  __device__ __forceinline__ int key_tile(int it) const {
-    if constexpr (Cfg::kSplitKeys) return t.n_end - 1 - t.step * it;
-    else return t.n_end - 1 - it;
-  }
-  // Split keys: the other warpgroup's tile just before ordinal it's (its turn and ring slots).
-  __device__ __forceinline__ void skip_other_before(int it) const {
-    if constexpr (Cfg::kSplitKeys)
-      if (t.step == 2 && (it > 0 || t.other_first)) skip_key_tiles<Cfg>(ss, turns, ordinal(it) - 1, 1);
-  }
-  __device__ __forceinline__ void skip_other_after_last() const {
-    if constexpr (Cfg::kSplitKeys)
-      if (t.step == 2 && t.other_last) skip_key_tiles<Cfg>(ss, turns, last_ordinal() + 1, 1);
-  }
+  __device__ __forceinline__ int key_tile(int it) const { return t.n_end - 1 - it; }
 
   // Scores of the key tile of ordinal it to log2 units: with FP8, times the tile's K descale;
   // softcapped scores (tanh of the scaled score, softcap_scores) times softcap log2(e).
   __device__ __forceinline__ float score_scale(int it) const {
     if constexpr (Cfg::kFp8)
-      return q_scale * k_descale_last[-(Cfg::kSplitKeys ? t.step * it : it) * params.k_descale.stride[2]];
+      return q_scale * k_descale_last[-it * params.k_descale.stride[2]];
     else
       return params.softcap_ex2 != 0.f ? params.softcap_log2 : q_scale;
   }
@@ -217,7 +156,7 @@ struct ConsumerTile {
   };
   __device__ __forceinline__ VTerms v_terms(int it) const {
     if constexpr (Cfg::kFp8) {
-      const float v = v_descale_last[-(Cfg::kSplitKeys ? t.step * it : it) * params.v_descale.stride[2]];
+      const float v = v_descale_last[-it * params.v_descale.stride[2]];
       return {ptx::log2_approx(v), __fdividef(1.f, v)};
     } else {
       return {0.f, 1.f};
@@ -269,7 +208,7 @@ struct ConsumerTile {
   // overlap it with: a tile's first key tile, or the precise path).
   __device__ __forceinline__ void scores_alone(float (&s)[Cfg::kBlockN / 2], int it) const {
     using namespace ptx;
-    const RingSlot ks = ring_slot<Cfg::kStages>(ordinal(it));
+    const RingSlot ks = ring_slot<Cfg::kStages>(t.kv_base + it);
     turns.wait_turn();
     mbarrier_wait(smem_addr(&ss.k_full[ks.stage]), ks.phase);
     issue_qk_gemm<Cfg>(s, q_rows, smem_addr(ss.k[ks.stage]));
@@ -310,7 +249,7 @@ struct ConsumerTile {
   __device__ __forceinline__ RingSlot issue_step(float (&o)[Cfg::kOCols / 2], uint32_t (&p)[Cfg::kPvSteps][4],
                                                  float (&s)[Cfg::kBlockN / 2], int it, RingSlot ks) const {
     using namespace ptx;
-    const RingSlot vs = ring_slot<Cfg::kStages>(previous_ordinal(it));
+    const RingSlot vs = ring_slot<Cfg::kStages>(t.kv_base + it - 1);
     turns.wait_turn();
     mbarrier_wait(smem_addr(&ss.k_full[ks.stage]), ks.phase);
     pin(o);
@@ -335,7 +274,6 @@ struct ConsumerTile {
     float alpha[2];
 
     // First key tile: S only.
-    skip_other_before(0);
     scores_alone(s, 0);
     const VTerms v0 = v_terms(0);
     softmax.step<true, Cfg::kIntScores>(s, alpha, score_scale(0), v0.log2, v0.inv);
@@ -348,8 +286,7 @@ struct ConsumerTile {
     for (int it = 1; it < left_edge; ++it) {
       const float c = score_scale(it);
       const VTerms v = v_terms(it);
-      skip_other_before(it);
-      const RingSlot ks = ring_slot<Cfg::kStages>(ordinal(it));
+      const RingSlot ks = ring_slot<Cfg::kStages>(t.kv_base + it);
       const RingSlot vs = issue_step(o, p, s, it, ks);
 
       wgmma_wait<1>();  // S_it is done; P·V may still run
@@ -379,8 +316,7 @@ struct ConsumerTile {
       for (int it = left_edge > 1 ? left_edge : 1; it < t.n_tiles; ++it) {
         const float c = score_scale(it);
         const VTerms v = v_terms(it);
-        skip_other_before(it);
-        const RingSlot ks = ring_slot<Cfg::kStages>(ordinal(it));
+        const RingSlot ks = ring_slot<Cfg::kStages>(t.kv_base + it);
         const RingSlot vs = issue_step(o, p, s, it, ks);
         wait_pv(o, vs, p);  // S_it and P_{it-1}·V_{it-1} done: P's registers are free
         pin(s);
@@ -392,8 +328,7 @@ struct ConsumerTile {
     }
 
     // Last P·V.
-    skip_other_after_last();
-    pv_alone(o, ring_slot<Cfg::kStages>(last_ordinal()), p);
+    pv_alone(o, ring_slot<Cfg::kStages>(t.kv_base + t.n_tiles - 1), p);
   }
 
   // The same attention with P carried in two 16-bit parts and no overlap inside the
@@ -417,5 +352,27 @@ struct ConsumerTile {
     }
   }
 };
+
+// A warpgroup's part in the key tiles of its work tile that none of its rows see
+// (warpgroup_key_tiles): the ping-pong turn it would have taken for each (ConsumerTile::run
+// takes one a key tile and one more for its last P·V; the precise path visits every tile), so
+// that the warpgroups' turns stay in step, and the ring slots it would have released, in that
+// turn: a warpgroup that held its releases back while the others wait in their turns for a
+// tile the producer cannot load before those releases would deadlock them. Each slot only once
+// its tile has arrived: the arrival must count toward this use of the slot, which the producer
+// starts only after every warpgroup has released the slot's previous use.
+template <class Cfg>
+__device__ __forceinline__ void skip_key_tiles(SharedStorage<Cfg>& ss, const PingPong& turns, int kv_first, int tiles) {
+  using namespace ptx;
+  for (int j = 0; j < tiles; ++j) {
+    turns.wait_turn();
+    turns.pass_turn();
+    const RingSlot slot = ring_slot<Cfg::kStages>(kv_first + j);
+    mbarrier_wait(smem_addr(&ss.k_full[slot.stage]), slot.phase);
+    release_slot(&ss.k_empty[slot.stage]);
+    mbarrier_wait(smem_addr(&ss.v_full[slot.stage]), slot.phase);
+    release_slot(&ss.v_empty[slot.stage]);
+  }
+}
 
 }  // namespace warpattn::detail

@@ -50,8 +50,6 @@ struct ForwardConfig {
   // FP8's Vᵀ tile in 16-key slices (KvCacheConfig over an E4M3 cache) instead of one 128-byte
   // swizzled panel row per head-dim row: see KvCacheConfig.
   static constexpr bool kVtSlices = false;
-  // A KV cache's split keys (KvCacheConfig, decode/split_keys.cuh).
-  static constexpr bool kSplitKeys = false;
   static constexpr int kThreads = 128 * (1 + kConsumerWarpgroups);
   // Q and K rows are stored as panels of kSwizzleBytes (the width of one swizzled TMA box
   // row): 128 bytes (64 16-bit or 128 FP8 elements), or 64 bytes when a whole row is that
@@ -157,21 +155,6 @@ struct KvCacheConfig : VarlenConfig<Base> {
   static_assert(!Base::kFp8 || Base::kHeadDim <= 128, "E4M3 caches at head dims 64 and 128");
   static_assert(!Base::kIntScores, "a KV cache's K is E4M3 or 16-bit");
   static_assert(Base::kHeadDimV == Base::kHeadDim, "a KV cache's values have the keys' head dim");
-  // E4M3 caches without a band: where warpgroup 1's rows are all padding (a decode tile of a few
-  // real rows), both warpgroups compute warpgroup 0's rows, each on every other key tile, and
-  // merge their states through shared memory after SharedStorage (decode/split_keys.cuh): each
-  // consumer thread's O registers and its two rows' references and partial sums. (The 16-bit
-  // caches' ring leaves no room for the exchange.) A knob, off: run 186 found it correct but no
-  // faster while the cache's Vᵀ came in 16-byte box rows; since run 190's slices layout the
-  // step's loads are 8x fewer box rows, so warpgroup 0's serial chain of S GEMM, softmax and
-  // P·V over every key tile may now be its limit (B = 8 4K: 16 key tiles in ~30 us). Its A/B
-  // command is in docs/decode-fp8-cache-design.md ("Split keys again").
-#ifndef WARPATTN_TUNE_KVCACHE_SPLIT_KEYS
-#define WARPATTN_TUNE_KVCACHE_SPLIT_KEYS 0
-#endif
-  static constexpr bool kSplitKeys = Base::kFp8 && !Base::kCausal && Base::kConsumerWarpgroups == 2 &&
-                                     WARPATTN_TUNE_KVCACHE_SPLIT_KEYS != 0;
-  static constexpr int kExchangeBytes = kSplitKeys ? 128 * (Base::kOCols / 2 + 4) * 4 : Base::kExchangeBytes;
 };
 
 }  // namespace warpattn::detail

@@ -5,7 +5,6 @@
 #include <cuda.h>
 
 #include "hopper/consumer.cuh"
-#include "hopper/decode/split_keys.cuh"
 #include "hopper/epilogue.cuh"
 #include "hopper/forward_params.hpp"
 #include "hopper/kv_tiles.hpp"
@@ -118,7 +117,6 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
     if (n_tiles > 0) {
       const RingSlot qs = ring_slot<Cfg::kQStages>(q_iter);
       TileContext t{warpgroup, w.m_block, w.head, w.batch, n_tiles, w.n_end, kv, qs.stage, seqlen_q, seqlen_k};
-      t.row_block = warpgroup;
       // (A KV cache's descales are indexed by its tiles' own blocks: run_kvcache.cuh's set_cache_descales.)
       if constexpr (Cfg::kFp8 && Cfg::kVarlen && !Cfg::kKvCache) {  // the descale arrays' batch stride is 0 (run_forward_varlen)
         t.q_block0 = static_cast<int>(varlen_row0(w.q_offset, w.batch) / Cfg::kDescaleRows);
@@ -133,38 +131,21 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
         // The warpgroup's own key tiles (not on the precise path, whose rows see few keys: rare,
         // and two turns a key tile).
         const bool few_keys = tile_sees_few_keys<Cfg>(w, params, seqlen_q, seqlen_k);
-        bool split = false;  // a KV cache's split keys (decode/split_keys.cuh)
-        if constexpr (Cfg::kSplitKeys) split = !few_keys && splits_keys<Cfg>(w, params, seqlen_q);
-        if (split) {  // warpgroup 0's rows, every other key tile from the warpgroup's own
-          t.row_block = 0, t.step = 2, t.other_first = warpgroup == 1, t.other_last = (n_tiles - 1) % 2 != warpgroup;
-          t.kv_base = kv + warpgroup, t.n_end -= warpgroup, t.n_tiles = (n_tiles - warpgroup + 1) / 2;
-          if (t.n_tiles > 0) {
-            run_tile(ConsumerTile<Cfg>(ss, params, t), false, o, softmax);
-          } else {  // one key tile, warpgroup 0's: run's two turns
-            skip_key_tiles<Cfg>(ss, turns, kv, n_tiles);
-            release_slot(&ss.q_empty[qs.stage]);
-            turns.wait_turn();
-            turns.pass_turn();
-          }
-          merge_split_keys<Cfg>(ss, warpgroup, o, softmax);
-          kv += n_tiles;
-        } else {
-          const WarpgroupTiles own =
-              few_keys ? WarpgroupTiles{0, n_tiles} : own_key_tiles<Cfg>(w, warpgroup, params, seqlen_q, seqlen_k);
-          skip_key_tiles<Cfg>(ss, turns, kv, own.front);
-          // (A KV cache's warpgroup takes all or none: nothing after its own, and nothing held across them.)
-          const int back = Cfg::kKvCache ? 0 : n_tiles - own.front - own.count;
-          t.n_end -= own.front, t.n_tiles = own.count, t.kv_base += own.front;
-          if (own.count > 0) {
-            run_tile(ConsumerTile<Cfg>(ss, params, t), few_keys, o, softmax);
-          } else {  // no row of this warpgroup sees a key (O = 0, lse = -inf): run's turn for its last P·V
-            release_slot(&ss.q_empty[qs.stage]);
-            turns.wait_turn();
-            turns.pass_turn();
-          }
-          skip_key_tiles<Cfg>(ss, turns, t.kv_base + t.n_tiles, back);
-          kv = t.kv_base + t.n_tiles + back;
+        const WarpgroupTiles own =
+            few_keys ? WarpgroupTiles{0, n_tiles} : own_key_tiles<Cfg>(w, warpgroup, params, seqlen_q, seqlen_k);
+        skip_key_tiles<Cfg>(ss, turns, kv, own.front);
+        // (A KV cache's warpgroup takes all or none: nothing after its own, and nothing held across them.)
+        const int back = Cfg::kKvCache ? 0 : n_tiles - own.front - own.count;
+        t.n_end -= own.front, t.n_tiles = own.count, t.kv_base += own.front;
+        if (own.count > 0) {
+          run_tile(ConsumerTile<Cfg>(ss, params, t), few_keys, o, softmax);
+        } else {  // no row of this warpgroup sees a key (O = 0, lse = -inf): run's turn for its last P·V
+          release_slot(&ss.q_empty[qs.stage]);
+          turns.wait_turn();
+          turns.pass_turn();
         }
+        skip_key_tiles<Cfg>(ss, turns, t.kv_base + t.n_tiles, back);
+        kv = t.kv_base + t.n_tiles + back;
       }
       ++q_iter;
     }
