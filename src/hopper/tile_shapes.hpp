@@ -100,12 +100,14 @@ using Fp8ForwardConfigFor = ForwardConfig<__nv_fp8_e4m3, kHeadDim, 128, kFp8Stag
                                           WARPATTN_TUNE_FP8_QSTAGES, OutElement, QKElement, kWarpgroups>;
 
 // d = 64's sliding windows narrower than kTallTileMinBand on a kernel of their own
-// (forward_instance.cuh), with WARPATTN_TUNE_D64_NARROW_BLOCK_N keys a tile (0: none, the 128 x
-// 128 banded kernel takes them; 64: 4 stages). Run 184 found 64-key tiles +4% on the 256-key
-// window (each warpgroup on its own 5 of them, 320 keys a row against 384) and -6.6% on short
-// causal sequences, so not in the kernel those share; to measure beside 0.
+// (forward_instance.cuh), with WARPATTN_TUNE_D64_NARROW_BLOCK_N keys a tile (64: 4 stages; 0:
+// none, the 128 x 128 banded kernel takes them). Run 194 (3 interleaved passes beside cuDNN's
+// window): the 256-key window +9.5% at N = 16K (0.877 -> 0.966 of cuDNN), +7% at N = 1K, the
+// 1024-key window and causal unchanged: each warpgroup walks its own 5 tiles of 64 keys, 320 keys
+// a row against 384. (Run 184: the same tiles in the kernel short causal sequences share cost
+// those 6.6%, hence a kernel of its own.)
 #ifndef WARPATTN_TUNE_D64_NARROW_BLOCK_N
-#define WARPATTN_TUNE_D64_NARROW_BLOCK_N 0
+#define WARPATTN_TUNE_D64_NARROW_BLOCK_N 64
 #endif
 template <int kHeadDim>
 inline constexpr bool kHasNarrowTiles = kHeadDim == 64 && WARPATTN_TUNE_D64_NARROW_BLOCK_N > 0;
