@@ -4,7 +4,7 @@ trace of torch.profiler, for the BF16 and the E4M3 cache at a few of bench_decod
 and optionally, with forced split counts beside the default's, a call's GPU span (the trace) and
 its do_bench time (bench.make_timer, L2 flushed before each call; host-bound at small steps).
 Run on the GPU host after `pip install .`:
-    python3 scripts/decode_breakdown.py [--points b8_4k b1_64k b64_4k] [--splits 1 2 4 8 16 32]
+    python3 scripts/decode_breakdown.py [--points b8_4k b1_64k ...] [--splits 1 2 4 8 16 32]
 """
 import argparse
 import statistics
@@ -13,7 +13,8 @@ import torch
 import warpattn
 from warpattn.bench import make_timer
 
-POINTS = {"b8_4k": dict(B=8, S=4096), "b1_64k": dict(B=1, S=65536), "b64_4k": dict(B=64, S=4096)}
+POINTS = {"b8_4k": dict(B=8, S=4096), "b1_64k": dict(B=1, S=65536), "b64_4k": dict(B=64, S=4096),
+          "b2_16k": dict(B=2, S=16384), "b8_16k_q16": dict(B=8, S=16384, Sq=16)}
 
 
 def caches(B, S, Hkv=8, d=128):
@@ -77,7 +78,7 @@ def main():
         p = POINTS[name]
         B, S = p["B"], p["S"]
         k, v = caches(B, S)
-        q = torch.randn(B, 1, 32, 128, dtype=torch.bfloat16, device="cuda")
+        q = torch.randn(B, p.get("Sq", 1), 32, 128, dtype=torch.bfloat16, device="cuda")
         lens = torch.full((B,), S, dtype=torch.int32, device="cuda")
         out = torch.empty_like(q)
         kinds = {"bf16": (k, v, None), "e4m3": (k, v, warpattn.quantize_kvcache_fp8(k, v))}

@@ -67,23 +67,26 @@ TEST(invariant_splits_depend_on_the_sequence_alone) {
 
 TEST(default_splits_stay_in_bounds) {
   std::mt19937_64 rng(16);
-  for (int trial = 0; trial < 20000; ++trial) {
+  for (int trial = 0; trial < 40000; ++trial) {
     const long long tiles = static_cast<long long>(rng() % 400);
     const int blocks = static_cast<int>(rng() % 2000), sms = 1 + static_cast<int>(rng() % 200);
-    const int s = default_splits(tiles, blocks, sms);
+    const int bw = trial % 2 ? 0 : 1 + static_cast<int>(rng() % 300);  // bandwidth_ctas, or none
+    const int s = default_splits(tiles, blocks, sms, bw);
     CHECK(s >= 1 && s <= kMaxDecodeSplits) << s;
     if (s > 1) {
       CHECK(2 * s <= blocks) << "at least two key blocks a split: " << s << " " << blocks;
-      CHECK(split_rounds_cost(tiles, blocks, sms, s) < split_rounds_cost(tiles, blocks, sms, 1))
+      CHECK(split_rounds_cost(tiles, blocks, sms, s, bw) < split_rounds_cost(tiles, blocks, sms, 1, bw))
           << "a split only where the model says it finishes sooner than the whole tiles";
     }
     // The least modelled cost over every allowed count, the fewest pieces among equals.
     for (int t = 1; t <= kMaxDecodeSplits && 2 * t <= blocks; ++t) {
-      const long long a = split_rounds_cost(tiles, blocks, sms, s), b = split_rounds_cost(tiles, blocks, sms, t);
+      const long long a = split_rounds_cost(tiles, blocks, sms, s, bw), b = split_rounds_cost(tiles, blocks, sms, t, bw);
       CHECK(a < b || (a == b && s <= t) || tiles <= 0) << tiles << " " << blocks << " " << sms << ": " << s << " vs " << t;
     }
     // Tiles that fill whole rounds of the SMs stay whole.
     if (tiles > 0 && tiles % sms == 0) CHECK(s == 1) << tiles << " tiles on " << sms << " SMs split " << s;
+    // The bandwidth floor only takes pieces away: never more than the rounds alone choose.
+    if (bw > 0) CHECK(s <= default_splits(tiles, blocks, sms)) << tiles << " " << blocks << " " << sms << " " << bw;
   }
   // The example: B = 8, 32/8 heads, one new row (one packed tile per KV head), 4096
   // cached keys in 176-key blocks (24), 132 SMs: 64 tiles, two pieces each (one round of 128).
@@ -92,6 +95,16 @@ TEST(default_splits_stay_in_bounds) {
   CHECK(default_splits(8, 32, 132) == 16);   // B = 1: capped by two blocks a split
   CHECK(default_splits(512, 32, 132) == 1);  // B = 64: the tiles fill the card
   CHECK(default_splits(140, 32, 132) == 4);  // a second round of 8 tiles: 560 pieces in 5 rounds of 8 + 1
+  // With the 16-bit d = 128 cache's bandwidth floor (64 CTAs, run 194): B = 8 4K stays whole (64
+  // CTAs reach the device's rate; two halves cost the same blocks and the combine), B = 1 64K
+  // takes 8 pieces of 64 blocks, not 16 of 32, B = 2 16K 4 pieces of 32 (64 CTAs), not 8.
+  const int bw = cache_bandwidth_ctas(false, 3LL * 128 * 256 * 2);
+  CHECK(bw == 64) << bw;
+  CHECK(cache_bandwidth_ctas(true, 3LL * 128 * 256) == 0);
+  CHECK(default_splits(64, 32, 132, bw) == 1);
+  CHECK(default_splits(8, 512, 132, bw) == 8);
+  CHECK(default_splits(16, 128, 132, bw) == 4);
+  CHECK(default_splits(512, 32, 132, bw) == 1);
 }
 
 // The 512 kernel's tiles are 64 rows (kvcache_block_m), both consumer warpgroups on them: GQA

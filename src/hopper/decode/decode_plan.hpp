@@ -80,24 +80,45 @@ WARPATTN_HOST_DEVICE KeyBlockRange invariant_key_blocks(int split, int chunk_blo
 // tiles that fill the SMs' rounds as well alone stay whole. At most kMaxDecodeSplits (the
 // combine's work per row) and two key blocks a piece. tiles: (sequence, head chunk, query block)
 // triples; key_blocks: the longest sequence's (the capacity's, when the lengths are on the device).
-// B = 8, 32/8 heads, one row, 4096 keys in 176-key blocks, 132 SMs: 64 tiles of 24 blocks -> 2
-// pieces of 12 (128 pieces in one round), not 5 (320 pieces in 3 rounds, the last 42% full).
+// B = 8, 32/8 heads, one row, 4096 keys in 128-key blocks, 132 SMs: 64 tiles of 32 blocks -> 2
+// pieces of 16 (128 pieces in one round), not 5 (320 pieces in 3 rounds, the last 42% full).
+//
+// bandwidth_ctas (0: none): the device's memory bandwidth as a number of CTAs streaming at once,
+// past which more pieces only share it. The rounds' key blocks then never cost less than the
+// launch's blocks over that many CTAs, so a launch that reaches it with fewer pieces keeps
+// them (and skips the combine). Run 194 (BF16, d = 128): the B = 8 4K step took 46.0 us on 64
+// whole tiles against 48.1 on 128 halves; B = 1 64K 83.4 us in 8 splits against 84.0 in 16.
 inline constexpr int kMaxDecodeSplits = 128;
 inline constexpr int kSplitPieceCost = 1;
-WARPATTN_HOST_DEVICE long long split_rounds_cost(long long tiles, int key_blocks, int multiprocessors, int splits) {
+WARPATTN_HOST_DEVICE long long split_rounds_cost(long long tiles, int key_blocks, int multiprocessors, int splits,
+                                                 int bandwidth_ctas = 0) {
   const long long rounds = (tiles * splits + multiprocessors - 1) / multiprocessors;
-  return rounds * ((key_blocks + splits - 1) / splits + kSplitPieceCost);
+  long long blocks = rounds * ((key_blocks + splits - 1) / splits);
+  if (bandwidth_ctas > 0) {
+    const long long floor = (tiles * key_blocks + bandwidth_ctas - 1) / bandwidth_ctas;
+    blocks = blocks > floor ? blocks : floor;
+  }
+  return blocks + rounds * kSplitPieceCost;
 }
-WARPATTN_HOST_DEVICE int default_splits(long long tiles, int key_blocks, int multiprocessors) {
+WARPATTN_HOST_DEVICE int default_splits(long long tiles, int key_blocks, int multiprocessors, int bandwidth_ctas = 0) {
   if (tiles <= 0 || key_blocks <= 2 || multiprocessors <= 0) return 1;
   const int limit = key_blocks / 2 < kMaxDecodeSplits ? key_blocks / 2 : kMaxDecodeSplits;
   int best = 1;
-  long long best_cost = split_rounds_cost(tiles, key_blocks, multiprocessors, 1);
+  long long best_cost = split_rounds_cost(tiles, key_blocks, multiprocessors, 1, bandwidth_ctas);
   for (int s = 2; s <= limit; ++s) {
-    const long long cost = split_rounds_cost(tiles, key_blocks, multiprocessors, s);
+    const long long cost = split_rounds_cost(tiles, key_blocks, multiprocessors, s, bandwidth_ctas);
     if (cost < best_cost) best = s, best_cost = cost;
   }
   return best;
+}
+// A 16-bit cache's bandwidth_ctas: 64 CTAs with d = 128's ring (3 stages of 128 keys of K and V,
+// 192 KB) were measured to reach the device's rate; a ring of fewer bytes in flight takes
+// proportionally more (Little's law: a CTA's rate follows its bytes in flight). The E4M3
+// cache's step is not bound by bandwidth at those counts (run 194: B = 8 4K 34.2 us in two
+// splits against 37.0 whole), so it keeps the rounds alone (0).
+inline constexpr long long kBandwidthRingBytes = 64LL * 192 * 1024;
+WARPATTN_HOST_DEVICE constexpr int cache_bandwidth_ctas(bool fp8, long long ring_bytes) {
+  return fp8 || ring_bytes <= 0 ? 0 : static_cast<int>((kBandwidthRingBytes + ring_bytes - 1) / ring_bytes);
 }
 
 // The batch-invariant mode's chunks (KvCacheWork::chunk_keys), from the call's shape alone:

@@ -35,14 +35,15 @@ inline bool kvcache_splits_fit(long long tiles, int splits, size_t slot_bytes) {
   return tiles * splits < (1LL << 31) && tiles * splits * static_cast<long long>(slot_bytes) <= kMaxSplitPartialBytes;
 }
 inline KvCacheSplits kvcache_splits(int num_splits, long long tiles, long long tiles_per_sequence, int key_tiles,
-                                    int block_n, int tile_rows, bool batch_invariant, size_t slot_bytes) {
+                                    int block_n, int tile_rows, bool batch_invariant, size_t slot_bytes,
+                                    int bandwidth_ctas) {
   if (num_splits == 0 && batch_invariant) {
     const int chunk_keys = invariant_chunk_keys(tile_rows), max_chunks = invariant_max_chunks(tiles_per_sequence);
     const int n = invariant_launch_splits(key_tiles, block_n, chunk_keys, max_chunks);
     return n > 1 && kvcache_splits_fit(tiles, n, slot_bytes) ? KvCacheSplits{n, chunk_keys, max_chunks}
                                                              : KvCacheSplits{1, 0, kMaxDecodeSplits};
   }
-  int splits = num_splits > 0 ? num_splits : default_splits(tiles, key_tiles, multiprocessor_count());
+  int splits = num_splits > 0 ? num_splits : default_splits(tiles, key_tiles, multiprocessor_count(), bandwidth_ctas);
   while (splits > 1 && !kvcache_splits_fit(tiles, splits, slot_bytes)) --splits;
   return {splits, 0, kMaxDecodeSplits};
 }
@@ -137,7 +138,9 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   // (a sequence's tiles: its blocks of positions x chunks of packed heads, the same for each)
   const long long tiles_per_sequence = static_cast<long long>(params.m_blocks) * params.heads_q;
   const KvCacheSplits splits = kvcache_splits(num_splits, tiles, tiles_per_sequence, ceil_div(params.seqlen_k, Cfg::kBlockN),
-                                              Cfg::kBlockN, tile_rows, p.batch_invariant, PartialState<Cfg>::kSlotBytes);
+                                              Cfg::kBlockN, tile_rows, p.batch_invariant, PartialState<Cfg>::kSlotBytes,
+                                              cache_bandwidth_ctas(Cfg::kFp8, static_cast<long long>(Cfg::kStages) * Cfg::kBlockN *
+                                                                                  (Cfg::kHeadDim + Cfg::kHeadDimV) * Cfg::kElementBytes));
   work.splits = splits.splits, work.chunk_keys = splits.chunk_keys, work.max_chunks = splits.max_chunks;
   work.pieces = static_cast<int>(tiles * work.splits);
   params.kv_work = work;
