@@ -95,12 +95,15 @@ TEST(default_splits_stay_in_bounds) {
   CHECK(default_splits(8, 32, 132) == 16);   // B = 1: capped by two blocks a split
   CHECK(default_splits(512, 32, 132) == 1);  // B = 64: the tiles fill the card
   CHECK(default_splits(140, 32, 132) == 4);  // a second round of 8 tiles: 560 pieces in 5 rounds of 8 + 1
-  // With the 16-bit d = 128 cache's bandwidth floor (64 CTAs, run 194): B = 8 4K stays whole (64
-  // CTAs reach the device's rate; two halves cost the same blocks and the combine), B = 1 64K
-  // takes 8 pieces of 64 blocks, not 16 of 32, B = 2 16K 4 pieces of 32 (64 CTAs), not 8.
-  const int bw = cache_bandwidth_ctas(false, 3LL * 128 * 256 * 2);
+  // With the 16-bit d = 128 cache's bandwidth floor (64 CTAs, run 194; a decode step's 4 rows a
+  // tile): B = 8 4K stays whole (64 CTAs reach the device's rate; two halves cost the same blocks
+  // and the combine), B = 1 64K takes 8 pieces of 64 blocks, not 16 of 32, B = 2 16K 4 pieces of
+  // 32 (64 CTAs), not 8.
+  const int bw = cache_bandwidth_ctas(false, 3LL * 128 * 256 * 2, 4);
   CHECK(bw == 64) << bw;
-  CHECK(cache_bandwidth_ctas(true, 3LL * 128 * 256) == 0);
+  CHECK(cache_bandwidth_ctas(true, 3LL * 128 * 256, 4) == 0);        // E4M3: the rounds alone
+  CHECK(cache_bandwidth_ctas(false, 3LL * 128 * 256 * 2, 128) == 0);  // full tiles: their GEMMs bound them
+  CHECK(cache_bandwidth_ctas(false, 2LL * 128 * 128 * 2, 1) == 192);  // d = 64's 64 KB ring
   CHECK(default_splits(64, 32, 132, bw) == 1);
   CHECK(default_splits(8, 512, 132, bw) == 8);
   CHECK(default_splits(16, 128, 132, bw) == 4);

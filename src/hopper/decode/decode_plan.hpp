@@ -111,14 +111,21 @@ WARPATTN_HOST_DEVICE int default_splits(long long tiles, int key_blocks, int mul
   }
   return best;
 }
-// A 16-bit cache's bandwidth_ctas: 64 CTAs with d = 128's ring (3 stages of 128 keys of K and V,
-// 192 KB) were measured to reach the device's rate; a ring of fewer bytes in flight takes
-// proportionally more (Little's law: a CTA's rate follows its bytes in flight). The E4M3
-// cache's step is not bound by bandwidth at those counts (run 194: B = 8 4K 34.2 us in two
-// splits against 37.0 whole), so it keeps the rounds alone (0).
+// A 16-bit cache's bandwidth_ctas, for tiles of at most kBandwidthMaxRows real rows (a decode
+// step's: the key tiles' bytes, not the GEMMs, set a CTA's pace): 64 CTAs with d = 128's ring (3
+// stages of 128 keys of K and V, 192 KB) were measured to reach the device's rate; a ring of
+// fewer bytes in flight takes proportionally more (Little's law: a CTA's rate follows its bytes
+// in flight). Fuller tiles are bound by their GEMMs and keep the rounds alone (0): run 195's
+// B = 8 16K step with 128 rows a tile (64/8 heads, 16 positions) took 184 us whole against 155
+// in two splits (run 194), while with 64 rows (32/8 heads) whole and halves were even (147.3,
+// 145.6). The E4M3 cache's step is not bound by bandwidth at those counts (run 194: B = 8 4K
+// 34.2 us in two splits against 37.0 whole): 0 as well.
 inline constexpr long long kBandwidthRingBytes = 64LL * 192 * 1024;
-WARPATTN_HOST_DEVICE constexpr int cache_bandwidth_ctas(bool fp8, long long ring_bytes) {
-  return fp8 || ring_bytes <= 0 ? 0 : static_cast<int>((kBandwidthRingBytes + ring_bytes - 1) / ring_bytes);
+inline constexpr int kBandwidthMaxRows = 16;
+WARPATTN_HOST_DEVICE constexpr int cache_bandwidth_ctas(bool fp8, long long ring_bytes, int tile_rows) {
+  return fp8 || ring_bytes <= 0 || tile_rows > kBandwidthMaxRows
+             ? 0
+             : static_cast<int>((kBandwidthRingBytes + ring_bytes - 1) / ring_bytes);
 }
 
 // The batch-invariant mode's chunks (KvCacheWork::chunk_keys), from the call's shape alone:
