@@ -30,6 +30,7 @@
 #include "hopper/ptx/mbarrier.cuh"
 #include "hopper/ptx/tma.cuh"
 #include "probe_host.hpp"
+#include "probe_ring.cuh"
 
 namespace ptx = warpattn::ptx;
 
@@ -40,9 +41,6 @@ constexpr int kStageBytes = 2 * kTileBytes;       // K and V
 constexpr int kSmem = 1024 + kStages * kStageBytes + 256;
 enum Mode { kHead = 0, kContiguous = 1, kAllHeads = 2 };
 
-struct Ring {
-  uint64_t full[kStages], empty[kStages];
-};
 
 // Element (b, s, h, c) of K (which = 0) or V (1): a hash of its logical index, whatever the layout.
 __host__ __device__ inline uint16_t value(int which, int b, int s, int h, int c) {
@@ -80,17 +78,9 @@ __global__ void __launch_bounds__(256, 1) stream(const __grid_constant__ CUtenso
                                                  const __grid_constant__ CUtensorMap v_map, int items, int splits,
                                                  unsigned long long* __restrict__ last_sums) {
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  Ring& ring = *reinterpret_cast<Ring*>(base + kStages * kStageBytes);
+  uint8_t* base;
+  ProbeRing<kStages>& ring = ProbeRing<kStages>::make(smem_raw, base, kStageBytes, 1);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(ptx::smem_addr(&ring.full[s]), 1);
-      ptx::mbarrier_init(ptx::smem_addr(&ring.empty[s]), 1);
-    }
-    ptx::fence_barrier_init();
-  }
-  __syncthreads();
   const int per_item = tiles_per_item(splits);
   const int my_items = (items - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x);
   const int tiles = my_items * per_item;
@@ -137,18 +127,8 @@ __global__ void __launch_bounds__(256, 1) stream(const __grid_constant__ CUtenso
 // 5-D map with a box of 64 columns x box1 x box2 x 1, 128B swizzle.
 static CUtensorMap encode(void* data, const cuuint64_t (&dims)[4], const cuuint64_t (&strides)[3], cuuint32_t box1,
                           cuuint32_t box2) {
-  CUtensorMap map;
-  const cuuint64_t d5[5] = {dims[0], dims[1], dims[2], dims[3], 1};
-  const cuuint64_t s4[4] = {strides[0], strides[1], strides[2], strides[2] * dims[3]};
-  const cuuint32_t b5[5] = {64, box1, box2, 1, 1}, e5[5] = {1, 1, 1, 1, 1};
-  const CUresult r = cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, data, d5, s4, b5, e5,
-                                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    std::printf("FAIL: cuTensorMapEncodeTiled returned %d\n", static_cast<int>(r));
-    std::exit(1);
-  }
-  return map;
+  const cuuint32_t box[4] = {64, box1, box2, 1};
+  return tiled_map(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, data, 4, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 // The host's sum of a CTA's last K (which = 0) or V tile.
@@ -185,18 +165,9 @@ int main() {
     return 1;
   }
 
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0), cudaEventCreate(&e1);
-  cudaMemcpy(copy_to, k_bshd, max_bytes, cudaMemcpyDeviceToDevice);  // warm-up
-  cudaEventRecord(e0);
-  for (int i = 0; i < 5; ++i) cudaMemcpy(copy_to, k_bshd, max_bytes, cudaMemcpyDeviceToDevice);
-  cudaEventRecord(e1);
-  cudaEventSynchronize(e1);
-  float copy_ms = 0;
-  cudaEventElapsedTime(&copy_ms, e0, e1);
-  const double copy_rate = 5.0 * 2 * max_bytes / (copy_ms * 1e-3);
+  const double copy = copy_rate(copy_to, k_bshd, max_bytes);
   std::printf("copy rate %.0f GB/s (read + written); bf16 d = %d, %d KV heads, %d keys, %d stages of K + V (32 KB each)\n",
-              copy_rate / 1e9, kDim, kHeads, kKeys, kStages);
+              copy / 1e9, kDim, kHeads, kKeys, kStages);
 
   const cuuint64_t row = kDim * 2;
   const cuuint64_t bshd_dims[4] = {kDim, kHeads, kKeys, kMaxBatch};
@@ -240,7 +211,7 @@ int main() {
         const double bytes = 2.0 * batch * kKeys * kHeads * kDim * 2;
         std::printf("  B = %2d, %d split%s, %3d CTAs  %-46s %7.1f us  %5.0f GB/s (%.2f of the copy rate)  %s\n", batch,
                     splits, splits > 1 ? "s" : " ", grid, names[m], best * 1e3, bytes / (best * 1e-3) / 1e9,
-                    bytes / (best * 1e-3) / copy_rate, wrong == 0 ? "sums ok" : "SUMS WRONG");
+                    bytes / (best * 1e-3) / copy, wrong == 0 ? "sums ok" : "SUMS WRONG");
         ok = ok && wrong == 0;
       }
     }

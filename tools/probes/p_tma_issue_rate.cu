@@ -39,6 +39,7 @@
 #include "hopper/ptx/mbarrier.cuh"
 #include "hopper/ptx/tma.cuh"
 #include "probe_host.hpp"
+#include "probe_ring.cuh"
 
 namespace ptx = warpattn::ptx;
 
@@ -56,9 +57,6 @@ __host__ __device__ inline long long strided_key(int mode, int c, int t, int til
   return (seq * span + static_cast<long long>(t) * kRows) % keys;
 }
 
-struct Ring {
-  uint64_t full[kStages], empty[kStages];
-};
 
 // Box j of tile t: page table[t * kBoxes + j], its 16 rows into rows [16 j, 16 j + 16) of both panels.
 __device__ __forceinline__ void page_box(uint32_t tile, const CUtensorMap* map, uint32_t bar, int j, int page) {
@@ -72,19 +70,11 @@ __global__ void __launch_bounds__(256, 1) stream_tiles(const __grid_constant__ C
                                                        const int* __restrict__ table, int tiles, int dense_rows,
                                                        float* __restrict__ firsts) {
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  Ring& ring = *reinterpret_cast<Ring*>(base + kStages * kTileBytes);
+  uint8_t* base;
+  // (4 warps: each arrives with its own boxes' bytes, so no box completes before its bytes are
+  // expected and the phase waits for all four)
+  ProbeRing<kStages>& ring = ProbeRing<kStages>::make(smem_raw, base, kTileBytes, kMode == kFourWarps ? 4 : 1);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      // (4 warps: each arrives with its own boxes' bytes, so no box completes before its bytes
-      // are expected and the phase waits for all four)
-      ptx::mbarrier_init(ptx::smem_addr(&ring.full[s]), kMode == kFourWarps ? 4 : 1);
-      ptx::mbarrier_init(ptx::smem_addr(&ring.empty[s]), 1);
-    }
-    ptx::fence_barrier_init();
-  }
-  __syncthreads();
   const int* my_table = table + static_cast<size_t>(blockIdx.x) * tiles * kBoxes;
   if (warp < 4) {  // the producer warpgroup
     for (int t = 0; t < tiles; ++t) {

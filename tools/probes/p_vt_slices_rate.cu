@@ -31,6 +31,7 @@
 #include "hopper/ptx/mbarrier.cuh"
 #include "hopper/ptx/tma.cuh"
 #include "probe_host.hpp"
+#include "probe_ring.cuh"
 
 namespace ptx = warpattn::ptx;
 
@@ -41,9 +42,6 @@ constexpr long long kCacheBytes = 1LL * kPairs * kKeys * kDim;  // 256 MB each f
 constexpr int kSmem = 1024 + kStages * 2 * kTileBytes + 256;
 enum Mode { kPanel = 0, kSlices = 1, kSliced = 2, kBulk = 3, kKOnly = 4, kK64Only = 5 };
 
-struct Ring {
-  uint64_t full[kStages], empty[kStages];
-};
 
 template <int kMode>
 __global__ void __launch_bounds__(256, 1) stream(const __grid_constant__ CUtensorMap k_map,
@@ -51,17 +49,9 @@ __global__ void __launch_bounds__(256, 1) stream(const __grid_constant__ CUtenso
                                                  const uint8_t* __restrict__ v_raw, int tiles,
                                                  uint8_t* __restrict__ last_v) {
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  Ring& ring = *reinterpret_cast<Ring*>(base + kStages * 2 * kTileBytes);
+  uint8_t* base;
+  ProbeRing<kStages>& ring = ProbeRing<kStages>::make(smem_raw, base, 2 * kTileBytes, 1);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(ptx::smem_addr(&ring.full[s]), 1);
-      ptx::mbarrier_init(ptx::smem_addr(&ring.empty[s]), 1);
-    }
-    ptx::fence_barrier_init();
-  }
-  __syncthreads();
   if (warp == 0 && lane == 0) {
     for (int t = 0; t < tiles; ++t) {
       const int stage = t % kStages, phase = (t / kStages) & 1;
@@ -98,20 +88,7 @@ __global__ void __launch_bounds__(256, 1) stream(const __grid_constant__ CUtenso
 
 static CUtensorMap encode(void* data, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
                           const cuuint32_t* box, CUtensorMapSwizzle swizzle) {
-  CUtensorMap map;
-  cuuint64_t d5[5] = {1, 1, 1, 1, 1}, s4[4] = {0, 0, 0, 0};
-  cuuint32_t b5[5] = {1, 1, 1, 1, 1}, e5[5] = {1, 1, 1, 1, 1};
-  for (int i = 0; i < rank; ++i) d5[i] = dims[i], b5[i] = box[i];
-  for (int i = 0; i < rank - 1; ++i) s4[i] = strides[i];
-  for (int i = rank - 1; i < 4; ++i) s4[i] = (i == 0 ? d5[0] : s4[i - 1] * d5[i]);
-  const CUresult r = cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 5, data, d5, s4, b5, e5,
-                                            CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    std::printf("FAIL: cuTensorMapEncodeTiled returned %d\n", static_cast<int>(r));
-    std::exit(1);
-  }
-  return map;
+  return tiled_map(CU_TENSOR_MAP_DATA_TYPE_UINT8, data, rank, dims, strides, box, swizzle);
 }
 
 // Byte i of the 16 KB tile the consumer copied out, as the mode lays it in shared memory, from
@@ -168,21 +145,11 @@ int main() {
   const CUtensorMap k64_map = encode(k_dev, 2, r_dims, r_strides, r_box, CU_TENSOR_MAP_SWIZZLE_64B);
 
   // The copy rate of the same run (bytes read + written per second).
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0), cudaEventCreate(&e1);
-  cudaMemcpy(sliced_dev, vt_dev, kCacheBytes / 2, cudaMemcpyDeviceToDevice);  // warm-up (rewritten below)
-  cudaMemcpy(sliced_dev, sliced.data(), kCacheBytes, cudaMemcpyHostToDevice);
   uint8_t* copy_to = nullptr;
   cudaMalloc(&copy_to, kCacheBytes);
-  cudaEventRecord(e0);
-  for (int i = 0; i < 5; ++i) cudaMemcpy(copy_to, vt_dev, kCacheBytes, cudaMemcpyDeviceToDevice);
-  cudaEventRecord(e1);
-  cudaEventSynchronize(e1);
-  float copy_ms = 0;
-  cudaEventElapsedTime(&copy_ms, e0, e1);
-  const double copy_rate = 5.0 * 2 * kCacheBytes / (copy_ms * 1e-3);
+  const double copy = copy_rate(copy_to, vt_dev, kCacheBytes);
   std::printf("copy rate %.0f GB/s (read + written); %d CTAs x %d tiles (K + Vt, 16 KB each), %d stages\n",
-              copy_rate / 1e9, sms, tiles, kStages);
+              copy / 1e9, sms, tiles, kStages);
 
   struct Run {
     int mode;
@@ -222,7 +189,7 @@ int main() {
     }
     const double bytes = static_cast<double>(sms) * tiles * kTileBytes * (m == kKOnly || m == kK64Only ? 1 : 2);
     std::printf("  %-48s %8.1f us  %6.0f GB/s (%.2f of the copy rate)  %s\n", run.name, best * 1e3,
-                bytes / (best * 1e-3) / 1e9, bytes / (best * 1e-3) / copy_rate,
+                bytes / (best * 1e-3) / 1e9, bytes / (best * 1e-3) / copy,
                 m == kKOnly || m == kK64Only ? "" : (wrong == 0 ? "tiles ok" : "TILES WRONG"));
     ok = ok && wrong == 0;
   }
