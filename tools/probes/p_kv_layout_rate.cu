@@ -5,13 +5,16 @@
 // 8 heads' CTAs drift apart each DRAM page they open is read for a fraction of its bytes.
 // This streams a decode step's bytes (BF16, d = 128, Hkv = 8, 4096 keys a sequence; K and V
 // tiles of 32 KB, two 128B-swizzled panels of 64 columns each, as the kernel's) through a
-// 3-stage ring, only a waiting consumer warp, three ways:
+// 3-stage ring, only a waiting consumer warp, four ways:
 //   head        (B, S, Hkv, d), a CTA on one (sequence, KV head, split), boxes {64, 1 head, 128
 //               keys}: the kernel's loads today;
 //   contiguous  (B, Hkv, S, d), the same work items, boxes {64, 128 keys}: each tile 32 KB of
 //               contiguous bytes;
 //   all heads   (B, S, Hkv, d), a CTA on every KV head of one key range, boxes {64, 8 heads, 16
 //               keys}: each tile the same 32 KB of contiguous bytes, read where they lie.
+//   balanced    the head layout's tiles cut evenly over the CTAs in order, whatever their work
+//               items: the grid without a last, partly full round (B = 64's 512 items on 132
+//               CTAs take 4 rounds, the last 88% full), i.e. what a split tail could gain.
 // Each at B = 8 with 1 and 2 splits (64 and 128 CTAs; the same tiles a CTA in every mode) and B
 // = 64 (512 items on the persistent grid). Reported: us, the rate of bytes read against the
 // copy rate of the same run (read + written); checked: each CTA's last K and V tile's sum of
@@ -39,7 +42,7 @@ constexpr int kPanelBytes = 128 * 128;            // 128 rows of 128 bytes (64 b
 constexpr int kTileBytes = 2 * kPanelBytes;       // 32 KB: 128 keys x d, or 16 keys x 8 heads x d
 constexpr int kStageBytes = 2 * kTileBytes;       // K and V
 constexpr int kSmem = 1024 + kStages * kStageBytes + 256;
-enum Mode { kHead = 0, kContiguous = 1, kAllHeads = 2 };
+enum Mode { kHead = 0, kContiguous = 1, kAllHeads = 2, kBalanced = 3 };
 
 
 // Element (b, s, h, c) of K (which = 0) or V (1): a hash of its logical index, whatever the layout.
@@ -83,18 +86,23 @@ __global__ void __launch_bounds__(256, 1) stream(const __grid_constant__ CUtenso
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int per_item = tiles_per_item(splits);
   const int my_items = (items - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x);
-  const int tiles = my_items * per_item;
+  // kBalanced: an even share of the launch's tiles in order, whatever their items
+  const long long total = 1LL * items * per_item;
+  const int first = kMode == kBalanced ? static_cast<int>(blockIdx.x * total / gridDim.x) : 0;
+  const int tiles = kMode == kBalanced ? static_cast<int>((blockIdx.x + 1) * total / gridDim.x) - first : my_items * per_item;
   if (warp == 0 && lane == 0) {
     for (int t = 0; t < tiles; ++t) {
       const int stage = t % kStages, phase = (t / kStages) & 1;
-      const Item it = item_of(kMode, static_cast<int>(blockIdx.x) + t / per_item * static_cast<int>(gridDim.x), splits);
-      const int tile = t % per_item;
+      const Item it = kMode == kBalanced
+                          ? item_of(kHead, (first + t) / per_item, splits)
+                          : item_of(kMode, static_cast<int>(blockIdx.x) + t / per_item * static_cast<int>(gridDim.x), splits);
+      const int tile = kMode == kBalanced ? (first + t) % per_item : t % per_item;
       const uint32_t k_dst = ptx::smem_addr(base + stage * kStageBytes), v_dst = k_dst + kTileBytes;
       const uint32_t full = ptx::smem_addr(&ring.full[stage]);
       ptx::mbarrier_wait(ptx::smem_addr(&ring.empty[stage]), phase ^ 1);
       ptx::mbarrier_arrive_expect_tx(full, kStageBytes);
       for (int p = 0; p < 2; ++p) {
-        if constexpr (kMode == kHead) {  // {d, Hkv, S, B}
+        if constexpr (kMode == kHead || kMode == kBalanced) {  // {d, Hkv, S, B}
           ptx::tma_load_5d(k_dst + p * kPanelBytes, &k_map, full, p * 64, it.h, it.key0 + tile * 128, it.b, 0);
           ptx::tma_load_5d(v_dst + p * kPanelBytes, &v_map, full, p * 64, it.h, it.key0 + tile * 128, it.b, 0);
         } else if constexpr (kMode == kContiguous) {  // {d, S, Hkv, B}
@@ -134,8 +142,11 @@ static CUtensorMap encode(void* data, const cuuint64_t (&dims)[4], const cuuint6
 // The host's sum of a CTA's last K (which = 0) or V tile.
 static unsigned long long expected_sum(int mode, int which, int cta, int grid, int items, int splits) {
   const int my_items = (items - cta + grid - 1) / grid;
-  const Item it = item_of(mode, cta + (my_items - 1) * grid, splits);
-  const int tile = tiles_per_item(splits) - 1;
+  const int per_item = tiles_per_item(splits);
+  const long long last = (cta + 1LL) * items * per_item / grid - 1;  // kBalanced's last tile
+  const Item it = mode == kBalanced ? item_of(kHead, static_cast<int>(last / per_item), splits)
+                                    : item_of(mode, cta + (my_items - 1) * grid, splits);
+  const int tile = mode == kBalanced ? static_cast<int>(last % per_item) : per_item - 1;
   unsigned long long sum = 0;
   for (int c = 0; c < kDim; ++c) {
     if (mode == kAllHeads) {
@@ -178,18 +189,18 @@ int main() {
   const CUtensorMap k_all = encode(k_bshd, bshd_dims, bshd_strides, kHeads, 16), v_all = encode(v_bshd, bshd_dims, bshd_strides, kHeads, 16);
   const CUtensorMap k_cont = encode(k_bhsd, bhsd_dims, bhsd_strides, 128, 1), v_cont = encode(v_bhsd, bhsd_dims, bhsd_strides, 128, 1);
 
-  void (*kernels[3])(CUtensorMap, CUtensorMap, int, int, unsigned long long*) = {stream<kHead>, stream<kContiguous>,
-                                                                                  stream<kAllHeads>};
-  const char* names[3] = {"head (B,S,Hkv,d), box 1 head x 128 keys", "contiguous (B,Hkv,S,d), box 128 keys",
-                          "all heads (B,S,Hkv,d), box 8 heads x 16 keys"};
-  const CUtensorMap* maps[3][2] = {{&k_head, &v_head}, {&k_cont, &v_cont}, {&k_all, &v_all}};
+  void (*kernels[4])(CUtensorMap, CUtensorMap, int, int, unsigned long long*) = {stream<kHead>, stream<kContiguous>,
+                                                                                  stream<kAllHeads>, stream<kBalanced>};
+  const char* names[4] = {"head (B,S,Hkv,d), box 1 head x 128 keys", "contiguous (B,Hkv,S,d), box 128 keys",
+                          "all heads (B,S,Hkv,d), box 8 heads x 16 keys", "head, an even share of the tiles a CTA"};
+  const CUtensorMap* maps[4][2] = {{&k_head, &v_head}, {&k_cont, &v_cont}, {&k_all, &v_all}, {&k_head, &v_head}};
   const int shapes[][2] = {{8, 1}, {8, 2}, {64, 1}};  // (B, splits)
   bool ok = true;
   for (int pass = 0; pass < 2; ++pass)
     for (const auto& shape : shapes) {
       const int batch = shape[0], splits = shape[1], items = batch * kHeads * splits;
       const int grid = items < sms ? items : sms;
-      for (int m = 0; m < 3; ++m) {
+      for (int m = 0; m < 4; ++m) {
         cudaFuncSetAttribute(kernels[m], cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
         const float best = best_of_runs(
             6,
