@@ -115,7 +115,7 @@ WARPATTN_HOST_DEVICE int default_splits(long long tiles, int key_blocks, int mul
 // step's: the key tiles' bytes, not the GEMMs, set a CTA's pace): 64 CTAs with d = 128's ring (3
 // stages of 128 keys of K and V, 192 KB) were measured to reach the device's rate; a ring of
 // fewer bytes in flight takes proportionally more (Little's law: a CTA's rate follows its bytes
-// in flight). Fuller tiles are bound by their GEMMs and keep the rounds alone (0): run 195's
+// in flight). Fuller tiles are bound by their GEMMs and keep the rounds alone (0): run 196's
 // B = 8 16K step with 128 rows a tile (64/8 heads, 16 positions) took 184 us whole against 155
 // in two splits (run 194), while with 64 rows (32/8 heads) whole and halves were even (147.3,
 // 145.6). The E4M3 cache's step is not bound by bandwidth at those counts (run 194: B = 8 4K
