@@ -95,7 +95,7 @@ template <class Cfg>
 void launch_forward_kernel(int64_t blocks, const ForwardMaps& maps, const ForwardParams& params, cudaStream_t stream,
                            bool dependent = false) {
   auto kernel = attention_forward_kernel<Cfg>;
-  constexpr int kSmem = Cfg::kSplitHeadDim ? kSplitHeadDimSmemBytes<Cfg> : static_cast<int>(sizeof(SharedStorage<Cfg>));
+  constexpr int kSmem = kForwardSmemBytes<Cfg>;
   static_assert(kSmem <= Cfg::kSharedMemoryLimit, "the kernel's shared memory");
   allow_shared_memory<attention_forward_kernel<Cfg>>(kSmem, "attention_forward_kernel: setting its shared-memory size");
   if (dependent) {

@@ -22,4 +22,17 @@ struct SharedStorage {
   TileSlots tiles;
 };
 
+// Cfg::kExchangeBytes after SharedStorage (16-byte aligned) for the consumer warpgroups'
+// exchange (a split head dim's partial S, split_head_dim.cuh). kForwardSmemBytes: the launch's
+// dynamic shared memory.
+template <class Cfg>
+inline constexpr size_t kExchangeOffset = (sizeof(SharedStorage<Cfg>) + 15) / 16 * 16;
+template <class Cfg>
+inline constexpr int kForwardSmemBytes = static_cast<int>(Cfg::kExchangeBytes > 0 ? kExchangeOffset<Cfg> + Cfg::kExchangeBytes
+                                                                                 : sizeof(SharedStorage<Cfg>));
+template <class Cfg>
+__device__ __forceinline__ float* exchange_buffer(SharedStorage<Cfg>& ss) {
+  return reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(&ss) + kExchangeOffset<Cfg>);
+}
+
 }  // namespace warpattn::detail

@@ -21,15 +21,8 @@
 
 namespace warpattn::detail {
 
-// The S exchange: after SharedStorage, each warpgroup's partial S of one key tile (64 rows x
+// The S exchange (exchange_buffer): each warpgroup's partial S of one key tile (64 rows x
 // kBlockN fp32, row-major).
-template <class Cfg>
-__device__ __forceinline__ float* split_exchange(SharedStorage<Cfg>& ss) {
-  constexpr size_t kOffset = (sizeof(SharedStorage<Cfg>) + 15) / 16 * 16;
-  return reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(&ss) + kOffset);
-}
-template <class Cfg>
-inline constexpr int kSplitHeadDimSmemBytes = (sizeof(SharedStorage<Cfg>) + 15) / 16 * 16 + Cfg::kExchangeBytes;
 
 // S = S_0 + S_1 in place of this warpgroup's partial s: its part written, both read back after
 // both have written, and the buffer free again once both have read.
@@ -121,7 +114,7 @@ __device__ __forceinline__ void run_split_head_dim_consumer(SharedStorage<Cfg>& 
                                                             int warpgroup) {
   static_assert(Cfg::kSplitHeadDim && Cfg::kSharedRows && !Cfg::kFp8,
                 "the 16-bit forward: dense, packed or over KV caches");
-  float* exchange = split_exchange(ss);
+  float* exchange = exchange_buffer(ss);
   const FragmentCoords f(threadIdx.x % 128);
   int kv = 0, q_iter = 0;  // as in the producer
   for (int i = 0;; ++i) {
