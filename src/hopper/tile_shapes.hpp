@@ -99,22 +99,54 @@ template <int kHeadDim, bool kCausal, class OutElement, class QKElement, int kWa
 using Fp8ForwardConfigFor = ForwardConfig<__nv_fp8_e4m3, kHeadDim, 128, kFp8Stages<kHeadDim>, kCausal,
                                           WARPATTN_TUNE_FP8_QSTAGES, OutElement, QKElement, kWarpgroups>;
 
-// d = 64's sliding windows narrower than kTallTileMinBand on a kernel of their own
-// (forward_instance.cuh), with WARPATTN_TUNE_D64_NARROW_BLOCK_N keys a tile (64: 4 stages; 0:
-// none, the 128 x 128 banded kernel takes them). Run 194 (3 interleaved passes beside cuDNN's
-// window): the 256-key window +9.5% at N = 16K (0.877 -> 0.966 of cuDNN), +7% at N = 1K, the
-// 1024-key window and causal unchanged: each warpgroup walks its own 5 tiles of 64 keys, 320 keys
-// a row against 384. (Run 184: the same tiles in the kernel short causal sequences share cost
-// those 6.6%, hence a kernel of its own.)
+// Sliding windows narrower than kTallTileMinBand on kernels of their own (forward_instance.cuh),
+// whose key tiles are 64 keys: each warpgroup walks its own tiles (consumer.cuh's
+// kWarpgroupKeyTiles), 5 of them (320 keys a row) for a 256-key window, where the 128-key tiles
+// take 384 and d = 256's 80-key tiles ~400. A head dim's knob sets the keys a tile (0: none,
+// the banded kernel takes them).
+// d = 64 (WARPATTN_TUNE_D64_NARROW_BLOCK_N, 4 stages). Run 194 (3 interleaved passes beside
+// cuDNN's window): the 256-key window +9.5% at N = 16K (0.877 -> 0.966 of cuDNN), +7% at N = 1K,
+// the 1024-key window and causal unchanged. (Run 184: the same tiles in the kernel short causal
+// sequences share cost those 6.6%, hence a kernel of its own.) WARPATTN_TUNE_D64_NARROW_WARPGROUPS:
+// its consumer warpgroups (2: 128-row work tiles; 3: 192, more warps to hide the softmax's latency).
+// d = 128 and 256 (WARPATTN_TUNE_D128_NARROW_BLOCK_N, _D256_: to measure): 4 and 2 stages, the
+// shared memory's fill (Q's two buffers and 4 x 32 KB, or 2 x 64 KB, of keys and values).
 #ifndef WARPATTN_TUNE_D64_NARROW_BLOCK_N
 #define WARPATTN_TUNE_D64_NARROW_BLOCK_N 64
 #endif
+#ifndef WARPATTN_TUNE_D64_NARROW_WARPGROUPS
+#define WARPATTN_TUNE_D64_NARROW_WARPGROUPS 2
+#endif
+#ifndef WARPATTN_TUNE_D128_NARROW_BLOCK_N
+#define WARPATTN_TUNE_D128_NARROW_BLOCK_N 0
+#endif
+#ifndef WARPATTN_TUNE_D256_NARROW_BLOCK_N
+#define WARPATTN_TUNE_D256_NARROW_BLOCK_N 0
+#endif
 template <int kHeadDim>
-inline constexpr bool kHasNarrowTiles = kHeadDim == 64 && WARPATTN_TUNE_D64_NARROW_BLOCK_N > 0;
+struct NarrowTileShape {
+  static constexpr int kBlockN = 0, kStages = 0, kWarpgroups = 2;
+};
+template <>
+struct NarrowTileShape<64> {
+  static constexpr int kBlockN = WARPATTN_TUNE_D64_NARROW_BLOCK_N, kStages = kBlockN == 64 ? 4 : 2,
+                       kWarpgroups = WARPATTN_TUNE_D64_NARROW_WARPGROUPS;
+};
+template <>
+struct NarrowTileShape<128> {
+  static constexpr int kBlockN = WARPATTN_TUNE_D128_NARROW_BLOCK_N, kStages = kBlockN == 64 ? 4 : 2, kWarpgroups = 2;
+};
+template <>
+struct NarrowTileShape<256> {
+  static constexpr int kBlockN = WARPATTN_TUNE_D256_NARROW_BLOCK_N, kStages = 2, kWarpgroups = 2;
+};
+template <int kHeadDim>
+inline constexpr bool kHasNarrowTiles = NarrowTileShape<kHeadDim>::kBlockN > 0;
 template <class Element, int kHeadDim>
 using NarrowForwardConfigFor =
-    ForwardConfig<Element, kHeadDim, (WARPATTN_TUNE_D64_NARROW_BLOCK_N > 0 ? WARPATTN_TUNE_D64_NARROW_BLOCK_N : 128),
-                  (WARPATTN_TUNE_D64_NARROW_BLOCK_N == 64 ? 4 : 2), true>;
+    ForwardConfig<Element, kHeadDim, (kHasNarrowTiles<kHeadDim> ? NarrowTileShape<kHeadDim>::kBlockN : 128),
+                  (kHasNarrowTiles<kHeadDim> ? NarrowTileShape<kHeadDim>::kStages : 2), true, 0, Element, Element,
+                  NarrowTileShape<kHeadDim>::kWarpgroups>;
 template <class Element, int kHeadDim, bool kCausal>
 using ForwardConfigFor = ForwardConfig<Element, kHeadDim, TileShape<kHeadDim, kCausal>::kBlockN,
                                        TileShape<kHeadDim, kCausal>::kStages, kCausal, 0, Element, Element, 2,
