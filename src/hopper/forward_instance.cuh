@@ -69,9 +69,10 @@ void run_forward_varlen_causal(const ForwardProblem& p, const VarlenSequences& s
     if (!narrow_band(p.band))
       return run_forward_varlen<VarlenConfig<TallForwardConfigFor<Element, kHeadDim, kCausal>>>(p, seqs, q, k, v, out,
                                                                                                lse, stream);
-  if constexpr (kCausal && kHasNarrowTiles<kHeadDim>)  // (a narrow band here: the tall tiles took the rest)
-    return run_forward_varlen<VarlenConfig<NarrowForwardConfigFor<Element, kHeadDim>>>(p, seqs, q, k, v, out, lse,
-                                                                                      stream);
+  if constexpr (kCausal && kHasNarrowTiles<kHeadDim>)
+    if (narrow_band(p.band))
+      return run_forward_varlen<VarlenConfig<NarrowForwardConfigFor<Element, kHeadDim>>>(p, seqs, q, k, v, out, lse,
+                                                                                        stream);
   run_forward_varlen<VarlenConfig<ForwardConfigFor<Element, kHeadDim, kCausal>>>(p, seqs, q, k, v, out, lse, stream);
 }
 

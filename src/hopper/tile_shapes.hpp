@@ -103,25 +103,27 @@ using Fp8ForwardConfigFor = ForwardConfig<__nv_fp8_e4m3, kHeadDim, 128, kFp8Stag
 // whose key tiles are 64 keys: each warpgroup walks its own tiles (consumer.cuh's
 // kWarpgroupKeyTiles), 5 of them (320 keys a row) for a 256-key window, where the 128-key tiles
 // take 384 and d = 256's 80-key tiles ~400. A head dim's knob sets the keys a tile (0: none,
-// the banded kernel takes them).
-// d = 64 (WARPATTN_TUNE_D64_NARROW_BLOCK_N, 4 stages). Run 194 (3 interleaved passes beside
-// cuDNN's window): the 256-key window +9.5% at N = 16K (0.877 -> 0.966 of cuDNN), +7% at N = 1K,
-// the 1024-key window and causal unchanged. (Run 184: the same tiles in the kernel short causal
-// sequences share cost those 6.6%, hence a kernel of its own.) WARPATTN_TUNE_D64_NARROW_WARPGROUPS:
-// its consumer warpgroups (2: 128-row work tiles; 3: 192, more warps to hide the softmax's latency).
-// d = 128 and 256 (WARPATTN_TUNE_D128_NARROW_BLOCK_N, _D256_: to measure): 4 and 2 stages, the
-// shared memory's fill (Q's two buffers and 4 x 32 KB, or 2 x 64 KB, of keys and values).
+// the banded kernel takes them); d = 64's also its consumer warpgroups (3: 192-row work tiles,
+// more warps to hide the softmax's latency, which is d = 64's work).
+// Run 202 (BF16, causal, 256-key window, H d = 2048; 2 passes of 3 interleaved beside cuDNN's
+// window, warpattn/cuDNN at N = 16K / 64K / 128K): d = 64 on two warpgroups 0.96 / 0.96 / 0.97,
+// on three 1.08 / 1.09 / 1.10; d = 128 on 128-key tiles 1.05 / 1.03 / 1.00, on 64 1.04 / 1.06 /
+// 1.05; d = 256 on 80-key tiles 1.07 / 1.01 / 0.99, on 64 1.16 / 1.13 / 1.13. (Run 194: d = 64's
+// 64-key tiles had taken it from 0.877 to 0.966 at 16K; run 184: the same tiles in the kernel
+// short causal sequences share cost those 6.6%, hence a kernel of its own.) Stages: the shared
+// memory's fill (Q's two buffers and 4 x 16 or 32 KB of keys and values, or at d = 256 one Q
+// buffer and 2 x 64 KB).
 #ifndef WARPATTN_TUNE_D64_NARROW_BLOCK_N
 #define WARPATTN_TUNE_D64_NARROW_BLOCK_N 64
 #endif
 #ifndef WARPATTN_TUNE_D64_NARROW_WARPGROUPS
-#define WARPATTN_TUNE_D64_NARROW_WARPGROUPS 2
+#define WARPATTN_TUNE_D64_NARROW_WARPGROUPS 3
 #endif
 #ifndef WARPATTN_TUNE_D128_NARROW_BLOCK_N
-#define WARPATTN_TUNE_D128_NARROW_BLOCK_N 0
+#define WARPATTN_TUNE_D128_NARROW_BLOCK_N 64
 #endif
 #ifndef WARPATTN_TUNE_D256_NARROW_BLOCK_N
-#define WARPATTN_TUNE_D256_NARROW_BLOCK_N 0
+#define WARPATTN_TUNE_D256_NARROW_BLOCK_N 64
 #endif
 template <int kHeadDim>
 struct NarrowTileShape {
