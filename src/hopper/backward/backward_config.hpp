@@ -20,6 +20,15 @@
 #define WARPATTN_TUNE_BWD_EARLY_DV 1
 #endif
 
+// dQ one step late (docs/backward-design.md, "Lagged dQ"): a consumer issues step j's dQ GEMM
+// in step j + 1, where the other consumer's half of dS(j) is long written, instead of meeting it
+// at a barrier every step, so the two consumers no longer run in lockstep and one's exponentials
+// and dS can run under the other's GEMMs. 0: off; 1: lagged (d = 64 and 128); 2: lagged, and
+// consumer 1 starts its first step after consumer 0's first softmax (half a step behind).
+#ifndef WARPATTN_TUNE_BWD_LAGGED_DQ
+#define WARPATTN_TUNE_BWD_LAGGED_DQ 0
+#endif
+
 namespace warpattn::detail {
 
 template <class Element_, int kHeadDim_, bool kCausal_, bool kDeterministic_>
@@ -44,6 +53,8 @@ struct BackwardConfig {
   static constexpr bool kSplitHeadDim = kHeadDim >= 256;
   static constexpr bool kEarlyDv = (kHeadDim == 128 && WARPATTN_TUNE_BWD_EARLY_DV >= 1) ||
                                    (kHeadDim == 64 && WARPATTN_TUNE_BWD_EARLY_DV >= 2);
+  static constexpr bool kLaggedDq = !kSplitHeadDim && WARPATTN_TUNE_BWD_LAGGED_DQ >= 1;
+  static constexpr bool kStaggeredStart = kLaggedDq && WARPATTN_TUNE_BWD_LAGGED_DQ >= 2;
   static constexpr int kColumnHalves = kHeadDim == 512 ? 2 : 1;  // CTAs per key block
   static constexpr int kCtaColumns = kHeadDim / kColumnHalves;   // a CTA's dK, dV and dQ columns
   // d = 256: 80 keys a CTA (FlashAttention-3's d = 256 tile; docs/backward-design.md, "Key blocks

@@ -290,12 +290,15 @@ struct BackwardConsumer {
     for (int i = 0; i < kKV / 2; ++i) dk[i] = dv[i] = 0.f;
     const uint32_t k_rows = smem_addr(ss.k) + (key0 - work.n_block * kN) * 128;
     const uint32_t v_rows = smem_addr(ss.v) + (key0 - work.n_block * kN) * 128;
-    if (work.steps() > 0) mbarrier_wait(smem_addr(&ss.kv_full), 0);
-    for (int step = 0; step < work.steps(); ++step) {
+    const int steps = work.steps();
+    if (steps > 0) mbarrier_wait(smem_addr(&ss.kv_full), 0);
+    for (int step = 0; step < steps; ++step) {
       const RingSlot qs = ring_slot<Cfg::kQStages>(step), ds = ring_slot<Cfg::kDoStages>(step);
       const int head = work.head(step), m_block = work.m_block(step);
       const int buf = step % 2;
       float s[kM / 2], dp[kM / 2];
+      if (Cfg::kStaggeredStart && step == 0 && warpgroup == 1)
+        named_barrier_sync(BackwardBarrier::kStaggeredStart, 256);
       mbarrier_wait(smem_addr(&ss.q_full[qs.stage]), qs.phase);
       issue_rows_gemm<Element, Cfg::kPanels, kN, kM, 128>(s, k_rows, smem_addr(ss.q[qs.stage]));
       wgmma_commit();
@@ -305,6 +308,8 @@ struct BackwardConsumer {
       wgmma_wait<1>();
       pin(s);
       probabilities(s, qs.stage, m_block * kM);
+      if (Cfg::kStaggeredStart && step == 0 && warpgroup == 0)
+        named_barrier_arrive(BackwardBarrier::kStaggeredStart, 256);
       wgmma_wait<0>();
       pin(dp);
       // A consumer's dK and dV columns: its kKV with the head dim split, else all.
@@ -320,11 +325,15 @@ struct BackwardConsumer {
       }
       // dSᵀ to shared memory before the register GEMMs read dst (registers an in-flight wgmma
       // reads must not be touched until it completes). With the head dim split, both consumers
-      // hold the same dS: consumer 0 stores it.
+      // hold the same dS: consumer 0 stores it. Lagged: into a buffer whose last dQ GEMMs (step
+      // - 2's, the other consumer's in its step - 1) have completed.
+      if (Cfg::kLaggedDq && step >= 2)
+        named_barrier_sync(lagged_barrier(BackwardBarrier::kDsBufferRead, 1 - warpgroup, buf), 256);
       if (!Cfg::kSplitHeadDim || warpgroup == 0) {
         write_ds(dst, buf);
         fence_proxy_async_shared();
       }
+      if (Cfg::kLaggedDq) named_barrier_arrive(lagged_barrier(BackwardBarrier::kDsHalfWritten, warpgroup, buf), 256);
       if constexpr (!Cfg::kEarlyDv) {  // (early: dV's operands are in flight, untouched until its wait)
         pin(dv);
         pin(pt);
@@ -339,25 +348,69 @@ struct BackwardConsumer {
         issue_register_gemm<Element, kKV, kM / 16, kM * 128>(dv, pt, smem_addr(ss.dout[ds.stage]) + kv_columns);
         wgmma_commit();
       }
-      named_barrier_sync(BackwardBarrier::kDsWritten, 256);
-      float dq[kDqRegs];
-      issue_dq_gemm(dq, buf, 0);
-      wgmma_commit();
-      issue_register_gemm<Element, kKV, kM / 16, kM * 128>(dk, dst, smem_addr(ss.q[qs.stage]) + kv_columns);
-      wgmma_commit();
-      wgmma_wait<1>();  // dV and dQ
-      pin(dv);
-      pin(dq);
-      pin(pt);
-      release(&ss.do_empty[ds.stage]);
-      hand_over_dq_piece(dq, step * kPieces);
-      hand_over_other_dq_pieces(dq, buf, step);
+      // The step's dQ, or lagged the previous step's (lagged, the first step has none: its own
+      // branch, since registers a path leaves unwritten would be live around the whole loop).
+      const int dq_step = Cfg::kLaggedDq ? step - 1 : step;
+      const uint32_t q_columns = smem_addr(ss.q[qs.stage]) + kv_columns;
+      if (!Cfg::kLaggedDq || dq_step >= 0) {
+        float dq[kDqRegs];
+        wait_for_ds(dq_step);
+        issue_dq_gemm(dq, dq_step % 2, 0);
+        wgmma_commit();
+        issue_register_gemm<Element, kKV, kM / 16, kM * 128>(dk, dst, q_columns);
+        wgmma_commit();
+        wgmma_wait<1>();  // dV and dQ
+        pin(dv);
+        pin(dq);
+        pin(pt);
+        release(&ss.do_empty[ds.stage]);
+        // (lagged: the buffer's next writer, step dq_step + 2, waits for this)
+        if (Cfg::kLaggedDq && dq_step + 2 < steps)
+          named_barrier_arrive(lagged_barrier(BackwardBarrier::kDsBufferRead, warpgroup, dq_step % 2), 256);
+        hand_over_dq_piece(dq, dq_step * kPieces);
+        hand_over_other_dq_pieces(dq, dq_step % 2, dq_step);
+      } else {
+        wgmma_fence();  // (after pin(dk): in the other branch the dQ GEMM's fence comes first)
+        issue_register_gemm<Element, kKV, kM / 16, kM * 128>(dk, dst, q_columns);
+        wgmma_commit();
+        wgmma_wait<1>();  // dV
+        pin(dv);
+        pin(pt);
+        release(&ss.do_empty[ds.stage]);
+      }
       wgmma_wait<0>();  // dK
       pin(dk);
       pin(dst);
       release(&ss.q_empty[qs.stage]);
     }
+    if (Cfg::kLaggedDq && steps > 0) {  // the last step's dQ
+      float dq[kDqRegs];
+      wait_for_ds(steps - 1);
+      issue_dq_gemm(dq, (steps - 1) % 2, 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin(dq);
+      hand_over_dq_piece(dq, (steps - 1) * kPieces);
+    }
     store(dk, dv);
+  }
+
+  // Lagged dQ's named barriers: `first` + 2 x consumer + dS buffer (backward_shared_storage.cuh).
+  __device__ __forceinline__ static int lagged_barrier(int first, int consumer, int buf) {
+    return first + 2 * consumer + buf;
+  }
+
+  // Before the dQ GEMM of `step`: both consumers' halves of its dS are in shared memory. Each
+  // step both meet here; lagged, only the other's half is waited for (this one's own was
+  // written a step ago, and this sync orders its writes too: the barrier counts this consumer's
+  // 128 threads).
+  __device__ __forceinline__ void wait_for_ds(int step) const {
+    if constexpr (Cfg::kLaggedDq) {
+      static_assert(kPieces == 1 && !Cfg::kSplitHeadDim, "lagged dQ: one piece a consumer, dS of both consumers");
+      ptx::named_barrier_sync(lagged_barrier(BackwardBarrier::kDsHalfWritten, 1 - warpgroup, step % 2), 256);
+    } else {
+      ptx::named_barrier_sync(BackwardBarrier::kDsWritten, 256);
+    }
   }
 
   // dK (times the softmax scale: dK = scale · dSᵀ·Q) and dV for the keys before seqlen_k: this

@@ -44,6 +44,13 @@ struct BackwardBarrier {
   static constexpr int kDqFull0 = 2;
   static constexpr int kDqEmpty0 = 4;
   static constexpr int kDqThreads = 128 + 32;
+  // Lagged dQ (Cfg::kLaggedDq) instead of kDsWritten, 256 threads each, consumer c arriving and
+  // the other syncing: c's half of dS buffer b is written (kDsHalfWritten + 2c + b), c's dQ GEMM
+  // has read buffer b (kDsBufferRead + 2c + b); consumer 0's first softmax is done
+  // (kStaggeredStart, Cfg::kStaggeredStart).
+  static constexpr int kDsHalfWritten = 6;
+  static constexpr int kDsBufferRead = 10;
+  static constexpr int kStaggeredStart = 14;
 };
 
 }  // namespace warpattn::detail
