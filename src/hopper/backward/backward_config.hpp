@@ -23,10 +23,12 @@
 // dQ one step late (docs/backward-design.md, "Lagged dQ"): a consumer issues step j's dQ GEMM
 // in step j + 1, where the other consumer's half of dS(j) is long written, instead of meeting it
 // at a barrier every step, so the two consumers no longer run in lockstep and one's exponentials
-// and dS can run under the other's GEMMs. 0: off; 1: lagged (d = 64 and 128); 2: lagged, and
-// consumer 1 starts its first step after consumer 0's first softmax (half a step behind).
+// and dS can run under the other's GEMMs. 0: off; 1: lagged (d = 64 and 128); 2 (the default):
+// lagged, and consumer 1 starts its first step after consumer 0's first softmax (half a step
+// behind). Run 208 (H100, 3 interleaved passes): value 2 +2.9 to +3.8% at d = 128, -0.6 to
+// +3.4% at d = 64; value 1 +3.5% at 16K but nothing at 4K.
 #ifndef WARPATTN_TUNE_BWD_LAGGED_DQ
-#define WARPATTN_TUNE_BWD_LAGGED_DQ 0
+#define WARPATTN_TUNE_BWD_LAGGED_DQ 2
 #endif
 
 namespace warpattn::detail {

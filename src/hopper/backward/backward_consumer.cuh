@@ -12,6 +12,8 @@
 //                                     the 80 rows of its 64 columns, dq_transposed_layout.hpp)
 //   dQ piece handed to a writer warp, which adds it to the fp32 accumulator in global memory
 //                                     with one bulk reduce
+//   (lagged dQ, Cfg::kLaggedDq: step j's dQ GEMM is issued in step j + 1, so that the consumers
+//                                     need not meet every step: docs/backward-design.md)
 // d = 64, 128 and 512; d = 256 has its own (backward_consumer_n80.cuh, built on this one).
 #pragma once
 

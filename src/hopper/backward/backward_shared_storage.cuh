@@ -38,7 +38,7 @@ struct BackwardSharedStorage : BackwardPtStorage<Cfg> {
 
 // Named barriers of the backward (0 is __syncthreads).
 struct BackwardBarrier {
-  static constexpr int kDsWritten = 1;  // both consumers' dS halves are in shared memory (256)
+  static constexpr int kDsWritten = 1;  // both consumers' dS halves are in shared memory (256; not lagged)
   // Consumer i and its dQ writer warp (128 + 32 threads): the piece buffer holds a new piece
   // (kDqFull0 + i), and the writer's bulk reduce has read it (kDqEmpty0 + i).
   static constexpr int kDqFull0 = 2;
