@@ -31,6 +31,18 @@
 #define WARPATTN_TUNE_BWD_LAGGED_DQ 2
 #endif
 
+// dQ added to global memory by the consumers themselves, red.global.add.v4.f32 straight from the
+// dQ GEMM's registers (docs/backward-design.md, "dQ from registers"), instead of staged in
+// shared memory for a writer warp's bulk reduce: no staging stores, proxy fence or hand-over
+// barrier in the consumer's step. Never in the deterministic mode (its turns order whole bulk
+// adds). 0: off; 1 (the default): at d = 256, whose consumers hand over four 32-column pieces a
+// step through an 8 KB buffer, +8-12% there (run 211, H100, 3 interleaved passes); 2: at every
+// head dim (d = 64 and 128: -1 to -5%, run 211; d = 512 untimed); 3: as 2, and at d = 64 and 128
+// the freed staging (40 KB at d = 128) spent on a third Q and dO stage (no better than 2).
+#ifndef WARPATTN_TUNE_BWD_DQ_RED
+#define WARPATTN_TUNE_BWD_DQ_RED 1
+#endif
+
 namespace warpattn::detail {
 
 template <class Element_, int kHeadDim_, bool kCausal_, bool kDeterministic_>
@@ -57,6 +69,8 @@ struct BackwardConfig {
                                    (kHeadDim == 64 && WARPATTN_TUNE_BWD_EARLY_DV >= 2);
   static constexpr bool kLaggedDq = !kSplitHeadDim && WARPATTN_TUNE_BWD_LAGGED_DQ >= 1;
   static constexpr bool kStaggeredStart = kLaggedDq && WARPATTN_TUNE_BWD_LAGGED_DQ >= 2;
+  static constexpr bool kDqFromRegisters =
+      !kDeterministic && ((kHeadDim == 256 && WARPATTN_TUNE_BWD_DQ_RED >= 1) || WARPATTN_TUNE_BWD_DQ_RED >= 2);
   static constexpr int kColumnHalves = kHeadDim == 512 ? 2 : 1;  // CTAs per key block
   static constexpr int kCtaColumns = kHeadDim / kColumnHalves;   // a CTA's dK, dV and dQ columns
   // d = 256: 80 keys a CTA (FlashAttention-3's d = 256 tile; docs/backward-design.md, "Key blocks
@@ -97,8 +111,10 @@ struct BackwardConfig {
   // Q (+ LSE) and dO (+ D) buffers; d = 256 keeps one dO buffer to fit in shared memory (dO is
   // free again after the dV GEMM, early in a step); d = 512 one Q buffer too (K and V alone are
   // 128 KB there: K 64 + V 64 + Q 32 + dO 32 + dS 8 + dQ pieces 16 = 216 KB of 227).
-  static constexpr int kQStages = kHeadDim == 512 ? 1 : 2;
-  static constexpr int kDoStages = kSplitHeadDim ? 1 : 2;
+  // dQ from registers (WARPATTN_TUNE_BWD_DQ_RED 3): a third stage of each in the staging's room.
+  static constexpr bool kDeepRing = kDqFromRegisters && !kSplitHeadDim && WARPATTN_TUNE_BWD_DQ_RED >= 3;
+  static constexpr int kQStages = kHeadDim == 512 ? 1 : kDeepRing ? 3 : 2;
+  static constexpr int kDoStages = kSplitHeadDim ? 1 : kDeepRing ? 3 : 2;
   static constexpr int kPanels = kHeadDim / 64;  // 128-byte panels per row
   static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKTileBytes = kBlockN * kHeadDim * 2;

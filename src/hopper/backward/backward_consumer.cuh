@@ -11,12 +11,14 @@
 //                                     by stmatrix.trans and read K-major; each consumer makes
 //                                     the 80 rows of its 64 columns, dq_transposed_layout.hpp)
 //   dQ piece handed to a writer warp, which adds it to the fp32 accumulator in global memory
-//                                     with one bulk reduce
+//                                     with one bulk reduce (Cfg::kDqFromRegisters: added by
+//                                     the consumer itself, red.global.add.v4.f32)
 //   (lagged dQ, Cfg::kLaggedDq: step j's dQ GEMM is issued in step j + 1, so that the consumers
 //                                     need not meet every step: docs/backward-design.md)
 // d = 64, 128 and 512; d = 256 has its own (backward_consumer_n80.cuh, built on this one).
 #pragma once
 
+#include "hopper/backward/backward_dq_writer.cuh"
 #include "hopper/backward/backward_params.hpp"
 #include "hopper/backward/backward_shared_storage.cuh"
 #include "hopper/backward/column_half.cuh"
@@ -214,22 +216,35 @@ struct BackwardConsumer {
   // Hands the dQ piece to this warpgroup's writer warp (backward_dq_writer.cuh) through the
   // piece buffer, in dq_accum.cuh's order (transposed: dq_transposed_layout.hpp's), once the
   // writer has read the previous one.
+  // With Cfg::kDqFromRegisters the piece is added to the accumulator in global memory from the
+  // registers instead (red.global.add.v4.f32, the same order of floats), nothing waited for.
   __device__ __forceinline__ void hand_over_dq_piece(const float (&dq)[kDqRegs], int ordinal) const {
     using namespace ptx;
     const int t = threadIdx.x % 128;
-    if (ordinal > 0) named_barrier_sync(BackwardBarrier::kDqEmpty0 + warpgroup, BackwardBarrier::kDqThreads);
+    if constexpr (Cfg::kDqFromRegisters) {
+      float* dst = dq_piece_destination<Cfg>(p, work, ordinal / kPieces, ordinal % kPieces, warpgroup);
 #pragma unroll
-    for (int j = 0; j < kDqRegs / 4; ++j) {
-      int offset;
-      if constexpr (kDqT)
-        offset = DqTransposedPiece<kM>::float_index(t, 4 * j);
-      else
-        offset = DqAccumLayout::fragment_offset(j, t);
-      reinterpret_cast<float4*>(ss.dq_piece[warpgroup])[offset / 4] =
-          make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+      for (int j = 0; j < kDqRegs / 4; ++j) {
+        red_add_v4_f32(dst + dq_float_index(t, j), dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+      }
+    } else {
+      if (ordinal > 0) named_barrier_sync(BackwardBarrier::kDqEmpty0 + warpgroup, BackwardBarrier::kDqThreads);
+#pragma unroll
+      for (int j = 0; j < kDqRegs / 4; ++j)
+        reinterpret_cast<float4*>(ss.dq_piece[warpgroup])[dq_float_index(t, j) / 4] =
+            make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+      fence_proxy_async_shared();
+      named_barrier_arrive(BackwardBarrier::kDqFull0 + warpgroup, BackwardBarrier::kDqThreads);
     }
-    fence_proxy_async_shared();
-    named_barrier_arrive(BackwardBarrier::kDqFull0 + warpgroup, BackwardBarrier::kDqThreads);
+  }
+
+  // Where thread t's dq[4j .. 4j + 3] go in a piece (dq_accum.cuh's order; transposed,
+  // dq_transposed_layout.hpp's).
+  __device__ __forceinline__ static int dq_float_index(int t, int j) {
+    if constexpr (kDqT)
+      return DqTransposedPiece<kM>::float_index(t, 4 * j);
+    else
+      return DqAccumLayout::fragment_offset(j, t);
   }
 
   // The step's dQ pieces after the first (d = 512: two a consumer), each into the same registers

@@ -30,40 +30,47 @@
 
 namespace warpattn::detail {
 
+// Where consumer `consumer`'s dQ piece `piece` of `step` starts in the fp32 accumulator: at kM =
+// 64 pieces kPieces·consumer.. (64 columns each) of the step's 64 rows; at kM = 128 all columns
+// of rows 64·consumer.. of its 128; transposed, the consumer's 64 columns of all kM rows.
+template <class Cfg>
+__device__ __forceinline__ float* dq_piece_destination(const BackwardParams& p, const KeyBlockWork& work, int step,
+                                                       int piece, int consumer) {
+  constexpr int kM = Cfg::kBlockM, kD = Cfg::kHeadDim;
+  const int head = work.head(step);
+  if constexpr (Cfg::kDqTransposed) {
+    // the 64-column piece: the consumer's (d = 128), or piece `piece` of its columns (d = 512)
+    const int column_piece = Cfg::kSplitHeadDim ? consumer_column0<Cfg>(consumer) / 64 + piece : consumer;
+    return p.dq_accum +
+           DqAccumLayout::transposed_piece_offset<kM>(p, work.ws_row0, head, work.m_block(step), column_piece, kD);
+  }
+  const int row_block = work.m_block(step) * kM / 64 + (kM == 128 ? consumer : 0);
+  if constexpr (Cfg::kBlockN80) {
+    // 32-column pieces: piece `piece` of the consumer's kKVColumns is half (column0 % 64) / 32
+    // of the 64 x 64 piece column0 / 64 (its registers' floats, the first or second 2048)
+    const int column0 = Cfg::kKVColumns * consumer + Cfg::kDqPieceColumns * piece;
+    return p.dq_accum + DqAccumLayout::piece_offset(p, work.ws_row0, head, row_block, column0 / 64, kD) +
+           (column0 % 64) * 64;
+  }
+  const int piece_index = kM == 64 ? Cfg::kDqPiecesPerConsumer * consumer + piece : 0;
+  return p.dq_accum + DqAccumLayout::piece_offset(p, work.ws_row0, head, row_block, piece_index, kD);
+}
+
 template <class Cfg>
 __device__ __forceinline__ void run_dq_writer(BackwardSharedStorage<Cfg>& ss, const BackwardParams& p,
                                               const KeyBlockWork& work, int consumer) {
   using namespace ptx;
-  constexpr int kM = Cfg::kBlockM, kD = Cfg::kHeadDim;
+  constexpr int kM = Cfg::kBlockM;
   const bool leader = threadIdx.x % 32 == 0;
-  // The consumer's piece: at kM = 64 columns 64·consumer.. of the step's 64 rows; at kM = 128
-  // all columns of rows 64·consumer.. of the step's 128.
-  // kDqPiecesPerConsumer pieces per step: at kM = 64 pieces kPieces·consumer.. (64 columns
-  // each) of the step's 64 rows; at kM = 128 all columns of rows 64·consumer.. of its 128.
   constexpr int kPieces = Cfg::kDqPiecesPerConsumer;
   const int ordinals = work.steps() * kPieces;
   for (int ordinal = 0; ordinal < ordinals; ++ordinal) {
     const int step = ordinal / kPieces, piece = ordinal % kPieces;
     const int head = work.head(step);
     const int row_block = work.m_block(step) * kM / 64 + (kM == 128 ? consumer : 0);
-    const int piece_index = kM == 64 ? kPieces * consumer + piece : 0;
     named_barrier_sync(BackwardBarrier::kDqFull0 + consumer, BackwardBarrier::kDqThreads);
     if (leader) {
-      float* dst;
-      if constexpr (Cfg::kDqTransposed) {
-        // the 64-column piece: the consumer's (d = 128), or piece `piece` of its columns (d = 512)
-        const int column_piece = Cfg::kSplitHeadDim ? consumer_column0<Cfg>(consumer) / 64 + piece : consumer;
-        dst = p.dq_accum +
-              DqAccumLayout::transposed_piece_offset<kM>(p, work.ws_row0, head, work.m_block(step), column_piece, kD);
-      } else if constexpr (Cfg::kBlockN80) {
-        // 32-column pieces: piece `piece` of the consumer's kKVColumns is half (column0 % 64) / 32
-        // of the 64 x 64 piece column0 / 64 (its registers' floats, the first or second 2048)
-        const int column0 = Cfg::kKVColumns * consumer + Cfg::kDqPieceColumns * piece;
-        dst = p.dq_accum + DqAccumLayout::piece_offset(p, work.ws_row0, head, row_block, column0 / 64, kD) +
-              (column0 % 64) * 64;
-      } else {
-        dst = p.dq_accum + DqAccumLayout::piece_offset(p, work.ws_row0, head, row_block, piece_index, kD);
-      }
+      float* dst = dq_piece_destination<Cfg>(p, work, step, piece, consumer);
       int* turn = nullptr;
       if constexpr (Cfg::kDeterministic && Cfg::kDqTransposed) {
         // rows (ws_row0 + head x rows) and kM x m_block are multiples of kM (the granule's)

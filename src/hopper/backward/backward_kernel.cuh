@@ -1,7 +1,7 @@
 // The Hopper backward's main kernel: one CTA per (key block, KV head, batch) (two at d = 512,
 // one per column half: kColumnHalves), three
 // warpgroups: warpgroup 0 produces (warp 0 loads through TMA, warps 1 and 2 add the consumers'
-// dQ pieces to global memory), the other two consume (backward_consumer.cuh; d = 256:
+// dQ pieces to global memory, unless the consumers add them from registers), the other two consume (backward_consumer.cuh; d = 256:
 // backward_consumer_n80.cuh).
 // Not persistent: the grid is ordered key block fastest, so under the causal mask the long
 // key blocks (the first ones see the most query blocks) start first, and in the deterministic
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       prefetch_tensor_map(&tm_do);
       run_backward_producer<Cfg>(ss, &tm_q, &tm_k, &tm_v, &tm_do, params, work);
     } else if (warp == 1 || warp == 2) {
-      run_dq_writer<Cfg>(ss, params, work, warp - 1);
+      if constexpr (!Cfg::kDqFromRegisters) run_dq_writer<Cfg>(ss, params, work, warp - 1);
     }
   } else {
     acquire_registers<Cfg::kConsumerRegisters>();

@@ -1,7 +1,8 @@
 // Shared memory of the backward's main kernel. K and V once per CTA; Q (+ its rows' LSE) and
 // dO (+ D) in a ring; dS in two buffers (the next step's dS is written while the dQ GEMMs of
-// this one may still read); one dQ piece per consumer for the bulk reduce. Tiles are stacks of
-// 128-byte panels, 128B-swizzled and 1024-byte aligned (see ../shared_storage.cuh).
+// this one may still read); one dQ piece per consumer for the bulk reduce (unless dQ is added
+// from registers). Tiles are stacks of 128-byte panels, 128B-swizzled and 1024-byte aligned
+// (see ../shared_storage.cuh).
 #pragma once
 #include <cstdint>
 
@@ -19,14 +20,22 @@ struct BackwardPtStorage<Cfg, true> {
   alignas(1024) uint8_t pt[Cfg::kDoStages][Cfg::kPtTileBytes];
 };
 
+// One dQ piece per consumer for its writer warp's bulk reduce; none where the consumers add dQ
+// from their registers (Cfg::kDqFromRegisters).
+template <class Cfg, bool = !Cfg::kDqFromRegisters>
+struct BackwardDqPieceStorage {};
 template <class Cfg>
-struct BackwardSharedStorage : BackwardPtStorage<Cfg> {
+struct BackwardDqPieceStorage<Cfg, true> {
+  alignas(1024) float dq_piece[Cfg::kConsumerWarpgroups][Cfg::kDqPieceFloats];
+};
+
+template <class Cfg>
+struct BackwardSharedStorage : BackwardPtStorage<Cfg>, BackwardDqPieceStorage<Cfg> {
   alignas(1024) uint8_t k[Cfg::kKTileBytes];
   alignas(1024) uint8_t v[Cfg::kKTileBytes];
   alignas(1024) uint8_t q[Cfg::kQStages][Cfg::kQTileBytes];
   alignas(1024) uint8_t dout[Cfg::kDoStages][Cfg::kQTileBytes];
   alignas(1024) uint8_t ds[2][Cfg::kDsTileBytes];
-  alignas(1024) float dq_piece[Cfg::kConsumerWarpgroups][Cfg::kDqPieceFloats];
   alignas(16) float lse_log2[Cfg::kQStages][Cfg::kBlockM];
   alignas(16) float row_d[Cfg::kDoStages][Cfg::kBlockM];
   alignas(8) uint64_t kv_full;
