@@ -5,6 +5,16 @@
 #include <cstdint>
 #include <type_traits>
 
+// An E4M3 cache step's first key tiles loaded before its Q quantisation has finished
+// (docs/decode-fp8-cache-design.md, "K and V before the wait"): the attention is launched as that
+// kernel's programmatic dependent, and today every thread waits for it before anything is
+// loaded, though only Q's codes and descales come from it. 1: only the producer's Q load and the
+// consumers wait; the producer first fills the K and V rings of the CTA's first work tile. 0 (the
+// default, not yet timed): all wait at the start.
+#ifndef WARPATTN_TUNE_KVCACHE_FP8_EARLY_KV
+#define WARPATTN_TUNE_KVCACHE_FP8_EARLY_KV 0
+#endif
+
 namespace warpattn::detail {
 
 // Element_: the operand type of both GEMMs: __half, __nv_bfloat16, or __nv_fp8_e4m3 (FP8:
@@ -47,6 +57,7 @@ struct ForwardConfig {
   static constexpr bool kCausal = kCausal_;
   static constexpr bool kVarlen = false;  // VarlenConfig: packed variable-length batches
   static constexpr bool kKvCache = false;  // KvCacheConfig: each sequence's own KV cache
+  static constexpr bool kEarlyKv = false;  // KvCacheConfig over an E4M3 cache
   // FP8's Vᵀ tile in 16-key slices (KvCacheConfig over an E4M3 cache) instead of one 128-byte
   // swizzled panel row per head-dim row: see KvCacheConfig.
   static constexpr bool kVtSlices = false;
@@ -149,6 +160,7 @@ template <class Base>
 struct KvCacheConfig : VarlenConfig<Base> {
   static constexpr bool kKvCache = true;
   static constexpr bool kVtSlices = Base::kFp8;
+  static constexpr bool kEarlyKv = Base::kFp8 && WARPATTN_TUNE_KVCACHE_FP8_EARLY_KV >= 1;
   // Not at FP8's d = 256: the KV-cache producer (page look-ups, the pieces' enumeration) spilled
   // 128-132 bytes in the 24 registers that kernel leaves it (kWideConsumers: consumers of 240),
   // and its consumers 48-116 bytes in 232 with a producer of 40 (2026-12-02).

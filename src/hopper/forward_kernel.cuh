@@ -201,7 +201,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // An E4M3 cache's step is launched as its Q quantisation's dependent (run_kvcache.cuh), so
   // that its launch and this prologue overlap that kernel's tail: Q's codes and descales (and
   // nothing before them: the append ran before the quantisation) are read after this wait.
-  if constexpr (Cfg::kKvCache && Cfg::kFp8) ptx::wait_for_preceding_grid();
+  // (kEarlyKv: only the producer's Q load and the consumers wait, below.)
+  if constexpr (Cfg::kKvCache && Cfg::kFp8 && !Cfg::kEarlyKv) ptx::wait_for_preceding_grid();
   __syncthreads();  // the last CTA-wide barrier: roles split below
 
   // Broadcast from lane 0 so that ptxas knows the value is the same in the whole warp: what
@@ -220,6 +221,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   } else {
     acquire_registers<Cfg::kConsumerRegisters>();
+    if constexpr (Cfg::kEarlyKv) ptx::wait_for_preceding_grid();  // (the tiles read Q's descales)
     if constexpr (Cfg::kSplitHeadDim)
       run_split_head_dim_consumer<Cfg>(ss, params, warpgroup - 1);
     else
