@@ -1,8 +1,8 @@
 // The Hopper backward's main kernel: one CTA per (key block, KV head, batch) (two at d = 512,
-// one per column half: kColumnHalves), three
-// warpgroups: warpgroup 0 produces (warp 0 loads through TMA, warps 1 and 2 add the consumers'
-// dQ pieces to global memory, unless the consumers add them from registers), the other two consume (backward_consumer.cuh; d = 256:
-// backward_consumer_n80.cuh).
+// one per column half: kColumnHalves), three warpgroups: warpgroup 0 produces (warp 0 loads
+// through TMA, warps 1 and 2 add the consumers' dQ pieces to global memory, unless the consumers
+// add them from registers: Cfg::kDqFromRegisters), the other two consume
+// (backward_consumer.cuh; d = 256: backward_consumer_n80.cuh).
 // Not persistent: the grid is ordered key block fastest, so under the causal mask the long
 // key blocks (the first ones see the most query blocks) start first, and in the deterministic
 // mode the key blocks a CTA waits for were launched before it.
