@@ -177,7 +177,6 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
   int q_iter = 0;  // Q tiles loaded so far
   TileChooser chooser(whole_tiles<Cfg>(params));
   ScheduledTile w = schedule_tile<Cfg>(chooser, params);
-  [[maybe_unused]] bool q_ready = !Cfg::kEarlyKv;  // kEarlyKv: the Q quantisation waited for
   // Only a packed batch's grid can start past its tiles (it is sized before they are counted).
   if (Cfg::kVarlen && w.is_end()) chooser.retire(params);
   ss.tiles.publish(0, w);
@@ -190,25 +189,26 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
     // FP8's Vᵀ keeps each sequence's keys from its padded row (quantize_fp8_varlen), K at the
     // caller's offset.
     const int v_first_key = Cfg::kFp8 && Cfg::kVarlen ? static_cast<int>(varlen_row0(w.k_offset, w.batch)) : w.k_offset;
-    int it0 = 1;  // the tile's first K/V ordinal loaded in the loop below
+    // Step `it` of the tile's K/V stream: K of key tile it, V of key tile it - 1.
+    const auto load_kv_step = [&, kv](int it) {
+      load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, n_end - 1 - it, head_kv, batch, w.k_offset,
+                        &params.kv_pages, seqlen_k);
+      load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1, n_end - it, head_kv, batch,
+                                    v_first_key, &params.kv_pages, seqlen_k);
+    };
+    int it0 = 1;  // the tile's first step loaded in the loop below
     if (n_tiles > 0) {
       // The first K tile can go into a ring slot freed during the previous tile; Q must wait
       // until both consumers' last S GEMM of the tile that used its buffer has read it.
       load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv, n_end - 1, head_kv, batch, w.k_offset,
                         &params.kv_pages, seqlen_k);
       if constexpr (Cfg::kEarlyKv) {
-        if (!q_ready) {
-          // The CTA's first tile with keys: every ring slot is still free (kv is 0), so the
-          // loop's first steps (K of tile it, V of tile it - 1) go out before Q without waiting
-          // on one, in the cache issuers' order; then Q, once its quantisation has finished.
-          for (; it0 < n_tiles && it0 < Cfg::kStages; ++it0) {
-            load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it0, n_end - 1 - it0, head_kv, batch,
-                              w.k_offset, &params.kv_pages, seqlen_k);
-            load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it0 - 1, n_end - it0, head_kv,
-                                          batch, v_first_key, &params.kv_pages, seqlen_k);
-          }
+        if (kv == 0) {
+          // The CTA's first tile with keys (kv is 0 until then): every ring slot is still free,
+          // so the loop's first steps go out before Q without waiting on one, in the cache
+          // issuers' order; then Q, once its quantisation has finished.
+          for (; it0 < n_tiles && it0 < Cfg::kStages; ++it0) load_kv_step(it0);
           ptx::wait_for_preceding_grid();
-          q_ready = true;
         }
       }
       const RingSlot qs = ring_slot<Cfg::kQStages>(q_iter);
@@ -227,12 +227,7 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
     const ScheduledTile next = schedule_tile<Cfg>(chooser, params);
     ss.tiles.publish(i + 1, next);
     if (n_tiles > 0) {
-      for (int it = it0; it < n_tiles; ++it) {
-        load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, n_end - 1 - it, head_kv, batch, w.k_offset,
-                          &params.kv_pages, seqlen_k);
-        load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1, n_end - it, head_kv, batch,
-                                      v_first_key, &params.kv_pages, seqlen_k);
-      }
+      for (int it = it0; it < n_tiles; ++it) load_kv_step(it);
       load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + n_tiles - 1, n_end - n_tiles, head_kv,
                                     batch, v_first_key, &params.kv_pages, seqlen_k);
       kv += n_tiles;
