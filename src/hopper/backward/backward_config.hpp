@@ -37,8 +37,8 @@
 // barrier in the consumer's step. Never in the deterministic mode (its turns order whole bulk
 // adds). 0: off; 1 (the default): at d = 256, whose consumers hand over four 32-column pieces a
 // step through an 8 KB buffer, +8-12% there (run 211, H100, 3 interleaved passes); 2: at every
-// head dim (d = 64 and 128: -1 to -5%, run 211; d = 512 untimed); 3: as 2, and at d = 64 and 128
-// the freed staging (40 KB at d = 128) spent on a third Q and dO stage (no better than 2).
+// head dim (d = 64 and 128: -1 to -5%, run 211, where the freed staging spent on a third Q and
+// dO stage did no better; d = 512 untimed).
 #ifndef WARPATTN_TUNE_BWD_DQ_RED
 #define WARPATTN_TUNE_BWD_DQ_RED 1
 #endif
@@ -111,10 +111,8 @@ struct BackwardConfig {
   // Q (+ LSE) and dO (+ D) buffers; d = 256 keeps one dO buffer to fit in shared memory (dO is
   // free again after the dV GEMM, early in a step); d = 512 one Q buffer too (K and V alone are
   // 128 KB there: K 64 + V 64 + Q 32 + dO 32 + dS 8 + dQ pieces 16 = 216 KB of 227).
-  // dQ from registers (WARPATTN_TUNE_BWD_DQ_RED 3): a third stage of each in the staging's room.
-  static constexpr bool kDeepRing = kDqFromRegisters && !kSplitHeadDim && WARPATTN_TUNE_BWD_DQ_RED >= 3;
-  static constexpr int kQStages = kHeadDim == 512 ? 1 : kDeepRing ? 3 : 2;
-  static constexpr int kDoStages = kSplitHeadDim ? 1 : kDeepRing ? 3 : 2;
+  static constexpr int kQStages = kHeadDim == 512 ? 1 : 2;
+  static constexpr int kDoStages = kSplitHeadDim ? 1 : 2;
   static constexpr int kPanels = kHeadDim / 64;  // 128-byte panels per row
   static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKTileBytes = kBlockN * kHeadDim * 2;
