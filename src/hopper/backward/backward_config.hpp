@@ -43,6 +43,17 @@
 #define WARPATTN_TUNE_BWD_DQ_RED 1
 #endif
 
+// The row terms (LSE and D, per query, in shared memory) loaded further ahead of their use
+// (docs/backward-design.md, "The row terms' latency"): run 216's profile of d = 128 had ~10% of
+// the consumers' stall samples on the short scoreboard at the first use of each pair of them,
+// each LDS.64 issued a few instructions before its FFMA / FADD. 1: the first two query groups'
+// LSE loaded before the S GEMM is waited for, their D before the dP GEMM is, and with the early
+// dV each k16 step's D loaded one step ahead (4 more registers), at d = 64 and 128. 0 (the
+// default, not yet timed): loaded where used.
+#ifndef WARPATTN_TUNE_BWD_EARLY_ROW_TERMS
+#define WARPATTN_TUNE_BWD_EARLY_ROW_TERMS 0
+#endif
+
 namespace warpattn::detail {
 
 template <class Element_, int kHeadDim_, bool kCausal_, bool kDeterministic_>
@@ -69,6 +80,7 @@ struct BackwardConfig {
                                    (kHeadDim == 64 && WARPATTN_TUNE_BWD_EARLY_DV >= 2);
   static constexpr bool kLaggedDq = !kSplitHeadDim && WARPATTN_TUNE_BWD_LAGGED_DQ >= 1;
   static constexpr bool kStaggeredStart = kLaggedDq && WARPATTN_TUNE_BWD_LAGGED_DQ >= 2;
+  static constexpr bool kEarlyRowTerms = !kSplitHeadDim && WARPATTN_TUNE_BWD_EARLY_ROW_TERMS >= 1;
   static constexpr bool kDqFromRegisters =
       !kDeterministic && ((kHeadDim == 256 && WARPATTN_TUNE_BWD_DQ_RED >= 1) || WARPATTN_TUNE_BWD_DQ_RED >= 2);
   static constexpr int kColumnHalves = kHeadDim == 512 ? 2 : 1;  // CTAs per key block

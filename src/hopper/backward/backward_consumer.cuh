@@ -55,6 +55,9 @@ struct BackwardConsumer {
   const int warpgroup;
   const FragmentCoords f;
   const int key0;  // this warpgroup's first key (its 64 keys: the CTA's, or a half of them)
+  // Row terms (LSE, D) a caller loads ahead of their use (Cfg::kEarlyRowTerms): the pairs of two
+  // 8-query groups, one k16 step's.
+  static constexpr int kEarlyGroups = 2;
 
   __device__ __forceinline__ BackwardConsumer(BackwardSharedStorage<Cfg>& ss_, const BackwardParams& p_,
                                               const KeyBlockWork& work_, int warpgroup_)
@@ -65,18 +68,29 @@ struct BackwardConsumer {
         f(threadIdx.x % 128),
         key0(work_.n_block * kN + (Cfg::kSplitHeadDim ? 0 : 64 * warpgroup_)) {}
 
+  // This thread's pair of a row term (LSE or D) for its two queries of 8-query group j.
+  __device__ __forceinline__ float2 row_pair(const float* terms, int j) const {
+    return *reinterpret_cast<const float2*>(terms + f.col(j, 0));
+  }
+  __device__ __forceinline__ void load_row_pairs(float2 (&pairs)[kEarlyGroups], const float* terms, int j0 = 0) const {
+#pragma unroll
+    for (int g = 0; g < kEarlyGroups; ++g) pairs[g] = row_pair(terms, j0 + g);
+  }
+
   // Pᵀ from Sᵀ in place. Query rows past seqlen_q have LSE_log2 = +inf (P = 0 by itself); keys
   // past seqlen_k (zero-filled by TMA) and outside a query's band (right of the causal diagonal
   // or a window, left of a window) are masked.
   // Softcap: S becomes tanh(scale S / softcap) first (softcap.cuh), then P = 2^(tanh ·
   // softcap log2(e) - LSE log2(e)). q0 is the step's first query.
-  __device__ __forceinline__ void probabilities(float (&s)[kM / 2], int stage, int q0) const {
+  // lse_first: with Cfg::kEarlyRowTerms, the first two groups' LSE pairs, loaded by the caller.
+  __device__ __forceinline__ void probabilities(float (&s)[kM / 2], int stage, int q0,
+                                                const float2 (&lse_first)[kEarlyGroups]) const {
     const float* lse = ss.lse_log2[stage];
     if (kBackwardHasSoftcap<kD> && p.softcap_ex2 != 0.f) softcap_scores<false>(s, p.softcap_ex2);
     const float c = p.probability_log2;
 #pragma unroll
     for (int j = 0; j < kM / 8; ++j) {
-      const float2 l = *reinterpret_cast<const float2*>(lse + f.col(j, 0));
+      const float2 l = Cfg::kEarlyRowTerms && j < kEarlyGroups ? lse_first[j] : row_pair(lse, j);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         s[4 * j + 2 * r] = ptx::exp2_approx(fmaf(s[4 * j + 2 * r], c, -l.x));
@@ -111,14 +125,17 @@ struct BackwardConsumer {
   // than kept from probabilities() in kM / 2 more registers. P = 0 (masked, or underflowed, where
   // dS is 0 anyway) would give log2 0 = -inf: the factor is 0 there.
   // j_begin .. j_end: the 8-query groups to do (all by default; the early dV, one k16 step's two).
+  // d_given: with Cfg::kEarlyRowTerms, the D pairs of the range's first two groups, loaded by the
+  // caller ahead of this.
   __device__ __forceinline__ void score_gradients(const float (&s)[kM / 2], float (&dp)[kM / 2], int stage,
-                                                  int q_stage, int j_begin = 0, int j_end = kM / 8) const {
+                                                  int q_stage, const float2 (&d_given)[kEarlyGroups],
+                                                  int j_begin = 0, int j_end = kM / 8) const {
     const float* row_d = ss.row_d[stage];
     const float* lse = ss.lse_log2[q_stage];
     const bool capped = kBackwardHasSoftcap<kD> && p.softcap_ex2 != 0.f;
 #pragma unroll
     for (int j = j_begin; j < j_end; ++j) {
-      const float2 d = *reinterpret_cast<const float2*>(row_d + f.col(j, 0));
+      const float2 d = Cfg::kEarlyRowTerms && j - j_begin < kEarlyGroups ? d_given[j - j_begin] : row_pair(row_d, j);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const float prob = s[4 * j + i];
@@ -286,14 +303,26 @@ struct BackwardConsumer {
   __device__ __forceinline__ void early_dv_and_score_gradients(float (&dv)[kKV / 2], const float (&s)[kM / 2],
                                                                float (&dp)[kM / 2], uint32_t (&pt)[kM / 16][4],
                                                                uint32_t (&dst)[kM / 16][4], uint32_t b, int stage,
-                                                               int q_stage) const {
+                                                               int q_stage, const float2 (&d_first)[kEarlyGroups]) const {
+    static_assert(kEarlyGroups == 2, "one k16 step's 8-query groups");
     const uint64_t bd = register_gemm_b_desc<kM * 128>(b);
+    float2 d_next[kEarlyGroups];  // (Cfg::kEarlyRowTerms) the next k16 step's D pairs, a step ahead
+    if constexpr (Cfg::kEarlyRowTerms) {
+#pragma unroll
+      for (int g = 0; g < kEarlyGroups; ++g) d_next[g] = d_first[g];
+    }
 #pragma unroll
     for (int kk = 0; kk < kM / 16; ++kk) {
+      float2 d_now[kEarlyGroups];
+      if constexpr (Cfg::kEarlyRowTerms) {
+#pragma unroll
+        for (int g = 0; g < kEarlyGroups; ++g) d_now[g] = d_next[g];
+        if (kk + 1 < kM / 16) load_row_pairs(d_next, ss.row_d[stage], 2 * kk + 2);
+      }
       accumulator_step_to_operand<Element>(s, kk, pt[kk]);
       ptx::wgmma_fence();  // pt[kk] was just written
       issue_register_gemm_step<Element, kKV>(dv, pt[kk], bd, kk);
-      score_gradients(s, dp, stage, q_stage, 2 * kk, 2 * kk + 2);
+      score_gradients(s, dp, stage, q_stage, d_now, 2 * kk, 2 * kk + 2);
       accumulator_step_to_operand<Element>(dp, kk, dst[kk]);
     }
     ptx::wgmma_fence();  // dSᵀ's registers, written beside dV's wgmmas, before dK's reads them
@@ -322,11 +351,15 @@ struct BackwardConsumer {
       mbarrier_wait(smem_addr(&ss.do_full[ds.stage]), ds.phase);
       issue_rows_gemm<Element, Cfg::kPanels, kN, kM, 128>(dp, v_rows, smem_addr(ss.dout[ds.stage]));
       wgmma_commit();
+      // (Cfg::kEarlyRowTerms: the first groups' LSE and D loaded while their GEMMs run)
+      float2 lse_first[kEarlyGroups], d_first[kEarlyGroups];
+      if constexpr (Cfg::kEarlyRowTerms) load_row_pairs(lse_first, ss.lse_log2[qs.stage]);
       wgmma_wait<1>();
       pin(s);
-      probabilities(s, qs.stage, m_block * kM);
+      probabilities(s, qs.stage, m_block * kM, lse_first);
       if (Cfg::kStaggeredStart && step == 0 && warpgroup == 0)
         named_barrier_arrive(BackwardBarrier::kStaggeredStart, 256);
+      if constexpr (Cfg::kEarlyRowTerms) load_row_pairs(d_first, ss.row_d[ds.stage]);
       wgmma_wait<0>();
       pin(dp);
       // A consumer's dK and dV columns: its kKV with the head dim split, else all.
@@ -334,9 +367,9 @@ struct BackwardConsumer {
       uint32_t pt[kM / 16][4], dst[kM / 16][4];
       if constexpr (Cfg::kEarlyDv) {
         early_dv_and_score_gradients(dv, s, dp, pt, dst, smem_addr(ss.dout[ds.stage]) + kv_columns, ds.stage,
-                                     qs.stage);
+                                     qs.stage, d_first);
       } else {
-        score_gradients(s, dp, ds.stage, qs.stage);
+        score_gradients(s, dp, ds.stage, qs.stage, d_first);
         accumulator_to_operand<Element, kM>(s, pt);
         accumulator_to_operand<Element, kM>(dp, dst);
       }
