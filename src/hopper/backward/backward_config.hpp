@@ -48,8 +48,9 @@
 // the consumers' stall samples on the short scoreboard at the first use of each pair of them,
 // each LDS.64 issued a few instructions before its FFMA / FADD. 1: the first two query groups'
 // LSE loaded before the S GEMM is waited for, their D before the dP GEMM is, and with the early
-// dV each k16 step's D loaded one step ahead (4 more registers), at d = 64 and 128. 0 (the
-// default, not yet timed): loaded where used.
+// dV each k16 step's D loaded one step ahead (4 more registers), at d = 64 and 128. Run 218
+// (H100, 3 interleaved passes): +0.6 to +4.3% at d = 128, -0.3 to +3.1% at d = 64. 0 (the
+// default until its tests have run on the device): loaded where used.
 #ifndef WARPATTN_TUNE_BWD_EARLY_ROW_TERMS
 #define WARPATTN_TUNE_BWD_EARLY_ROW_TERMS 0
 #endif
