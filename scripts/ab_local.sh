@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# An A/B of compile-time variants whose builds cost no device time: the libraries are built on
+# the dev machine (no GPU needed) and carried to the GPU host packed, where the call only times
+# them (run 218: a 2-variant, 8-point, 3-pass backward A/B in 142 s of device wall time, against
+# ~300 s for scripts/ab_fp8.sh, which builds there). Timing through the C ABI only: for
+# benchmarks that take a library path (bench_backward.py --lib; the CLI of a build is not packed).
+#
+# Here (2 cores: ~3 min a variant, CMake target `warpattn` only):
+#   VARIANTS="base= ert=-DWARPATTN_TUNE_BWD_EARLY_ROW_TERMS=1" bash scripts/ab_local.sh build
+# builds each NAME=FLAGS (FLAGS: CMAKE_CUDA_FLAGS, comma-separated for several; empty for the code
+# as it is) in build-ab-NAME and packs the libraries into build-ab-pack/libs.tgz (~11 MB a
+# variant gzipped, against the device call's 64 MiB of carried paths). On the GPU host (the
+# device tool's `run`, carry ["build-ab-pack"]):
+#   PASSES=3 AB_BENCH='python3 python/warpattn/bench_backward.py --lib $LIB --d 128 --passes 1' \
+#     bash scripts/ab_local.sh run
+# unpacks them and runs AB_BENCH once per variant per pass, variants alternating within each pass
+# (the card's clock drifts over minutes), with $LIB the variant's libwarpattn.so; each run's log
+# is $OUT/NAME-passK.log and its last AB_LINES (8) lines are printed.
+set -u -o pipefail
+pack=build-ab-pack
+case "${1:-}" in
+  build)
+    mkdir -p "$pack" && : > "$pack/names"
+    for v in ${VARIANTS:?NAME=FLAGS ...}; do
+      name=${v%%=*} flags=${v#*=}
+      if ! { cmake -S . -B "build-ab-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWARPATTN_BUILD_PYTHON=OFF \
+               -DWARPATTN_BUILD_TESTS=OFF -DCMAKE_CUDA_FLAGS="${flags//,/ }" &&
+             cmake --build "build-ab-$name" --target warpattn -j"$(nproc)"; } > "/tmp/build-ab-$name.log" 2>&1; then
+        echo "$name: build failed (/tmp/build-ab-$name.log)"; grep -E "error" "/tmp/build-ab-$name.log" | head; exit 1
+      fi
+      spills=$(grep -E "bytes spill" "/tmp/build-ab-$name.log" | grep -vc " 0 bytes spill stores, 0 bytes spill loads")
+      echo "$name built: $spills kernels with spills, C75xx: $(grep -c "C75[0-9][0-9]" "/tmp/build-ab-$name.log")"
+      echo "$name" >> "$pack/names"
+    done
+    tar czf "$pack/libs.tgz" $(sed 's|.*|build-ab-&/libwarpattn.so|' "$pack/names") "$pack/names"
+    ls -la "$pack/libs.tgz" ;;
+  run)
+    OUT=${OUT:-gpu-out}
+    mkdir -p "$OUT"
+    tar xzf "$pack/libs.tgz" || exit 1
+    nvidia-smi --query-gpu=name,power.limit --format=csv,noheader 2>/dev/null || true
+    for pass in $(seq 1 "${PASSES:-3}"); do
+      for name in $(cat "$pack/names"); do
+        LIB=build-ab-$name/libwarpattn.so timeout -k 5 "${BENCH_TIMEOUT:-120}" bash -c "${AB_BENCH:?a command using \$LIB}" \
+          > "$OUT/$name-pass$pass.log" 2>&1
+        echo "$name pass $pass rc=$?"
+        tail -"${AB_LINES:-8}" "$OUT/$name-pass$pass.log"
+      done
+    done ;;
+  *) echo "usage: VARIANTS=... $0 build | PASSES=.. AB_BENCH=.. $0 run"; exit 2 ;;
+esac
