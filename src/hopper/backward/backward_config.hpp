@@ -49,8 +49,9 @@
 // each LDS.64 issued a few instructions before its FFMA / FADD. 1: the first two query groups'
 // LSE loaded before the S GEMM is waited for, their D before the dP GEMM is, and with the early
 // dV each k16 step's D loaded one step ahead (4 more registers), at d = 64 and 128. Run 218
-// (H100, 3 interleaved passes): +0.6 to +4.3% at d = 128, -0.3 to +3.1% at d = 64. 0 (the
-// default until its tests have run on the device): loaded where used.
+// (H100, 3 interleaved passes): +0.6 to +4.3% at d = 128, -0.3 to +3.1% at d = 64. 2: and every
+// group's LSE before the S wait, as FlashAttention-3 reads them (20 registers at 80 rows; built,
+// not yet timed). 0 (the default until its tests have run on the device): loaded where used.
 #ifndef WARPATTN_TUNE_BWD_EARLY_ROW_TERMS
 #define WARPATTN_TUNE_BWD_EARLY_ROW_TERMS 0
 #endif
@@ -82,6 +83,7 @@ struct BackwardConfig {
   static constexpr bool kLaggedDq = !kSplitHeadDim && WARPATTN_TUNE_BWD_LAGGED_DQ >= 1;
   static constexpr bool kStaggeredStart = kLaggedDq && WARPATTN_TUNE_BWD_LAGGED_DQ >= 2;
   static constexpr bool kEarlyRowTerms = !kSplitHeadDim && WARPATTN_TUNE_BWD_EARLY_ROW_TERMS >= 1;
+  static constexpr bool kEarlyLse = kEarlyRowTerms && WARPATTN_TUNE_BWD_EARLY_ROW_TERMS >= 2;
   static constexpr bool kDqFromRegisters =
       !kDeterministic && ((kHeadDim == 256 && WARPATTN_TUNE_BWD_DQ_RED >= 1) || WARPATTN_TUNE_BWD_DQ_RED >= 2);
   static constexpr int kColumnHalves = kHeadDim == 512 ? 2 : 1;  // CTAs per key block

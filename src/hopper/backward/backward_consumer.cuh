@@ -58,6 +58,9 @@ struct BackwardConsumer {
   // Row terms (LSE, D) a caller loads ahead of their use (Cfg::kEarlyRowTerms): the pairs of two
   // 8-query groups, one k16 step's.
   static constexpr int kEarlyGroups = 2;
+  // LSE pairs loaded before the S GEMM is waited for: every group's with Cfg::kEarlyLse
+  // (FlashAttention-3's order: 20 registers at 80 rows), else the first kEarlyGroups'.
+  static constexpr int kEarlyLseGroups = Cfg::kEarlyLse ? kM / 8 : kEarlyGroups;
 
   __device__ __forceinline__ BackwardConsumer(BackwardSharedStorage<Cfg>& ss_, const BackwardParams& p_,
                                               const KeyBlockWork& work_, int warpgroup_)
@@ -72,9 +75,10 @@ struct BackwardConsumer {
   __device__ __forceinline__ float2 row_pair(const float* terms, int j) const {
     return *reinterpret_cast<const float2*>(terms + f.col(j, 0));
   }
-  __device__ __forceinline__ void load_row_pairs(float2 (&pairs)[kEarlyGroups], const float* terms, int j0 = 0) const {
+  template <int kCount>
+  __device__ __forceinline__ void load_row_pairs(float2 (&pairs)[kCount], const float* terms, int j0 = 0) const {
 #pragma unroll
-    for (int g = 0; g < kEarlyGroups; ++g) pairs[g] = row_pair(terms, j0 + g);
+    for (int g = 0; g < kCount; ++g) pairs[g] = row_pair(terms, j0 + g);
   }
 
   // Pᵀ from Sᵀ in place. Query rows past seqlen_q have LSE_log2 = +inf (P = 0 by itself); keys
@@ -82,15 +86,16 @@ struct BackwardConsumer {
   // or a window, left of a window) are masked.
   // Softcap: S becomes tanh(scale S / softcap) first (softcap.cuh), then P = 2^(tanh ·
   // softcap log2(e) - LSE log2(e)). q0 is the step's first query.
-  // lse_first: with Cfg::kEarlyRowTerms, the first two groups' LSE pairs, loaded by the caller.
+  // lse_first: with Cfg::kEarlyRowTerms, the first kEarlyLseGroups groups' LSE pairs, loaded by
+  // the caller.
   __device__ __forceinline__ void probabilities(float (&s)[kM / 2], int stage, int q0,
-                                                const float2 (&lse_first)[kEarlyGroups]) const {
+                                                const float2 (&lse_first)[kEarlyLseGroups]) const {
     const float* lse = ss.lse_log2[stage];
     if (kBackwardHasSoftcap<kD> && p.softcap_ex2 != 0.f) softcap_scores<false>(s, p.softcap_ex2);
     const float c = p.probability_log2;
 #pragma unroll
     for (int j = 0; j < kM / 8; ++j) {
-      const float2 l = Cfg::kEarlyRowTerms && j < kEarlyGroups ? lse_first[j] : row_pair(lse, j);
+      const float2 l = Cfg::kEarlyRowTerms && j < kEarlyLseGroups ? lse_first[j] : row_pair(lse, j);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         s[4 * j + 2 * r] = ptx::exp2_approx(fmaf(s[4 * j + 2 * r], c, -l.x));
@@ -352,7 +357,7 @@ struct BackwardConsumer {
       issue_rows_gemm<Element, Cfg::kPanels, kN, kM, 128>(dp, v_rows, smem_addr(ss.dout[ds.stage]));
       wgmma_commit();
       // (Cfg::kEarlyRowTerms: the first groups' LSE and D loaded while their GEMMs run)
-      float2 lse_first[kEarlyGroups], d_first[kEarlyGroups];
+      float2 lse_first[kEarlyLseGroups], d_first[kEarlyGroups];
       if constexpr (Cfg::kEarlyRowTerms) load_row_pairs(lse_first, ss.lse_log2[qs.stage]);
       wgmma_wait<1>();
       pin(s);
