@@ -30,6 +30,14 @@
 
 namespace warpattn::detail {
 
+// The 64-row block of the step's queries that consumer `consumer`'s untransposed pieces cover
+// (at kM = 128 each consumer has its own half of the rows).
+template <class Cfg>
+__device__ __forceinline__ int dq_row_block(const KeyBlockWork& work, int step, int consumer) {
+  constexpr int kM = Cfg::kBlockM;
+  return work.m_block(step) * kM / 64 + (kM == 128 ? consumer : 0);
+}
+
 // Where consumer `consumer`'s dQ piece `piece` of `step` starts in the fp32 accumulator: at kM =
 // 64 pieces kPieces·consumer.. (64 columns each) of the step's 64 rows; at kM = 128 all columns
 // of rows 64·consumer.. of its 128; transposed, the consumer's 64 columns of all kM rows.
@@ -44,7 +52,7 @@ __device__ __forceinline__ float* dq_piece_destination(const BackwardParams& p, 
     return p.dq_accum +
            DqAccumLayout::transposed_piece_offset<kM>(p, work.ws_row0, head, work.m_block(step), column_piece, kD);
   }
-  const int row_block = work.m_block(step) * kM / 64 + (kM == 128 ? consumer : 0);
+  const int row_block = dq_row_block<Cfg>(work, step, consumer);
   if constexpr (Cfg::kBlockN80) {
     // 32-column pieces: piece `piece` of the consumer's kKVColumns is half (column0 % 64) / 32
     // of the 64 x 64 piece column0 / 64 (its registers' floats, the first or second 2048)
@@ -67,7 +75,7 @@ __device__ __forceinline__ void run_dq_writer(BackwardSharedStorage<Cfg>& ss, co
   for (int ordinal = 0; ordinal < ordinals; ++ordinal) {
     const int step = ordinal / kPieces, piece = ordinal % kPieces;
     const int head = work.head(step);
-    const int row_block = work.m_block(step) * kM / 64 + (kM == 128 ? consumer : 0);
+    const int row_block = dq_row_block<Cfg>(work, step, consumer);
     named_barrier_sync(BackwardBarrier::kDqFull0 + consumer, BackwardBarrier::kDqThreads);
     if (leader) {
       float* dst = dq_piece_destination<Cfg>(p, work, step, piece, consumer);
