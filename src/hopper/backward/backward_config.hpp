@@ -49,11 +49,13 @@
 // each LDS.64 issued a few instructions before its FFMA / FADD. 1: the first two query groups'
 // LSE loaded before the S GEMM is waited for, their D before the dP GEMM is, and with the early
 // dV each k16 step's D loaded one step ahead (4 more registers), at d = 64 and 128. Run 218
-// (H100, 3 interleaved passes): +0.6 to +4.3% at d = 128, -0.3 to +3.1% at d = 64. 2: and every
-// group's LSE before the S wait, as FlashAttention-3 reads them (20 registers at 80 rows; built,
-// not yet timed). 0 (the default until its tests have run on the device): loaded where used.
+// (H100, 3 interleaved passes): +0.6 to +4.3% at d = 128, -0.3 to +3.1% at d = 64; run 219
+// (H200, the same): d = 128 +2.0 / +2.6 / +2.1% at 4K causal, 16K full and causal (4K full too
+// noisy to call), d = 64 +0.0 to +1.5%. 2: and every group's LSE before the S wait, as
+// FlashAttention-3 reads them (20 registers at 80 rows): run 219, below 1 at every d = 128 point
+// (-0.7 to -3.6%) and at d = 64 but for 4K causal. 0: loaded where used. The default: 1.
 #ifndef WARPATTN_TUNE_BWD_EARLY_ROW_TERMS
-#define WARPATTN_TUNE_BWD_EARLY_ROW_TERMS 0
+#define WARPATTN_TUNE_BWD_EARLY_ROW_TERMS 1
 #endif
 
 namespace warpattn::detail {
