@@ -428,3 +428,48 @@ TEST(backward_key_block_work_matches_brute_force_with_windows) {
           }
   CHECK(bad == 0) << bad << " mismatches over " << configs << " configurations";
 }
+
+// The banded backward's launch order: every (key block, row) once, the groups' rows contiguous
+// and nearly equal, key blocks non-decreasing within a group and all rows of a key block before
+// the next; and the group count from the L2 budget.
+TEST(backward_longest_first_order_is_a_grouped_permutation) {
+  using warpattn::detail::grouped_longest_first;
+  using warpattn::detail::longest_first_groups;
+  int bad = 0, configs = 0;
+  for (int n_blocks : {1, 2, 7, 52, 205})
+    for (int rows : {1, 2, 3, 8, 32, 64, 129})
+      for (int groups = 1; groups <= rows && groups <= 12; ++groups) {
+        ++configs;
+        std::vector<int> seen(static_cast<size_t>(n_blocks) * rows, 0);
+        int prev_n = -1, prev_row = -1, group_first = 0;
+        for (int t = 0; t < n_blocks * rows; ++t) {
+          const auto o = grouped_longest_first(t, n_blocks, rows, groups);
+          if (o.n_block < 0 || o.n_block >= n_blocks || o.row < 0 || o.row >= rows) {
+            ++bad;
+            break;
+          }
+          ++seen[static_cast<size_t>(o.n_block) * rows + o.row];
+          // the group of this row, and its bounds
+          int g = 0;
+          while (static_cast<int64_t>(rows) * (g + 1) / groups <= o.row) ++g;
+          const int first = static_cast<int>(static_cast<int64_t>(rows) * g / groups);
+          const int size = static_cast<int>(static_cast<int64_t>(rows) * (g + 1) / groups) - first;
+          if (size < rows / groups || size > rows / groups + 1) ++bad;
+          if (t > 0 && first == group_first) {  // same group: (n, row) in order, row inner
+            const bool next = (o.n_block == prev_n && o.row == prev_row + 1) ||
+                              (o.n_block == prev_n + 1 && prev_row == first + size - 1 && o.row == first);
+            if (!next) ++bad;
+          } else if (t > 0 && !(first > group_first && o.n_block == 0 && o.row == first)) {
+            ++bad;  // a new group starts at its first row's key block 0
+          }
+          prev_n = o.n_block, prev_row = o.row, group_first = first;
+        }
+        for (int c : seen) bad += c != 1;
+      }
+  CHECK(bad == 0) << bad << " mismatches over " << configs << " configurations";
+  // 4096 queries at d = 128, 2 query heads a KV head: 8 MiB a row; 64 rows in 40 MiB: 5 a group.
+  CHECK(longest_first_groups(64, 2, 4096, 128, int64_t{40} << 20) == 13);
+  CHECK(longest_first_groups(64, 2, 4096, 128, int64_t{8} << 20) == 64);    // one row a group
+  CHECK(longest_first_groups(64, 2, 4096, 128, int64_t{1} << 20) == 64);    // over budget: still 1
+  CHECK(longest_first_groups(3, 1, 16, 64, int64_t{40} << 20) == 1);        // all in one
+}

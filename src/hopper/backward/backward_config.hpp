@@ -58,6 +58,21 @@
 #define WARPATTN_TUNE_BWD_EARLY_ROW_TERMS 1
 #endif
 
+// The banded (causal, window) kernels' launch order without the deterministic mode, at d = 256
+// (key_block_work.hpp's grouped_longest_first): the (batch, KV head) rows in groups whose Q, dO
+// and dQ accumulator fit this many MB, longest key block first within a group. 0: the grid's
+// order (key blocks fastest, each row's longest first). A model of list scheduling on 132 SMs
+// put the grid's order 6-7% over the ideal at 4K tokens (d = 128, 256; 3% at d = 64) and the
+// groups within ~1%; FlashAttention-3 takes its causal backward in such groups (40 MB). Run 221
+// (H100, 3 interleaved passes, causal, beside cuDNN): 40 MB at d = 256 +1.4 / +2.6 / +4.5% at
+// 2K / 4K / 8K tokens, but at d = 128 -1.3 / -0.6 / +0.4% and at d = 64 -3.5 / -3.3 / +0.2% (20 MB:
+// d = 128 -1.8 / +1.5 / +1.7%, d = 64 -1.7 / -1.0 / +0.6%): less than the model, whose tail the
+// hardware partly hides, and at the smaller head dims, whose steps read more bytes a FLOP, the
+// L2 held less of each group than of the grid's few rows. So d = 256 only (kLongestFirst).
+#ifndef WARPATTN_TUNE_BWD_LONGEST_FIRST_MB
+#define WARPATTN_TUNE_BWD_LONGEST_FIRST_MB 40
+#endif
+
 namespace warpattn::detail {
 
 template <class Element_, int kHeadDim_, bool kCausal_, bool kDeterministic_>
@@ -86,6 +101,8 @@ struct BackwardConfig {
   static constexpr bool kStaggeredStart = kLaggedDq && WARPATTN_TUNE_BWD_LAGGED_DQ >= 2;
   static constexpr bool kEarlyRowTerms = !kSplitHeadDim && WARPATTN_TUNE_BWD_EARLY_ROW_TERMS >= 1;
   static constexpr bool kEarlyLse = kEarlyRowTerms && WARPATTN_TUNE_BWD_EARLY_ROW_TERMS >= 2;
+  static constexpr bool kLongestFirst =
+      kCausal && !kDeterministic && kHeadDim == 256 && WARPATTN_TUNE_BWD_LONGEST_FIRST_MB > 0;
   static constexpr bool kDqFromRegisters =
       !kDeterministic && ((kHeadDim == 256 && WARPATTN_TUNE_BWD_DQ_RED >= 1) || WARPATTN_TUNE_BWD_DQ_RED >= 2);
   static constexpr int kColumnHalves = kHeadDim == 512 ? 2 : 1;  // CTAs per key block

@@ -21,9 +21,10 @@
 
 namespace warpattn::detail {
 
-// This CTA's key block. Dense: the grid (key blocks, KV heads, batch), key blocks first-first
-// (the longest under the causal mask start first), except for the deterministic causal order,
-// which needs them last-first (dq_turn). A packed batch: entry blockIdx.x of the plan (in the
+// This CTA's key block. Dense: the grid (key blocks, KV heads, batch), key blocks first-first,
+// except for the banded kernels' orders: the deterministic one needs them last-first (dq_turn),
+// the other takes them longest first in groups of rows sized for the L2 (params.
+// longest_first_groups > 0; grouped_longest_first). A packed batch: entry blockIdx.x of the plan (in the
 // same orders within a sequence, varlen_tiles.hpp), or n_block -1 past its end.
 // d = 512 (Cfg::kColumnHalves = 2): CTAs 2t and 2t + 1 take key block t's two column halves
 // (column_half, backward_consumer.cuh), so a key block's index is blockIdx.x / 2 and the grid's
@@ -42,6 +43,18 @@ __device__ __forceinline__ KeyBlockWork key_block_work(const BackwardParams& par
     work.n_block = e.block, work.head_kv = e.head, work.batch = 0;
     work.seqlen_q = e.seqlen_q, work.seqlen_k = e.seqlen_k, work.q_offset = e.q_offset, work.k_offset = e.k_offset;
     work.ws_row0 = varlen_row0<Cfg::kRowGranule>(e.q_offset, e.batch);
+  } else if (Cfg::kLongestFirst && params.longest_first_groups > 0) {
+    // The banded order (key_block_work.hpp's grouped_longest_first) over the grid's tiles in
+    // launch order; a tile's kColumnHalves CTAs stay adjacent.
+    const unsigned tiles = gridDim.x / Cfg::kColumnHalves;
+    const unsigned tile = blockIdx.x / Cfg::kColumnHalves + tiles * (blockIdx.y + gridDim.y * blockIdx.z);
+    const KeyBlockOrder o = grouped_longest_first(static_cast<int>(tile), static_cast<int>(tiles),
+                                                  params.heads_kv * params.batch, params.longest_first_groups);
+    work.n_block = o.n_block;
+    work.head_kv = o.row % params.heads_kv;
+    work.batch = o.row / params.heads_kv;
+    work.seqlen_q = params.seqlen_q, work.seqlen_k = params.seqlen_k, work.q_offset = 0, work.k_offset = 0;
+    work.ws_row0 = static_cast<int64_t>(work.batch) * params.heads_q * params.rows;
   } else {
     if constexpr (Cfg::kColumnHalves == 1) {
       work.n_block = Cfg::kCausal && Cfg::kDeterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;

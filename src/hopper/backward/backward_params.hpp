@@ -54,6 +54,9 @@ struct BackwardParams {
   float softmax_scale = 0;  // dK's and dQ's factor
   // The banded kernels' (Cfg::kCausal: causal or a sliding window) keys per row (kv_tiles.hpp).
   KeyBand band;
+  // The banded kernels' launch order without the deterministic mode (key_block_work.hpp's
+  // grouped_longest_first): its groups of (batch, KV head) rows; 0: the grid's own order.
+  int longest_first_groups = 0;
   // Softcap (0: off): as ForwardParams' softcap_ex2, and 1 / (softcap log2(e)).
   float softcap_ex2 = 0, softcap_inv_log2 = 0;
   // What takes the scores (softcapped: their tanh) to P's exponent: scale_log2, or softcap log2(e).

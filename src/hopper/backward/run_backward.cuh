@@ -113,13 +113,16 @@ template <class Cfg>
 void run_backward(const BackwardProblem& pr, const BackwardTensors& t, void* workspace, cudaStream_t stream) {
   const BackwardWorkspaceLayout layout(pr.batch, pr.heads_q, pr.seqlen_q, pr.backward_kernel_dim(), pr.deterministic,
                                        pr.sinks != nullptr);
-  const BackwardParams p = backward_params<Cfg>(pr, t, layout, workspace);
+  BackwardParams p = backward_params<Cfg>(pr, t, layout, workspace);
   if (pr.seqlen_q == 0) {  // no query row: no gradient reaches K or V (and Q has no map), nor sinks
     zero_rows(t.dk, stream);
     zero_rows(t.dv, stream);
     reduce_sink_sums<Cfg>(p, 0, stream);
     return;
   }
+  if constexpr (Cfg::kLongestFirst)
+    p.longest_first_groups = longest_first_groups(p.heads_kv * p.batch, p.kv_group, p.seqlen_q, Cfg::kHeadDim,
+                                                  int64_t{WARPATTN_TUNE_BWD_LONGEST_FIRST_MB} << 20);
   const dim3 row_grid(static_cast<unsigned>(layout.rows / 64), p.heads_q, p.batch);
   // kColumnHalves CTAs per key block (two at d = 512, backward_kernel.cuh's key_block_work)
   const dim3 main_grid(ceil_div(p.seqlen_k, Cfg::kBlockN) * Cfg::kColumnHalves, p.heads_kv, p.batch);
