@@ -9,8 +9,9 @@ namespace warpattn::detail {
 
 namespace {
 
-// One attribute of the current device, queried once per device.
-int cached_attribute(cudaDeviceAttr attr, const char* what) {
+// One attribute of the current device, queried once per device. `optional`: a device that
+// does not report it gives 0 (not an error), queried again next time.
+int cached_attribute(cudaDeviceAttr attr, const char* what, bool optional = false) {
   static std::mutex mutex;
   static std::vector<std::pair<cudaDeviceAttr, std::vector<int>>> cache;
   int device = 0;
@@ -21,7 +22,15 @@ int cached_attribute(cudaDeviceAttr attr, const char* what) {
   if (it == cache.end()) it = cache.insert(cache.end(), {attr, {}});
   std::vector<int>& values = it->second;  // by device ordinal; 0 = not queried yet
   if (device >= static_cast<int>(values.size())) values.resize(device + 1, 0);
-  if (values[device] == 0) check_cuda(cudaDeviceGetAttribute(&values[device], attr, device), what);
+  if (values[device] == 0) {
+    const cudaError_t e = cudaDeviceGetAttribute(&values[device], attr, device);
+    if (optional && e != cudaSuccess) {
+      (void)cudaGetLastError();  // (not sticky: clears it)
+      values[device] = 0;
+    } else {
+      check_cuda(e, what);
+    }
+  }
   return values[device];
 }
 
@@ -33,6 +42,13 @@ int multiprocessor_count() {
 
 int l2_cache_bytes() {
   return cached_attribute(cudaDevAttrL2CacheSize, "cudaDeviceGetAttribute(l2CacheSize)");
+}
+
+int memory_bandwidth_gbps() {
+  // kHz x bits: two transfers a clock, 8 bits a byte, 1e6 kB/s a GB/s.
+  const int64_t khz = cached_attribute(cudaDevAttrMemoryClockRate, "cudaDeviceGetAttribute(memoryClockRate)", true);
+  const int64_t bits = cached_attribute(cudaDevAttrGlobalMemoryBusWidth, "cudaDeviceGetAttribute(globalMemoryBusWidth)", true);
+  return static_cast<int>(khz * bits / 4 / 1000000);
 }
 
 }  // namespace warpattn::detail

@@ -17,6 +17,10 @@ int multiprocessor_count();
 // Bytes of L2 cache of the current device.
 int l2_cache_bytes();
 
+// The current device's peak memory bandwidth in GB/s (from its memory clock and bus width; 0 if
+// the device does not report them).
+int memory_bandwidth_gbps();
+
 // Lets `kKernel` take `bytes` of dynamic shared memory on the current device: cudaFuncSetAttribute
 // once per device and kernel, not before every launch (a runtime call each time: issue 16's host
 // cost). The kernel is a template argument so that each kernel has its own flags: every forward

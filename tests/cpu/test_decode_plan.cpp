@@ -95,19 +95,31 @@ TEST(default_splits_stay_in_bounds) {
   CHECK(default_splits(8, 32, 132) == 16);   // B = 1: capped by two blocks a split
   CHECK(default_splits(512, 32, 132) == 1);  // B = 64: the tiles fill the card
   CHECK(default_splits(140, 32, 132) == 4);  // a second round of 8 tiles: 560 pieces in 5 rounds of 8 + 1
-  // With the 16-bit d = 128 cache's bandwidth floor (64 CTAs, run 194; a decode step's 4 rows a
-  // tile): B = 8 4K stays whole (64 CTAs reach the device's rate; two halves cost the same blocks
-  // and the combine), B = 1 64K takes 8 pieces of 64 blocks, not 16 of 32, B = 2 16K 4 pieces of
-  // 32 (64 CTAs), not 8.
-  const int bw = cache_bandwidth_ctas(false, 3LL * 128 * 256 * 2, 4);
+  // With the 16-bit d = 128 cache's bandwidth floor on the H200 (4.8 TB/s: 64 CTAs, run 194; a
+  // decode step's 4 rows a tile): B = 8 4K stays whole (64 CTAs reach the device's rate; two
+  // halves cost the same blocks and the combine), B = 1 64K takes 8 pieces of 64 blocks, not 16
+  // of 32, B = 2 16K 4 pieces of 32 (64 CTAs), not 8. An unknown bandwidth (0) is the H200's.
+  const int h200 = 4915, h100 = 3352;  // GB/s from their memory clocks and bus widths
+  const int bw = cache_bandwidth_ctas(false, 3LL * 128 * 256 * 2, 4, h200);
   CHECK(bw == 64) << bw;
-  CHECK(cache_bandwidth_ctas(true, 3LL * 128 * 256, 4) == 0);        // E4M3: the rounds alone
-  CHECK(cache_bandwidth_ctas(false, 3LL * 128 * 256 * 2, 128) == 0);  // full tiles: their GEMMs bound them
-  CHECK(cache_bandwidth_ctas(false, 2LL * 128 * 128 * 2, 1) == 192);  // d = 64's 64 KB ring
+  CHECK(cache_bandwidth_ctas(false, 3LL * 128 * 256 * 2, 4, 0) == 64);
+  CHECK(cache_bandwidth_ctas(true, 3LL * 128 * 256, 4, h200) == 0);        // E4M3: the rounds alone
+  CHECK(cache_bandwidth_ctas(false, 3LL * 128 * 256 * 2, 128, h200) == 0);  // full tiles: their GEMMs bound them
+  CHECK(cache_bandwidth_ctas(false, 2LL * 128 * 128 * 2, 1, h200) == 192);  // d = 64's 64 KB ring
   CHECK(default_splits(64, 32, 132, bw) == 1);
   CHECK(default_splits(8, 512, 132, bw) == 8);
   CHECK(default_splits(16, 128, 132, bw) == 4);
   CHECK(default_splits(512, 32, 132, bw) == 1);
+  // On the H100 (3.35 TB/s) 128 CTAs: B = 8 4K in two halves, B = 1 64K in 16 pieces, B = 64
+  // 4K whole (its 512 tiles take four rounds either way).
+  const int slow = cache_bandwidth_ctas(false, 3LL * 128 * 256 * 2, 4, h100);
+  CHECK(slow == 128) << slow;
+  CHECK(cache_bandwidth_ctas(true, 3LL * 128 * 256, 4, h100) == 0);
+  CHECK(cache_bandwidth_ctas(false, 3LL * 128 * 256 * 2, 128, h100) == 0);
+  CHECK(default_splits(64, 32, 132, slow) == 2);
+  CHECK(default_splits(8, 512, 132, slow) == 16);
+  CHECK(default_splits(16, 128, 132, slow) == 8);
+  CHECK(default_splits(512, 32, 132, slow) == 1);
 }
 
 // The 512 kernel's tiles are 64 rows (kvcache_block_m), both consumer warpgroups on them: GQA

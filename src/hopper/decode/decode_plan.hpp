@@ -112,20 +112,30 @@ WARPATTN_HOST_DEVICE int default_splits(long long tiles, int key_blocks, int mul
   return best;
 }
 // A 16-bit cache's bandwidth_ctas, for tiles of at most kBandwidthMaxRows real rows (a decode
-// step's: the key tiles' bytes, not the GEMMs, set a CTA's pace): 64 CTAs with d = 128's ring (3
-// stages of 128 keys of K and V, 192 KB) were measured to reach the device's rate; a ring of
-// fewer bytes in flight takes proportionally more (Little's law: a CTA's rate follows its bytes
-// in flight). Fuller tiles are bound by their GEMMs and keep the rounds alone (0): run 196's
-// B = 8 16K step with 128 rows a tile (64/8 heads, 16 positions) took 184 us whole against 155
-// in two splits (run 194), while with 64 rows (32/8 heads) whole and halves were even (147.3,
-// 145.6). The E4M3 cache's step is not bound by bandwidth at those counts (run 194: B = 8 4K
-// 34.2 us in two splits against 37.0 whole): 0 as well.
-inline constexpr long long kBandwidthRingBytes = 64LL * 192 * 1024;
+// step's: the key tiles' bytes, not the GEMMs, set a CTA's pace): the CTAs whose rings' bytes in
+// flight reach the device's rate (Little's law: a CTA's rate follows its bytes in flight), found
+// on two cards with d = 128's ring (3 stages of 128 keys of K and V, 192 KB); a ring of fewer
+// bytes takes proportionally more CTAs. On the H200 (4.8 TB/s) 64 CTAs did: B = 8 4K took 46.0 us
+// on 64 whole tiles against 48.1 on 128 halves, B = 1 64K the same in 8 or 16 splits (runs 194,
+// 196). On the H100 (3.35 TB/s) they did not: 128 CTAs were 7-10% faster (B = 8 4K 62.1 us in two
+// splits against 66.7 whole, B = 1 64K 108.6 in 16 against 120.5 in 8; runs 216, 220), its
+// loaded memory latency being longer at the same bytes a second. So a device whose memory peaks
+// below kBandwidthSlowGbps takes the H100's 128, any other (or an unknown one: 0) the H200's 64;
+// no other card has been measured. Fuller tiles are bound by their GEMMs and keep the rounds
+// alone (0): run 196's B = 8 16K step with 128 rows a tile (64/8 heads, 16 positions) took 184 us
+// whole against 155 in two splits (run 194), while with 64 rows (32/8 heads) whole and halves
+// were even (147.3, 145.6). The E4M3 cache's step is not bound by bandwidth at those counts (run
+// 194: B = 8 4K 34.2 us in two splits against 37.0 whole): 0 as well.
+inline constexpr long long kBandwidthRingBytes = 64LL * 192 * 1024;  // the H200's
+inline constexpr long long kSlowBandwidthRingBytes = 128LL * 192 * 1024;  // the H100's
+inline constexpr int kBandwidthSlowGbps = 4000;
 inline constexpr int kBandwidthMaxRows = 16;
-WARPATTN_HOST_DEVICE constexpr int cache_bandwidth_ctas(bool fp8, long long ring_bytes, int tile_rows) {
-  return fp8 || ring_bytes <= 0 || tile_rows > kBandwidthMaxRows
-             ? 0
-             : static_cast<int>((kBandwidthRingBytes + ring_bytes - 1) / ring_bytes);
+WARPATTN_HOST_DEVICE constexpr int cache_bandwidth_ctas(bool fp8, long long ring_bytes, int tile_rows,
+                                                        int memory_gbps) {
+  const long long reach = memory_gbps > 0 && memory_gbps < kBandwidthSlowGbps ? kSlowBandwidthRingBytes
+                                                                              : kBandwidthRingBytes;
+  return fp8 || ring_bytes <= 0 || tile_rows > kBandwidthMaxRows ? 0
+                                                                 : static_cast<int>((reach + ring_bytes - 1) / ring_bytes);
 }
 
 // The batch-invariant mode's chunks (KvCacheWork::chunk_keys), from the call's shape alone:

@@ -140,7 +140,7 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   const KvCacheSplits splits = kvcache_splits(num_splits, tiles, tiles_per_sequence, ceil_div(params.seqlen_k, Cfg::kBlockN),
                                               Cfg::kBlockN, tile_rows, p.batch_invariant, PartialState<Cfg>::kSlotBytes,
                                               cache_bandwidth_ctas(Cfg::kFp8, Cfg::kStages * (Cfg::kKTileBytes + Cfg::kVTileBytes),
-                                                                   tile_rows));
+                                                                   tile_rows, memory_bandwidth_gbps()));
   work.splits = splits.splits, work.chunk_keys = splits.chunk_keys, work.max_chunks = splits.max_chunks;
   work.pieces = static_cast<int>(tiles * work.splits);
   params.kv_work = work;
