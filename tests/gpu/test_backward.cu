@@ -11,6 +11,8 @@
 #include <span>
 
 #include "gpu_test_support.cuh"
+#include "hopper/backward/backward_config.hpp"
+#include "hopper/backward/key_block_work.hpp"
 #include "reference/reference.hpp"
 
 using gpu_test::DeviceBuffer;
@@ -460,6 +462,25 @@ TEST(backward_f16_d128_causal) { run_matrix(DType::f16, 128, true); }
 TEST(backward_bf16_d256_full) { run_matrix(DType::bf16, 256, false); }
 TEST(backward_bf16_d256_causal) { run_matrix(DType::bf16, 256, true); }
 TEST(backward_f16_d256_causal) { run_matrix(DType::f16, 256, true); }
+
+// The causal d = 256 backward's longest-first order (backward_config.hpp,
+// WARPATTN_TUNE_BWD_LONGEST_FIRST_MB) in more than one group of rows: the matrix's shapes all fit
+// one group, where the order is key block outer over every row. Here each (batch, KV head) row's
+// Q, dO and dQ accumulator (8 query heads of 1300 rows: 21 MB) needs a group of its own, so the
+// launch walks three groups one after another, and each CTA's (key block, batch, KV head) comes
+// from grouped_longest_first's group search (CPU-tested as a permutation in test_kv_tiles.cpp).
+TEST(backward_d256_causal_longest_first_over_groups) {
+  REQUIRE_HOPPER();
+  Case c;
+  c.head_dim = 256, c.causal = true;
+  c.batch = 3, c.seqlen_q = c.seqlen_k = 1300, c.heads_q = 8, c.heads_kv = 1;
+  const int groups = warpattn::detail::longest_first_groups(
+      static_cast<int>(c.batch * c.heads_kv), static_cast<int>(c.heads_q / c.heads_kv), static_cast<int>(c.seqlen_q),
+      c.head_dim, int64_t{WARPATTN_TUNE_BWD_LONGEST_FIRST_MB} << 20);
+  REQUIRE(WARPATTN_TUNE_BWD_LONGEST_FIRST_MB == 0 || groups == 3)
+      << groups << " groups: the shape no longer exercises several (" << WARPATTN_TUNE_BWD_LONGEST_FIRST_MB << " MB)";
+  check_case(c);
+}
 
 TEST(backward_deterministic_is_bitwise_repeatable) { run_deterministic_matrix({DType::bf16}, {64, 128, 256}); }
 
