@@ -72,6 +72,11 @@
 #ifndef WARPATTN_TUNE_BWD_LONGEST_FIRST_MB
 #define WARPATTN_TUNE_BWD_LONGEST_FIRST_MB 40
 #endif
+// 1: the order at every head dim (an A/B's variant: d = 64 and 128 lost on the H100 in run 221
+// and are untimed on the H200; d = 512 is untimed).
+#ifndef WARPATTN_TUNE_BWD_LONGEST_FIRST_ALL_DIMS
+#define WARPATTN_TUNE_BWD_LONGEST_FIRST_ALL_DIMS 0
+#endif
 
 namespace warpattn::detail {
 
@@ -102,7 +107,8 @@ struct BackwardConfig {
   static constexpr bool kEarlyRowTerms = !kSplitHeadDim && WARPATTN_TUNE_BWD_EARLY_ROW_TERMS >= 1;
   static constexpr bool kEarlyLse = kEarlyRowTerms && WARPATTN_TUNE_BWD_EARLY_ROW_TERMS >= 2;
   static constexpr bool kLongestFirst =
-      kCausal && !kDeterministic && kHeadDim == 256 && WARPATTN_TUNE_BWD_LONGEST_FIRST_MB > 0;
+      kCausal && !kDeterministic && (kHeadDim == 256 || WARPATTN_TUNE_BWD_LONGEST_FIRST_ALL_DIMS) &&
+      WARPATTN_TUNE_BWD_LONGEST_FIRST_MB > 0;
   static constexpr bool kDqFromRegisters =
       !kDeterministic && ((kHeadDim == 256 && WARPATTN_TUNE_BWD_DQ_RED >= 1) || WARPATTN_TUNE_BWD_DQ_RED >= 2);
   static constexpr int kColumnHalves = kHeadDim == 512 ? 2 : 1;  // CTAs per key block
