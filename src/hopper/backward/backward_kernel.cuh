@@ -3,9 +3,10 @@
 // through TMA, warps 1 and 2 add the consumers' dQ pieces to global memory, unless the consumers
 // add them from registers: Cfg::kDqFromRegisters), the other two consume
 // (backward_consumer.cuh; d = 256: backward_consumer_n80.cuh).
-// Not persistent: the grid is ordered key block fastest, so under the causal mask the long
-// key blocks (the first ones see the most query blocks) start first, and in the deterministic
-// mode the key blocks a CTA waits for were launched before it.
+// Not persistent: the grid is ordered key block fastest, so under the causal mask each (batch,
+// KV head)'s long key blocks (the first ones see the most query blocks) start first, and in the
+// deterministic mode the key blocks a CTA waits for were launched before it; at d = 256 the
+// causal kernel maps the grid to longest first over groups of rows instead (key_block_work).
 #pragma once
 #include <cuda.h>
 
