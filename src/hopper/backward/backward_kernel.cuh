@@ -44,24 +44,27 @@ __device__ __forceinline__ KeyBlockWork key_block_work(const BackwardParams& par
     work.n_block = e.block, work.head_kv = e.head, work.batch = 0;
     work.seqlen_q = e.seqlen_q, work.seqlen_k = e.seqlen_k, work.q_offset = e.q_offset, work.k_offset = e.k_offset;
     work.ws_row0 = varlen_row0<Cfg::kRowGranule>(e.q_offset, e.batch);
+  } else if (Cfg::kLongestFirst && params.longest_first_groups > 0) {
+    // The banded order (key_block_work.hpp's grouped_longest_first) over the grid's tiles in
+    // launch order; a tile's kColumnHalves CTAs stay adjacent.
+    const unsigned tiles = gridDim.x / Cfg::kColumnHalves;
+    const unsigned tile = blockIdx.x / Cfg::kColumnHalves + tiles * (blockIdx.y + gridDim.y * blockIdx.z);
+    const KeyBlockOrder o = grouped_longest_first(static_cast<int>(tile), static_cast<int>(tiles),
+                                                  params.heads_kv * params.batch, params.longest_first_groups);
+    work.n_block = o.n_block;
+    work.head_kv = o.row % params.heads_kv;
+    work.batch = o.row / params.heads_kv;
+    work.seqlen_q = params.seqlen_q, work.seqlen_k = params.seqlen_k, work.q_offset = 0, work.k_offset = 0;
+    work.ws_row0 = static_cast<int64_t>(work.batch) * params.heads_q * params.rows;
   } else {
-    if (Cfg::kLongestFirst && params.longest_first_groups > 0) {
-      // The banded order (key_block_work.hpp's grouped_longest_first) over the grid's tiles in
-      // launch order; a tile's kColumnHalves CTAs stay adjacent.
-      const unsigned tiles = gridDim.x / Cfg::kColumnHalves;
-      const unsigned tile = blockIdx.x / Cfg::kColumnHalves + tiles * (blockIdx.y + gridDim.y * blockIdx.z);
-      const KeyBlockOrder o = grouped_longest_first(static_cast<int>(tile), static_cast<int>(tiles),
-                                                    params.heads_kv * params.batch, params.longest_first_groups);
-      work.n_block = o.n_block;
-      work.head_kv = o.row % params.heads_kv;
-      work.batch = o.row / params.heads_kv;
-    } else {
+    if constexpr (Cfg::kColumnHalves == 1) {
+      work.n_block = Cfg::kCausal && Cfg::kDeterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    } else {  // the same over the grid's key blocks (as written above, the others' code is as before)
       const unsigned tile = blockIdx.x / Cfg::kColumnHalves, tiles = gridDim.x / Cfg::kColumnHalves;
       work.n_block = Cfg::kCausal && Cfg::kDeterministic ? tiles - 1 - tile : tile;
-      work.head_kv = blockIdx.y;
-      work.batch = blockIdx.z;
     }
-    // A dense batch: every sequence spans the whole tensors.
+    work.head_kv = blockIdx.y;
+    work.batch = blockIdx.z;
     work.seqlen_q = params.seqlen_q, work.seqlen_k = params.seqlen_k, work.q_offset = 0, work.k_offset = 0;
     work.ws_row0 = static_cast<int64_t>(work.batch) * params.heads_q * params.rows;
   }
