@@ -7,11 +7,10 @@ Run on the GPU host after `pip install .`:
     python3 scripts/decode_breakdown.py [--points b8_4k b1_64k ...] [--splits 1 2 4 8 16 32]
 """
 import argparse
-import statistics
 
 import torch
 import warpattn
-from warpattn.bench import make_timer
+from warpattn.bench import kernel_trace, make_timer
 
 POINTS = {"b8_4k": dict(B=8, S=4096), "b1_64k": dict(B=1, S=65536), "b64_4k": dict(B=64, S=4096),
           "b2_16k": dict(B=2, S=16384), "b8_16k_q16": dict(B=8, S=16384, Sq=16)}
@@ -32,39 +31,6 @@ def step(q, cache, lens, num_splits, out):
                                                     num_splits=num_splits, out=out)
 
 
-def kernel_trace(fn, calls=20):
-    """Per kernel name: the median duration (us); and the median span of a call (first kernel's
-    start to last kernel's end, us), from the profiler's CUDA events."""
-    flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            flush.zero_()
-            fn()
-        torch.cuda.synchronize()
-    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    events.sort(key=lambda e: e.time_range.start)
-    # A call: the kernels after each flush (the L2 flush's fill kernel), up to the next flush.
-    calls_k, current = [], None
-    for e in events:
-        if "FillFunctor" in e.name:
-            current = []
-            calls_k.append(current)
-        elif current is not None:
-            current.append(e)
-    durations, spans = {}, []
-    for ks in calls_k:
-        if not ks:
-            continue
-        spans.append(ks[-1].time_range.end - ks[0].time_range.start)
-        for e in ks:
-            durations.setdefault(e.name[:60], []).append(e.time_range.end - e.time_range.start)
-    return {n: statistics.median(t) for n, t in durations.items()}, statistics.median(spans) if spans else 0.0
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--points", nargs="+", default=list(POINTS))
@@ -83,7 +49,7 @@ def main():
         out = torch.empty_like(q)
         kinds = {"bf16": (k, v, None), "e4m3": (k, v, warpattn.quantize_kvcache_fp8(k, v))}
         for kind, cache in kinds.items():
-            per_kernel, span = kernel_trace(step(q, cache, lens, 0, out))
+            per_kernel, span = kernel_trace(torch, step(q, cache, lens, 0, out))
             print("%s %s: a call's kernels span %.1f us (median of 20)" % (name, kind, span))
             for n, t in sorted(per_kernel.items(), key=lambda x: -x[1]):
                 print("    %7.1f us  %s" % (t, n))
@@ -92,7 +58,7 @@ def main():
             row, bench = [], []
             for n in [0] + args.splits:
                 label = "default" if n == 0 else "s%d" % n
-                row.append("%s %.1f" % (label, kernel_trace(step(q, cache, lens, n, out))[1]))
+                row.append("%s %.1f" % (label, kernel_trace(torch, step(q, cache, lens, n, out))[1]))
                 bench.append("%s %.1f" % (label, 1e3 * timer(step(q, cache, lens, n, out))))
             print("%s %s GPU span us by num_splits: %s" % (name, kind, "  ".join(row)))
             print("%s %s do_bench us by num_splits: %s" % (name, kind, "  ".join(bench)))

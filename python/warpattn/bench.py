@@ -31,6 +31,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import warnings
@@ -332,6 +333,41 @@ def make_timer(torch, warmup_ms, rep_ms):
         return times[len(times) // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2])
 
     return timer, "CUDA events, median, L2 flushed between calls (triton not importable)"
+
+
+def kernel_trace(torch, fn, calls=20):
+    """Per kernel name (its first 60 characters): the median duration (us); and the median span
+    of a call (first kernel's start to last kernel's end, us), from torch.profiler's CUDA events,
+    the L2 flushed before each call by a bitwise-not of 256 MB, whose kernel marks where each call
+    begins (no attention library launches one; SDPA's backward launches fills of its own)."""
+    flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            flush.bitwise_not_()
+            fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    events.sort(key=lambda e: e.time_range.start)
+    # A call: the kernels after each flush, up to the next flush.
+    calls_k, current = [], None
+    for e in events:
+        if "bitwise_not" in e.name:
+            current = []
+            calls_k.append(current)
+        elif current is not None:
+            current.append(e)
+    durations, spans = {}, []
+    for ks in calls_k:
+        if not ks:
+            continue
+        spans.append(ks[-1].time_range.end - ks[0].time_range.start)
+        for e in ks:
+            durations.setdefault(e.name[:60], []).append(e.time_range.end - e.time_range.start)
+    return {n: statistics.median(t) for n, t in durations.items()}, statistics.median(spans) if spans else 0.0
 
 
 def forward_flops(p):

@@ -20,9 +20,9 @@ import statistics
 import sys
 
 try:  # as a module of the installed package, or as a script beside bench.py (--lib builds)
-    from warpattn.bench import WarpattnTensor, describe, load_warpattn, make_timer, sdpa_inputs
+    from warpattn.bench import WarpattnTensor, describe, kernel_trace, load_warpattn, make_timer, sdpa_inputs
 except ImportError:
-    from bench import WarpattnTensor, describe, load_warpattn, make_timer, sdpa_inputs
+    from bench import WarpattnTensor, describe, kernel_trace, load_warpattn, make_timer, sdpa_inputs
 
 TOTAL_TOKENS, HIDDEN = 16384, 2048
 
@@ -71,6 +71,8 @@ def main(argv=None):
     p.add_argument("--passes", type=int, default=3)
     p.add_argument("--deterministic", action="store_true", help="also time warpattn's deterministic mode")
     p.add_argument("--json", default=None)
+    p.add_argument("--breakdown", action="store_true",
+                   help="also each library's kernels at each point (torch.profiler's CUDA trace, L2 flushed)")
     p.add_argument("--warpattn-only", action="store_true",
                    help="run warpattn's backward alone, a few times, untimed (for ncu / compute-sanitizer)")
     args = p.parse_args(argv)
@@ -125,6 +127,12 @@ def main(argv=None):
                         launches[name] = run
                     except RuntimeError as e:
                         print("  %s unavailable at d=%d N=%d: %s" % (name, d, n, str(e)[:200]), file=sys.stderr)
+                if args.breakdown:
+                    for name, fn in launches.items():
+                        per_kernel, span = kernel_trace(torch, fn)
+                        print("  %s: a call's kernels span %.1f us: %s" % (name, span, "; ".join(
+                            "%.1f %s" % (t, k_) for k_, t in sorted(per_kernel.items(), key=lambda kv: -kv[1]))),
+                              flush=True)
                 times = {name: [] for name in launches}
                 for _ in range(args.passes):
                     for name, fn in launches.items():

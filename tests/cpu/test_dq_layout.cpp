@@ -1,6 +1,7 @@
-// The transposed dQ pieces of the 80-row backward (hopper/backward/dq_transposed_layout.hpp):
-// where the consumer puts each accumulator register and where the conversion kernel finds each
-// dQ element must be the same place, and both must cover the block exactly once. Also the
+// The dQ pieces of the backward (hopper/backward/dq_transposed_layout.hpp), transposed (the
+// 80-row d = 128 tile, d = 512) and not: where the consumer puts each accumulator register and
+// where the conversion kernel finds each dQ element must be the same place, and both must cover
+// the block exactly once, in the conversion's passes too. Also the
 // workspace padding those kernels rely on (hopper/backward/workspace.hpp): with the 320-row
 // granule, neither an 80-row query block nor a 64-row row-kernel block of a sequence reaches
 // into another sequence's rows, and every block finds its own sequence.
@@ -15,6 +16,7 @@
 namespace {
 
 using warpattn::detail::DqTransposedPiece;
+using warpattn::detail::DqUntransposedPiece;
 
 // The PTX ISA's m64nN f32 accumulator fragment, written out here independently of
 // accumulator_coord: thread t's d[i] is row 16 (t / 32) + (t % 32) / 4 + 8 ((i / 2) % 2),
@@ -22,23 +24,32 @@ using warpattn::detail::DqTransposedPiece;
 int fragment_row(int t, int i) { return 16 * (t / 32) + (t % 32) / 4 + 8 * ((i / 2) % 2); }
 int fragment_col(int t, int i) { return 8 * (i / 4) + 2 * (t % 4) + i % 2; }
 
-template <int kQueries>
+// The dQ element (query row, column in the piece) that register d[i] of thread t holds: the
+// accumulator's (N, M) when transposed (dQᵀ = Kᵀ·dSᵀ), its (M, N) otherwise.
+struct RowColumn {
+  int row, column;
+};
+RowColumn dq_element(int t, int i, bool transposed) {
+  return transposed ? RowColumn{fragment_col(t, i), fragment_row(t, i)} : RowColumn{fragment_row(t, i), fragment_col(t, i)};
+}
+
+template <class Piece, int kQueries, bool kTransposed>
 int piece_mismatches() {
-  using Piece = DqTransposedPiece<kQueries>;
+  constexpr int kRegisters = Piece::kFloats / 128;
   int bad = 0;
   std::vector<int> writes(Piece::kFloats, 0), elements(Piece::kFloats, 0);
   for (int t = 0; t < 128; ++t)
-    for (int i = 0; i < Piece::kRegisters; ++i) {
+    for (int i = 0; i < kRegisters; ++i) {
       const int e = Piece::float_index(t, i);
       if (e < 0 || e >= Piece::kFloats) {
         ++bad;
         continue;
       }
       ++writes[e];
-      // The conversion's reading of float e: dQ[query][column] = dQᵀ[column][query], the
-      // accumulator's (M, N) = (column, query).
+      // The conversion's reading of float e: the element the register holds.
       const auto el = Piece::element(e);
-      if (el.row != fragment_col(t, i) || el.column != fragment_row(t, i)) ++bad;
+      const RowColumn want = dq_element(t, i, kTransposed);
+      if (el.row != want.row || el.column != want.column) ++bad;
       // Registers 4j .. 4j + 3 of a thread are one 16-byte group (the consumer's float4 store).
       if (e % 4 != i % 4 || e / 4 != 128 * (i / 4) + t) ++bad;
     }
@@ -59,40 +70,66 @@ int piece_mismatches() {
 }  // namespace
 
 TEST(dq_transposed_piece_is_a_bijection_matching_the_fragment) {
-  CHECK(piece_mismatches<80>() == 0) << piece_mismatches<80>();
-  CHECK(piece_mismatches<64>() == 0) << piece_mismatches<64>();
-  CHECK(piece_mismatches<96>() == 0) << piece_mismatches<96>();
+  CHECK((piece_mismatches<DqTransposedPiece<80>, 80, true>() == 0)) << piece_mismatches<DqTransposedPiece<80>, 80, true>();
+  CHECK((piece_mismatches<DqTransposedPiece<64>, 64, true>() == 0)) << piece_mismatches<DqTransposedPiece<64>, 64, true>();
+  CHECK((piece_mismatches<DqTransposedPiece<96>, 96, true>() == 0)) << piece_mismatches<DqTransposedPiece<96>, 96, true>();
+  CHECK((piece_mismatches<DqTransposedPiece<32>, 32, true>() == 0)) << piece_mismatches<DqTransposedPiece<32>, 32, true>();
 }
 
-// A whole 80 x 128 query block as the two consumers write it (piece c at piece_float0(c), each
-// register of thread t of consumer c holding dQ[query][64 c + m]) and as
-// convert_dq_transposed_kernel reads it (16-byte group e: piece e / (kFloats / 4), its floats
-// 4e - piece_float0(piece) .., each to row el.row, column 64 piece + el.column).
-TEST(dq_transposed_block_round_trip) {
-  constexpr int kQueries = 80, kHeadDim = 128;
-  using Piece = DqTransposedPiece<kQueries>;
+TEST(dq_untransposed_piece_is_a_bijection_matching_the_fragment) {
+  CHECK((piece_mismatches<DqUntransposedPiece, 64, false>() == 0)) << piece_mismatches<DqUntransposedPiece, 64, false>();
+}
+
+// A whole query block as the consumers write it (piece c at piece_float0(c), each register of
+// thread t holding dQ[query][64 c + column] of dq_element) and as convert_dq_kernel reads it:
+// in passes of dq_conversion_columns columns, whose floats start kRows x the pass's first column
+// in; 16-byte group e of a pass: piece e / (kFloats / 4), its floats 4e - piece_float0(piece) ..,
+// each to row el.row, column 64 piece + el.column of the pass.
+template <class Piece, int kRows, int kHeadDim, bool kTransposed>
+int block_round_trip_mismatches() {
+  constexpr int kColumns = warpattn::detail::dq_conversion_columns(kHeadDim, kRows, Piece::kRowPad);
   const auto value = [](int row, int col) { return static_cast<float>(row * 1000 + col); };
-  std::vector<float> block(kQueries * kHeadDim, -1.f);
+  std::vector<float> block(kRows * kHeadDim, -1.f);
   for (int c = 0; c < kHeadDim / 64; ++c)
     for (int t = 0; t < 128; ++t)
-      for (int i = 0; i < Piece::kRegisters; ++i)
-        block[Piece::piece_float0(c) + Piece::float_index(t, i)] = value(fragment_col(t, i), 64 * c + fragment_row(t, i));
-  std::vector<float> rows(kQueries * kHeadDim, -2.f);
-  std::vector<int> hits(kQueries * kHeadDim, 0);
-  for (int e = 0; e < kQueries * kHeadDim / 4; ++e) {  // the kernel's loop, one 16-byte group each
-    const int piece = e / (Piece::kFloats / 4), first = 4 * e - Piece::piece_float0(piece);
-    for (int k = 0; k < 4; ++k) {
-      const auto el = Piece::element(first + k);
-      const int at = el.row * kHeadDim + 64 * piece + el.column;
-      rows[at] = block[4 * e + k];
-      ++hits[at];
+      for (int i = 0; i < Piece::kFloats / 128; ++i) {
+        const RowColumn el = dq_element(t, i, kTransposed);
+        block[Piece::piece_float0(c) + Piece::float_index(t, i)] = value(el.row, 64 * c + el.column);
+      }
+  std::vector<float> rows(kRows * kHeadDim, -2.f);
+  std::vector<int> hits(kRows * kHeadDim, 0);
+  int bad = kHeadDim % kColumns == 0 && kRows * (kColumns + Piece::kRowPad) * 4 <= 48 * 1024 ? 0 : 1;
+  for (int column0 = 0; column0 < kHeadDim; column0 += kColumns) {
+    const float* pass = block.data() + kRows * column0;
+    for (int e = 0; e < kRows * kColumns / 4; ++e) {  // the kernel's loop, one 16-byte group each
+      const int piece = e / (Piece::kFloats / 4), first = 4 * e - Piece::piece_float0(piece);
+      for (int k = 0; k < 4; ++k) {
+        const auto el = Piece::element(first + k);
+        const int at = el.row * kHeadDim + column0 + 64 * piece + el.column;
+        rows[at] = pass[4 * e + k];
+        ++hits[at];
+      }
     }
   }
-  int bad = 0;
-  for (int r = 0; r < kQueries; ++r)
+  for (int r = 0; r < kRows; ++r)
     for (int col = 0; col < kHeadDim; ++col)
       if (hits[r * kHeadDim + col] != 1 || rows[r * kHeadDim + col] != value(r, col)) ++bad;
-  CHECK(bad == 0) << bad << " of " << kQueries * kHeadDim << " elements";
+  return bad;
+}
+
+TEST(dq_transposed_block_round_trip) {
+  CHECK((block_round_trip_mismatches<DqTransposedPiece<80>, 80, 128, true>() == 0));
+  CHECK((block_round_trip_mismatches<DqTransposedPiece<32>, 32, 512, true>() == 0));  // two passes
+}
+
+TEST(dq_untransposed_block_round_trip) {
+  using warpattn::detail::dq_conversion_columns;
+  CHECK((block_round_trip_mismatches<DqUntransposedPiece, 64, 64, false>() == 0));
+  CHECK((block_round_trip_mismatches<DqUntransposedPiece, 64, 128, false>() == 0));
+  CHECK((block_round_trip_mismatches<DqUntransposedPiece, 64, 256, false>() == 0));  // two passes of 128
+  CHECK(dq_conversion_columns(256, 64, DqUntransposedPiece::kRowPad) == 128);
+  CHECK(dq_conversion_columns(128, 80, DqTransposedPiece<80>::kRowPad) == 128);
+  CHECK(dq_conversion_columns(512, 32, DqTransposedPiece<32>::kRowPad) == 256);
 }
 
 // The packed batch's padding with granule G: sequence b's blocks of `block` rows (80: the main

@@ -37,51 +37,25 @@ struct DqAccumLayout {
   }
 };
 
-// dQ = softmax_scale x the accumulator, in dQ's dtype, for one 64-row block of one (sequence,
-// head): the row kernels' grid (row_terms.cuh), 256 threads; each thread converts 16-byte groups
-// (a thread's d[4j .. 4j + 3]: rows g and g + 8, two columns each).
-template <class Element, int kHeadDim>
+// dQ = softmax_scale x the accumulator, in dQ's dtype: one kBlockM-row query block of one
+// (sequence, head) per CTA, grid (rows / kBlockM, heads_q, batch) (a packed batch: (padded rows /
+// kBlockM, heads_q, 1); kGranule, the workspace's, a multiple of kBlockM), 256 threads. Piece:
+// DqTransposedPiece<kBlockM> (Cfg::kDqTransposed) or DqUntransposedPiece (64 rows). A piece's
+// floats are not in row order, so they go through shared memory: each thread reads 16-byte
+// groups in order (coalesced) and puts their four floats at their rows and columns, then 16-byte
+// chunks of the rows go out, scaled and packed, each warp's stores whole rows. (Writing each
+// float pair from the fragment straight to dQ, as 4-byte stores spread over 8 rows a warp, took
+// 2-2.5x the time of these 16-byte ones at d = 64 and 256: run 229.) Row pitch: the columns plus
+// Piece::kRowPad (the transposed pieces: 4, where a warp's 32 stores, rows 2q + c and columns
+// 16w + g + 8r of its lanes' fragments, hit 32 banks; 8 more would put lanes q and q + 2 on one).
+template <class Element, int kHeadDim, int kBlockM, int kGranule, class Piece>
 __global__ void __launch_bounds__(256) convert_dq_kernel(const __grid_constant__ BackwardParams p) {
-  const RowBlock rb = row_block_of<64, backward_row_granule(kHeadDim)>(p);
-  const int row_block = rb.row_block, head = blockIdx.y, batch = rb.batch;
-  const float4* block = reinterpret_cast<const float4*>(p.dq_accum + rb.first * kHeadDim);
-  constexpr int kGroups = 64 * kHeadDim / 4;
-  for (int e = threadIdx.x; e < kGroups; e += blockDim.x) {
-    const int piece = e / (DqAccumLayout::kPieceFloats / 4);
-    const int in_piece = e % (DqAccumLayout::kPieceFloats / 4);
-    const int j = in_piece / 128;
-    const FragmentCoords f(in_piece % 128);
-    const float4 v = block[e];
-    const int col = 64 * piece + f.col(j, 0);
-    if (col >= p.head_dim) continue;  // a padded head dim's columns past it (an even pair: wholly out)
-    const float pair[2][2] = {{v.x, v.y}, {v.z, v.w}};
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = 64 * row_block + f.row(r);
-      if (row >= rb.seqlen_q) continue;
-      *reinterpret_cast<uint32_t*>(p.dq.row<Element>(batch, rb.q_offset + row, head) + col) =
-          ptx::pack_pair<Element>(pair[r][0] * p.softmax_scale, pair[r][1] * p.softmax_scale);
-    }
-  }
-}
-
-// The same for the transposed pieces (Cfg::kDqTransposed, dq_transposed_layout.hpp): one
-// kBlockM-row query block of one (sequence, head) per CTA, grid (rows / kBlockM, heads_q, batch)
-// (a packed batch: (padded rows / kBlockM, heads_q, 1); kGranule, the workspace's, a multiple of
-// kBlockM), 256 threads. A piece's floats are not in row order, so they go through shared memory:
-// each thread reads 16-byte groups in order (coalesced) and puts their four floats at their rows
-// and columns (the row pitch 4 floats more than a row: a warp's 32 stores, rows 2q + c and columns
-// 16w + g + 8r of its lanes' fragments, hit 32 banks; 8 more would put lanes q and q + 2 on one), then
-// 16-byte chunks of the rows go out, scaled and packed.
-template <class Element, int kHeadDim, int kBlockM, int kGranule>
-__global__ void __launch_bounds__(256) convert_dq_transposed_kernel(const __grid_constant__ BackwardParams p) {
-  using Piece = DqTransposedPiece<kBlockM>;
   static_assert(kHeadDim % 64 == 0 && kBlockM * kHeadDim == Piece::kFloats * (kHeadDim / 64), "64-column pieces");
-  // At most 256 columns at a time (d = 512: two passes), so that the rows stay within the 48 KB of
-  // static shared memory (32 x 516 floats would not); a pass's pieces are consecutive floats.
-  constexpr int kColumns = kHeadDim < 256 ? kHeadDim : 256;
+  // d = 512 at 32 rows and d = 256 at 64: two passes.
+  constexpr int kColumns = dq_conversion_columns(kHeadDim, kBlockM, Piece::kRowPad);
   constexpr int kPasses = kHeadDim / kColumns;
-  constexpr int kPitch = kColumns + 4;  // a multiple of 4: the 16-byte row reads stay aligned
+  constexpr int kPitch = kColumns + Piece::kRowPad;  // a multiple of 4: the 16-byte row reads stay aligned
+  static_assert(kPitch % 4 == 0 && kBlockM * kPitch * 4 <= 48 * 1024, "the rows in static shared memory");
   __shared__ alignas(16) float rows[kBlockM * kPitch];
   const RowBlock rb = row_block_of<kBlockM, kGranule>(p);
   const int row_block = rb.row_block, head = blockIdx.y, batch = rb.batch;

@@ -1,5 +1,5 @@
 // Where the transposed dQ pieces sit (kernels whose query block, kQueries rows, is not a multiple
-// of 64: Cfg::kDqTransposed). Host-and-device, so the CPU tests check the consumer's writing
+// of 64: Cfg::kDqTransposed), and the untransposed ones (the others) as the conversion reads them. Host-and-device, so the CPU tests check the consumer's writing
 // against the conversion kernel's reading (tests/cpu/test_dq_layout.cpp).
 //
 // Consumer c makes dQᵀ = Kᵀ·dSᵀ for columns 64c .. 64c + 63 of the step's kQueries rows: an
@@ -35,7 +35,6 @@ template <int kQueries>
 struct DqTransposedPiece {
   static_assert(kQueries % 8 == 0 && kQueries >= 8 && kQueries <= 256, "an m64nN accumulator");
   static constexpr int kFloats = 64 * kQueries;
-  static constexpr int kRegisters = kQueries / 2;  // per thread
 
   // The first float of piece `piece` (consumer `piece`'s, columns 64 piece ..) of a query block.
   WARPATTN_HOST_DEVICE static constexpr int piece_float0(int piece) { return piece * kFloats; }
@@ -53,6 +52,38 @@ struct DqTransposedPiece {
     const AccumulatorCoord a = accumulator_coord(thread, i);
     return {a.n, a.m};  // transposed: the accumulator's N is the query, M the column
   }
+  // The conversion's shared-memory row pitch is the block's columns plus this (dq_accum.cuh).
+  static constexpr int kRowPad = 4;
 };
+
+// The untransposed kernels' 64 x 64 pieces (dq_accum.cuh's DqAccumLayout: d = 64, 256 and the
+// 128-row d = 128 tile): the same order in the piece, but dQ itself on the accumulator, its M
+// the query and its N the column, so a float's element is the transposed 64-query piece's,
+// row and column swapped.
+struct DqUntransposedPiece {
+  static constexpr int kFloats = 64 * 64;
+  using Element = DqTransposedPiece<64>::Element;
+  WARPATTN_HOST_DEVICE static constexpr int piece_float0(int piece) { return piece * kFloats; }
+  WARPATTN_HOST_DEVICE static constexpr int float_index(int thread, int i) {
+    return DqTransposedPiece<64>::float_index(thread, i);
+  }
+  WARPATTN_HOST_DEVICE static constexpr Element element(int e) {
+    const Element t = DqTransposedPiece<64>::element(e);
+    return {t.column, t.row};
+  }
+  // A warp's 4-byte scatter of one register of its lanes (rows g, columns 2q + c) meets 16
+  // even banks at a pitch of 8 mod 32 floats, as at any multiple of 4: a 2-way conflict, the
+  // fewest a pitch that keeps the rows' 16-byte reads aligned allows.
+  static constexpr int kRowPad = 8;
+};
+
+// The columns a pass of the conversion (dq_accum.cuh's convert_dq_kernel) puts in shared memory:
+// all of them up to 256, fewer where block_m rows at the pitch would pass the 48 KB of static
+// shared memory (64 x 256 floats would; 32 x 256 do not). A pass's pieces are consecutive floats.
+WARPATTN_HOST_DEVICE constexpr int dq_conversion_columns(int head_dim, int block_m, int row_pad) {
+  int columns = head_dim < 256 ? head_dim : 256;
+  while (columns > 64 && block_m * (columns + row_pad) * 4 > 48 * 1024) columns /= 2;
+  return columns;
+}
 
 }  // namespace warpattn::detail

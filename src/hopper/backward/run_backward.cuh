@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <string>
+#include <type_traits>
 
 #include "api/problem.hpp"
 #include "hopper/backward/backward_config.hpp"
@@ -79,7 +80,8 @@ void reduce_sink_sums(const BackwardParams& p, int64_t blocks, cudaStream_t stre
 }
 
 // The three launches: the row terms over row_grid, the main kernel over main_grid (none when it
-// has no key block), the dQ conversion over row_grid (transposed dQ: over kBlockM-row blocks).
+// has no key block), the dQ conversion over the accumulator's query blocks (64 rows, as row_grid;
+// transposed dQ: kBlockM).
 template <class Cfg>
 void launch_backward_kernels(const BackwardParams& p, const BackwardTensors& t, dim3 row_grid, dim3 main_grid,
                              cudaStream_t stream) {
@@ -98,12 +100,11 @@ void launch_backward_kernels(const BackwardParams& p, const BackwardTensors& t, 
     kernel<<<main_grid, Cfg::kThreads, kSmem, stream>>>(tm_q, tm_k, tm_v, tm_do, p);
     check_cuda(cudaGetLastError(), "attention_backward_kernel: launch failed");
   }
-  if constexpr (Cfg::kDqTransposed) {  // its own blocks: kBlockM rows (rows is a multiple of them)
-    const dim3 grid(static_cast<unsigned>(p.rows / Cfg::kBlockM), row_grid.y, row_grid.z);
-    convert_dq_transposed_kernel<Element, Cfg::kHeadDim, Cfg::kBlockM, Cfg::kRowGranule><<<grid, 256, 0, stream>>>(p);
-    check_cuda(cudaGetLastError(), "convert_dq_transposed_kernel: launch failed");
-  } else {
-    convert_dq_kernel<Element, Cfg::kHeadDim><<<row_grid, 256, 0, stream>>>(p);
+  {  // the accumulator's query blocks: kBlockM rows transposed (rows is a multiple of them), else 64
+    using Piece = std::conditional_t<Cfg::kDqTransposed, DqTransposedPiece<Cfg::kBlockM>, DqUntransposedPiece>;
+    constexpr int kRows = Cfg::kDqTransposed ? Cfg::kBlockM : 64;
+    const dim3 grid(static_cast<unsigned>(p.rows / kRows), row_grid.y, row_grid.z);
+    convert_dq_kernel<Element, Cfg::kHeadDim, kRows, Cfg::kRowGranule, Piece><<<grid, 256, 0, stream>>>(p);
     check_cuda(cudaGetLastError(), "convert_dq_kernel: launch failed");
   }
   reduce_sink_sums<Cfg>(p, static_cast<int64_t>(row_grid.x) * row_grid.z, stream);
