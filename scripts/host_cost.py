@@ -49,6 +49,52 @@ def c_abi_forward(q, k, v, out):
     return call
 
 
+def c_abi_kvcache(q, k_cache, v_cache, lens, out):
+    """warpattn_forward_kvcache through ctypes, descriptors built once (dense caches, lengths)."""
+    from warpattn.bench import WarpattnForwardOptions, WarpattnTensor
+    lib = load_warpattn(os.path.join(os.path.dirname(warpattn.__file__), "libwarpattn.so"))
+    descs = [describe(t, "bfloat16") for t in (q, k_cache, v_cache, out)]
+    length = WarpattnTensor()
+    length.data, length.dtype, length.rank = lens.data_ptr(), 5, 1  # WARPATTN_DTYPE_S32
+    length.shape[0], length.stride[0] = lens.shape[0], 1
+    options = WarpattnForwardOptions()
+    lib.warpattn_forward_options_init.argtypes = [ctypes.POINTER(WarpattnForwardOptions)]
+    lib.warpattn_forward_options_init(ctypes.byref(options))
+    ptr = ctypes.POINTER(WarpattnTensor)
+    fn = lib.warpattn_forward_kvcache
+    fn.argtypes = [ptr] * 7 + [ctypes.c_int, ptr, ptr, ctypes.POINTER(WarpattnForwardOptions), ctypes.c_void_p,
+                               ctypes.c_char_p, ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    refs = [ctypes.byref(d) for d in descs]
+    lref, oref = ctypes.byref(length), ctypes.byref(options)
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    err = ctypes.create_string_buffer(1024)
+
+    def call():
+        if fn(refs[0], refs[1], refs[2], None, None, lref, None, 0, refs[3], None, oref, stream, err, len(err)) != 0:
+            raise RuntimeError(err.value.decode())
+    call.keepalive = (descs, length, options)
+    return call
+
+
+def python_layers_alone(call):
+    """call() with the extension's functions replaced by ones that do nothing: what the Python
+    layers above the binding cost (their allocations included)."""
+    from warpattn import torch_op
+
+    class Stub:
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: None
+
+    def stubbed():
+        real, torch_op._warpattn = torch_op._warpattn, Stub()
+        try:
+            call()
+        finally:
+            torch_op._warpattn = real
+    return stubbed
+
+
 def main():
     q, k, v = (torch.randn(1, 128, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out = torch.empty_like(q)
@@ -79,6 +125,9 @@ def main():
          lambda: warpattn.flash_attn_with_kvcache(dq, pages, pages, cache_seqlens=lens, block_table=table)),
         ("  the binding alone (_warpattn.forward_kvcache, dense)",
          lambda: _warpattn.forward_kvcache(dq, kc, vc, dout, None, None, None, lens, None, None, False, stream)),
+        ("  the library alone (C ABI through ctypes, dense)", c_abi_kvcache(dq, kc, vc, lens, dout)),
+        ("  the Python layers alone (the binding stubbed, dense)",
+         python_layers_alone(lambda: warpattn.flash_attn_with_kvcache(dq, kc, vc, cache_seqlens=lens))),
     ]
 
     def cudnn():
