@@ -36,6 +36,17 @@ def _common_framework(q, **others):
     return fw
 
 
+def _call_framework(q, names, *others):
+    """_common_framework for tensors passed in order (`names`: their arguments' names), without
+    building its keyword arguments where every tensor given has q's own type (the host cost of a
+    decode step, issue 16): the named check only when one does not."""
+    same = type(q)
+    for t in others:
+        if t is not None and type(t) is not same:
+            return _common_framework(q, **dict(zip(names, others)))
+    return framework_of(q, "q")
+
+
 _torch_op = None
 
 
@@ -99,14 +110,20 @@ def _window(window_size):
     return _window_side(sides[0], "left"), _window_side(sides[1], "right")
 
 
+def _model_values(window_size, softcap):
+    """(window_left, window_right, softcap) as the library takes them."""
+    if (type(window_size) is tuple and len(window_size) == 2 and type(window_size[0]) is int
+            and type(window_size[1]) is int and window_size == (-1, -1)):  # the default, without _window's checks
+        return -1, -1, float(softcap)
+    left, right = _window(window_size)
+    return left, right, float(softcap)
+
+
 def _model_options(window_size, softcap, sinks):
     """The keyword arguments of the module's forward calls: window_left, window_right, softcap,
     sinks (None or a tensor of the call's framework, checked by the library)."""
-    if (type(window_size) is tuple and len(window_size) == 2 and type(window_size[0]) is int
-            and type(window_size[1]) is int and window_size == (-1, -1)):  # the default, without _window's checks
-        return {"window_left": -1, "window_right": -1, "softcap": float(softcap), "sinks": sinks}
-    left, right = _window(window_size)
-    return {"window_left": left, "window_right": right, "softcap": float(softcap), "sinks": sinks}
+    left, right, cap = _model_values(window_size, softcap)
+    return {"window_left": left, "window_right": right, "softcap": cap, "sinks": sinks}
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_lse=False, out=None, deterministic=False,

@@ -10,8 +10,8 @@ This module imports no framework: each is imported by the first call that takes 
 import operator
 
 from . import _warpattn
-from .api import (_INT32, _array_module, _check_rank, _common_framework, _current_stream, _jax_ffi, _jax_run,
-                  _lse_shape, _model_options, _no_out, _scale, _torch_ops, _wait_for_jax_arrays, device_of)
+from .api import (_INT32, _array_module, _call_framework, _check_rank, _current_stream, _jax_ffi, _jax_run,
+                  _lse_shape, _model_values, _no_out, _scale, _torch_ops, _wait_for_jax_arrays, device_of)
 from .kvcache_fp8 import is_e4m3
 
 
@@ -83,6 +83,11 @@ def _refuse_jax(k, v, **arrays):
                             "their memory through DLPack), not traced ones under jax.jit, vmap or the like" % name)
 
 
+# flash_attn_with_kvcache's tensor arguments after q, in the order it checks their framework.
+_TENSOR_ARGUMENTS = ("k_cache", "v_cache", "k", "v", "cache_seqlens", "block_table", "out", "sinks", "k_descale",
+                     "v_descale")
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, sinks=None,
                             batch_invariant=False, num_splits=0, return_lse=False, out=None, k_descale=None,
@@ -144,18 +149,20 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     are immutable, so the in-place append is refused with a TypeError.
     """
     length = _cache_length(cache_seqlens)
-    fw = _common_framework(q, k_cache=k_cache, v_cache=v_cache, k=k, v=v,
-                           cache_seqlens=cache_seqlens if length is None else None, block_table=block_table,
-                           out=out, sinks=sinks, k_descale=k_descale, v_descale=v_descale)
+    fw = _call_framework(q, _TENSOR_ARGUMENTS, k_cache, v_cache, k, v, cache_seqlens if length is None else None,
+                         block_table, out, sinks, k_descale, v_descale)
     _check_rank(q)
     scale, causal, batch_invariant = _scale(softmax_scale), bool(causal), bool(batch_invariant)
-    model = dict(_model_options(window_size, softcap, sinks), num_splits=operator.index(num_splits))
-    if fw == "torch":
+    window_left, window_right, softcap = _model_values(window_size, softcap)
+    num_splits = operator.index(num_splits)
+    if fw == "torch":  # positional: a decode step's host cost (issue 16)
         if length is not None:
             cache_seqlens = _full_lengths(fw, q, length)
         return _torch_ops().flash_attn_kvcache_torch(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale,
-                                                     causal, return_lse, out, batch_invariant, **model,
-                                                     k_descale=k_descale, v_descale=v_descale)
+                                                     causal, return_lse, out, batch_invariant, window_left,
+                                                     window_right, softcap, sinks, num_splits, k_descale, v_descale)
+    model = {"window_left": window_left, "window_right": window_right, "softcap": softcap, "sinks": sinks,
+             "num_splits": num_splits}
     if fw == "jax":
         _no_out(out)
         _refuse_jax_fp8(k_cache, v_cache, k_descale, v_descale)
