@@ -14,37 +14,58 @@ import torch
 import warpattn
 from warpattn import torch_op
 
-print(warpattn.__file__)
+
 class Stub:
-    def __getattr__(self, name): return lambda *a, **k: None
-torch_op._warpattn = Stub()
-orig = torch_op._may_skip_dispatcher
-def skip_cpu(args):
-    if torch_op._modes_active(): return False
+    """The extension: every function does nothing."""
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def skip_dispatcher_on_cpu(args):
+    """torch_op._may_skip_dispatcher with its CUDA test read as a CPU one."""
+    if torch_op._modes_active():
+        return False
     grad = torch_op._grad_enabled()
     for a in args:
         t = type(a)
         if t in torch_op._PLAIN_TENSORS:
-            if not a.is_cpu or (grad and a.requires_grad): return False
-        elif t not in torch_op._NOT_TENSORS and isinstance(a, torch.Tensor): return False
+            if not a.is_cpu or (grad and a.requires_grad):
+                return False
+        elif t not in torch_op._NOT_TENSORS and isinstance(a, torch.Tensor):
+            return False
     return True
-torch_op._may_skip_dispatcher = skip_cpu
-torch.set_grad_enabled(True)
-q = torch.randn(1, 1, 8, 128, dtype=torch.bfloat16)
-k = torch.randn(1, 128, 8, 128, dtype=torch.bfloat16); v = torch.randn_like(k)
-lens = torch.full((1,), 128, dtype=torch.int32)
-f = lambda: warpattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)
-def per_call(fn, n=20000):
-    for _ in range(500): fn()
-    best = []
-    for _ in range(5):
+
+
+def per_call_us(fn, calls=20000, repeats=5):
+    for _ in range(500):
+        fn()
+    times = []
+    for _ in range(repeats):
         t = time.perf_counter()
-        for _ in range(n): fn()
-        best.append((time.perf_counter() - t) / n * 1e6)
-    return sorted(best)[2]
-print("python layers (stubbed, cpu tensors): %.2f us" % per_call(f))
-print("one q.new_empty: %.2f us" % per_call(lambda: q.new_empty((1, 1, 8, 128))))
-print("empty fn call: %.3f us" % per_call(lambda: None))
-if "--profile" in sys.argv[1:]:
-    cProfile.run("for _ in range(20000): f()", "/tmp/prof.out")
-    pstats.Stats("/tmp/prof.out").sort_stats("tottime").print_stats(15)
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t) / calls * 1e6)
+    return sorted(times)[repeats // 2]
+
+
+def main():
+    print("warpattn from", warpattn.__file__)
+    torch_op._warpattn = Stub()
+    torch_op._may_skip_dispatcher = skip_dispatcher_on_cpu
+    q = torch.randn(1, 1, 8, 128, dtype=torch.bfloat16)
+    k = torch.randn(1, 128, 8, 128, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    lens = torch.full((1,), 128, dtype=torch.int32)
+
+    def call():
+        warpattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens)
+    print("the Python layers of a decode call: %.2f us" % per_call_us(call))
+    print("one q.new_empty: %.2f us" % per_call_us(lambda: q.new_empty((1, 1, 8, 128))))
+    if "--profile" in sys.argv[1:]:
+        profile = cProfile.Profile()
+        profile.runcall(lambda: [call() for _ in range(20000)])
+        pstats.Stats(profile).sort_stats("tottime").print_stats(15)
+
+
+if __name__ == "__main__":
+    main()
