@@ -64,10 +64,41 @@ __device__ __forceinline__ float* dq_piece_destination(const BackwardParams& p, 
   return p.dq_accum + DqAccumLayout::piece_offset(p, work.ws_row0, head, row_block, piece_index, kD);
 }
 
+// Cfg::kDqWriterReductions: the writer warp adds each piece itself, each lane 16 bytes of the
+// buffer at a time (ld.shared, then red.global.add.v4.f32 to the same float of the piece's
+// destination), and frees the buffer once its loads have returned; the reductions are relaxed
+// and never waited for (the conversion kernel, next in stream order, sees them all).
+template <class Cfg>
+__device__ __forceinline__ void run_dq_writer_reductions(BackwardSharedStorage<Cfg>& ss, const BackwardParams& p,
+                                                         const KeyBlockWork& work, int consumer) {
+  using namespace ptx;
+  constexpr int kPieces = Cfg::kDqPiecesPerConsumer;
+  constexpr int kGroups = Cfg::kDqPieceFloats / 4;  // 16-byte groups of a piece
+  static_assert(kGroups % 32 == 0, "whole groups a lane");
+  const int lane = threadIdx.x % 32;
+  const float4* piece = reinterpret_cast<const float4*>(ss.dq_piece[consumer]);
+  const int ordinals = work.steps() * kPieces;
+  for (int ordinal = 0; ordinal < ordinals; ++ordinal) {
+    named_barrier_sync(BackwardBarrier::kDqFull0 + consumer, BackwardBarrier::kDqThreads);
+    float* dst = dq_piece_destination<Cfg>(p, work, ordinal / kPieces, ordinal % kPieces, consumer);
+#pragma unroll 1
+    for (int g = lane; g < kGroups; g += 32) {
+      const float4 v = piece[g];
+      red_add_v4_f32(dst + 4 * g, v.x, v.y, v.z, v.w);
+    }
+    if (ordinal + 1 < ordinals)  // the consumer waits for this before its next piece
+      named_barrier_arrive(BackwardBarrier::kDqEmpty0 + consumer, BackwardBarrier::kDqThreads);
+  }
+}
+
 template <class Cfg>
 __device__ __forceinline__ void run_dq_writer(BackwardSharedStorage<Cfg>& ss, const BackwardParams& p,
                                               const KeyBlockWork& work, int consumer) {
   using namespace ptx;
+  if constexpr (Cfg::kDqWriterReductions) {
+    run_dq_writer_reductions<Cfg>(ss, p, work, consumer);
+    return;
+  }
   constexpr int kM = Cfg::kBlockM;
   const bool leader = threadIdx.x % 32 == 0;
   constexpr int kPieces = Cfg::kDqPiecesPerConsumer;
