@@ -141,6 +141,34 @@ def test_out_of_another_framework():
         warpattn.flash_attn_func(q, k, v, out=memoryview(b"x"))
 
 
+def test_kvcache_framework_errors_name_the_argument():
+    # flash_attn_with_kvcache checks its tensors' frameworks positionally (the host cost's fast
+    # path) and names the argument only on a mismatch: each name must still be the right one.
+    q, k, v = qkv(b=1, sq=1, d=128)
+    bad = memoryview(b"x")
+    with pytest.raises(TypeError, match="^v_cache: expected a DLPack tensor"):
+        warpattn.flash_attn_with_kvcache(q, k, bad)
+    with pytest.raises(TypeError, match="^k: expected a DLPack tensor"):
+        warpattn.flash_attn_with_kvcache(q, k, v, k=bad, v=v)
+    for name in ("block_table", "out", "sinks", "k_descale", "v_descale"):
+        with pytest.raises(TypeError, match="^%s: expected a DLPack tensor" % name):
+            warpattn.flash_attn_with_kvcache(q, k, v, **{name: bad})
+    with pytest.raises(TypeError, match="^cache_seqlens: expected an int32 tensor"):
+        warpattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=1.5)
+
+
+def test_kvcache_framework_mismatch_names_the_argument():
+    torch = pytest.importorskip("torch")
+    q, k, v = qkv(b=1, sq=1, d=128)
+    tq = torch.zeros(q.shape, dtype=torch.float16)
+    with pytest.raises(TypeError, match=r"^k_cache: expected a torch tensor like q, got numpy.ndarray$"):
+        warpattn.flash_attn_with_kvcache(tq, k, v)
+    with pytest.raises(TypeError, match=r"^cache_seqlens: expected a torch tensor like q, got numpy.ndarray$"):
+        warpattn.flash_attn_with_kvcache(tq, torch.zeros(k.shape, dtype=torch.float16),
+                                         torch.zeros(v.shape, dtype=torch.float16),
+                                         cache_seqlens=np.zeros(1, np.int32))
+
+
 def test_lse_is_validated_too():
     q, k, v = qkv()
     # return_lse allocates a correct lse; a wrong out shape is still reported first by name.
