@@ -108,9 +108,9 @@ __device__ __forceinline__ void run_dq_writer(BackwardSharedStorage<Cfg>& ss, co
     const int head = work.head(step);
     const int row_block = dq_row_block<Cfg>(work, step, consumer);
     named_barrier_sync(BackwardBarrier::kDqFull0 + consumer, BackwardBarrier::kDqThreads);
+    int* turn = nullptr;
     if (leader) {
       float* dst = dq_piece_destination<Cfg>(p, work, step, piece, consumer);
-      int* turn = nullptr;
       if constexpr (Cfg::kDeterministic && Cfg::kDqTransposed) {
         // rows (ws_row0 + head x rows) and kM x m_block are multiples of kM (the granule's)
         turn = p.turns + (work.ws_row0 + static_cast<int64_t>(head) * p.rows) / kM + work.m_block(step);
@@ -128,7 +128,7 @@ __device__ __forceinline__ void run_dq_writer(BackwardSharedStorage<Cfg>& ss, co
       }
       bulk_reduce_add_f32(dst, smem_addr(ss.dq_piece[consumer]), Cfg::kDqPieceFloats * 4);
       tma_store_commit();
-      if constexpr (Cfg::kDeterministic) {
+      if constexpr (Cfg::kDeterministic && !Cfg::kDeterministicEarlyRelease) {
         bulk_wait_all();
         fence_proxy_async_global();
         add_release_gpu(turn, 1);
@@ -138,6 +138,15 @@ __device__ __forceinline__ void run_dq_writer(BackwardSharedStorage<Cfg>& ss, co
     __syncwarp();
     if (ordinal + 1 < ordinals)  // the consumer waits for this before its next piece
       named_barrier_arrive(BackwardBarrier::kDqEmpty0 + consumer, BackwardBarrier::kDqThreads);
+    if constexpr (Cfg::kDeterministicEarlyRelease) {
+      // The turn once the add has landed, after the buffer went back to the consumer: the wait
+      // for the add's completion overlaps the consumer's next piece.
+      if (leader) {
+        bulk_wait_all();
+        fence_proxy_async_global();
+        add_release_gpu(turn, 1);
+      }
+    }
   }
   if (leader) bulk_wait_all();  // the last adds have landed before the CTA (and its shared memory) ends
 }
