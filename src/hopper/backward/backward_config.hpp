@@ -9,8 +9,10 @@
 // d = 64 and 128; d = 256 has a tile of its own (kBlockN80), d = 512 splits the head dim.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "hopper/backward/backward_block_m.hpp"
+#include "hopper/backward/dq_transposed_layout.hpp"
 
 // dV += Pᵀ·dO issued one k16 step at a time as Pᵀ is packed, so that the dS phase (dSᵀ =
 // Pᵀ ∘ (dPᵀ − D) and its packing) runs under that GEMM instead of beside an idle tensor pipe
@@ -161,6 +163,11 @@ struct BackwardConfig {
                                  : kHeadDim == 512 ? 32
                                                    : 64;
   static constexpr bool kDqTransposed = kBlockM % 64 != 0;
+  // The accumulator's pieces as the consumers write them and the conversion reads them
+  // (dq_transposed_layout.hpp), and the query blocks the conversion takes: kBlockM rows
+  // transposed, else 64.
+  using DqPiece = std::conditional_t<kDqTransposed, DqTransposedPiece<kBlockM>, DqUntransposedPiece>;
+  static constexpr int kDqConversionRows = kDqTransposed ? kBlockM : 64;
   // A dQ piece's columns (untransposed: 64 query rows). 32 with kBlockN80, whose shared memory
   // has 8 KB a consumer for it, not 16 (the 80-key K and V tiles): a 32-column piece is the
   // first or second half of a 64 x 64 piece of the accumulator's layout (dq_accum.cuh: an m64n64

@@ -262,13 +262,9 @@ struct BackwardConsumer {
     }
   }
 
-  // Where thread t's dq[4j .. 4j + 3] go in a piece (dq_accum.cuh's order; transposed,
-  // dq_transposed_layout.hpp's).
+  // Where thread t's dq[4j .. 4j + 3] go in a piece (dq_transposed_layout.hpp).
   __device__ __forceinline__ static int dq_float_index(int t, int j) {
-    if constexpr (kDqT)
-      return DqTransposedPiece<kM>::float_index(t, 4 * j);
-    else
-      return DqAccumLayout::fragment_offset(j, t);
+    return Cfg::DqPiece::float_index(t, 4 * j);
   }
 
   // The step's dQ pieces after the first (d = 512: two a consumer), each into the same registers

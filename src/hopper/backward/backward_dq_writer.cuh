@@ -67,7 +67,9 @@ __device__ __forceinline__ float* dq_piece_destination(const BackwardParams& p, 
 // Cfg::kDqWriterReductions: the writer warp adds each piece itself, each lane 16 bytes of the
 // buffer at a time (ld.shared, then red.global.add.v4.f32 to the same float of the piece's
 // destination), and frees the buffer once its loads have returned; the reductions are relaxed
-// and never waited for (the conversion kernel, next in stream order, sees them all).
+// and never waited for (the conversion kernel, next in stream order, sees them all). A loop of
+// its own rather than a branch of run_dq_writer's: as a branch there, or with this loop
+// unrolled, ptxas spilled d = 128's causal kernel and serialized its consumers' wgmmas (C7512).
 template <class Cfg>
 __device__ __forceinline__ void run_dq_writer_reductions(BackwardSharedStorage<Cfg>& ss, const BackwardParams& p,
                                                          const KeyBlockWork& work, int consumer) {
@@ -75,20 +77,28 @@ __device__ __forceinline__ void run_dq_writer_reductions(BackwardSharedStorage<C
   constexpr int kPieces = Cfg::kDqPiecesPerConsumer;
   constexpr int kGroups = Cfg::kDqPieceFloats / 4;  // 16-byte groups of a piece
   static_assert(kGroups % 32 == 0, "whole groups a lane");
-  const int lane = threadIdx.x % 32;
   const float4* piece = reinterpret_cast<const float4*>(ss.dq_piece[consumer]);
   const int ordinals = work.steps() * kPieces;
   for (int ordinal = 0; ordinal < ordinals; ++ordinal) {
     named_barrier_sync(BackwardBarrier::kDqFull0 + consumer, BackwardBarrier::kDqThreads);
     float* dst = dq_piece_destination<Cfg>(p, work, ordinal / kPieces, ordinal % kPieces, consumer);
 #pragma unroll 1
-    for (int g = lane; g < kGroups; g += 32) {
+    for (int g = threadIdx.x % 32; g < kGroups; g += 32) {
       const float4 v = piece[g];
       red_add_v4_f32(dst + 4 * g, v.x, v.y, v.z, v.w);
     }
     if (ordinal + 1 < ordinals)  // the consumer waits for this before its next piece
       named_barrier_arrive(BackwardBarrier::kDqEmpty0 + consumer, BackwardBarrier::kDqThreads);
   }
+}
+
+// The deterministic mode: once the writer's add has landed in global memory, counts it into the
+// block's turn (what the next key block's writer waits for).
+__device__ __forceinline__ void count_landed_add(int* turn) {
+  using namespace ptx;
+  bulk_wait_all();
+  fence_proxy_async_global();
+  add_release_gpu(turn, 1);
 }
 
 template <class Cfg>
@@ -128,24 +138,16 @@ __device__ __forceinline__ void run_dq_writer(BackwardSharedStorage<Cfg>& ss, co
       }
       bulk_reduce_add_f32(dst, smem_addr(ss.dq_piece[consumer]), Cfg::kDqPieceFloats * 4);
       tma_store_commit();
-      if constexpr (Cfg::kDeterministic && !Cfg::kDeterministicEarlyRelease) {
-        bulk_wait_all();
-        fence_proxy_async_global();
-        add_release_gpu(turn, 1);
-      }
+      if constexpr (Cfg::kDeterministic && !Cfg::kDeterministicEarlyRelease) count_landed_add(turn);
       if (ordinal + 1 < ordinals) tma_store_wait_read();
     }
     __syncwarp();
     if (ordinal + 1 < ordinals)  // the consumer waits for this before its next piece
       named_barrier_arrive(BackwardBarrier::kDqEmpty0 + consumer, BackwardBarrier::kDqThreads);
+    // Cfg::kDeterministicEarlyRelease: the turn only after the buffer went back to the consumer,
+    // so that the wait for the add's completion overlaps the consumer's next piece.
     if constexpr (Cfg::kDeterministicEarlyRelease) {
-      // The turn once the add has landed, after the buffer went back to the consumer: the wait
-      // for the add's completion overlaps the consumer's next piece.
-      if (leader) {
-        bulk_wait_all();
-        fence_proxy_async_global();
-        add_release_gpu(turn, 1);
-      }
+      if (leader) count_landed_add(turn);
     }
   }
   if (leader) bulk_wait_all();  // the last adds have landed before the CTA (and its shared memory) ends

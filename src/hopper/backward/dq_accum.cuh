@@ -25,8 +25,6 @@ struct DqAccumLayout {
                                                          int row_block, int piece, int head_dim) {
     return (ws_row0 + static_cast<int64_t>(head) * p.rows + row_block * 64) * head_dim + piece * kPieceFloats;
   }
-  // Where thread t's registers d[4j .. 4j + 3] go within a piece.
-  __device__ __forceinline__ static int fragment_offset(int j, int thread) { return 4 * (128 * j + thread); }
   // The transposed kernels' (dq_transposed_layout.hpp): the first float of consumer `piece`'s
   // piece of query block `m_block` (kQueries rows) of the sequence and head.
   template <int kQueries>

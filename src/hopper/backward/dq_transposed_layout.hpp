@@ -1,6 +1,7 @@
-// Where the transposed dQ pieces sit (kernels whose query block, kQueries rows, is not a multiple
-// of 64: Cfg::kDqTransposed), and the untransposed ones (the others) as the conversion reads them. Host-and-device, so the CPU tests check the consumer's writing
-// against the conversion kernel's reading (tests/cpu/test_dq_layout.cpp).
+// Where the dQ pieces sit: the transposed ones (kernels whose query block, kQueries rows, is not
+// a multiple of 64: Cfg::kDqTransposed) and the untransposed ones (the others). Host-and-device,
+// so the CPU tests check the consumer's writing against the conversion kernel's reading
+// (tests/cpu/test_dq_layout.cpp).
 //
 // Consumer c makes dQᵀ = Kᵀ·dSᵀ for columns 64c .. 64c + 63 of the step's kQueries rows: an
 // m64n<kQueries> wgmma accumulator with the head dim on M and the queries on N. Thread t of the

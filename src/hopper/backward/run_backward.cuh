@@ -3,7 +3,6 @@
 #include <cuda_runtime.h>
 
 #include <string>
-#include <type_traits>
 
 #include "api/problem.hpp"
 #include "hopper/backward/backward_config.hpp"
@@ -100,13 +99,10 @@ void launch_backward_kernels(const BackwardParams& p, const BackwardTensors& t, 
     kernel<<<main_grid, Cfg::kThreads, kSmem, stream>>>(tm_q, tm_k, tm_v, tm_do, p);
     check_cuda(cudaGetLastError(), "attention_backward_kernel: launch failed");
   }
-  {  // the accumulator's query blocks: kBlockM rows transposed (rows is a multiple of them), else 64
-    using Piece = std::conditional_t<Cfg::kDqTransposed, DqTransposedPiece<Cfg::kBlockM>, DqUntransposedPiece>;
-    constexpr int kRows = Cfg::kDqTransposed ? Cfg::kBlockM : 64;
-    const dim3 grid(static_cast<unsigned>(p.rows / kRows), row_grid.y, row_grid.z);
-    convert_dq_kernel<Element, Cfg::kHeadDim, kRows, Cfg::kRowGranule, Piece><<<grid, 256, 0, stream>>>(p);
-    check_cuda(cudaGetLastError(), "convert_dq_kernel: launch failed");
-  }
+  constexpr int kRows = Cfg::kDqConversionRows;  // rows is a multiple of them
+  const dim3 grid(static_cast<unsigned>(p.rows / kRows), row_grid.y, row_grid.z);
+  convert_dq_kernel<Element, Cfg::kHeadDim, kRows, Cfg::kRowGranule, typename Cfg::DqPiece><<<grid, 256, 0, stream>>>(p);
+  check_cuda(cudaGetLastError(), "convert_dq_kernel: launch failed");
   reduce_sink_sums<Cfg>(p, static_cast<int64_t>(row_grid.x) * row_grid.z, stream);
 }
 
