@@ -54,9 +54,7 @@ def c_abi_kvcache(q, k_cache, v_cache, lens, out):
     from warpattn.bench import WarpattnForwardOptions, WarpattnTensor
     lib = load_warpattn(os.path.join(os.path.dirname(warpattn.__file__), "libwarpattn.so"))
     descs = [describe(t, "bfloat16") for t in (q, k_cache, v_cache, out)]
-    length = WarpattnTensor()
-    length.data, length.dtype, length.rank = lens.data_ptr(), 5, 1  # WARPATTN_DTYPE_S32
-    length.shape[0], length.stride[0] = lens.shape[0], 1
+    length = describe(lens, "int32")
     options = WarpattnForwardOptions()
     lib.warpattn_forward_options_init.argtypes = [ctypes.POINTER(WarpattnForwardOptions)]
     lib.warpattn_forward_options_init(ctypes.byref(options))

@@ -198,7 +198,7 @@ class WarpattnTensor(ctypes.Structure):
     ]
 
 
-WARPATTN_DTYPE = {"float16": 0, "bfloat16": 1, "float32": 2}
+WARPATTN_DTYPE = {"float16": 0, "bfloat16": 1, "float32": 2, "int32": 5}
 
 
 class WarpattnForwardOptions(ctypes.Structure):

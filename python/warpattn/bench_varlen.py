@@ -119,8 +119,7 @@ def varlen_call(lib, torch, q, k, v, out, cu, max_len, dtype, causal, batch_inva
                                ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
     fn.restype = ctypes.c_int
     descs = [describe(t, dtype) for t in (q, k, v, out)]
-    offsets = describe(cu, "float32")
-    offsets.dtype = 5  # WARPATTN_DTYPE_S32 (bench.describe knows the float types only)
+    offsets = describe(cu, "int32")
     refs = [ctypes.byref(x) for x in descs] + [None, ctypes.byref(offsets), ctypes.byref(offsets), None]
     err = ctypes.create_string_buffer(2048)
     c_stream = ctypes.c_void_p(stream)
