@@ -9,7 +9,6 @@ and what a call cannot avoid (two allocations, one kernel launch).
 """
 import ctypes
 import os
-import time
 
 import torch
 import torch.nn.functional as F
@@ -17,22 +16,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import warpattn
 from warpattn import _warpattn
-from warpattn.bench import describe, load_warpattn
+from warpattn.bench import describe, host_us_per_call, load_warpattn
 
 
 def per_call_us(fn, calls=2000, repeats=5):
-    for _ in range(200):
-        fn()
-    torch.cuda.synchronize()
-    best = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        best.append((time.perf_counter() - t) / calls * 1e6)
-    best.sort()
-    return best[len(best) // 2]
+    return host_us_per_call(torch, {"fn": fn}, calls, repeats)["fn"]
 
 
 def c_abi_forward(q, k, v, out):

@@ -35,7 +35,8 @@ What each figure is:
 Effective bandwidth = (bytes of K and V read + Q + out) / time, against the device copy rate of
 the same run (a large device-to-device copy: bytes read + written per second); the issue's bar
 is 0.85 of it for caches of 64 MB or more. Host cost: a tight loop of --host-calls calls at a
-tiny shape with one synchronisation at the end, per call.
+tiny shape with one synchronisation at the end, per call, the median of 5 passes (warpattn and
+SDPA alternating).
 
 Timing: bench.make_timer (do_bench, or CUDA events with L2 flushed, median); every point in
 --passes interleaved passes (warpattn, paged, cudnn, flash, warpattn, ...), the median over
@@ -47,13 +48,12 @@ import json
 import os
 import statistics
 import sys
-import time
 import warnings
 
 try:  # as a module of the installed package, or as a script beside bench.py
-    from warpattn.bench import make_timer, rel_l2
+    from warpattn.bench import host_us_per_call, make_timer, rel_l2
 except ImportError:
-    from bench import make_timer, rel_l2
+    from bench import host_us_per_call, make_timer, rel_l2
 
 HEADS = ((32, 8), (64, 8), (8, 8))
 FULL = dict(B=(1, 8, 64), S=(1024, 4096, 16384, 65536, 131072), heads=HEADS, d=(128,), Sq=(1, 4, 16))
@@ -244,27 +244,16 @@ def bench_point(torch, warpattn, timer, p, args, gen):
 
 
 def host_cost(torch, warpattn, calls):
-    """Microseconds per call at a tiny shape (one sequence, one row, 128 keys), a tight loop with one
-    synchronisation: warpattn's Python path and SDPA's (default backend choice)."""
+    """Microseconds per call at a tiny shape (one sequence, one row, 128 keys): warpattn's Python
+    path and SDPA's (default backend choice), bench.host_us_per_call's interleaved passes."""
     import torch.nn.functional as F
     q = torch.randn(1, 1, 8, 128, dtype=torch.bfloat16, device="cuda")
     k = torch.randn(1, 128, 8, 128, dtype=torch.bfloat16, device="cuda")
     v = torch.randn_like(k)
     lens = torch.full((1,), 128, dtype=torch.int32, device="cuda")
     qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    fns = {"warpattn": lambda: warpattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens),
-           "sdpa": lambda: F.scaled_dot_product_attention(qh, kh, vh)}
-    us = {}
-    for name, fn in fns.items():
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        us[name] = (time.perf_counter() - t0) / calls * 1e6
-    return us
+    return host_us_per_call(torch, {"warpattn": lambda: warpattn.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens),
+                                    "sdpa": lambda: F.scaled_dot_product_attention(qh, kh, vh)}, calls)
 
 
 def fp8_accuracy(torch, warpattn):

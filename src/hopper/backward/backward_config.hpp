@@ -45,29 +45,6 @@
 #define WARPATTN_TUNE_BWD_DQ_RED 1
 #endif
 
-// The writer warps add each dQ piece to global memory themselves, red.global.add.v4.f32 from
-// the piece buffer (each lane 16 bytes at a time, in the buffer's order), instead of one bulk
-// reduce: the hand-over then stays in the generic proxy, so the consumer's
-// fence.proxy.async.shared::cta after its piece's stores goes (run 216's profile of d = 128: 7.1%
-// of the consumers' stall samples on that fence, 1.7% on the barrier after it). Unlike the dQ
-// from registers (WARPATTN_TUNE_BWD_DQ_RED = 2, -1 to -5% at d = 64 and 128 in run 211), the
-// reductions are issued by the writer warps, not the consumers. Never in the deterministic mode
-// (its turns order whole bulk adds) nor where dQ comes from registers. 0 (the default): the bulk
-// reduce; 1: the writers' reductions. Built 2026-12-06, not yet timed.
-#ifndef WARPATTN_TUNE_BWD_DQ_WRITER_RED
-#define WARPATTN_TUNE_BWD_DQ_WRITER_RED 0
-#endif
-
-// The deterministic mode's writer hands the piece buffer back to its consumer as soon as the
-// bulk reduce has read it, and only then waits for the add to land and counts it into the
-// block's turn (the release the next key block waits for). 0 (the default): the turn first, then
-// the buffer, so that each piece's hand-over waits out its add's completion (four of them a step
-// at d = 256, whose deterministic mode runs at half the default's speed: run 232). Built
-// 2026-12-06, not yet timed.
-#ifndef WARPATTN_TUNE_BWD_DET_EARLY_RELEASE
-#define WARPATTN_TUNE_BWD_DET_EARLY_RELEASE 0
-#endif
-
 // The row terms (LSE and D, per query, in shared memory) loaded further ahead of their use
 // (docs/backward-design.md, "The row terms' latency"): run 216's profile of d = 128 had ~10% of
 // the consumers' stall samples on the short scoreboard at the first use of each pair of them,
@@ -136,9 +113,6 @@ struct BackwardConfig {
       WARPATTN_TUNE_BWD_LONGEST_FIRST_MB > 0;
   static constexpr bool kDqFromRegisters =
       !kDeterministic && ((kHeadDim == 256 && WARPATTN_TUNE_BWD_DQ_RED >= 1) || WARPATTN_TUNE_BWD_DQ_RED >= 2);
-  static constexpr bool kDqWriterReductions =
-      !kDeterministic && !kDqFromRegisters && WARPATTN_TUNE_BWD_DQ_WRITER_RED >= 1;
-  static constexpr bool kDeterministicEarlyRelease = kDeterministic && WARPATTN_TUNE_BWD_DET_EARLY_RELEASE >= 1;
   static constexpr int kColumnHalves = kHeadDim == 512 ? 2 : 1;  // CTAs per key block
   static constexpr int kCtaColumns = kHeadDim / kColumnHalves;   // a CTA's dK, dV and dQ columns
   // d = 256: 80 keys a CTA (FlashAttention-3's d = 256 tile; docs/backward-design.md, "Key blocks

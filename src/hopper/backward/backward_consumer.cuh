@@ -255,9 +255,8 @@ struct BackwardConsumer {
       for (int j = 0; j < kDqRegs / 4; ++j)
         reinterpret_cast<float4*>(ss.dq_piece[warpgroup])[dq_float_index(t, j) / 4] =
             make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-      // (the bulk reduce reads the buffer through the async proxy; the writer's own reductions
-      // read it with plain loads, ordered after these stores by the named barrier)
-      if constexpr (!Cfg::kDqWriterReductions) fence_proxy_async_shared();
+      // (the writer's bulk reduce reads the buffer through the async proxy)
+      fence_proxy_async_shared();
       named_barrier_arrive(BackwardBarrier::kDqFull0 + warpgroup, BackwardBarrier::kDqThreads);
     }
   }

@@ -5,9 +5,10 @@
 //
 // Deterministic mode: the key blocks add to a 64-row block of dQ in a fixed order (dq_turn in
 // key_block_work.hpp). The writer waits until the block's turn counter shows every earlier key
-// block's pieces (kD / 64 per key block; kD / 32 with 32-column pieces) as landed, adds, waits
-// for its own add to land in global memory (wait_group 0, not just the shared-memory read) and
-// counts itself in with a release.
+// block's pieces (kD / 64 per key block; kD / 32 with 32-column pieces) as landed, adds, frees
+// the buffer once the reduce has read it, then waits for its own add to land in global memory
+// (wait_group 0) and counts itself in with a release: the next key block's turn waits for the
+// landing, the consumer's next piece only for the read.
 // Transposed dQ (80-row query blocks, Cfg::kDqTransposed): the consumer's piece is the 80 rows
 // of its 64 columns (dq_transposed_layout.hpp), and the turn counter is per 80-row block: the
 // one at (the block's first row) / 80 of the 64-row blocks' counters (all zeroed, more of them).
@@ -64,34 +65,6 @@ __device__ __forceinline__ float* dq_piece_destination(const BackwardParams& p, 
   return p.dq_accum + DqAccumLayout::piece_offset(p, work.ws_row0, head, row_block, piece_index, kD);
 }
 
-// Cfg::kDqWriterReductions: the writer warp adds each piece itself, each lane 16 bytes of the
-// buffer at a time (ld.shared, then red.global.add.v4.f32 to the same float of the piece's
-// destination), and frees the buffer once its loads have returned; the reductions are relaxed
-// and never waited for (the conversion kernel, next in stream order, sees them all). A loop of
-// its own rather than a branch of run_dq_writer's: as a branch there, or with this loop
-// unrolled, ptxas spilled d = 128's causal kernel and serialized its consumers' wgmmas (C7512).
-template <class Cfg>
-__device__ __forceinline__ void run_dq_writer_reductions(BackwardSharedStorage<Cfg>& ss, const BackwardParams& p,
-                                                         const KeyBlockWork& work, int consumer) {
-  using namespace ptx;
-  constexpr int kPieces = Cfg::kDqPiecesPerConsumer;
-  constexpr int kGroups = Cfg::kDqPieceFloats / 4;  // 16-byte groups of a piece
-  static_assert(kGroups % 32 == 0, "whole groups a lane");
-  const float4* piece = reinterpret_cast<const float4*>(ss.dq_piece[consumer]);
-  const int ordinals = work.steps() * kPieces;
-  for (int ordinal = 0; ordinal < ordinals; ++ordinal) {
-    named_barrier_sync(BackwardBarrier::kDqFull0 + consumer, BackwardBarrier::kDqThreads);
-    float* dst = dq_piece_destination<Cfg>(p, work, ordinal / kPieces, ordinal % kPieces, consumer);
-#pragma unroll 1
-    for (int g = threadIdx.x % 32; g < kGroups; g += 32) {
-      const float4 v = piece[g];
-      red_add_v4_f32(dst + 4 * g, v.x, v.y, v.z, v.w);
-    }
-    if (ordinal + 1 < ordinals)  // the consumer waits for this before its next piece
-      named_barrier_arrive(BackwardBarrier::kDqEmpty0 + consumer, BackwardBarrier::kDqThreads);
-  }
-}
-
 // The deterministic mode: once the writer's add has landed in global memory, counts it into the
 // block's turn (what the next key block's writer waits for).
 __device__ __forceinline__ void count_landed_add(int* turn) {
@@ -105,10 +78,6 @@ template <class Cfg>
 __device__ __forceinline__ void run_dq_writer(BackwardSharedStorage<Cfg>& ss, const BackwardParams& p,
                                               const KeyBlockWork& work, int consumer) {
   using namespace ptx;
-  if constexpr (Cfg::kDqWriterReductions) {
-    run_dq_writer_reductions<Cfg>(ss, p, work, consumer);
-    return;
-  }
   constexpr int kM = Cfg::kBlockM;
   const bool leader = threadIdx.x % 32 == 0;
   constexpr int kPieces = Cfg::kDqPiecesPerConsumer;
@@ -138,15 +107,15 @@ __device__ __forceinline__ void run_dq_writer(BackwardSharedStorage<Cfg>& ss, co
       }
       bulk_reduce_add_f32(dst, smem_addr(ss.dq_piece[consumer]), Cfg::kDqPieceFloats * 4);
       tma_store_commit();
-      if constexpr (Cfg::kDeterministic && !Cfg::kDeterministicEarlyRelease) count_landed_add(turn);
       if (ordinal + 1 < ordinals) tma_store_wait_read();
     }
     __syncwarp();
     if (ordinal + 1 < ordinals)  // the consumer waits for this before its next piece
       named_barrier_arrive(BackwardBarrier::kDqEmpty0 + consumer, BackwardBarrier::kDqThreads);
-    // Cfg::kDeterministicEarlyRelease: the turn only after the buffer went back to the consumer,
-    // so that the wait for the add's completion overlaps the consumer's next piece.
-    if constexpr (Cfg::kDeterministicEarlyRelease) {
+    // Deterministic: the turn only after the buffer went back to the consumer, so that the wait
+    // for the add's completion overlaps the consumer's next piece (run 237: +6-8% at d = 256,
+    // where a consumer hands over four pieces a step through one buffer).
+    if constexpr (Cfg::kDeterministic) {
       if (leader) count_landed_add(turn);
     }
   }
