@@ -90,9 +90,10 @@ if stage bench; then
   echo "bench rc=$?"; tail -5 "$OUT/bench.err"; tail -40 "$OUT/bench.log"
 fi
 if stage bench_backward; then
-  # The backward beside cuDNN and FA2 (interleaved passes; BWD_BENCH_ARGS e.g. "--d 128 --n 16384").
+  # The backward and forward + backward beside cuDNN and FA2, the GEMM ceiling, table and plot
+  # (interleaved passes; the anchors' sweep by default, BWD_BENCH_ARGS e.g. "--d 128 --n 16384").
   PYTHONUNBUFFERED=1 timeout -k 5 ${BENCH_TIMEOUT:-300} python3 python/warpattn/bench_backward.py \
-    --lib build/libwarpattn.so --json "$OUT/bench-backward.json" ${BWD_BENCH_ARGS:---deterministic --passes 3} \
+    --lib build/libwarpattn.so --out "$OUT" --json "$OUT/bench-backward.json" ${BWD_BENCH_ARGS:---deterministic --passes 3} \
     > "$OUT/bench-backward.log" 2>&1
   echo "bench_backward rc=$?"; tail -20 "$OUT/bench-backward.log"
 fi

@@ -138,6 +138,8 @@ def parse_args(argv):
                    "%d passes interleaved with the default's, the ratio their median" % INVARIANT_PASSES)
     p.add_argument("--decode", action="store_true",
                    help="run the KV-cache (decode) benchmark instead (bench_decode.py; --decode --help lists its options)")
+    p.add_argument("--backward", action="store_true",
+                   help="run the backward benchmark instead (bench_backward.py; --backward --help lists its options)")
     p.add_argument("--varlen", action="store_true",
                    help="run the ragged-batch benchmark instead (bench_varlen.py; the other options are its own: "
                    "--varlen --help lists them)")
@@ -753,6 +755,12 @@ def main(argv=None):
         except ImportError:  # run as a script beside bench_decode.py
             from bench_decode import main as decode_main
         return decode_main([a for a in argv if a != "--decode"])
+    if "--backward" in argv:  # hand over to the backward benchmark (issue 14), with the rest of the arguments
+        try:
+            from warpattn.bench_backward import main as backward_main
+        except ImportError:  # run as a script beside bench_backward.py
+            from bench_backward import main as backward_main
+        return backward_main([a for a in argv if a != "--backward"])
     if "--varlen" in argv:  # hand over to the ragged-batch benchmark, with the rest of the arguments
         try:
             from warpattn.bench_varlen import main as varlen_main

@@ -2,13 +2,19 @@
 """Side-by-side backward benchmark: warpattn's backward beside cuDNN's and FlashAttention-2's
 (through PyTorch SDPA), one process, the same tensors.
 
+    python -m warpattn.bench --backward --out docs/perf [--deterministic]   # the installed package
     python3 python/warpattn/bench_backward.py --lib build/libwarpattn.so [--passes 3] [--json PATH]
 
 What is timed: for the SDPA backends, torch.autograd.grad of the output (their pre- and
 post-processing kernels count); for warpattn, one backward() call (its preprocess, main kernel
 and dQ conversion), with the workspace allocated once outside the timing, as PyTorch's caching
-allocator gives it in training. FLOPs: 2.5x the forward's (4·B·H·N²·d, halved for causal).
-The sweep is the anchors' (docs/perf/anchors.md): 16384 tokens, H·d = 2048. Each point is
+allocator gives it in training. Then forward + backward (unless --backward-only): SDPA's forward
+on leaves that require grad and torch.autograd.grad of it; warpattn's forward (out and lse)
+then its backward. FLOPs: 2.5x the forward's (4·B·H·N²·d, halved for causal) for the backward,
+3.5x for forward + backward. The GEMM ceiling of the same run (torch.matmul 8192³) is printed,
+recorded and drawn. The sweep is the anchors' (docs/perf/anchors.md): 16384 tokens, H·d = 2048,
+d 64 / 128 / 256, N 1024 / 4096 / 16384, causal and not; --out writes
+bench-backward-<date>.json, .md (a table) and .png (TFLOP/s against N). Each point is
 timed in `--passes` interleaved passes (warpattn, cuDNN, FA2, warpattn, ...) and the median is
 reported, since the power-capped H200 moves ±5% between passes. warpattn's gradients are
 compared with cuDNN's (relative L2) as a sanity check; accuracy proper is the tests' job.
@@ -20,9 +26,10 @@ import statistics
 import sys
 
 try:  # as a module of the installed package, or as a script beside bench.py (--lib builds)
-    from warpattn.bench import WarpattnTensor, describe, kernel_trace, load_warpattn, make_timer, sdpa_inputs
+    from warpattn.bench import (WarpattnTensor, describe, gemm_rate, kernel_trace, load_warpattn, make_timer,
+                                sdpa_inputs)
 except ImportError:
-    from bench import WarpattnTensor, describe, kernel_trace, load_warpattn, make_timer, sdpa_inputs
+    from bench import WarpattnTensor, describe, gemm_rate, kernel_trace, load_warpattn, make_timer, sdpa_inputs
 
 TOTAL_TOKENS, HIDDEN = 16384, 2048
 
@@ -61,21 +68,105 @@ def warpattn_backward_call(lib, torch, dtype, tensors, causal, deterministic):
     return launch
 
 
+def default_lib():
+    """The installed package's libwarpattn.so (what `python -m warpattn.bench --backward` times)."""
+    import os
+    import warpattn
+    return os.path.join(os.path.dirname(warpattn.__file__), "libwarpattn.so")
+
+
+def markdown(env, gemm, method, rows, args):
+    """The record as a table: backward TFLOP/s (deterministic in brackets) and forward + backward."""
+    det = "deterministic" if args.deterministic else None
+    lines = ["# warpattn backward vs cuDNN and FlashAttention-2 — %s" % env["date"], "",
+             "%s on %s (%s SMs, power limit %s), commit %s, torch %s, cuDNN %s. %s, %d tokens a point, "
+             "H·d = %d; %d interleaved passes, medians (%s). TFLOP/s: the backward 2.5x the forward's FLOPs, "
+             "forward + backward 3.5x. GEMM ceiling of the same run: torch.matmul %s 8192³ %.1f TFLOP/s."
+             % (args.dtype, env["card"], env["sms"], env["power_limit"], env["commit"], env["torch"], env["cudnn"],
+                "SDPA's backends through torch.autograd.grad; warpattn's backward() through the C ABI",
+                TOTAL_TOKENS, HIDDEN, args.passes, method, args.dtype, gemm), ""]
+    head = "| d | N | causal | warpattn%s | cuDNN | FA2 | warpattn/cuDNN |" % (" (%s)" % det if det else "")
+    rule = "|---|---|---|---|---|---|---|"
+    if rows and rows[0].get("tflops_fwd_bwd"):
+        head += " fwd+bwd: warpattn | cuDNN | FA2 | warpattn/cuDNN |"
+        rule += "---|---|---|---|"
+    lines += [head, rule]
+    cell = lambda t, k: "%.1f" % t[k] if k in t else "n/a"
+    for r in rows:
+        t, f = r["tflops"], r.get("tflops_fwd_bwd") or {}
+        w = cell(t, "warpattn") + (" (%s)" % cell(t, "warpattn_det") if det else "")
+        line = "| %d | %d | %s | %s | %s | %s | %s |" % (r["d"], r["N"], "yes" if r["causal"] else "no", w,
+                                                        cell(t, "cudnn"), cell(t, "fa2"), ratio_text(t))
+        if f:
+            line += " %s | %s | %s | %s |" % (cell(f, "warpattn"), cell(f, "cudnn"), cell(f, "fa2"), ratio_text(f))
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def ratio_text(t):
+    return "%.3f" % (t["warpattn"] / t["cudnn"]) if t.get("cudnn") and "warpattn" in t else "n/a"
+
+
+def plot(result, path):
+    """TFLOP/s against N, a panel per (d, causal), a line per library (solid: backward; dotted:
+    forward + backward), the in-run GEMM rate as a reference line. False without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot", file=sys.stderr)
+        return False
+    rows = result["rows"]
+    ds = sorted({r["d"] for r in rows})
+    fig, axes = plt.subplots(2, len(ds), figsize=(5 * len(ds), 8), squeeze=False)
+    styles = {"warpattn": "o", "warpattn_det": "x", "cudnn": "s", "fa2": "^"}
+    for col, d in enumerate(ds):
+        for line, causal in enumerate((False, True)):
+            ax = axes[line][col]
+            pts = sorted((r for r in rows if r["d"] == d and r["causal"] == causal), key=lambda r: r["N"])
+            for key, ls in (("tflops", "-"), ("tflops_fwd_bwd", ":")):
+                for impl, marker in styles.items():
+                    xy = [(r["N"], r[key][impl]) for r in pts if impl in (r.get(key) or {})]
+                    if xy:
+                        ax.plot([x for x, _ in xy], [y for _, y in xy], marker + ls,
+                                label=impl + (" fwd+bwd" if key != "tflops" else ""))
+            ax.axhline(result["gemm_tflops"], color="gray", lw=0.8, ls="-.", label="GEMM (torch.matmul 8192³)")
+            ax.set_xscale("log", base=2)
+            ax.set_title("d=%d, %s" % (d, "causal" if causal else "non-causal"))
+            ax.set_xlabel("sequence length N (%d tokens, H·d = %d)" % (TOTAL_TOKENS, HIDDEN))
+            ax.set_ylabel("TFLOP/s")
+            ax.set_ylim(bottom=0)
+            ax.grid(True, alpha=0.3)
+    axes[0][0].legend(loc="lower right", fontsize=7)
+    fig.suptitle("%s backward on %s, %s (commit %s)" % (result["dtype"], result["card"], result["date"],
+                                                        result["commit"]))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--lib", required=True, help="libwarpattn.so of a CMake build (C ABI)")
-    p.add_argument("--d", type=int, nargs="+", default=[64, 128])
+    p.add_argument("--lib", default=None, help="libwarpattn.so of a CMake build (C ABI; default: the installed package's)")
+    p.add_argument("--d", type=int, nargs="+", default=[64, 128, 256])
     p.add_argument("--n", type=int, nargs="+", default=[1024, 4096, 16384])
     p.add_argument("--causal", type=int, nargs="+", default=[0, 1])
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     p.add_argument("--passes", type=int, default=3)
     p.add_argument("--deterministic", action="store_true", help="also time warpattn's deterministic mode")
-    p.add_argument("--json", default=None)
+    p.add_argument("--backward-only", action="store_true", help="skip the forward + backward columns")
+    p.add_argument("--json", default=None, help="write the record here (default: with --out only)")
+    p.add_argument("--out", default=None, help="folder for bench-backward-<date>.json, .md and .png")
+    p.add_argument("--commit", default=None, help="git commit to record (default: git rev-parse)")
     p.add_argument("--breakdown", action="store_true",
                    help="also each library's kernels at each point (torch.profiler's CUDA trace, L2 flushed)")
     p.add_argument("--warpattn-only", action="store_true",
                    help="run warpattn's backward alone, a few times, untimed (for ncu / compute-sanitizer)")
     args = p.parse_args(argv)
+    if args.lib is None:
+        args.lib = default_lib()
 
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -84,12 +175,16 @@ def main(argv=None):
     lib = load_warpattn(args.lib)
     timer, method = make_timer(torch, 25, 100)
     dt = getattr(torch, args.dtype)
+    gemm = None if args.warpattn_only else gemm_rate(torch, timer, args.dtype)[0]
+    if gemm is not None:
+        print("torch.matmul %s 8192^3: %.1f TFLOP/s" % (args.dtype, gemm), flush=True)
     rows = []
     for d in args.d:
         for n in args.n:
             for causal in map(bool, args.causal):
                 B, H = TOTAL_TOKENS // n, HIDDEN // d
-                flops = 2.5 * 4.0 * B * H * n * n * d / (2 if causal else 1)
+                forward_flops = 4.0 * B * H * n * n * d / (2 if causal else 1)
+                flops = 2.5 * forward_flops
                 torch.manual_seed(0)
                 q, k, v, dout = (torch.randn(B, n, H, d, device="cuda", dtype=dt) for _ in range(4))
                 out = torch.empty_like(q)
@@ -98,9 +193,13 @@ def main(argv=None):
                 fwd = lib.warpattn_forward
                 err = ctypes.create_string_buffer(1024)
                 descs = [describe(t, args.dtype) for t in (q, k, v, out)] + [describe(lse, "float32")]
-                if fwd(*[ctypes.byref(x) for x in descs], 0, 0.0, int(causal),
-                       ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), err, len(err)) != 0:
-                    raise RuntimeError(err.value.decode())
+
+                def forward(descs=descs, causal=causal, err=err):
+                    if fwd(*[ctypes.byref(x) for x in descs], 0, 0.0, int(causal),
+                           ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), err, len(err)) != 0:
+                        raise RuntimeError(err.value.decode())
+
+                forward()
                 launches = {"warpattn": warpattn_backward_call(lib, torch, args.dtype,
                                                                (dout, q, k, v, out, lse, dq, dk, dv), causal, False)}
                 if args.deterministic:
@@ -111,6 +210,9 @@ def main(argv=None):
                         launches["warpattn"]()
                     torch.cuda.synchronize()
                     continue
+                both = {}  # forward + backward
+                if not args.backward_only:
+                    both["warpattn"] = lambda bwd=launches["warpattn"], forward=forward: (forward(), bwd())
                 grads = {}
                 for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
                     try:
@@ -124,7 +226,14 @@ def main(argv=None):
                         def run(o=o, leaves=leaves, g=g):
                             torch.autograd.grad(o, leaves, g, retain_graph=True)
 
+                        def run_both(leaves=leaves, g=g, backend=backend):
+                            with sdpa_kernel([backend]):
+                                o_ = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+                            torch.autograd.grad(o_, leaves, g)
+
                         launches[name] = run
+                        if not args.backward_only:
+                            both[name] = run_both
                     except RuntimeError as e:
                         print("  %s unavailable at d=%d N=%d: %s" % (name, d, n, str(e)[:200]), file=sys.stderr)
                 if args.breakdown:
@@ -134,9 +243,12 @@ def main(argv=None):
                             "%.1f %s" % (t, k_) for k_, t in sorted(per_kernel.items(), key=lambda kv: -kv[1]))),
                               flush=True)
                 times = {name: [] for name in launches}
+                times_both = {name: [] for name in both}
                 for _ in range(args.passes):
                     for name, fn in launches.items():
                         times[name].append(timer(fn))
+                    for name, fn in both.items():
+                        times_both[name].append(timer(fn))
                 launches["warpattn"]()
                 torch.cuda.synchronize()
                 check = ""
@@ -147,17 +259,47 @@ def main(argv=None):
                 row = {"d": d, "N": n, "B": B, "H": H, "causal": causal,
                        "tflops": {k_: flops / (statistics.median(t) * 1e-3) / 1e12 for k_, t in times.items()},
                        "check": check}
+                if times_both:
+                    row["tflops_fwd_bwd"] = {k_: 3.5 * forward_flops / (statistics.median(t) * 1e-3) / 1e12
+                                             for k_, t in times_both.items()}
                 rows.append(row)
                 cells = "  ".join("%s %6.1f" % (k_, v_) for k_, v_ in row["tflops"].items())
-                ratio = row["tflops"]["warpattn"] / max(row["tflops"].get("cudnn", float("nan")), 1e-9)
-                print("d=%-3d N=%-5d %-6s %s  warpattn/cuDNN %.3f  %s" % (d, n, "causal" if causal else "full", cells,
-                                                                          ratio, check), flush=True)
-                del launches, grads
+                print("d=%-3d N=%-5d %-6s %s  warpattn/cuDNN %s  %s" % (d, n, "causal" if causal else "full", cells,
+                                                                        ratio_text(row["tflops"]), check), flush=True)
+                if times_both:
+                    print("      forward + backward: %s  warpattn/cuDNN %s" % ("  ".join(
+                        "%s %6.1f" % kv for kv in row["tflops_fwd_bwd"].items()), ratio_text(row["tflops_fwd_bwd"])),
+                          flush=True)
+                del launches, grads, both
     print("timer:", method)
+    if args.warpattn_only:
+        return 0
+    try:
+        from warpattn.bench import environment
+    except ImportError:
+        from bench import environment
+    env = environment(torch, args)
+    result = dict(env, method=method, dtype=args.dtype, passes=args.passes, gemm_tflops=gemm,
+                  sweep={"total_tokens": TOTAL_TOKENS, "H_times_d": HIDDEN}, rows=rows)
+    paths = []
+    if args.out:
+        import os
+        os.makedirs(args.out, exist_ok=True)
+        stem = os.path.join(args.out, "bench-backward-%s" % env["date"])
+        with open(stem + ".md", "w") as f:
+            f.write(markdown(env, gemm, method, rows, args))
+        paths.append(stem + ".md")
+        if plot(result, stem + ".png"):
+            paths.append(stem + ".png")
+        args.json = args.json or stem + ".json"
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"method": method, "dtype": args.dtype, "passes": args.passes, "rows": rows}, f, indent=1)
+            json.dump(result, f, indent=1)
+        paths.append(args.json)
+    for path in paths:
+        print("wrote", path)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
