@@ -35,6 +35,10 @@ struct Case {
   // q, k, v and dout's memory outside the view set to NaN before the fill: a padded head dim's
   // missing columns must come from TMA's zero fill, never from the gaps of strided tensors.
   bool nan_outside_inputs = false;
+  // The call given its own workspace filled with 0x7F bytes (floats 3.4e38, counters 2^31 - 1
+  // region-wide) instead of the pool's: every workspace row the kernels read must have been
+  // written by this call (the row terms, the zeroed accumulator, the deterministic turns).
+  bool garbage_workspace = false;
 };
 
 std::string describe(const Case& c) {
@@ -115,6 +119,13 @@ void run_backward(const Case& c, Tensors& t, std::optional<uint64_t> seed) {
   bo.window_left = c.window_left, bo.window_right = c.window_right;
   bo.softcap = c.softcap;
   bo.sinks = t.sinks_view(c), bo.dsinks = t.dsinks_view(c);
+  if (c.garbage_workspace) {
+    DeviceBuffer workspace(warpattn::backward_workspace_bytes(t.q.view, bo), 0x7F);
+    warpattn::backward(t.dout.view, t.q.view, t.k.view, t.v.view, t.out.view, t.lse_view(c), t.dq.view, t.dk.view,
+                       t.dv.view, bo, warpattn::Workspace{workspace.mem, workspace.bytes});
+    cudaDeviceSynchronize();  // before the buffer goes
+    return;
+  }
   warpattn::backward(t.dout.view, t.q.view, t.k.view, t.v.view, t.out.view, t.lse_view(c), t.dq.view, t.dk.view,
                      t.dv.view, bo);
 }
@@ -483,6 +494,22 @@ TEST(backward_d256_causal_longest_first_over_groups) {
 }
 
 TEST(backward_deterministic_is_bitwise_repeatable) { run_deterministic_matrix({DType::bf16}, {64, 128, 256}); }
+
+// A workspace the call did not clear (0x7F bytes), at lengths where the workspace's padded rows
+// (a multiple of 320 at d = 128, 128 elsewhere) pass the rows the main kernel covers, which the
+// row terms and the conversion stop at (run_backward): 1000 rows is 1280 at d = 128 against
+// 1040 covered, 4100 at d = 256 4224 against 4160; default and deterministic, causal and not.
+TEST(backward_workspace_past_covered_rows) {
+  REQUIRE_HOPPER();
+  for (int d : {64, 128, 256})
+    for (int64_t n : {1000, 4100})
+      for (bool deterministic : {false, true}) {
+        Case c;
+        c.head_dim = d, c.causal = n == 1000, c.deterministic = deterministic, c.garbage_workspace = true;
+        c.batch = 2, c.seqlen_q = n, c.seqlen_k = n == 1000 ? 1000 : 300, c.heads_q = 2, c.heads_kv = 1;
+        check_case(c);
+      }
+}
 
 // Head dims between and below the kernels' (any multiple of 8 from 8 to 256; above 256: the
 // d512 tests below), each run in the d = 64, 128 or 256 kernel with the missing columns zero-filled: dq, dk and dv written only in

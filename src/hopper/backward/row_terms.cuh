@@ -134,11 +134,13 @@ __global__ void __launch_bounds__(256) backward_row_terms_kernel(const __grid_co
   if (p.sinks != nullptr) add_sink_terms(p, rb, first, head);
   float4* acc = reinterpret_cast<float4*>(p.dq_accum + first * kHeadDim);
   for (int e = threadIdx.x; e < 64 * kHeadDim / 4; e += blockDim.x) acc[e] = make_float4(0.f, 0.f, 0.f, 0.f);
-  constexpr int kTurnRows = backward_turn_rows(kHeadDim);  // 64 rows a counter, or 32 (d = 512)
-  if constexpr (kTurnRows == 64) {
-    if (p.turns != nullptr && threadIdx.x == 0) p.turns[first / 64] = 0;
-  } else {
-    if (p.turns != nullptr && threadIdx.x < 64 / kTurnRows) p.turns[first / kTurnRows + threadIdx.x] = 0;
+  // The deterministic turns: block 0 of each (sequence, head) zeroes every counter of its rows
+  // (p.rows of them a head: 64 rows a counter, 32 at d = 512), since an 80-row kernel numbers
+  // its counters by 80-row blocks over the same array (backward_dq_writer.cuh) and the grid may
+  // stop short of the padded rows (run_backward: the rows the main kernel covers).
+  constexpr int kTurnRows = backward_turn_rows(kHeadDim);
+  if (p.turns != nullptr && blockIdx.x == 0) {
+    for (int64_t i = threadIdx.x; i < p.rows / kTurnRows; i += blockDim.x) p.turns[first / kTurnRows + i] = 0;
   }
 }
 

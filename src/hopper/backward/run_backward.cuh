@@ -79,11 +79,12 @@ void reduce_sink_sums(const BackwardParams& p, int64_t blocks, cudaStream_t stre
 }
 
 // The three launches: the row terms over row_grid, the main kernel over main_grid (none when it
-// has no key block), the dQ conversion over the accumulator's query blocks (64 rows, as row_grid;
-// transposed dQ: kBlockM).
+// has no key block), the dQ conversion over the accumulator's first `covered_rows` rows of each
+// (sequence, head) (a multiple of kDqConversionRows) in query blocks (64 rows; transposed dQ:
+// kBlockM).
 template <class Cfg>
 void launch_backward_kernels(const BackwardParams& p, const BackwardTensors& t, dim3 row_grid, dim3 main_grid,
-                             cudaStream_t stream) {
+                             int64_t covered_rows, cudaStream_t stream) {
   using Element = typename Cfg::Element;
   backward_row_terms_kernel<Element, Cfg::kHeadDim><<<row_grid, 256, 0, stream>>>(p);
   check_cuda(cudaGetLastError(), "backward_row_terms_kernel: launch failed");
@@ -100,7 +101,7 @@ void launch_backward_kernels(const BackwardParams& p, const BackwardTensors& t, 
     check_cuda(cudaGetLastError(), "attention_backward_kernel: launch failed");
   }
   constexpr int kRows = Cfg::kDqConversionRows;  // rows is a multiple of them
-  const dim3 grid(static_cast<unsigned>(p.rows / kRows), row_grid.y, row_grid.z);
+  const dim3 grid(static_cast<unsigned>(covered_rows / kRows), row_grid.y, row_grid.z);
   convert_dq_kernel<Element, Cfg::kHeadDim, kRows, Cfg::kRowGranule, typename Cfg::DqPiece><<<grid, 256, 0, stream>>>(p);
   check_cuda(cudaGetLastError(), "convert_dq_kernel: launch failed");
   reduce_sink_sums<Cfg>(p, static_cast<int64_t>(row_grid.x) * row_grid.z, stream);
@@ -120,10 +121,15 @@ void run_backward(const BackwardProblem& pr, const BackwardTensors& t, void* wor
   if constexpr (Cfg::kLongestFirst)
     p.longest_first_groups = longest_first_groups(p.heads_kv * p.batch, p.kv_group, p.seqlen_q, Cfg::kHeadDim,
                                                   int64_t{WARPATTN_TUNE_BWD_LONGEST_FIRST_MB} << 20);
-  const dim3 row_grid(static_cast<unsigned>(layout.rows / 64), p.heads_q, p.batch);
+  // The rows the main kernel's query blocks cover: its row terms and its dQ accumulator (zeroed),
+  // then converted. The workspace's rows per (batch, head) are a multiple of the granule (320 at
+  // d = 128, for the 64-row blocks and the 80-row ones), which at N = 1024 pads 25%: neither
+  // zeroed nor read (run 240: the row terms 108 and the conversion 88 us there, 97 and 76 at 4K).
+  const int64_t covered = static_cast<int64_t>(ceil_div(p.seqlen_q, Cfg::kBlockM)) * Cfg::kBlockM;
+  const dim3 row_grid(static_cast<unsigned>((covered + 63) / 64), p.heads_q, p.batch);
   // kColumnHalves CTAs per key block (two at d = 512, backward_kernel.cuh's key_block_work)
   const dim3 main_grid(ceil_div(p.seqlen_k, Cfg::kBlockN) * Cfg::kColumnHalves, p.heads_kv, p.batch);
-  launch_backward_kernels<Cfg>(p, t, row_grid, main_grid, stream);
+  launch_backward_kernels<Cfg>(p, t, row_grid, main_grid, covered, stream);
 }
 
 // A packed batch: t's tensors as (1, total, heads, head_dim) views (lse (1, heads, total_q)),
@@ -157,7 +163,7 @@ void run_backward_varlen(const BackwardProblem& pr, const BackwardTensors& t, co
   // No key at all: no key block to run (and K has no map); dQ comes out zero. kColumnHalves CTAs
   // per tile (validation bounds the tiles at d = 512 to half of what it lets the others have).
   const unsigned main_blocks = pr.seqlen_k > 0 ? static_cast<unsigned>(max_tiles * Cfg::kColumnHalves) : 0;
-  launch_backward_kernels<Cfg>(p, t, row_grid, dim3(main_blocks), stream);
+  launch_backward_kernels<Cfg>(p, t, row_grid, dim3(main_blocks), layout.rows, stream);
 }
 
 // Declared here, defined in backward_<dtype>_d<dim>.cu (causal and deterministic chosen inside);
