@@ -784,12 +784,7 @@ def test_bench_varlen_mixes():
     assert max(short) < 2048 and len(short) > 32
 
 
-def test_bench_backward_record():
-    # The backward benchmark's table and plot from a record (no GPU): each point's row with the
-    # deterministic figure in brackets, the ratio to cuDNN of the backward and of forward +
-    # backward, "n/a" where a library did not run; the plot drawn when matplotlib is there.
-    import argparse
-    from warpattn.bench_backward import markdown, plot
+def _bench_backward_record():
     env = {"date": "2026-12-06", "card": "H", "sms": 132, "power_limit": "700 W", "commit": "abc", "torch": "2",
            "cudnn": 91900}
     rows = [{"d": 128, "N": 4096, "causal": False,
@@ -797,14 +792,30 @@ def test_bench_backward_record():
              "tflops_fwd_bwd": {"warpattn": 560.0, "cudnn": 400.0, "fa2": 290.0}},
             {"d": 256, "N": 1024, "causal": True, "tflops": {"warpattn": 200.0, "warpattn_det": 150.0},
              "tflops_fwd_bwd": {"warpattn": 210.0}}]
+    return env, rows
+
+
+def test_bench_backward_table():
+    # The backward benchmark's table from a record (no GPU): each point's row with the
+    # deterministic figure in brackets, the ratio to cuDNN of the backward and of forward +
+    # backward, "n/a" where a library did not run, the GEMM ceiling in the header.
+    import argparse
+    from warpattn.bench_backward import markdown
+    env, rows = _bench_backward_record()
     args = argparse.Namespace(deterministic=True, dtype="bfloat16", passes=3)
     table = markdown(env, 700.0, "do_bench", rows, args).splitlines()
     assert "| 128 | 4096 | no | 550.0 (460.0) | 500.0 | 300.0 | 1.100 | 560.0 | 400.0 | 290.0 | 1.400 |" in table
     assert "| 256 | 1024 | yes | 200.0 (150.0) | n/a | n/a | n/a | 210.0 | n/a | n/a | n/a |" in table
     assert any("700.0 TFLOP/s" in line for line in table)
+
+
+def test_bench_backward_plot():
+    # The plot of the same record (matplotlib is the GPU host's; skipped without it).
     pytest.importorskip("matplotlib")
     import os
     import tempfile
+    from warpattn.bench_backward import plot
+    env, rows = _bench_backward_record()
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "b.png")
         result = dict(env, dtype="bfloat16", gemm_tflops=700.0, rows=rows)
