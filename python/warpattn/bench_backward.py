@@ -12,9 +12,11 @@ allocator gives it in training. Then forward + backward (unless --backward-only)
 on leaves that require grad and torch.autograd.grad of it; warpattn's forward (out and lse)
 then its backward. FLOPs: 2.5x the forward's (4·B·H·N²·d, halved for causal) for the backward,
 3.5x for forward + backward. The GEMM ceiling of the same run (torch.matmul 8192³) is printed,
-recorded and drawn. The sweep is the anchors' (docs/perf/anchors.md): 16384 tokens, H·d = 2048,
-d 64 / 128 / 256, N 1024 / 4096 / 16384, causal and not; --out writes
-bench-backward-<date>.json, .md (a table) and .png (TFLOP/s against N). Each point is
+recorded and drawn; the SM clock and board power while each library's backward was timed are
+printed and recorded (NVML's means; the card is power-capped). The sweep is the anchors'
+(docs/perf/anchors.md): 16384 tokens, H·d = 2048, d 64 / 128 / 256, N 1024 / 4096 / 16384,
+causal and not; --out writes bench-backward-<date>.json, .md (a table) and .png (TFLOP/s
+against N). Each point is
 timed in `--passes` interleaved passes (warpattn, cuDNN, FA2, warpattn, ...) and the median is
 reported, since the power-capped H200 moves ±5% between passes. warpattn's gradients are
 compared with cuDNN's (relative L2) as a sanity check; accuracy proper is the tests' job.
@@ -26,10 +28,11 @@ import statistics
 import sys
 
 try:  # as a module of the installed package, or as a script beside bench.py (--lib builds)
-    from warpattn.bench import (WarpattnTensor, describe, gemm_rate, kernel_trace, load_warpattn, make_timer,
-                                sdpa_inputs)
+    from warpattn.bench import (ClockSampler, WarpattnTensor, describe, gemm_rate, kernel_trace, load_warpattn,
+                                make_timer, sdpa_inputs)
 except ImportError:
-    from bench import WarpattnTensor, describe, gemm_rate, kernel_trace, load_warpattn, make_timer, sdpa_inputs
+    from bench import (ClockSampler, WarpattnTensor, describe, gemm_rate, kernel_trace, load_warpattn, make_timer,
+                       sdpa_inputs)
 
 TOTAL_TOKENS, HIDDEN = 16384, 2048
 
@@ -244,9 +247,13 @@ def main(argv=None):
                               flush=True)
                 times = {name: [] for name in launches}
                 times_both = {name: [] for name in both}
+                clocks = {name: [] for name in launches}  # (MHz, W) while each backward was timed
                 for _ in range(args.passes):
                     for name, fn in launches.items():
-                        times[name].append(timer(fn))
+                        with ClockSampler(torch) as sampler:
+                            times[name].append(timer(fn))
+                        if sampler.mhz is not None:
+                            clocks[name].append((sampler.mhz, sampler.watts))
                     for name, fn in both.items():
                         times_both[name].append(timer(fn))
                 launches["warpattn"]()
@@ -259,6 +266,9 @@ def main(argv=None):
                 row = {"d": d, "N": n, "B": B, "H": H, "causal": causal,
                        "tflops": {k_: flops / (statistics.median(t) * 1e-3) / 1e12 for k_, t in times.items()},
                        "check": check}
+                if all(clocks.values()):
+                    row["clock_mhz"] = {k_: statistics.median(c for c, _ in v) for k_, v in clocks.items()}
+                    row["power_w"] = {k_: statistics.median(w for _, w in v) for k_, v in clocks.items()}
                 if times_both:
                     row["tflops_fwd_bwd"] = {k_: 3.5 * forward_flops / (statistics.median(t) * 1e-3) / 1e12
                                              for k_, t in times_both.items()}
@@ -266,6 +276,10 @@ def main(argv=None):
                 cells = "  ".join("%s %6.1f" % (k_, v_) for k_, v_ in row["tflops"].items())
                 print("d=%-3d N=%-5d %-6s %s  warpattn/cuDNN %s  %s" % (d, n, "causal" if causal else "full", cells,
                                                                         ratio_text(row["tflops"]), check), flush=True)
+                if "clock_mhz" in row:
+                    print("      while timed: %s" % "  ".join(
+                        "%s %.0f MHz %.0f W" % (k_, row["clock_mhz"][k_], row["power_w"][k_]) for k_ in row["clock_mhz"]),
+                          flush=True)
                 if times_both:
                     print("      forward + backward: %s  warpattn/cuDNN %s" % ("  ".join(
                         "%s %6.1f" % kv for kv in row["tflops_fwd_bwd"].items()), ratio_text(row["tflops_fwd_bwd"])),

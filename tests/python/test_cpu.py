@@ -820,3 +820,23 @@ def test_bench_backward_plot():
         path = os.path.join(folder, "b.png")
         result = dict(env, dtype="bfloat16", gemm_tflops=700.0, rows=rows)
         assert plot(result, path) and os.path.getsize(path) > 1000
+
+
+def test_clock_sampler_without_a_device():
+    # The benchmarks' clock sampler on a host without NVML or a CUDA device: it neither raises nor
+    # reports a clock (the timings go on without one).
+    from warpattn.bench import ClockSampler
+
+    class NoCuda:
+        class cuda:
+            @staticmethod
+            def current_device():
+                raise RuntimeError("no CUDA device")
+
+            @staticmethod
+            def get_device_properties(i):
+                raise RuntimeError("no CUDA device")
+
+    with ClockSampler(NoCuda) as sampler:
+        sum(range(1000))
+    assert sampler.mhz is None and sampler.watts is None
