@@ -130,10 +130,9 @@ void run_backward(const BackwardProblem& pr, const BackwardTensors& t, void* wor
     return;
   }
   if constexpr (Cfg::kLongestFirst)
-    p.longest_first_groups = p.seqlen_k < kLongestFirstMinKeys
-                                 ? 0
-                                 : longest_first_groups(p.heads_kv * p.batch, p.kv_group, p.seqlen_q, Cfg::kHeadDim,
-                                                        int64_t{WARPATTN_TUNE_BWD_LONGEST_FIRST_MB} << 20);
+    p.longest_first_groups =
+        launch_longest_first_groups(p.heads_kv * p.batch, p.kv_group, p.seqlen_q, p.seqlen_k, Cfg::kHeadDim,
+                                    int64_t{WARPATTN_TUNE_BWD_LONGEST_FIRST_MB} << 20, kLongestFirstMinKeys);
   // The rows the main kernel's query blocks cover: its row terms and its dQ accumulator (zeroed),
   // then converted. The workspace's rows per (batch, head) are a multiple of the granule (320 at
   // d = 128, for the 64-row blocks and the 80-row ones), which at N = 1024 pads 25%: neither
