@@ -34,6 +34,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import warnings
 
@@ -338,47 +339,55 @@ def make_timer(torch, warmup_ms, rep_ms):
     return timer, "CUDA events, median, L2 flushed between calls (triton not importable)"
 
 
+_NVML_DEVICES = {}  # CUDA device index -> (NVML library, device handle), or None: opened once
+
+
+def _nvml_device(torch):
+    """NVML (the driver's libnvidia-ml.so.1, by ctypes: no package needed) and the current CUDA
+    device's handle in it, opened once per device; None where either cannot be reached."""
+    try:
+        index = torch.cuda.current_device()
+    except (RuntimeError, AssertionError):
+        return None
+    if index not in _NVML_DEVICES:
+        _NVML_DEVICES[index] = None
+        try:
+            nvml = ctypes.CDLL("libnvidia-ml.so.1")
+            props = torch.cuda.get_device_properties(index)
+            bus = ("%08x:%02x:%02x.0" % (props.pci_domain_id, props.pci_bus_id, props.pci_device_id)).encode()
+            handle = ctypes.c_void_p()
+            if (nvml.nvmlInit_v2() == 0 and
+                    nvml.nvmlDeviceGetHandleByPciBusId_v2(ctypes.c_char_p(bus), ctypes.byref(handle)) == 0):
+                _NVML_DEVICES[index] = (nvml, handle)
+        except (OSError, AttributeError, RuntimeError, AssertionError):
+            pass
+    return _NVML_DEVICES[index]
+
+
 class ClockSampler:
     """The SM clock (MHz) and board power (W) of the current CUDA device while a block runs, as
-    means of samples taken every `period` seconds by a thread through NVML (the driver's
-    libnvidia-ml.so.1, by ctypes: no package needed). The card is power-capped: a kernel that
-    keeps more of it busy may run at a lower clock under a sustained timing than in a short
-    trace, and these say so beside each timing. mhz and watts stay None where NVML or the device
-    cannot be reached."""
+    means of samples taken every `period` seconds by a thread through NVML (_nvml_device). The
+    card is power-capped: a kernel that keeps more of it busy may run at a lower clock under a
+    sustained timing than in a short trace, and these say so beside each timing. mhz and watts
+    stay None where NVML or the device cannot be reached."""
 
     def __init__(self, torch, period=0.005):
         self.torch, self.period = torch, period
         self.mhz = self.watts = None
-        self._handle = self._nvml = self._thread = None
+        self._thread = None
 
-    def _open(self):
-        import threading
-        try:
-            nvml = ctypes.CDLL("libnvidia-ml.so.1")
-            if nvml.nvmlInit_v2() != 0:
-                return False
-            props = self.torch.cuda.get_device_properties(self.torch.cuda.current_device())
-            bus = ("%08x:%02x:%02x.0" % (props.pci_domain_id, props.pci_bus_id, props.pci_device_id)).encode()
-            handle = ctypes.c_void_p()
-            if nvml.nvmlDeviceGetHandleByPciBusId_v2(ctypes.c_char_p(bus), ctypes.byref(handle)) != 0:
-                return False
-        except (OSError, AttributeError, RuntimeError, AssertionError):
-            return False
-        self._nvml, self._handle, self._stop = nvml, handle, threading.Event()
-        self._samples = []
-        return True
-
-    def _run(self):
+    def _run(self, nvml, handle):
         clock, milliwatts = ctypes.c_uint(), ctypes.c_uint()
         while not self._stop.wait(self.period):
-            if (self._nvml.nvmlDeviceGetClockInfo(self._handle, 1, ctypes.byref(clock)) == 0 and  # 1: NVML_CLOCK_SM
-                    self._nvml.nvmlDeviceGetPowerUsage(self._handle, ctypes.byref(milliwatts)) == 0):
+            if (nvml.nvmlDeviceGetClockInfo(handle, 1, ctypes.byref(clock)) == 0 and  # 1: NVML_CLOCK_SM
+                    nvml.nvmlDeviceGetPowerUsage(handle, ctypes.byref(milliwatts)) == 0):
                 self._samples.append((clock.value, milliwatts.value / 1000.0))
 
     def __enter__(self):
-        import threading
-        if self._open():
-            self._thread = threading.Thread(target=self._run, daemon=True)
+        device = _nvml_device(self.torch)
+        if device is not None:
+            self._stop, self._samples = threading.Event(), []
+            self._thread = threading.Thread(target=self._run, args=device, daemon=True)
             self._thread.start()
         return self
 
