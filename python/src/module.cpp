@@ -159,14 +159,25 @@ void require_cuda(NamedArrays arrays) {
                                .c_str());
 }
 
+bool all_on_cuda(NamedArrays arrays) {
+  for (const auto& [a, name] : arrays)
+    if (a && !on_cuda(*a)) return false;
+  return true;
+}
+
 // Every entry point: the library's argument rules first, wherever the memory lives, so that every
 // error is reported the same (and NumPy arrays can test them without a GPU); then the arrays
 // must be on a CUDA device; then `launch` runs without the GIL. warpattn::Error is a ValueError.
+// `validate` runs only where an array is not on a CUDA device: otherwise require_cuda cannot
+// throw, and the launch (each library entry validates with the same function before it writes
+// anything) raises the same error, so a call validates once, not twice (issue 16's host cost).
 template <class Validate, class Launch>
 void checked_launch(Validate validate, NamedArrays arrays, Launch launch) {
   try {
-    validate();
-    require_cuda(arrays);
+    if (!all_on_cuda(arrays)) {
+      validate();
+      require_cuda(arrays);
+    }
     nb::gil_scoped_release release;
     launch();
   } catch (const warpattn::Error& e) {
