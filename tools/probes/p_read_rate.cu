@@ -10,13 +10,15 @@
 // host's (FAIL on a difference).
 // Build and run from the repository root:
 //   nvcc -std=c++20 -O2 -gencode=arch=compute_90a,code=sm_90a -o /tmp/p_read tools/probes/p_read_rate.cu \
-//     && timeout 60 /tmp/p_read
+//     -lcuda && timeout 60 /tmp/p_read
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <vector>
+
+#include "probe_host.hpp"
 
 __global__ void fill(uint4* p, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
@@ -52,16 +54,10 @@ int main() {
     return 1;
   }
   fill<<<sms * 8, 512>>>(buf, max_bytes / 16);
+  const double copy_tbs = copy_rate(copy, buf, max_bytes) / 1e12;
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0), cudaEventCreate(&e1);
-  cudaMemcpy(copy, buf, max_bytes, cudaMemcpyDeviceToDevice);
-  cudaEventRecord(e0);
-  for (int i = 0; i < 5; ++i) cudaMemcpy(copy, buf, max_bytes, cudaMemcpyDeviceToDevice);
-  cudaEventRecord(e1);
-  cudaEventSynchronize(e1);
   float ms = 0;
-  cudaEventElapsedTime(&ms, e0, e1);
-  const double copy_tbs = 2.0 * 5 * max_bytes / (ms * 1e-3) / 1e12;
   std::printf("%d SMs, copy rate %.2f TB/s (read + written)\n", sms, copy_tbs);
   bool ok = true;
   for (size_t bytes : {size_t(134217728), size_t(268435456), max_bytes}) {  // B = 8 4K, B = 1 64K, B = 64 4K
