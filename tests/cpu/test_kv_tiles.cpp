@@ -472,9 +472,4 @@ TEST(backward_longest_first_order_is_a_grouped_permutation) {
   CHECK(longest_first_groups(64, 2, 4096, 128, int64_t{8} << 20) == 64);    // one row a group
   CHECK(longest_first_groups(64, 2, 4096, 128, int64_t{1} << 20) == 64);    // over budget: still 1
   CHECK(longest_first_groups(3, 1, 16, 64, int64_t{40} << 20) == 1);        // all in one
-  // Below the minimum of keys the grid's order (0 groups); at and above it the groups.
-  using warpattn::detail::launch_longest_first_groups;
-  CHECK(launch_longest_first_groups(64, 2, 1024, 1024, 256, int64_t{40} << 20, 2048) == 0);
-  CHECK(launch_longest_first_groups(64, 2, 4096, 2048, 128, int64_t{40} << 20, 2048) == 13);
-  CHECK(launch_longest_first_groups(64, 2, 4096, 1024, 128, int64_t{40} << 20, 0) == 13);  // 0: always
 }

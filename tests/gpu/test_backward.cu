@@ -484,9 +484,7 @@ TEST(backward_d256_causal_longest_first_over_groups) {
   REQUIRE_HOPPER();
   Case c;
   c.head_dim = 256, c.causal = true;
-  // (at least WARPATTN_TUNE_BWD_LONGEST_FIRST_MIN_KEYS keys, below which the grid's order is taken)
-  c.batch = 3, c.seqlen_q = c.seqlen_k = std::max(1300, WARPATTN_TUNE_BWD_LONGEST_FIRST_MIN_KEYS), c.heads_q = 8,
-  c.heads_kv = 1;
+  c.batch = 3, c.seqlen_q = c.seqlen_k = 1300, c.heads_q = 8, c.heads_kv = 1;
   const int groups = warpattn::detail::longest_first_groups(
       static_cast<int>(c.batch * c.heads_kv), static_cast<int>(c.heads_q / c.heads_kv), static_cast<int>(c.seqlen_q),
       c.head_dim, int64_t{WARPATTN_TUNE_BWD_LONGEST_FIRST_MB} << 20);

@@ -74,34 +74,13 @@
 #ifndef WARPATTN_TUNE_BWD_LONGEST_FIRST_MB
 #define WARPATTN_TUNE_BWD_LONGEST_FIRST_MB 40
 #endif
-// 1: the order at every head dim (an A/B's variant: d = 64 and 128 lost on the H100 in run 221
-// and are untimed on the H200; d = 512 is untimed).
+// 1: the order at every head dim (an A/B's variant: d = 64 and 128 lost on the H100 in run 221,
+// d = 128 by 9% at N = 1024 causal in run 243; untimed on the H200 and at d = 512).
 #ifndef WARPATTN_TUNE_BWD_LONGEST_FIRST_ALL_DIMS
 #define WARPATTN_TUNE_BWD_LONGEST_FIRST_ALL_DIMS 0
 #endif
-// Keys below which a longest-first kernel walks the grid's order instead (longest_first_groups
-// 0; the same kernel, its other branch of key_block_work): run 242 (H100, d = 256 causal) had the
-// grid's order +2.0% at 1K keys and -2.0% at 2K. 0 (the default): longest first at every length.
-// Built 2026-12-06, not yet run (its tests: the causal d = 256 cases below it).
-#ifndef WARPATTN_TUNE_BWD_LONGEST_FIRST_MIN_KEYS
-#define WARPATTN_TUNE_BWD_LONGEST_FIRST_MIN_KEYS 0
-#endif
-
-// Programmatic dependent launch between the backward's three kernels (ptx/grid_dependency.cuh):
-// the main kernel as the row terms' dependent, so that its launch, its barriers' init and its
-// K and V loads run under the row terms' last wave (every thread waits for the row terms before
-// it touches the workspace: the producer once K and V are issued, the others at once), and the
-// dQ conversion as the main kernel's, its launch under the main kernel's last wave. Expected
-// ~5-8 us a call (~1% at N = 1024). 0 (the default): plain launches. Built 2026-12-06, not yet
-// run.
-#ifndef WARPATTN_TUNE_BWD_PDL
-#define WARPATTN_TUNE_BWD_PDL 0
-#endif
 
 namespace warpattn::detail {
-
-inline constexpr bool kBackwardPdl = WARPATTN_TUNE_BWD_PDL >= 1;
-inline constexpr int kLongestFirstMinKeys = WARPATTN_TUNE_BWD_LONGEST_FIRST_MIN_KEYS;
 
 template <class Element_, int kHeadDim_, bool kCausal_, bool kDeterministic_>
 struct BackwardConfig {

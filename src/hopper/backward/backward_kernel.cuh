@@ -10,12 +10,10 @@
 #pragma once
 #include <cuda.h>
 
-#include "hopper/backward/backward_config.hpp"
 #include "hopper/backward/backward_consumer.cuh"
 #include "hopper/backward/backward_consumer_n80.cuh"
 #include "hopper/backward/backward_dq_writer.cuh"
 #include "hopper/backward/backward_producer.cuh"
-#include "hopper/ptx/grid_dependency.cuh"
 #include "hopper/ptx/mbarrier.cuh"
 #include "hopper/ptx/tma.cuh"
 #include "hopper/ptx/warpgroup.cuh"
@@ -98,12 +96,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fence_barrier_init();
   }
   __syncthreads();  // the last CTA-wide barrier: roles split below
-  if constexpr (kBackwardPdl) {
-    ptx::allow_dependent_launch();  // the conversion waits for this grid itself
-    // The row terms (and the zeroed accumulator, the turns) are the preceding grid's: every
-    // thread but the producer waits for it here, the producer once K and V are issued.
-    if (threadIdx.x != 0) ptx::wait_for_preceding_grid();
-  }
 
   const KeyBlockWork work = key_block_work<Cfg>(params);
   if (work.n_block < 0) return;  // a packed batch's grid is sized before its tiles are counted

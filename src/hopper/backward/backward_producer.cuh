@@ -4,11 +4,9 @@
 #pragma once
 #include <cuda.h>
 
-#include "hopper/backward/backward_config.hpp"
 #include "hopper/backward/backward_params.hpp"
 #include "hopper/backward/backward_shared_storage.cuh"
 #include "hopper/backward/key_block_work.hpp"
-#include "hopper/ptx/grid_dependency.cuh"
 #include "hopper/ptx/mbarrier.cuh"
 #include "hopper/panel_tile.cuh"
 #include "hopper/ptx/tma.cuh"
@@ -41,7 +39,6 @@ __device__ __forceinline__ void run_backward_producer(BackwardSharedStorage<Cfg>
   const int key0 = work.k_offset + work.n_block * Cfg::kBlockN;
   load_panel_tile<Cfg::kPanels, Cfg::kBlockN, 128>(smem_addr(ss.k), tm_k, kv_bar, key0, work.head_kv, work.batch);
   load_panel_tile<Cfg::kPanels, Cfg::kBlockN, 128>(smem_addr(ss.v), tm_v, kv_bar, key0, work.head_kv, work.batch);
-  if constexpr (kBackwardPdl) wait_for_preceding_grid();  // LSE and D below are the row terms'
   for (int step = 0; step < work.steps(); ++step) {
     const RingSlot qs = ring_slot<Cfg::kQStages>(step), ds = ring_slot<Cfg::kDoStages>(step);
     const int head = work.head(step), m_block = work.m_block(step);

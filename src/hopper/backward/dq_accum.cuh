@@ -55,7 +55,6 @@ __global__ void __launch_bounds__(256) convert_dq_kernel(const __grid_constant__
   constexpr int kPitch = kColumns + Piece::kRowPad;  // a multiple of 4: the 16-byte row reads stay aligned
   static_assert(kPitch % 4 == 0 && kBlockM * kPitch * 4 <= 48 * 1024, "the rows in static shared memory");
   __shared__ alignas(16) float rows[kBlockM * kPitch];
-  if constexpr (kBackwardPdl) ptx::wait_for_preceding_grid();  // the main kernel's adds complete and visible
   const RowBlock rb = row_block_of<kBlockM, kGranule>(p);
   const int row_block = rb.row_block, head = blockIdx.y, batch = rb.batch;
 #pragma unroll 1

@@ -94,14 +94,6 @@ inline int longest_first_groups(int rows, int kv_group, int seqlen_q, int head_d
   return groups < 1 ? 1 : static_cast<int>(groups);
 }
 
-// The launch's choice for a longest-first kernel: 0 (the grid's order, key_block_work's other
-// branch) below min_keys keys (run 242: at d = 256 causal the grid's order +2.0% at 1K keys,
-// -2.0% at 2K), else longest_first_groups.
-inline int launch_longest_first_groups(int rows, int kv_group, int seqlen_q, int seqlen_k, int head_dim,
-                                       int64_t l2_bytes, int min_keys) {
-  return seqlen_k < min_keys ? 0 : longest_first_groups(rows, kv_group, seqlen_q, head_dim, l2_bytes);
-}
-
 struct KeyBlockWork {
   int n_block, head_kv;
   int batch;  // of the tensors' batch dimension (and the TMA maps'); a packed batch's: 0

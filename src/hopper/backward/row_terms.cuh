@@ -8,11 +8,9 @@
 #include <cmath>
 #include <cstdint>
 
-#include "hopper/backward/backward_config.hpp"
 #include "hopper/backward/backward_params.hpp"
 #include "hopper/backward/workspace.hpp"
 #include "hopper/log2e.hpp"
-#include "hopper/ptx/grid_dependency.cuh"
 #include "hopper/ptx/math.cuh"
 #include "hopper/varlen/varlen_tiles.hpp"
 
@@ -91,7 +89,6 @@ __global__ void __launch_bounds__(256) reduce_sink_sums_kernel(const __grid_cons
 // One 64-row block of one (sequence, head), 256 threads.
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(256) backward_row_terms_kernel(const __grid_constant__ BackwardParams p) {
-  if constexpr (kBackwardPdl) ptx::allow_dependent_launch();  // the main kernel waits for this grid itself
   const RowBlock rb = row_block_of<64, backward_row_granule(kHeadDim)>(p);
   const int head = blockIdx.y, batch = rb.batch, row_block = rb.row_block;
   const int64_t first = rb.first;

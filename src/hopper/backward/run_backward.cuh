@@ -11,7 +11,6 @@
 #include "hopper/backward/row_terms.cuh"
 #include "hopper/backward/workspace.hpp"
 #include "hopper/cuda_check.hpp"
-#include "hopper/dependent_launch.cuh"
 #include "hopper/device_info.hpp"
 #include "hopper/kv_tiles.hpp"
 #include "hopper/log2e.hpp"
@@ -98,23 +97,13 @@ void launch_backward_kernels(const BackwardParams& p, const BackwardTensors& t, 
     constexpr int kSmem = sizeof(BackwardSharedStorage<Cfg>);
     static_assert(kSmem <= 227 * 1024, "more shared memory than a CTA may have on sm_90");
     allow_shared_memory<attention_backward_kernel<Cfg>>(kSmem, "attention_backward_kernel: setting its shared-memory size");
-    if constexpr (kBackwardPdl) {
-      launch_dependent(kernel, main_grid, dim3(Cfg::kThreads), kSmem, stream, "attention_backward_kernel: launch failed",
-                       tm_q, tm_k, tm_v, tm_do, p);
-    } else {
-      kernel<<<main_grid, Cfg::kThreads, kSmem, stream>>>(tm_q, tm_k, tm_v, tm_do, p);
-      check_cuda(cudaGetLastError(), "attention_backward_kernel: launch failed");
-    }
+    kernel<<<main_grid, Cfg::kThreads, kSmem, stream>>>(tm_q, tm_k, tm_v, tm_do, p);
+    check_cuda(cudaGetLastError(), "attention_backward_kernel: launch failed");
   }
   constexpr int kRows = Cfg::kDqConversionRows;  // rows is a multiple of them
   const dim3 grid(static_cast<unsigned>(covered_rows / kRows), row_grid.y, row_grid.z);
-  auto convert = convert_dq_kernel<Element, Cfg::kHeadDim, kRows, Cfg::kRowGranule, typename Cfg::DqPiece>;
-  if constexpr (kBackwardPdl) {
-    launch_dependent(convert, grid, dim3(256), 0, stream, "convert_dq_kernel: launch failed", p);
-  } else {
-    convert<<<grid, 256, 0, stream>>>(p);
-    check_cuda(cudaGetLastError(), "convert_dq_kernel: launch failed");
-  }
+  convert_dq_kernel<Element, Cfg::kHeadDim, kRows, Cfg::kRowGranule, typename Cfg::DqPiece><<<grid, 256, 0, stream>>>(p);
+  check_cuda(cudaGetLastError(), "convert_dq_kernel: launch failed");
   reduce_sink_sums<Cfg>(p, static_cast<int64_t>(row_grid.x) * row_grid.z, stream);
 }
 
@@ -130,9 +119,8 @@ void run_backward(const BackwardProblem& pr, const BackwardTensors& t, void* wor
     return;
   }
   if constexpr (Cfg::kLongestFirst)
-    p.longest_first_groups =
-        launch_longest_first_groups(p.heads_kv * p.batch, p.kv_group, p.seqlen_q, p.seqlen_k, Cfg::kHeadDim,
-                                    int64_t{WARPATTN_TUNE_BWD_LONGEST_FIRST_MB} << 20, kLongestFirstMinKeys);
+    p.longest_first_groups = longest_first_groups(p.heads_kv * p.batch, p.kv_group, p.seqlen_q, Cfg::kHeadDim,
+                                                  int64_t{WARPATTN_TUNE_BWD_LONGEST_FIRST_MB} << 20);
   // The rows the main kernel's query blocks cover: its row terms and its dQ accumulator (zeroed),
   // then converted. The workspace's rows per (batch, head) are a multiple of the granule (320 at
   // d = 128, for the 64-row blocks and the 80-row ones), which at N = 1024 pads 25%: neither
