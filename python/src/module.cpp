@@ -150,19 +150,19 @@ std::optional<warpattn::Workspace> workspace_of(const std::optional<AnyArray>& a
 
 using NamedArrays = std::initializer_list<std::pair<const AnyArray*, const char*>>;
 
-void require_cuda(NamedArrays arrays) {
-  for (const auto& [a, name] : arrays)
-    if (a && !on_cuda(*a))
-      throw nb::type_error((std::string(name) +
-                            ": CUDA tensor required (warpattn runs on the GPU), got a tensor on DLPack device type " +
-                            std::to_string(a->device_type()))
-                               .c_str());
+// The first of `arrays` that is not on a CUDA device, or nullptr.
+const std::pair<const AnyArray*, const char*>* first_off_cuda(NamedArrays arrays) {
+  for (const auto& named : arrays)
+    if (named.first && !on_cuda(*named.first)) return &named;
+  return nullptr;
 }
 
-bool all_on_cuda(NamedArrays arrays) {
-  for (const auto& [a, name] : arrays)
-    if (a && !on_cuda(*a)) return false;
-  return true;
+void require_cuda(NamedArrays arrays) {
+  if (const auto* off = first_off_cuda(arrays))
+    throw nb::type_error((std::string(off->second) +
+                          ": CUDA tensor required (warpattn runs on the GPU), got a tensor on DLPack device type " +
+                          std::to_string(off->first->device_type()))
+                             .c_str());
 }
 
 // Every entry point: the library's argument rules first, wherever the memory lives, so that every
@@ -174,7 +174,7 @@ bool all_on_cuda(NamedArrays arrays) {
 template <class Validate, class Launch>
 void checked_launch(Validate validate, NamedArrays arrays, Launch launch) {
   try {
-    if (!all_on_cuda(arrays)) {
+    if (first_off_cuda(arrays) != nullptr) {
       validate();
       require_cuda(arrays);
     }
