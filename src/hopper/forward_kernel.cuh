@@ -198,11 +198,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   int issuers = 1;
   if constexpr (Cfg::kKvCache) issuers = cache_issuers(params.kv_pages);
   if (threadIdx.x == 0) init_barriers(ss, issuers);
-  // An E4M3 cache's step is launched as its Q quantisation's dependent (run_kvcache.cuh), so
-  // that its launch and this prologue overlap that kernel's tail: Q's codes and descales (and
-  // nothing before them: the append ran before the quantisation) are read after this wait.
-  // (kEarlyKv: only the producer's Q load and the consumers wait, below.)
-  if constexpr (Cfg::kKvCache && Cfg::kFp8 && !Cfg::kEarlyKv) ptx::wait_for_preceding_grid();
+  // A KV-cache step is launched as a programmatic dependent of whatever precedes it on the
+  // stream (run_kvcache.cuh), so that its launch and this prologue overlap that kernel's tail:
+  // nothing it reads (q, the lengths, the caches the append wrote, the page table) nor the
+  // partial states that the previous step's combine may still be reading is touched before this
+  // wait. An E4M3 cache's step follows its Q quantisation (kEarlyKv: only the producer's Q load
+  // and the consumers wait, below; the append ran before the quantisation).
+  if constexpr (Cfg::kKvCache && !Cfg::kEarlyKv) ptx::wait_for_preceding_grid();
   __syncthreads();  // the last CTA-wide barrier: roles split below
 
   // Broadcast from lane 0 so that ptxas knows the value is the same in the whole warp: what

@@ -3,6 +3,7 @@
 // once, in order, evenly; batch-invariant splits depend on the sequence's length alone; the
 // default split count stays in its bounds; paged rows follow the block table; the 64-row tiles
 // of the 512 kernel pack every row once; the split combine reads each partial-state column once.
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -135,6 +136,10 @@ TEST(kvcache_tiles_pack_every_row_once_at_64_and_128_rows) {
         CHECK(p.heads >= 1 && group % p.heads == 0 && p.heads * p.positions <= block_m && p.positions >= 1)
             << block_m << " " << group;
         const int m_blocks = (sq + p.positions - 1) / p.positions, chunks = group / p.heads;
+        // The split combine's row groups (combine_slices.hpp) from run_kvcache's tile_rows: the
+        // 128-row tiles' two warpgroups, the 512 kernel's shared rows.
+        const int tile_rows = std::min(sq, p.positions) * p.heads;
+        const int row_groups = combine_row_groups(2, block_m == 64, tile_rows);
         std::vector<int> seen(sq * group, 0);
         for (int m = 0; m < m_blocks; ++m)
           for (int c = 0; c < chunks; ++c)
@@ -143,6 +148,8 @@ TEST(kvcache_tiles_pack_every_row_once_at_64_and_128_rows) {
               const int position = m * p.positions + pr.position, head = c * p.heads + pr.head_in_group;
               if (pr.position >= p.positions || position >= sq) continue;  // not stored
               ++seen[position * group + head];
+              CHECK(block_m == 64 || row / 64 < row_groups) << "a stored row past the combine's row groups: block_m "
+                                                            << block_m << " group " << group << " sq " << sq;
             }
         for (int v : seen) CHECK(v == 1) << "block_m " << block_m << " group " << group << " sq " << sq;
       }
@@ -160,8 +167,10 @@ TEST(combine_slices_read_each_column_of_each_part_once) {
   };
   for (const Kernel k : {Kernel{64, 64, 2, false}, Kernel{128, 128, 2, false}, Kernel{256, 256, 2, false},
                          Kernel{512, 256, 2, true}}) {
-    const int row_groups = combine_row_groups(k.warpgroups, k.shared_rows);
+    const int row_groups = combine_row_groups(k.warpgroups, k.shared_rows, 128);
     CHECK(row_groups == (k.shared_rows ? 1 : k.warpgroups)) << k.head_dim;
+    CHECK(combine_row_groups(k.warpgroups, k.shared_rows, 64) == 1 && combine_row_groups(k.warpgroups, k.shared_rows, 4) == 1);
+    CHECK(combine_row_groups(k.warpgroups, k.shared_rows, 65) == (k.shared_rows ? 1 : 2));
     const int slices = k.head_dim / kCombineSliceCols;
     // (rows warpgroup, head-dim column) -> reads; and each part's float4 groups -> reads
     std::vector<int> column_reads(k.warpgroups * k.head_dim, 0), group_reads(k.warpgroups * (k.o_cols / 8), 0);

@@ -17,9 +17,13 @@ namespace warpattn::detail {
 
 inline constexpr int kCombineSliceCols = 32;  // a combine CTA's columns: four float4 groups
 
-// The combine grid's row groups (its blockIdx.y extent): one per warpgroup, or one for shared rows.
-WARPATTN_HOST_DEVICE constexpr int combine_row_groups(int warpgroups, bool shared_rows) {
-  return shared_rows ? 1 : warpgroups;
+// The combine grid's row groups (its blockIdx.y extent): one per warpgroup whose rows (64 each)
+// hold a stored row, or one for shared rows. tile_rows: the most rows a tile stores (a KV-cache
+// tile's are its first: packed positions x heads), so a one-row decode step of a few heads
+// a KV head launches no CTA that would only find warpgroup 1's padding.
+WARPATTN_HOST_DEVICE constexpr int combine_row_groups(int warpgroups, bool shared_rows, int tile_rows) {
+  const int holding = (tile_rows + 63) / 64;
+  return shared_rows || holding < 1 ? 1 : holding < warpgroups ? holding : warpgroups;
 }
 
 // CTA (row_group, slice): the warpgroup whose rows it stores (epilogue.cuh's row places), the

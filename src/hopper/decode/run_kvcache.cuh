@@ -155,13 +155,14 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
       append_kv(append->k, append->v, k_cache, v_cache, work.cache_seqlens, pages, work.capacity, stream);
   }
   if constexpr (Cfg::kFp8) quantize_cache_q(q, q8->codes.data, q8->descales, packing, stream);
-  // (an E4M3 cache's attention as the Q quantisation's dependent: the kernel waits for it)
+  // (as the dependent of the kernel before it, the append's, the Q quantisation's or the
+  // caller's: forward_kernel.cuh waits for it before reading anything)
   launch_forward_kernel<Cfg>(std::min<int64_t>(work.pieces, multiprocessor_count()), maps, params, stream,
-                             /*dependent=*/Cfg::kFp8);
+                             /*dependent=*/true);
   if (combined) {
     // Scheduled while the attention's last pieces still run (the kernel waits for them itself).
     launch_dependent(combine_kvcache_splits_kernel<Cfg>,
-                     dim3(static_cast<unsigned>(tiles), combine_row_groups(Cfg::kConsumerWarpgroups, Cfg::kSharedRows),
+                     dim3(static_cast<unsigned>(tiles), combine_row_groups(Cfg::kConsumerWarpgroups, Cfg::kSharedRows, tile_rows),
                           Cfg::kHeadDim / kCombineSliceCols),
                      dim3(128), 0, stream, "combine_kvcache_splits_kernel: launch failed", params);
   }
