@@ -4,13 +4,18 @@ trace of torch.profiler, for the BF16 and the E4M3 cache at a few of bench_decod
 and optionally, with forced split counts beside the default's, a call's GPU span (the trace) and
 its do_bench time (bench.make_timer, L2 flushed before each call; host-bound at small steps).
 Run on the GPU host after `pip install .`:
-    python3 scripts/decode_breakdown.py [--points b8_4k b1_64k ...] [--splits 1 2 4 8 16 32]
+    python3 scripts/decode_breakdown.py [--points b8_4k b1_64k ...] [--splits 1 2 4 8 16 32] [--cudnn]
+--cudnn traces cuDNN through SDPA on the same tensors too (bench_decode's sdpa_runner): its
+kernels and span beside ours, to see where its lead comes from. --loop times 200 calls back to
+back (no flush between them, events around the loop: a decode loop's steady state, where a
+call's launch can overlap the previous call's tail), per call, for each traced library.
 """
 import argparse
 
 import torch
 import warpattn
 from warpattn.bench import kernel_trace, make_timer
+from warpattn.bench_decode import sdpa_runner
 
 POINTS = {"b8_4k": dict(B=8, S=4096), "b1_64k": dict(B=1, S=65536), "b64_4k": dict(B=64, S=4096),
           "b2_16k": dict(B=2, S=16384), "b8_16k_q16": dict(B=8, S=16384, Sq=16)}
@@ -31,12 +36,33 @@ def step(q, cache, lens, num_splits, out):
                                                     num_splits=num_splits, out=out)
 
 
+def back_to_back(torch, fn, calls=200, loops=5):
+    """Microseconds a call over `calls` calls in a row (no flush between them), the median of
+    `loops` loops: the steady state of a decode loop."""
+    import statistics
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(loops):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        stop.record()
+        torch.cuda.synchronize()
+        per_call.append(1e3 * start.elapsed_time(stop) / calls)
+    return statistics.median(per_call)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--points", nargs="+", default=list(POINTS))
     # (bench.make_timer times each call alone: at the small points it can be bound by the host's
     # ~40 us a call, not the GPU's; the traces above are the GPU's own)
     ap.add_argument("--splits", nargs="*", type=int, default=[])
+    ap.add_argument("--cudnn", action="store_true", help="trace cuDNN through SDPA on the same tensors too")
+    ap.add_argument("--loop", action="store_true", help="also time 200 back-to-back calls of each, per call")
     args = ap.parse_args()
     timer, _ = make_timer(torch, 25, 100)
     torch.manual_seed(0)
@@ -48,17 +74,26 @@ def main():
         lens = torch.full((B,), S, dtype=torch.int32, device="cuda")
         out = torch.empty_like(q)
         kinds = {"bf16": (k, v, None), "e4m3": (k, v, warpattn.quantize_kvcache_fp8(k, v))}
-        for kind, cache in kinds.items():
-            per_kernel, span = kernel_trace(torch, step(q, cache, lens, 0, out))
+        traced = {kind: step(q, cache, lens, 0, out) for kind, cache in kinds.items()}
+        if args.cudnn:
+            from torch.nn.attention import SDPBackend
+            traced["cudnn"] = sdpa_runner(torch, SDPBackend.CUDNN_ATTENTION, q, k, v)[0]
+        for kind, fn in traced.items():
+            per_kernel, span = kernel_trace(torch, fn)
             print("%s %s: a call's kernels span %.1f us (median of 20)" % (name, kind, span))
             for n, t in sorted(per_kernel.items(), key=lambda x: -x[1]):
                 print("    %7.1f us  %s" % (t, n))
+        if args.loop:
+            print("%s back to back, us a call (200 calls, median of 5 loops): %s" % (
+                name, "  ".join("%s %.1f" % (kind, back_to_back(torch, fn)) for kind, fn in traced.items())))
         for kind, cache in kinds.items() if args.splits else ():
             # The GPU's span of a call (the trace), and do_bench's time (host-bound where small).
             row, bench = [], []
             for n in [0] + args.splits:
                 label = "default" if n == 0 else "s%d" % n
-                row.append("%s %.1f" % (label, kernel_trace(torch, step(q, cache, lens, n, out))[1]))
+                per_kernel, span = kernel_trace(torch, step(q, cache, lens, n, out))
+                attention = max((t for name_, t in per_kernel.items() if "attention" in name_), default=0.0)
+                row.append("%s %.1f (attention %.1f)" % (label, span, attention))
                 bench.append("%s %.1f" % (label, 1e3 * timer(step(q, cache, lens, n, out))))
             print("%s %s GPU span us by num_splits: %s" % (name, kind, "  ".join(row)))
             print("%s %s do_bench us by num_splits: %s" % (name, kind, "  ".join(bench)))
