@@ -115,19 +115,8 @@ __global__ void __launch_bounds__(256, 1) stream(const __grid_constant__ CUtenso
       }
     }
   } else if (warp == 4) {
-    for (int t = 0; t < tiles; ++t) {
-      const int stage = t % kStages, phase = (t / kStages) & 1;
-      ptx::mbarrier_wait(ptx::smem_addr(&ring.full[stage]), phase);
-      if (t == tiles - 1) {
-        const uint16_t* src = reinterpret_cast<const uint16_t*>(base + stage * kStageBytes);
-        unsigned long long k_sum = 0, v_sum = 0;
-        for (int i = lane; i < kTileBytes / 2; i += 32) k_sum += src[i], v_sum += src[kTileBytes / 2 + i];
-        for (int o = 16; o > 0; o /= 2) k_sum += __shfl_xor_sync(~0u, k_sum, o), v_sum += __shfl_xor_sync(~0u, v_sum, o);
-        if (lane == 0) last_sums[2 * blockIdx.x] = k_sum, last_sums[2 * blockIdx.x + 1] = v_sum;
-      }
-      __syncwarp();
-      if (lane == 0) ptx::mbarrier_arrive(ptx::smem_addr(&ring.empty[stage]));
-    }
+    ring.consume_and_sum_last(base, kStageBytes, kTileBytes, tiles, last_sums);
+
   }
 }
 
