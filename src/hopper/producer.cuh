@@ -19,6 +19,14 @@
 
 namespace warpattn::detail {
 
+// WARPATTN_TUNE_KV_EVICT_FIRST=1 loads a KV cache's boxes under an L2 evict-first policy
+// (tma_load_5d_hint), so that a decode step's lines, read once, replace each other rather than
+// the lines the kernels before it left dirty in the L2 (whose write-back shares the step's DRAM
+// time): built for an A/B (docs/pending/README.md), off until measured.
+#ifndef WARPATTN_TUNE_KV_EVICT_FIRST
+#define WARPATTN_TUNE_KV_EVICT_FIRST 0
+#endif
+
 // A KV cache's key tile (Cfg::kKvCache): params.kv_pages.boxes boxes of box_rows keys, each
 // from the page that holds it (decode/kv_pages.hpp), into the tile's rows of every panel; this
 // issuer's share of them (cache_issuers: issuer i of n the boxes i, i + n, ...).
@@ -31,21 +39,26 @@ __device__ __forceinline__ void load_cache_tile(uint32_t dst, const CUtensorMap*
                                                 int issuers) {
   using namespace ptx;
   constexpr int kPanelCols = Cfg::kSwizzleBytes / 2;  // 16-bit elements
+  const auto load = [&](uint32_t to, int c0, int c1, int c2, int c3, int c4) {
+    if constexpr (WARPATTN_TUNE_KV_EVICT_FIRST)
+      tma_load_5d_hint(to, map, bar, l2_evict_first_policy(), c0, c1, c2, c3, c4);
+    else
+      tma_load_5d(to, map, bar, c0, c1, c2, c3, c4);
+  };
   for (int j = issuer; j < kv.boxes; j += issuers) {
     const int row_in_tile = j * kv.box_rows;
     const CacheBox box = cache_box(kv, batch, n_block * Cfg::kBlockN + row_in_tile, seqlen_k);
     if constexpr (kVt) {
       static_assert(Cfg::kVtSlices, "Vᵀ from a cache only as slices");
-      tma_load_5d(dst + row_in_tile * Cfg::kHeadDim, map, bar, 0, 0, box.row / 16, head_kv, box.page);
+      load(dst + row_in_tile * Cfg::kHeadDim, 0, 0, box.row / 16, head_kv, box.page);
     } else {
 #pragma unroll
       for (int p = 0; p < Cfg::kPanels; ++p) {
         if constexpr (Cfg::kFp8)
-          tma_load_5d(dst + (p * Cfg::kBlockN + row_in_tile) * Cfg::kSwizzleBytes, map, bar, 0, box.row, p, head_kv,
-                      box.page);
+          load(dst + (p * Cfg::kBlockN + row_in_tile) * Cfg::kSwizzleBytes, 0, box.row, p, head_kv, box.page);
         else
-          tma_load_5d(dst + (p * Cfg::kBlockN + row_in_tile) * Cfg::kSwizzleBytes, map, bar, p * kPanelCols, box.row,
-                      0, head_kv, box.page);
+          load(dst + (p * Cfg::kBlockN + row_in_tile) * Cfg::kSwizzleBytes, p * kPanelCols, box.row, 0, head_kv,
+               box.page);
       }
     }
   }
