@@ -151,7 +151,7 @@ __device__ __forceinline__ ScheduledTile schedule_tile(const TileChooser& choose
     if (chooser.tile >= chooser.whole) return kEnd;
     const TileGrid grid{params.m_blocks, params.heads_q, params.batch, 1};
     const KvCachePiece pc = kv_cache_piece(chooser.tile, params.kv_work, grid, params.packing.positions, Cfg::kBlockN,
-                                           params.seqlen_q, Cfg::kCausal ? params.band : KeyBand{});
+                                           params.seqlen_q, Cfg::kCausal ? params.band : KeyBand{}, Cfg::kInterleavedPieces);
     return {pc.tile.m_block, pc.tile.head, pc.tile.batch, pc.n_tiles, pc.n_end,
             params.kv_work.splits > 1 ? chooser.tile : -1, 0, params.seqlen_q, 0, pc.seqlen_k};
   } else if constexpr (Cfg::kVarlen) {  // never split: the plan's tile, two 16-byte loads
@@ -177,6 +177,16 @@ __device__ __forceinline__ ScheduledTile schedule_tile(const TileChooser& choose
   return {w.m_block, w.head, w.batch, r.count(), r.end, -1, 0, 0, 0, 0};
 }
 
+// The key tile a work tile's stream visits at ordinal it: from its last (n_end - 1) down, a
+// stride apart (1, or the split count where a KV cache's pieces interleave: kv_piece_stride).
+template <class Cfg>
+__device__ __forceinline__ int key_tile_at(int n_end, int it, const ForwardParams& params) {
+  if constexpr (Cfg::kInterleavedPieces)
+    return n_end - 1 - it * kv_piece_stride(params.kv_work, true);
+  else
+    return n_end - 1 - it;
+}
+
 // Walks the same tiles as the consumers. The K/V ring ordinal and the Q phase run on across
 // tiles (phases are never reset); a tile without visible keys loads nothing. The next tile is
 // chosen and published once this tile's first loads are out: the tile counter's atomicAdd
@@ -194,7 +204,7 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
   if (Cfg::kVarlen && w.is_end()) chooser.retire(params);
   ss.tiles.publish(0, w);
   for (int i = 0; !w.is_end(); ++i) {
-    const int n_tiles = w.n_tiles, n_end = w.n_end;  // key tiles n_end - 1 down to n_end - n_tiles
+    const int n_tiles = w.n_tiles, n_end = w.n_end;  // key tiles key_tile_at(n_end, 0 .. n_tiles - 1)
     const int head_kv = w.head / params.kv_group;
     // A packed batch's tensor maps have one batch entry; a KV cache's q keeps its batch axis.
     const int batch = Cfg::kVarlen && !Cfg::kKvCache ? 0 : w.batch;
@@ -204,10 +214,11 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
     const int v_first_key = Cfg::kFp8 && Cfg::kVarlen ? static_cast<int>(varlen_row0(w.k_offset, w.batch)) : w.k_offset;
     // Step `it` of the tile's K/V stream: K of key tile it, V of key tile it - 1.
     const auto load_kv_step = [&, kv](int it) {
-      load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, n_end - 1 - it, head_kv, batch, w.k_offset,
-                        &params.kv_pages, seqlen_k);
-      load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1, n_end - it, head_kv, batch,
-                                    v_first_key, &params.kv_pages, seqlen_k);
+      load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, key_tile_at<Cfg>(n_end, it, params), head_kv,
+                        batch, w.k_offset, &params.kv_pages, seqlen_k);
+      load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1,
+                                    key_tile_at<Cfg>(n_end, it - 1, params), head_kv, batch, v_first_key,
+                                    &params.kv_pages, seqlen_k);
     };
     int it0 = 1;  // the tile's first step loaded in the loop below
     if (n_tiles > 0) {
@@ -241,8 +252,9 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
     ss.tiles.publish(i + 1, next);
     if (n_tiles > 0) {
       for (int it = it0; it < n_tiles; ++it) load_kv_step(it);
-      load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + n_tiles - 1, n_end - n_tiles, head_kv,
-                                    batch, v_first_key, &params.kv_pages, seqlen_k);
+      load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + n_tiles - 1,
+                                    key_tile_at<Cfg>(n_end, n_tiles - 1, params), head_kv, batch, v_first_key,
+                                    &params.kv_pages, seqlen_k);
       kv += n_tiles;
       ++q_iter;
     }
@@ -272,13 +284,15 @@ __device__ __forceinline__ void run_cache_issuer(SharedStorage<Cfg>& ss, const C
     load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv, n_end - 1, head_kv, w.batch, 0, &params.kv_pages,
                       w.seqlen_k, issuer);
     for (int it = 1; it < n_tiles; ++it) {
-      load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, n_end - 1 - it, head_kv, w.batch, 0,
-                        &params.kv_pages, w.seqlen_k, issuer);
-      load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1, n_end - it, head_kv, w.batch, 0,
-                                    &params.kv_pages, w.seqlen_k, issuer);
+      load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, key_tile_at<Cfg>(n_end, it, params), head_kv,
+                        w.batch, 0, &params.kv_pages, w.seqlen_k, issuer);
+      load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1,
+                                    key_tile_at<Cfg>(n_end, it - 1, params), head_kv, w.batch, 0, &params.kv_pages,
+                                    w.seqlen_k, issuer);
     }
-    load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + n_tiles - 1, n_end - n_tiles, head_kv,
-                                  w.batch, 0, &params.kv_pages, w.seqlen_k, issuer);
+    load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + n_tiles - 1,
+                                  key_tile_at<Cfg>(n_end, n_tiles - 1, params), head_kv, w.batch, 0, &params.kv_pages,
+                                  w.seqlen_k, issuer);
     kv += n_tiles;
   }
 }
