@@ -7,14 +7,14 @@ Run on the GPU host after `pip install .`:
     python3 scripts/decode_breakdown.py [--points b8_4k b1_64k ...] [--splits 1 2 4 8 16 32] [--cudnn]
 --cudnn traces cuDNN through SDPA on the same tensors too (bench_decode's sdpa_runner): its
 kernels and span beside ours, to see where its lead comes from. --loop times 200 calls back to
-back (no flush between them, events around the loop: a decode loop's steady state, where a
-call's launch can overlap the previous call's tail), per call, for each traced library.
+back (no flush between them, one synchronisation: a decode loop's steady state, where a call's
+launch can overlap the previous call's tail), per call, for each traced library.
 """
 import argparse
 
 import torch
 import warpattn
-from warpattn.bench import kernel_trace, make_timer
+from warpattn.bench import host_us_per_call, kernel_trace, make_timer
 from warpattn.bench_decode import sdpa_runner
 
 POINTS = {"b8_4k": dict(B=8, S=4096), "b1_64k": dict(B=1, S=65536), "b64_4k": dict(B=64, S=4096),
@@ -34,25 +34,6 @@ def step(q, cache, lens, num_splits, out):
     return lambda: warpattn.flash_attn_with_kvcache(q, f8.k_cache, f8.v_cache, cache_seqlens=lens,
                                                     k_descale=f8.k_descale, v_descale=f8.v_descale,
                                                     num_splits=num_splits, out=out)
-
-
-def back_to_back(torch, fn, calls=200, loops=5):
-    """Microseconds a call over `calls` calls in a row (no flush between them), the median of
-    `loops` loops: the steady state of a decode loop."""
-    import statistics
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    per_call = []
-    for _ in range(loops):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        stop.record()
-        torch.cuda.synchronize()
-        per_call.append(1e3 * start.elapsed_time(stop) / calls)
-    return statistics.median(per_call)
 
 
 def main():
@@ -83,9 +64,10 @@ def main():
             print("%s %s: a call's kernels span %.1f us (median of 20)" % (name, kind, span))
             for n, t in sorted(per_kernel.items(), key=lambda x: -x[1]):
                 print("    %7.1f us  %s" % (t, n))
-        if args.loop:
-            print("%s back to back, us a call (200 calls, median of 5 loops): %s" % (
-                name, "  ".join("%s %.1f" % (kind, back_to_back(torch, fn)) for kind, fn in traced.items())))
+        if args.loop:  # (bench.host_us_per_call: at these shapes the GPU, not the host, sets the pace)
+            per_call = host_us_per_call(torch, traced, calls=200)
+            print("%s back to back, us a call (200 calls, median of 5 passes): %s" % (
+                name, "  ".join("%s %.1f" % kv for kv in per_call.items())))
         for kind, cache in kinds.items() if args.splits else ():
             # The GPU's span of a call (the trace), and do_bench's time (host-bound where small).
             row, bench = [], []
