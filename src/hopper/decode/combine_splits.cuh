@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(128) combine_kvcache_splits_kernel(const __gri
   if (holds_stored_rows(warpgroup, f, first_position, w.head, params.packing, seqlen_q)) {
     const int first_group = Cfg::kSharedRows ? shared.first_group : slice * kSliceGroups;
     // The first batch of states goes out first, the references of the states past it beside it,
-    // so that up to kCombineBatch + 8 states cost one round trip to the L2 before the sums.
+    // so that up to 2 x kCombineBatch states cost one round trip to the L2 before the sums.
     CombineBatch<kSliceGroups> batch;
     batch.load(state, 0, states, first_group);
     // (the largest reference is the same whichever states are counted twice: the last state
