@@ -187,6 +187,33 @@ __device__ __forceinline__ int key_tile_at(int n_end, int it, const ForwardParam
     return n_end - 1 - it;
 }
 
+// One work tile's K/V stream as one issuer loads it (the producer: issuer 0; a KV cache's other
+// cache_issuers theirs): K of the first key tile, then steps it = 1 .. n_tiles - 1 (K of key tile
+// it with V of key tile it - 1, so the next S GEMM can start before the previous P·V has its
+// operand), then the last V. Every issuer walks this order, so each full barrier gets all its
+// issuers' arrivals. kv: the ring ordinal of the tile's first key tile.
+template <class Cfg>
+struct TileKvStream {
+  SharedStorage<Cfg>& ss;
+  const CUtensorMap* tm_k;
+  const CUtensorMap* tm_v;
+  const ForwardParams& params;
+  int kv, n_end, head_kv, batch, k_first_key, v_first_key, seqlen_k, issuer;
+
+  __device__ __forceinline__ void k(int it) const {
+    load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, key_tile_at<Cfg>(n_end, it, params), head_kv,
+                      batch, k_first_key, &params.kv_pages, seqlen_k, issuer);
+  }
+  __device__ __forceinline__ void v(int it) const {
+    load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it, key_tile_at<Cfg>(n_end, it, params),
+                                  head_kv, batch, v_first_key, &params.kv_pages, seqlen_k, issuer);
+  }
+  __device__ __forceinline__ void step(int it) const {
+    k(it);
+    v(it - 1);
+  }
+};
+
 // Walks the same tiles as the consumers. The K/V ring ordinal and the Q phase run on across
 // tiles (phases are never reset); a tile without visible keys loads nothing. The next tile is
 // chosen and published once this tile's first loads are out: the tile counter's atomicAdd
@@ -212,26 +239,19 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
     // FP8's Vᵀ keeps each sequence's keys from its padded row (quantize_fp8_varlen), K at the
     // caller's offset.
     const int v_first_key = Cfg::kFp8 && Cfg::kVarlen ? static_cast<int>(varlen_row0(w.k_offset, w.batch)) : w.k_offset;
-    // Step `it` of the tile's K/V stream: K of key tile it, V of key tile it - 1.
-    const auto load_kv_step = [&, kv](int it) {
-      load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, key_tile_at<Cfg>(n_end, it, params), head_kv,
-                        batch, w.k_offset, &params.kv_pages, seqlen_k);
-      load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1,
-                                    key_tile_at<Cfg>(n_end, it - 1, params), head_kv, batch, v_first_key,
-                                    &params.kv_pages, seqlen_k);
-    };
+    const TileKvStream<Cfg> stream{ss, tm_k, tm_v, params, kv, n_end, head_kv, batch, w.k_offset, v_first_key,
+                                   seqlen_k, 0};
     int it0 = 1;  // the tile's first step loaded in the loop below
     if (n_tiles > 0) {
       // The first K tile can go into a ring slot freed during the previous tile; Q must wait
       // until both consumers' last S GEMM of the tile that used its buffer has read it.
-      load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv, n_end - 1, head_kv, batch, w.k_offset,
-                        &params.kv_pages, seqlen_k);
+      stream.k(0);
       if constexpr (Cfg::kEarlyKv) {
         if (kv == 0) {
           // The CTA's first tile with keys (kv is 0 until then): every ring slot is still free,
           // so the loop's first steps go out before Q without waiting on one, in the cache
           // issuers' order; then Q, once its quantisation has finished.
-          for (; it0 < n_tiles && it0 < Cfg::kStages; ++it0) load_kv_step(it0);
+          for (; it0 < n_tiles && it0 < Cfg::kStages; ++it0) stream.step(it0);
           ptx::wait_for_preceding_grid();
         }
       }
@@ -251,10 +271,8 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
     const ScheduledTile next = schedule_tile<Cfg>(chooser, params);
     ss.tiles.publish(i + 1, next);
     if (n_tiles > 0) {
-      for (int it = it0; it < n_tiles; ++it) load_kv_step(it);
-      load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + n_tiles - 1,
-                                    key_tile_at<Cfg>(n_end, n_tiles - 1, params), head_kv, batch, v_first_key,
-                                    &params.kv_pages, seqlen_k);
+      for (int it = it0; it < n_tiles; ++it) stream.step(it);
+      stream.v(n_tiles - 1);
       kv += n_tiles;
       ++q_iter;
     }
@@ -269,8 +287,7 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
 
 // The other issuers of a KV-cache launch's key tiles (cache_issuers > 1: lane 0 of producer
 // warps 1 .. issuers - 1): they receive each tile as the consumers do and load their share of
-// its K and V boxes, in the producer's order (K of the first key tile, then K of tile it with V
-// of tile it - 1, then the last V), so every full barrier gets all its issuers' arrivals.
+// its K and V boxes in the producer's order (TileKvStream).
 template <class Cfg>
 __device__ __forceinline__ void run_cache_issuer(SharedStorage<Cfg>& ss, const CUtensorMap* tm_k,
                                                  const CUtensorMap* tm_v, const ForwardParams& params, int issuer) {
@@ -281,18 +298,10 @@ __device__ __forceinline__ void run_cache_issuer(SharedStorage<Cfg>& ss, const C
     if (w.is_end()) break;
     const int n_tiles = w.n_tiles, n_end = w.n_end, head_kv = w.head / params.kv_group;
     if (n_tiles == 0) continue;
-    load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv, n_end - 1, head_kv, w.batch, 0, &params.kv_pages,
-                      w.seqlen_k, issuer);
-    for (int it = 1; it < n_tiles; ++it) {
-      load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, key_tile_at<Cfg>(n_end, it, params), head_kv,
-                        w.batch, 0, &params.kv_pages, w.seqlen_k, issuer);
-      load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it - 1,
-                                    key_tile_at<Cfg>(n_end, it - 1, params), head_kv, w.batch, 0, &params.kv_pages,
-                                    w.seqlen_k, issuer);
-    }
-    load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + n_tiles - 1,
-                                  key_tile_at<Cfg>(n_end, n_tiles - 1, params), head_kv, w.batch, 0, &params.kv_pages,
-                                  w.seqlen_k, issuer);
+    const TileKvStream<Cfg> stream{ss, tm_k, tm_v, params, kv, n_end, head_kv, w.batch, 0, 0, w.seqlen_k, issuer};
+    stream.k(0);
+    for (int it = 1; it < n_tiles; ++it) stream.step(it);
+    stream.v(n_tiles - 1);
     kv += n_tiles;
   }
 }
