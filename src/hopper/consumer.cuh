@@ -71,7 +71,7 @@ struct PingPong {
 struct TileContext {
   int warpgroup;
   int m_block, head, batch;
-  int n_tiles;  // key tiles to visit (> 0): n_end - 1 down (producer.cuh's key_tile_at)
+  int n_tiles;  // key tiles to visit (> 0): n_end - 1 down to n_end - n_tiles
   int n_end;
   int kv_base;  // K/V ring ordinal of this tile's first key tile
   int q_stage;  // Q buffer
@@ -138,8 +138,8 @@ struct ConsumerTile {
     }
   }
 
-  // The key tile visited at ordinal it (the last first; the producer's order, key_tile_at).
-  __device__ __forceinline__ int key_tile(int it) const { return key_tile_at<Cfg>(t.n_end, it, params); }
+  // The key tile visited at ordinal it (the last first).
+  __device__ __forceinline__ int key_tile(int it) const { return t.n_end - 1 - it; }
 
   // Scores of the key tile of ordinal it to log2 units: with FP8, times the tile's K descale;
   // softcapped scores (tanh of the scaled score, softcap_scores) times softcap log2(e).

@@ -5,16 +5,6 @@
 #include <cstdint>
 #include <type_traits>
 
-// WARPATTN_TUNE_KV_INTERLEAVED_PIECES=1: piece s of a split KV-cache tile takes the tile's key
-// tiles s, s + splits, s + 2 splits, ... counted from its last (decode/kv_cache_pieces.hpp's
-// kv_piece_stride) instead of a contiguous range, so that every CTA of a launch streams the same
-// region of the caches at the same time (run 249's bare ring, tools/probes/p_stream_order.cu: 1-3%
-// faster at 134-268 MB). Not in the batch-invariant mode (its chunks stay contiguous), nor in the
-// banded kernels (the consumers' window left edges assume a contiguous range) or the split head
-// dim's (its own loops). Built for an A/B, off until measured.
-#ifndef WARPATTN_TUNE_KV_INTERLEAVED_PIECES
-#define WARPATTN_TUNE_KV_INTERLEAVED_PIECES 0
-#endif
 // An E4M3 cache step's first key tiles loaded before its Q quantisation has finished
 // (docs/decode-fp8-cache-design.md, "K and V before the wait"): the attention is launched as that
 // kernel's programmatic dependent, and today every thread waits for it before anything is
@@ -68,7 +58,6 @@ struct ForwardConfig {
   static constexpr bool kVarlen = false;  // VarlenConfig: packed variable-length batches
   static constexpr bool kKvCache = false;  // KvCacheConfig: each sequence's own KV cache
   static constexpr bool kEarlyKv = false;  // KvCacheConfig over an E4M3 cache
-  static constexpr bool kInterleavedPieces = false;  // KvCacheConfig: decode/kv_cache_pieces.hpp's knob
   // FP8's Vᵀ tile in 16-key slices (KvCacheConfig over an E4M3 cache) instead of one 128-byte
   // swizzled panel row per head-dim row: see KvCacheConfig.
   static constexpr bool kVtSlices = false;
@@ -172,7 +161,6 @@ struct KvCacheConfig : VarlenConfig<Base> {
   static constexpr bool kKvCache = true;
   static constexpr bool kVtSlices = Base::kFp8;
   static constexpr bool kEarlyKv = Base::kFp8 && WARPATTN_TUNE_KVCACHE_FP8_EARLY_KV >= 1;
-  static constexpr bool kInterleavedPieces = WARPATTN_TUNE_KV_INTERLEAVED_PIECES && !Base::kCausal && !Base::kSplitHeadDim;
   // Not at FP8's d = 256: the KV-cache producer (page look-ups, the pieces' enumeration) spilled
   // 128-132 bytes in the 24 registers that kernel leaves it (kWideConsumers: consumers of 240),
   // and its consumers 48-116 bytes in 232 with a producer of 40 (2026-12-02).

@@ -151,7 +151,7 @@ __device__ __forceinline__ ScheduledTile schedule_tile(const TileChooser& choose
     if (chooser.tile >= chooser.whole) return kEnd;
     const TileGrid grid{params.m_blocks, params.heads_q, params.batch, 1};
     const KvCachePiece pc = kv_cache_piece(chooser.tile, params.kv_work, grid, params.packing.positions, Cfg::kBlockN,
-                                           params.seqlen_q, Cfg::kCausal ? params.band : KeyBand{}, Cfg::kInterleavedPieces);
+                                           params.seqlen_q, Cfg::kCausal ? params.band : KeyBand{});
     return {pc.tile.m_block, pc.tile.head, pc.tile.batch, pc.n_tiles, pc.n_end,
             params.kv_work.splits > 1 ? chooser.tile : -1, 0, params.seqlen_q, 0, pc.seqlen_k};
   } else if constexpr (Cfg::kVarlen) {  // never split: the plan's tile, two 16-byte loads
@@ -177,16 +177,6 @@ __device__ __forceinline__ ScheduledTile schedule_tile(const TileChooser& choose
   return {w.m_block, w.head, w.batch, r.count(), r.end, -1, 0, 0, 0, 0};
 }
 
-// The key tile a work tile's stream visits at ordinal it: from its last (n_end - 1) down, a
-// stride apart (1, or the split count where a KV cache's pieces interleave: kv_piece_stride).
-template <class Cfg>
-__device__ __forceinline__ int key_tile_at(int n_end, int it, const ForwardParams& params) {
-  if constexpr (Cfg::kInterleavedPieces)
-    return n_end - 1 - it * kv_piece_stride(params.kv_work, true);
-  else
-    return n_end - 1 - it;
-}
-
 // One work tile's K/V stream as one issuer loads it (the producer: issuer 0; a KV cache's other
 // cache_issuers theirs): K of the first key tile, then steps it = 1 .. n_tiles - 1 (K of key tile
 // it with V of key tile it - 1, so the next S GEMM can start before the previous P·V has its
@@ -201,11 +191,11 @@ struct TileKvStream {
   int kv, n_end, head_kv, batch, k_first_key, v_first_key, seqlen_k, issuer;
 
   __device__ __forceinline__ void k(int it) const {
-    load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, key_tile_at<Cfg>(n_end, it, params), head_kv,
+    load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, n_end - 1 - it, head_kv,
                       batch, k_first_key, &params.kv_pages, seqlen_k, issuer);
   }
   __device__ __forceinline__ void v(int it) const {
-    load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it, key_tile_at<Cfg>(n_end, it, params),
+    load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it, n_end - 1 - it,
                                   head_kv, batch, v_first_key, &params.kv_pages, seqlen_k, issuer);
   }
   __device__ __forceinline__ void step(int it) const {
@@ -231,7 +221,7 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
   if (Cfg::kVarlen && w.is_end()) chooser.retire(params);
   ss.tiles.publish(0, w);
   for (int i = 0; !w.is_end(); ++i) {
-    const int n_tiles = w.n_tiles, n_end = w.n_end;  // key tiles key_tile_at(n_end, 0 .. n_tiles - 1)
+    const int n_tiles = w.n_tiles, n_end = w.n_end;  // key tiles n_end - 1 down to n_end - n_tiles
     const int head_kv = w.head / params.kv_group;
     // A packed batch's tensor maps have one batch entry; a KV cache's q keeps its batch axis.
     const int batch = Cfg::kVarlen && !Cfg::kKvCache ? 0 : w.batch;

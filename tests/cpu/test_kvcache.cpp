@@ -810,7 +810,6 @@ TEST(packed_rows_cover_each_position_and_head_once) {
 
 // ---- 6. split keys: the launch's pieces (kv_cache_pieces.hpp, kv_cache_piece)
 
-// The pieces in order (contiguous ranges), and interleaved.
 TEST(kvcache_pieces_cover_each_tile_once_in_order) {
   using namespace warpattn::detail;
   std::mt19937_64 rng(7);
@@ -847,28 +846,10 @@ TEST(kvcache_pieces_cover_each_tile_once_in_order) {
         covered = pc.n_end;
       }
       CHECK(covered == want.end) << "the pieces end at " << covered << ", the tile's range at " << want.end;
-      // Interleaved (forward_config.hpp's WARPATTN_TUNE_KV_INTERLEAVED_PIECES, unbanded kernels):
-      // piece i visits key tiles n_end - 1 - j x splits, j < n_tiles, inside the tile's range, and
-      // the pieces together each key tile of it once.
-      if (causal) continue;
-      CHECK(kv_piece_stride(w, true) == w.splits && kv_piece_stride(w, false) == 1);
-      std::vector<int> visits(want.end > 0 ? want.end : 0, 0);
-      for (int i = 0; i < w.splits; ++i) {
-        const KvCachePiece pc = kv_cache_piece(u * w.splits + i, w, grid, positions, block_n, seqlen_q, band, true);
-        for (int j = 0; j < pc.n_tiles; ++j) {
-          const int n = pc.n_end - 1 - j * w.splits;
-          CHECK(n >= want.begin && n < want.end) << "interleaved piece " << i << " of tile " << u << " visits key tile "
-                                                 << n << " outside [" << want.begin << ", " << want.end << ")";
-          if (n >= want.begin && n < want.end) ++visits[n];
-        }
-      }
-      for (int n = want.begin; n < want.end; ++n)
-        CHECK(visits[n] == 1) << "key tile " << n << " of tile " << u << " visited " << visits[n] << " times interleaved";
     }
     for (int u = 0; u < tiles; ++u) CHECK(seen[u] == 1) << "tile " << u << " met " << seen[u] << " times";
   }
 }
-
 
 // Issue 18: in the batch-invariant mode a tile's pieces are chunks of its own key range, fixed
 // by that range alone: the same non-empty pieces, in the same order, whatever the launch's split
@@ -894,7 +875,6 @@ TEST(kvcache_invariant_pieces_depend_on_the_tile_alone) {
       w.cache_seqlens = lens, w.capacity = capacity, w.chunk_keys = chunk_keys, w.max_chunks = max_chunks;
       w.splits = invariant_launch_splits((capacity + block_n - 1) / block_n, block_n, chunk_keys, max_chunks);
       CHECK(w.splits >= 1 && w.splits <= max_chunks) << w.splits;
-      CHECK(kv_piece_stride(w, true) == 1) << "the chunks stay contiguous where a kernel interleaves its pieces";
       const TileGrid grid{(seqlen_q + positions - 1) / positions, 1, 1, 1};
       for (int m = 0; m < grid.m_blocks; ++m) {
         const int u = m;  // one chunk of heads, one sequence: tile u is block u

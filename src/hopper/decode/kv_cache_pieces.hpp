@@ -13,28 +13,19 @@ namespace warpattn::detail {
 
 struct KvCachePiece {
   WorkTile tile;       // m_block: block of `positions` positions; head: chunk of packed heads
-  int n_tiles, n_end;  // key tiles n_end - 1 - j x stride, j < n_tiles (kv_piece_stride; n_tiles 0: an empty piece)
+  int n_tiles, n_end;  // key tiles n_end - n_tiles .. n_end - 1 (n_tiles 0: an empty piece)
   int seqlen_k;        // the sequence's keys
 };
-
-// The distance between a piece's consecutive key tiles: the launch's split count where its pieces
-// interleave (a kernel with kInterleavedPieces, forward_config.hpp's WARPATTN_TUNE_KV_INTERLEAVED_PIECES;
-// pieces not the batch-invariant mode's chunks), 1 otherwise.
-WARPATTN_HOST_DEVICE int kv_piece_stride(const KvCacheWork& w, bool interleaved) {
-  return interleaved && w.chunk_keys == 0 ? w.splits : 1;
-}
 
 // The tiles of a KV-cache launch: grid.m_blocks blocks of positions x grid.heads_q chunks x
 // grid.batch sequences, in tile_coords' order (chunk_heads 1).
 WARPATTN_HOST_DEVICE KvCachePiece kv_cache_piece(int piece, const KvCacheWork& w, const TileGrid& grid, int positions,
-                                                 int block_n, int seqlen_q, const KeyBand& band, bool interleaved = false) {
+                                                 int block_n, int seqlen_q, const KeyBand& band) {
   const int u = piece / w.splits, split = piece - u * w.splits;
   const WorkTile t = tile_coords(u, grid);
   const int seqlen_k = kv_cache_keys(w, t.batch);
   const KeyTileRange r = kv_tile_range(t.m_block, positions, block_n, seqlen_q, seqlen_k, band);
   const int blocks = r.count();
-  if (kv_piece_stride(w, interleaved) > 1)  // key tiles r.end - 1 - split - j x splits
-    return {t, split < blocks ? (blocks - 1 - split) / w.splits + 1 : 0, r.end - split, seqlen_k};
   const KeyBlockRange s =
       w.chunk_keys > 0 ? invariant_key_blocks(split, invariant_chunk_blocks(blocks, block_n, w.chunk_keys, w.max_chunks), blocks)
                        : split_key_blocks(split, w.splits, blocks);
