@@ -8,7 +8,8 @@ Run on the GPU host after `pip install .`:
 --cudnn traces cuDNN through SDPA on the same tensors too (bench_decode's sdpa_runner): its
 kernels and span beside ours, to see where its lead comes from. --loop times 200 calls back to
 back (no flush between them, one synchronisation: a decode loop's steady state, where a call's
-launch can overlap the previous call's tail), per call, for each traced library.
+launch can overlap the previous call's tail), per call, for each traced library. --clean-flush
+traces each a second time after a flush that leaves the L2 full of clean lines.
 """
 import argparse
 
@@ -44,6 +45,8 @@ def main():
     ap.add_argument("--splits", nargs="*", type=int, default=[])
     ap.add_argument("--cudnn", action="store_true", help="trace cuDNN through SDPA on the same tensors too")
     ap.add_argument("--loop", action="store_true", help="also time 200 back-to-back calls of each, per call")
+    ap.add_argument("--clean-flush", action="store_true",
+                    help="also trace each after a flush that leaves the L2 clean (bench.kernel_trace's clean)")
     args = ap.parse_args()
     timer, _ = make_timer(torch, 25, 100)
     torch.manual_seed(0)
@@ -60,10 +63,12 @@ def main():
             from torch.nn.attention import SDPBackend
             traced["cudnn"] = sdpa_runner(torch, SDPBackend.CUDNN_ATTENTION, q, k, v)[0]
         for kind, fn in traced.items():
-            per_kernel, span = kernel_trace(torch, fn)
-            print("%s %s: a call's kernels span %.1f us (median of 20)" % (name, kind, span))
-            for n, t in sorted(per_kernel.items(), key=lambda x: -x[1]):
-                print("    %7.1f us  %s" % (t, n))
+            for clean in (False, True) if args.clean_flush else (False,):
+                per_kernel, span = kernel_trace(torch, fn, clean=clean)
+                print("%s %s%s: a call's kernels span %.1f us (median of 20)" % (
+                    name, kind, " (clean L2)" if clean else "", span))
+                for n, t in sorted(per_kernel.items(), key=lambda x: -x[1]):
+                    print("    %7.1f us  %s" % (t, n))
         if args.loop:  # (bench.host_us_per_call: at these shapes the GPU, not the host, sets the pace)
             per_call = host_us_per_call(torch, traced, calls=200)
             print("%s back to back, us a call (200 calls, median of 5 passes): %s" % (

@@ -421,12 +421,17 @@ def host_us_per_call(torch, fns, calls=2000, passes=5):
     return {name: statistics.median(v) for name, v in per.items()}
 
 
-def kernel_trace(torch, fn, calls=20):
+def kernel_trace(torch, fn, calls=20, clean=False):
     """Per kernel name (its first 60 characters): the median duration (us); and the median span
     of a call (first kernel's start to last kernel's end, us), from torch.profiler's CUDA events,
     the L2 flushed before each call by a bitwise-not of 256 MB, whose kernel marks where each call
-    begins (no attention library launches one; SDPA's backward launches fills of its own)."""
+    begins (no attention library launches one; SDPA's backward launches fills of its own).
+    clean: then a read of another 256 MB (a max, whose reduce kernel marks the call instead), so
+    that the call finds the L2 full of clean lines rather than the ~L2 of dirty ones the
+    bitwise-not (like do_bench's memset) leaves, whose write-back would share its DRAM time."""
     flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    reread = torch.zeros_like(flush) if clean else None
+    markers = ("bitwise_not", "reduce_kernel") if clean else ("bitwise_not",)
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -434,6 +439,8 @@ def kernel_trace(torch, fn, calls=20):
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             flush.bitwise_not_()
+            if clean:
+                reread.amax()
             fn()
         torch.cuda.synchronize()
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
@@ -441,7 +448,7 @@ def kernel_trace(torch, fn, calls=20):
     # A call: the kernels after each flush, up to the next flush.
     calls_k, current = [], None
     for e in events:
-        if "bitwise_not" in e.name:
+        if any(m in e.name for m in markers):
             current = []
             calls_k.append(current)
         elif current is not None:

@@ -19,17 +19,11 @@
 
 namespace warpattn::detail {
 
-// WARPATTN_TUNE_KV_EVICT_FIRST=1 loads a KV cache's boxes under an L2 evict-first policy
-// (tma_load_5d_hint), so that a decode step's lines, read once, replace each other rather than
-// the lines the kernels before it left dirty in the L2 (whose write-back shares the step's DRAM
-// time): built for an A/B (docs/pending/README.md), off until measured.
-#ifndef WARPATTN_TUNE_KV_EVICT_FIRST
-#define WARPATTN_TUNE_KV_EVICT_FIRST 0
-#endif
-
 // A KV cache's key tile (Cfg::kKvCache): params.kv_pages.boxes boxes of box_rows keys, each
 // from the page that holds it (decode/kv_pages.hpp), into the tile's rows of every panel; this
-// issuer's share of them (cache_issuers: issuer i of n the boxes i, i + n, ...).
+// issuer's share of them (cache_issuers: issuer i of n the boxes i, i + n, ...), under an L2
+// evict-first policy where the launch chose it (kv.l2_evict_first: a short step's lines then
+// replace each other, not the lines the kernels before it left dirty).
 // kVt: an E4M3 cache's Vᵀ (Cfg::kVtSlices; tensor_map.hpp's make_vt_slices_tensor_map): a box is
 // box_rows / 16 slices of 16 keys x head_dim rows, landing at its keys' slices of the tile.
 // An E4M3 cache's K comes through a 1-byte panel map, whose panel is a coordinate of its own.
@@ -40,7 +34,7 @@ __device__ __forceinline__ void load_cache_tile(uint32_t dst, const CUtensorMap*
   using namespace ptx;
   constexpr int kPanelCols = Cfg::kSwizzleBytes / 2;  // 16-bit elements
   const auto load = [&](uint32_t to, int c0, int c1, int c2, int c3, int c4) {
-    if constexpr (WARPATTN_TUNE_KV_EVICT_FIRST)
+    if (kv.l2_evict_first)
       tma_load_5d_hint(to, map, bar, l2_evict_first_policy(), c0, c1, c2, c3, c4);
     else
       tma_load_5d(to, map, bar, c0, c1, c2, c3, c4);
@@ -191,12 +185,12 @@ struct TileKvStream {
   int kv, n_end, head_kv, batch, k_first_key, v_first_key, seqlen_k, issuer;
 
   __device__ __forceinline__ void k(int it) const {
-    load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, n_end - 1 - it, head_kv,
-                      batch, k_first_key, &params.kv_pages, seqlen_k, issuer);
+    load_kv_tile<Cfg>(ss, tm_k, ss.k, ss.k_full, ss.k_empty, kv + it, n_end - 1 - it, head_kv, batch, k_first_key,
+                      &params.kv_pages, seqlen_k, issuer);
   }
   __device__ __forceinline__ void v(int it) const {
-    load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it, n_end - 1 - it,
-                                  head_kv, batch, v_first_key, &params.kv_pages, seqlen_k, issuer);
+    load_kv_tile<Cfg, Cfg::kFp8>(ss, tm_v, ss.v, ss.v_full, ss.v_empty, kv + it, n_end - 1 - it, head_kv, batch,
+                                  v_first_key, &params.kv_pages, seqlen_k, issuer);
   }
   __device__ __forceinline__ void step(int it) const {
     k(it);

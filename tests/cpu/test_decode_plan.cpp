@@ -126,6 +126,19 @@ TEST(default_splits_stay_in_bounds) {
 // The 512 kernel's tiles are 64 rows (kvcache_block_m), both consumer warpgroups on them: GQA
 // packing at 64 rows as at 128 covers every (position, query head) of a sequence once over the
 // tiles (block of positions, chunk of heads), each tile within its rows.
+// The L2 evict-first policy for a launch's K / V boxes (run 250): at most three L2s of cache
+// bytes, so on a 50 MB L2 a BF16 B = 8 4K step (134 MB) takes it and B = 1 64K (268 MB) does not;
+// a device that reports no L2 never takes it.
+TEST(cache_evict_first_only_for_short_steps) {
+  const long long l2 = 50LL << 20, row = 8LL * 128 * 2 * 2;  // Hkv = 8, d = 128, K and V, BF16
+  CHECK(cache_evict_first(8 * 4096 * row, l2));
+  CHECK(cache_evict_first(1 * 16384 * row, l2));
+  CHECK(!cache_evict_first(1 * 65536 * row, l2));
+  CHECK(!cache_evict_first(8 * 16384 * row / 2, l2));  // E4M3 B = 8 16K: 268 MB
+  CHECK(cache_evict_first(3 * l2, l2) && !cache_evict_first(3 * l2 + 1, l2));
+  CHECK(!cache_evict_first(1, 0));
+}
+
 TEST(kvcache_tiles_pack_every_row_once_at_64_and_128_rows) {
   CHECK(kvcache_block_m(64) == 128 && kvcache_block_m(128) == 128 && kvcache_block_m(256) == 128);
   CHECK(kvcache_block_m(512) == 64);

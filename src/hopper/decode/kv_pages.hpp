@@ -29,6 +29,7 @@ struct KvPages {
   int num_pages = 0;           // pages of the cache (dense: B)
   int page_size = 0;           // keys per page (paged)
   int box_rows = 0, boxes = 1;  // a key tile is `boxes` boxes of box_rows keys
+  bool l2_evict_first = false;  // the boxes load under an L2 evict-first policy (decode_plan.hpp's cache_evict_first)
 };
 
 // How many producer threads issue a KV-cache key tile's boxes: one for a tile of one box, up to

@@ -48,6 +48,20 @@ inline KvCacheSplits kvcache_splits(int num_splits, long long tiles, long long t
   return {splits, 0, kMaxDecodeSplits};
 }
 
+// WARPATTN_TUNE_KV_EVICT_FIRST: -1 (the default) the rule below, 0 never, 1 always (for an A/B).
+#ifndef WARPATTN_TUNE_KV_EVICT_FIRST
+#define WARPATTN_TUNE_KV_EVICT_FIRST -1
+#endif
+// Whether a launch's K / V boxes load under an L2 evict-first policy (decode_plan.hpp's
+// cache_evict_first), from the most cache bytes it may read: its sequences' capacity (a paged
+// cache's: no more than its pages) in K and V, element_bytes each.
+inline bool kvcache_evict_first(const ForwardProblem& p, const KvPages& pages, int element_bytes) {
+  if constexpr (WARPATTN_TUNE_KV_EVICT_FIRST >= 0) return WARPATTN_TUNE_KV_EVICT_FIRST == 1;
+  long long rows = p.batch * p.seqlen_k;
+  if (pages.table != nullptr) rows = std::min(rows, static_cast<long long>(pages.num_pages) * pages.page_size);
+  return cache_evict_first(2 * rows * p.heads_kv * p.head_dim * element_bytes, l2_cache_bytes());
+}
+
 // An E4M3 cache's step (Cfg::kFp8): its Q quantised per work tile (quantize_cache_q.hpp) into
 // memory of the call's own, freed in stream order after the launches that read it.
 struct QuantizedCacheQ {
@@ -106,6 +120,7 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   static_assert(Cfg::kBlockM == kvcache_block_m(Cfg::kHeadDim), "validation's GQA packing (c7) is the kernel's");
   pages.box_rows = cache_box_rows(Cfg::kBlockN, pages.table != nullptr ? pages.page_size : 0);
   pages.boxes = Cfg::kBlockN / pages.box_rows;
+  pages.l2_evict_first = kvcache_evict_first(p, pages, Cfg::kFp8 ? 1 : 2);
   ForwardParams params = base_forward_params<Cfg>(p, out, lse);
   // GQA packing: a tile's rows are `heads` query heads of one KV head at `positions` positions,
   // so K and V are read once per KV head (and a one-row decode step fills group rows, not one).
