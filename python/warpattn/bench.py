@@ -426,12 +426,13 @@ def kernel_trace(torch, fn, calls=20, clean=False):
     of a call (first kernel's start to last kernel's end, us), from torch.profiler's CUDA events,
     the L2 flushed before each call by a bitwise-not of 256 MB, whose kernel marks where each call
     begins (no attention library launches one; SDPA's backward launches fills of its own).
-    clean: then a read of another 256 MB (a max, whose reduce kernel marks the call instead), so
-    that the call finds the L2 full of clean lines rather than the ~L2 of dirty ones the
-    bitwise-not (like do_bench's memset) leaves, whose write-back would share its DRAM time."""
+    clean: then a read of another 256 MB (a max, whose reduce kernel marks the call instead; the
+    bitwise-not and the max's memset are left out), so that the call finds the L2 full of clean
+    lines rather than the ~L2 of dirty ones the bitwise-not (like do_bench's memset) leaves,
+    whose write-back would share its DRAM time."""
     flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
     reread = torch.zeros_like(flush) if clean else None
-    markers = ("bitwise_not", "reduce_kernel") if clean else ("bitwise_not",)
+    marker, skipped = ("reduce_kernel", ("bitwise_not", "Memset")) if clean else ("bitwise_not", ())
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -448,7 +449,9 @@ def kernel_trace(torch, fn, calls=20, clean=False):
     # A call: the kernels after each flush, up to the next flush.
     calls_k, current = [], None
     for e in events:
-        if any(m in e.name for m in markers):
+        if any(m in e.name for m in skipped):
+            continue
+        if marker in e.name:
             current = []
             calls_k.append(current)
         elif current is not None:
