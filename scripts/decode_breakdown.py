@@ -9,7 +9,9 @@ Run on the GPU host after `pip install .`:
 kernels and span beside ours, to see where its lead comes from. --loop times 200 calls back to
 back (no flush between them, one synchronisation: a decode loop's steady state, where a call's
 launch can overlap the previous call's tail), per call, for each traced library. --clean-flush
-traces each a second time after a flush that leaves the L2 full of clean lines.
+traces each a second time after a flush that leaves the L2 full of clean lines (and the forced
+splits after it only). --launch-config prints each traced kernel's launch (grid, block, registers,
+shared memory, blocks a SM) from the profiler's exported trace: cuDNN's among them.
 """
 import argparse
 
@@ -37,6 +39,31 @@ def step(q, cache, lens, num_splits, out):
                                                     num_splits=num_splits, out=out)
 
 
+def launch_configs(fn):
+    """Each kernel of one call of fn (its first 60 characters): the launch as the profiler's
+    chrome trace records it (its args, less the bookkeeping ones)."""
+    import json
+    import os
+    import tempfile
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f).get("traceEvents", [])
+    finally:
+        os.remove(path)
+    skip = {"device", "stream", "correlation", "external id", "context", "queued", "cbid"}
+    return {e["name"][:60]: {k: v for k, v in e.get("args", {}).items() if k not in skip}
+            for e in events if e.get("cat") == "kernel"}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--points", nargs="+", default=list(POINTS))
@@ -45,10 +72,11 @@ def main():
     ap.add_argument("--splits", nargs="*", type=int, default=[])
     ap.add_argument("--cudnn", action="store_true", help="trace cuDNN through SDPA on the same tensors too")
     ap.add_argument("--loop", action="store_true", help="also time 200 back-to-back calls of each, per call")
+    ap.add_argument("--launch-config", action="store_true", help="print each traced kernel's launch")
     ap.add_argument("--clean-flush", action="store_true",
                     help="also trace each after a flush that leaves the L2 clean (bench.kernel_trace's clean)")
     args = ap.parse_args()
-    timer, _ = make_timer(torch, 25, 100)
+    timer, _ = make_timer(torch, 25, 100, clean_l2=args.clean_flush)
     torch.manual_seed(0)
     for name in args.points:
         p = POINTS[name]
@@ -69,6 +97,9 @@ def main():
                     name, kind, " (clean L2)" if clean else "", span))
                 for n, t in sorted(per_kernel.items(), key=lambda x: -x[1]):
                     print("    %7.1f us  %s" % (t, n))
+            if args.launch_config:
+                for n, launch in launch_configs(fn).items():
+                    print("    launch %s: %s" % (n, launch))
         if args.loop:  # (bench.host_us_per_call: at these shapes the GPU, not the host, sets the pace)
             per_call = host_us_per_call(torch, traced, calls=200)
             print("%s back to back, us a call (200 calls, median of 5 passes): %s" % (
@@ -78,7 +109,7 @@ def main():
             row, bench = [], []
             for n in [0] + args.splits:
                 label = "default" if n == 0 else "s%d" % n
-                per_kernel, span = kernel_trace(torch, step(q, cache, lens, n, out))
+                per_kernel, span = kernel_trace(torch, step(q, cache, lens, n, out), clean=args.clean_flush)
                 attention = max((t for name_, t in per_kernel.items() if "attention" in name_), default=0.0)
                 row.append("%s %.1f (attention %.1f)" % (label, span, attention))
                 bench.append("%s %.1f" % (label, 1e3 * timer(step(q, cache, lens, n, out))))

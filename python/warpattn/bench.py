@@ -294,22 +294,34 @@ def warpattn_call(lib, torch, q, k, v, out, dtype, causal, batch_invariant=False
 # ---------------------------------------------------------------------------------------------
 # Timing.
 
-def make_timer(torch, warmup_ms, rep_ms):
-    """Median milliseconds of fn: triton's do_bench, or the same recipe with CUDA events."""
-    try:
-        from triton.testing import do_bench
+def make_timer(torch, warmup_ms, rep_ms, clean_l2=False):
+    """Median milliseconds of fn: triton's do_bench, or the same recipe with CUDA events.
+    clean_l2: the events' recipe always, each call after a flush that leaves the L2 clean (the
+    memset, then a read of another 256 MB): do_bench's memset leaves about an L2 of dirty lines,
+    whose write-back a memory-bound call then shares (run 251: cuDNN's decode kernel 56.6 us at
+    B = 8 4K after the memset, 46.2 after the read), where a model's decode step follows kernels
+    that leave few."""
+    if not clean_l2:
+        try:
+            from triton.testing import do_bench
 
-        def timer(fn):
-            return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+            def timer(fn):
+                return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
-        return timer, "triton.testing.do_bench(warmup=%g, rep=%g, return_mode='median')" % (
-            warmup_ms, rep_ms)
-    except ImportError:
-        pass
+            return timer, "triton.testing.do_bench(warmup=%g, rep=%g, return_mode='median')" % (
+                warmup_ms, rep_ms)
+        except ImportError:
+            pass
 
     # Like do_bench: estimate, warm up for warmup_ms, then time each call with its own event
     # pair after clearing L2 (a 256 MB memset), so no call finds the previous one's data cached.
     flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    reread = torch.zeros_like(flush) if clean_l2 else None
+
+    def clear():
+        flush.zero_()
+        if clean_l2:
+            reread.amax()
 
     def timer(fn):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -317,7 +329,7 @@ def make_timer(torch, warmup_ms, rep_ms):
         torch.cuda.synchronize()
         start.record()
         for _ in range(5):
-            flush.zero_()
+            clear()
             fn()
         stop.record()
         torch.cuda.synchronize()
@@ -328,7 +340,7 @@ def make_timer(torch, warmup_ms, rep_ms):
         pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                  for _ in range(n)]
         for a, b in pairs:
-            flush.zero_()
+            clear()
             a.record()
             fn()
             b.record()
@@ -336,6 +348,8 @@ def make_timer(torch, warmup_ms, rep_ms):
         times = sorted(a.elapsed_time(b) for a, b in pairs)
         return times[len(times) // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2])
 
+    if clean_l2:
+        return timer, "CUDA events, median, L2 flushed between calls and left clean (a 256 MB memset, then a 256 MB read)"
     return timer, "CUDA events, median, L2 flushed between calls (triton not importable)"
 
 

@@ -38,7 +38,8 @@ is 0.85 of it for caches of 64 MB or more. Host cost: a tight loop of --host-cal
 tiny shape with one synchronisation at the end, per call, the median of 5 passes (warpattn and
 SDPA alternating).
 
-Timing: bench.make_timer (do_bench, or CUDA events with L2 flushed, median); every point in
+Timing: bench.make_timer (do_bench, or CUDA events with L2 flushed, median; --clean-l2 the
+events after a flush that leaves the L2 clean, as a model's step finds it); every point in
 --passes interleaved passes (warpattn, paged, cudnn, flash, warpattn, ...), the median over
 passes reported, since the power-capped H200 moves +-5% between passes. warpattn's output is
 compared with cuDNN's (rel L2) as a sanity check; accuracy proper is the tests' job.
@@ -80,6 +81,9 @@ def parse_args(argv):
     p.add_argument("--batch-invariant", action="store_true",
                    help="also time batch_invariant=True on the dense cache (warpattn_invariant)")
     p.add_argument("--out", default="bench-decode.json")
+    p.add_argument("--clean-l2", action="store_true",
+                   help="flush the L2 before each call so that it holds clean lines, not the ~L2 of dirty "
+                        "ones do_bench's memset leaves (bench.make_timer's clean_l2)")
     p.add_argument("--warmup-ms", type=float, default=25.0)
     p.add_argument("--rep-ms", type=float, default=100.0)
     args = p.parse_args(argv)
@@ -282,7 +286,7 @@ def main(argv=None):
 
     if not torch.cuda.is_available():
         sys.exit("bench_decode: no CUDA device visible to PyTorch")
-    timer, method = make_timer(torch, args.warmup_ms, args.rep_ms)
+    timer, method = make_timer(torch, args.warmup_ms, args.rep_ms, clean_l2=args.clean_l2)
     gen = torch.Generator().manual_seed(0)
     rate = copy_rate(torch, timer)
     print("device copy rate: %.0f GB/s (read + written)" % (rate / 1e9), file=sys.stderr, flush=True)
