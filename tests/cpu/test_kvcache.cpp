@@ -851,6 +851,85 @@ TEST(kvcache_pieces_cover_each_tile_once_in_order) {
   }
 }
 
+// Stream-K (WARPATTN_TUNE_KV_STREAM_K): the launch's key blocks cut evenly over the CTAs. Every
+// global block is in exactly one CTA's fragments, each CTA's share is within one block of every
+// other's, a fragment lies in one tile, a tile in one fragment has no slot (it is written out
+// whole) and a tile cut among several has slots tile x stream_slots + 0, 1, ... in key order;
+// and with a sequence's own lengths a tile's fragments visit exactly its key tiles.
+TEST(kvcache_stream_k_fragments_cover_each_block_once) {
+  using namespace warpattn::detail;
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int tiles = 1 + static_cast<int>(rng() % 600), tile_blocks = 1 + static_cast<int>(rng() % 600);
+    const int ctas = trial % 3 == 0 ? 132 : 1 + static_cast<int>(rng() % 200);
+    const long long blocks = 1LL * tiles * tile_blocks;
+    if (blocks < 2LL * ctas || blocks * (ctas + 1) >= (1LL << 31)) continue;
+    KvCacheWork w;
+    w.stream_blocks = static_cast<int>(blocks), w.stream_ctas = ctas, w.stream_tile_blocks = tile_blocks;
+    w.stream_slots = kv_stream_slots(w.stream_blocks, ctas, tile_blocks);
+    std::vector<int> seen(blocks, 0);
+    std::vector<std::vector<std::pair<int, int>>> by_tile(tiles);  // (begin, slot) of each fragment
+    for (int c = 0; c < ctas; ++c) {
+      const long long lo = kv_stream_begin(w, c), hi = kv_stream_begin(w, c + 1);
+      CHECK(hi - lo == blocks / ctas || hi - lo == blocks / ctas + 1) << "CTA " << c << " takes " << hi - lo;
+      long long next = lo;
+      for (int j = 0;; ++j) {
+        const KvStreamFragment f = kv_stream_fragment(w, c, j);
+        if (!f.valid) break;
+        CHECK(f.tile >= 0 && f.tile < tiles && f.begin >= 0 && f.begin < f.end && f.end <= tile_blocks)
+            << "fragment " << j << " of CTA " << c;
+        CHECK(1LL * f.tile * tile_blocks + f.begin == next) << "fragment " << j << " of CTA " << c << " skips blocks";
+        next = 1LL * f.tile * tile_blocks + f.end;
+        for (int b = f.begin; b < f.end; ++b) ++seen[1LL * f.tile * tile_blocks + b];
+        by_tile[f.tile].push_back({f.begin, f.slot});
+        CHECK(kv_stream_cta(w, 1LL * f.tile * tile_blocks + f.begin) == c);
+      }
+      CHECK(next == hi) << "CTA " << c << " stops at " << next << " of " << hi;
+    }
+    for (long long b = 0; b < blocks; ++b) CHECK(seen[b] == 1) << "block " << b << " met " << seen[b] << " times";
+    for (int u = 0; u < tiles; ++u) {
+      const KvStreamShare share = kv_stream_share(w, u);
+      CHECK(share.count == static_cast<int>(by_tile[u].size()) && share.count <= w.stream_slots) << "tile " << u;
+      if (share.count == 1) {
+        CHECK(by_tile[u][0].second == -1) << "tile " << u << " is whole but has a slot";
+        continue;
+      }
+      for (int k = 0; k < share.count; ++k)
+        CHECK(by_tile[u][k].second == u * w.stream_slots + k) << "tile " << u << " state " << k;
+      for (int k = 1; k < share.count; ++k) CHECK(by_tile[u][k].first > by_tile[u][k - 1].first);
+    }
+  }
+  // With lengths: each tile's fragments visit its sequence's key tiles once (a decode step: one
+  // position a tile, chunks of packed heads).
+  for (int trial = 0; trial < 100; ++trial) {
+    const int batch = 1 + static_cast<int>(rng() % 9), chunks = 1 + static_cast<int>(rng() % 8), block_n = 128;
+    std::vector<int> lens(batch);
+    for (int& l : lens) l = static_cast<int>(rng() % 9000);
+    KvCacheWork w;
+    w.cache_seqlens = lens.data(), w.capacity = 8192;
+    const TileGrid grid{1, chunks, batch, 1};
+    const int tiles = chunks * batch, tile_blocks = ceil_div(w.capacity, block_n), ctas = 1 + static_cast<int>(rng() % 140);
+    if (1LL * tiles * tile_blocks < 2LL * ctas) continue;
+    w.stream_blocks = tiles * tile_blocks, w.stream_ctas = ctas, w.stream_tile_blocks = tile_blocks;
+    w.stream_slots = kv_stream_slots(w.stream_blocks, ctas, tile_blocks);
+    std::vector<int> visits(1LL * tiles * tile_blocks, 0);
+    for (int c = 0; c < ctas; ++c)
+      for (int j = 0;; ++j) {
+        const KvStreamPiece sp = kv_stream_piece(c, j, w, grid, 1, block_n, 1);
+        if (!sp.valid) break;
+        const WorkTile t = sp.piece.tile;
+        const int u = (t.batch * chunks + t.head) * grid.m_blocks + t.m_block;
+        CHECK(sp.piece.seqlen_k == kv_cache_keys(w, t.batch));
+        for (int n = sp.piece.n_end - sp.piece.n_tiles; n < sp.piece.n_end; ++n) ++visits[1LL * u * tile_blocks + n];
+      }
+    for (int u = 0; u < tiles; ++u) {
+      const int want = ceil_div(kv_cache_keys(w, u / chunks), block_n);
+      for (int n = 0; n < tile_blocks; ++n)
+        CHECK(visits[1LL * u * tile_blocks + n] == (n < want ? 1 : 0)) << "tile " << u << " key tile " << n;
+    }
+  }
+}
+
 // Issue 18: in the batch-invariant mode a tile's pieces are chunks of its own key range, fixed
 // by that range alone: the same non-empty pieces, in the same order, whatever the launch's split
 // count (the batch's longest sequence sets it), then empty ones; and the launch's count always
