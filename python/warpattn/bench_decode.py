@@ -32,6 +32,10 @@ What each figure is:
                   with enable_gqa (or K and V repeated to Hq heads beforehand, said in the
                   record, when the backend refuses GQA); no per-sequence lengths (full caches).
   flash           SDPA's FLASH_ATTENTION backend (FlashAttention-2) likewise, where it runs.
+  fa3, fa3_paged  (--fa3 DIR: the folder holding FlashAttention-3's flash_attn_interface, e.g. a
+                  bundle built by ../shared/fa3's build.sh with FA3_PROFILE=serving, .fa3/hopper)
+                  FlashAttention-3's flash_attn_with_kvcache on the same dense and paged caches,
+                  with the lengths, its split and GQA packing choices its own.
 Effective bandwidth = (bytes of K and V read + Q + out) / time, against the device copy rate of
 the same run (a large device-to-device copy: bytes read + written per second); the issue's bar
 is 0.85 of it for caches of 64 MB or more. Host cost: a tight loop of --host-calls calls at a
@@ -76,6 +80,8 @@ def parse_args(argv):
     p.add_argument("--splits", default="0", metavar="N[,N...]",
                    help="num_splits values to time warpattn's dense cache at (0: its own choice; e.g. 0,1,2,4,8 to "
                    "see how default_splits chose), each as warpattn_s<N> beside warpattn")
+    p.add_argument("--fa3", default=None, metavar="DIR",
+                   help="time FlashAttention-3's flash_attn_with_kvcache too (DIR holds flash_attn_interface)")
     p.add_argument("--fp8", action="store_true",
                    help="also time the E4M3 cache (warpattn_fp8, warpattn_fp8_paged) and report its accuracy")
     p.add_argument("--batch-invariant", action="store_true",
@@ -209,6 +215,15 @@ def bench_point(torch, warpattn, timer, p, args, gen):
         runs["warpattn_fp8_paged"] = lambda: warpattn.flash_attn_with_kvcache(
             q, f8p.k_cache, f8p.v_cache, cache_seqlens=lens, block_table=table, k_descale=f8p.k_descale,
             v_descale=f8p.v_descale, out=out_fp8_paged)
+    if args.fa3_module is not None:  # FlashAttention-3's own entry, its outputs kept for the check
+        fa3, fa3_out = args.fa3_module, {}
+
+        def fa3_run(name, k_cache, v_cache, **kw):
+            def run():
+                fa3_out[name] = fa3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, **kw)
+            return run
+        runs["fa3"] = fa3_run("fa3", k, v)
+        runs["fa3_paged"] = fa3_run("fa3_paged", kp, vp, page_table=table)
     from torch.nn.attention import SDPBackend
     reference = None
     for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
@@ -219,7 +234,7 @@ def bench_point(torch, warpattn, timer, p, args, gen):
                 reference = first
         except RuntimeError as e:
             results[name] = {"error": str(e)}
-    for name in [n for n in runs if n.startswith("warpattn")]:
+    for name in [n for n in runs if n.startswith(("warpattn", "fa3"))]:
         try:
             runs[name]()
             torch.cuda.synchronize()
@@ -241,6 +256,8 @@ def bench_point(torch, warpattn, timer, p, args, gen):
             outs.append(("warpattn_invariant", out_invariant))
         if args.fp8:
             outs += [("warpattn_fp8", out_fp8), ("warpattn_fp8_paged", out_fp8_paged)]
+        if args.fa3_module is not None:
+            outs += [(name, o) for name, o in fa3_out.items()]
         for name, o in outs:
             if name in times:
                 results[name]["rel_l2_vs_sdpa"] = rel_l2(torch, o, reference)
@@ -286,6 +303,15 @@ def main(argv=None):
 
     if not torch.cuda.is_available():
         sys.exit("bench_decode: no CUDA device visible to PyTorch")
+    args.fa3_module = None
+    if args.fa3:
+        sys.path.insert(0, os.path.abspath(args.fa3))
+        try:
+            import flash_attn_interface
+            args.fa3_module = flash_attn_interface
+        except ImportError as e:
+            print("bench_decode: --fa3 %s: not importable (%s); FlashAttention-3 left out" % (args.fa3, e),
+                  file=sys.stderr, flush=True)
     timer, method = make_timer(torch, args.warmup_ms, args.rep_ms, clean_l2=args.clean_l2)
     gen = torch.Generator().manual_seed(0)
     rate = copy_rate(torch, timer)
