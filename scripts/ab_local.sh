@@ -58,6 +58,8 @@ case "${1:-}" in
     OUT=${OUT:-gpu-out}
     mkdir -p "$OUT"
     tar xzf "$pack/libs.tgz" || exit 1
+    # (the packages' Python from this tree: only their compiled parts come from the pack)
+    for d in build-ab-pkgs/pkg-*/warpattn; do [ -d "$d" ] && cp python/warpattn/*.py "$d/"; done
     nvidia-smi --query-gpu=name,power.limit --format=csv,noheader 2>/dev/null || true
     for pass in $(seq 1 "${PASSES:-3}"); do
       for name in $(cat "$pack/names"); do
