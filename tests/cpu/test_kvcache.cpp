@@ -887,6 +887,9 @@ TEST(kvcache_stream_k_fragments_cover_each_block_once) {
       CHECK(next == hi) << "CTA " << c << " stops at " << next << " of " << hi;
     }
     for (long long b = 0; b < blocks; ++b) CHECK(seen[b] == 1) << "block " << b << " met " << seen[b] << " times";
+    bool cut = false;
+    for (int u = 0; u < tiles; ++u) cut = cut || kv_stream_share(w, u).count > 1;
+    CHECK(kv_stream_cuts_tiles(w) == cut) << tiles << " tiles of " << tile_blocks << " over " << ctas;
     for (int u = 0; u < tiles; ++u) {
       const KvStreamShare share = kv_stream_share(w, u);
       CHECK(share.count == static_cast<int>(by_tile[u].size()) && share.count <= w.stream_slots) << "tile " << u;

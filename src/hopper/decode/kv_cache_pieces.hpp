@@ -56,6 +56,11 @@ WARPATTN_HOST_DEVICE KvStreamShare kv_stream_share(const KvCacheWork& w, int u) 
   const int first = kv_stream_cta(w, begin);
   return {first, kv_stream_cta(w, begin + w.stream_tile_blocks - 1) - first + 1};
 }
+// Whether any tile is cut among CTAs (the combine is needed): unless every CTA's range is the
+// same whole number of tiles.
+WARPATTN_HOST_DEVICE bool kv_stream_cuts_tiles(const KvCacheWork& w) {
+  return w.stream_blocks % w.stream_ctas != 0 || w.stream_blocks / w.stream_ctas % w.stream_tile_blocks != 0;
+}
 // The most CTAs any tile is cut among (KvCacheWork::stream_slots): a tile spans at most
 // ceil(tile_blocks / shortest range) ranges, and one more where it starts inside one.
 WARPATTN_HOST_DEVICE int kv_stream_slots(int blocks, int ctas, int tile_blocks) {

@@ -180,7 +180,7 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   if constexpr (Cfg::kStreamK) {
     if (num_splits == 0 && !p.batch_invariant && kvcache_stream_k(work, tiles, ceil_div(params.seqlen_k, Cfg::kBlockN),
                                                                   multiprocessor_count(), PartialState<Cfg>::kSlotBytes)) {
-      combined = work.stream_blocks % work.stream_ctas != 0 || work.stream_blocks / work.stream_ctas % work.stream_tile_blocks != 0;
+      combined = kv_stream_cuts_tiles(work);
       partial_slots = combined ? tiles * work.stream_slots : 0;
     }
   }
