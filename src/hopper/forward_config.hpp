@@ -5,15 +5,6 @@
 #include <cstdint>
 #include <type_traits>
 
-// WARPATTN_TUNE_KV_STREAM_K=1: a KV-cache launch that would split its tiles' keys cuts the whole
-// launch's key blocks evenly over one CTA a SM instead (stream-K, LeanAttention's decomposition,
-// which cuDNN's decode reduction is named after: decode/kv_cache_pieces.hpp's kv_stream_fragment),
-// so every SM streams the same bytes, where 64 tiles in two splits leave 4 of an H100's 132 idle.
-// Not in the banded kernels, at d = 512, nor in the batch-invariant mode. Built for an A/B
-// (docs/pending/README.md), off until measured.
-#ifndef WARPATTN_TUNE_KV_STREAM_K
-#define WARPATTN_TUNE_KV_STREAM_K 0
-#endif
 // An E4M3 cache step's first key tiles loaded before its Q quantisation has finished
 // (docs/decode-fp8-cache-design.md, "K and V before the wait"): the attention is launched as that
 // kernel's programmatic dependent, and today every thread waits for it before anything is
@@ -67,7 +58,6 @@ struct ForwardConfig {
   static constexpr bool kVarlen = false;  // VarlenConfig: packed variable-length batches
   static constexpr bool kKvCache = false;  // KvCacheConfig: each sequence's own KV cache
   static constexpr bool kEarlyKv = false;  // KvCacheConfig over an E4M3 cache
-  static constexpr bool kStreamK = false;  // KvCacheConfig: WARPATTN_TUNE_KV_STREAM_K
   // FP8's Vᵀ tile in 16-key slices (KvCacheConfig over an E4M3 cache) instead of one 128-byte
   // swizzled panel row per head-dim row: see KvCacheConfig.
   static constexpr bool kVtSlices = false;
@@ -171,7 +161,6 @@ struct KvCacheConfig : VarlenConfig<Base> {
   static constexpr bool kKvCache = true;
   static constexpr bool kVtSlices = Base::kFp8;
   static constexpr bool kEarlyKv = Base::kFp8 && WARPATTN_TUNE_KVCACHE_FP8_EARLY_KV >= 1;
-  static constexpr bool kStreamK = WARPATTN_TUNE_KV_STREAM_K && !Base::kCausal && !Base::kSplitHeadDim;
   // Not at FP8's d = 256: the KV-cache producer (page look-ups, the pieces' enumeration) spilled
   // 128-132 bytes in the 24 registers that kernel leaves it (kWideConsumers: consumers of 240),
   // and its consumers 48-116 bytes in 232 with a producer of 40 (2026-12-02).

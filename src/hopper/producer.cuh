@@ -142,21 +142,8 @@ template <class Cfg>
 __device__ __forceinline__ ScheduledTile schedule_tile(const TileChooser& chooser, const ForwardParams& params) {
   constexpr ScheduledTile kEnd{-1, 0, 0, 0, 0, -1, 0, 0, 0, 0};
   if constexpr (Cfg::kKvCache) {  // a piece of a tile (kv_cache_pieces.hpp); its slot: the piece's index when split
-    const TileGrid grid{params.m_blocks, params.heads_q, params.batch, 1};
-    if constexpr (Cfg::kStreamK) {
-      // This CTA's next fragment of its even share. Without a tile counter the chooser's first
-      // advance counts a round and puts its tile past the whole ones (the grid: kv_work.pieces),
-      // each later one a piece: round + piece is the fragments taken so far.
-      if (params.kv_work.stream_ctas > 0) {
-        const KvStreamPiece sp = kv_stream_piece(static_cast<int>(blockIdx.x), chooser.round + chooser.piece,
-                                                 params.kv_work, grid, params.packing.positions, Cfg::kBlockN,
-                                                 params.seqlen_q);
-        if (!sp.valid) return kEnd;
-        return {sp.piece.tile.m_block, sp.piece.tile.head, sp.piece.tile.batch, sp.piece.n_tiles, sp.piece.n_end,
-                sp.slot, 0, params.seqlen_q, 0, sp.piece.seqlen_k};
-      }
-    }
     if (chooser.tile >= chooser.whole) return kEnd;
+    const TileGrid grid{params.m_blocks, params.heads_q, params.batch, 1};
     const KvCachePiece pc = kv_cache_piece(chooser.tile, params.kv_work, grid, params.packing.positions, Cfg::kBlockN,
                                            params.seqlen_q, Cfg::kCausal ? params.band : KeyBand{});
     return {pc.tile.m_block, pc.tile.head, pc.tile.batch, pc.n_tiles, pc.n_end,

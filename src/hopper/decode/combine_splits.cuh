@@ -101,19 +101,10 @@ __global__ void __launch_bounds__(128) combine_kvcache_splits_kernel(const __gri
   const int thread = static_cast<int>(threadIdx.x);
   const FragmentCoords f(thread);
   const int first_position = w.m_block * params.packing.positions, seqlen_q = params.seqlen_q;
-  // State k of the tile: piece k's, the part that holds this CTA's rows and columns. (Stream-K:
-  // the tile's fragments' states, from slot tile x stream_slots; a tile in one fragment was
-  // written out whole by the attention.)
-  int states = splits, first_slot = tile * splits;
-  if constexpr (Cfg::kStreamK) {
-    if (params.kv_work.stream_ctas > 0) {
-      states = kv_stream_share(params.kv_work, tile).count;
-      if (states == 1) return;
-      first_slot = tile * params.kv_work.stream_slots;
-    }
-  }
+  // State k of the tile: piece k's, the part that holds this CTA's rows and columns.
+  const int states = splits;
   auto state = [&](int k) {
-    return PartialState<Cfg>(params, first_slot + k, Cfg::kSharedRows ? shared.part : warpgroup, thread);
+    return PartialState<Cfg>(params, tile * splits + k, Cfg::kSharedRows ? shared.part : warpgroup, thread);
   };
   float o[kCombineSliceCols / 2];
 #pragma unroll

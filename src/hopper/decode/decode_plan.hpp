@@ -203,11 +203,6 @@ struct KvCacheWork {
   int appended = 0, capacity = 0, splits = 1, pieces = 0;
   int chunk_keys = 0;
   int max_chunks = kMaxDecodeSplits;  // with chunk_keys: invariant_max_chunks
-  // Stream-K instead of splits (stream_ctas > 0; kv_cache_pieces.hpp's kv_stream_fragment): the
-  // launch's stream_blocks key blocks, tile after tile at stream_tile_blocks each (the
-  // capacity's), cut evenly over stream_ctas CTAs; a tile cut among several keeps its partial
-  // states in slots tile x stream_slots onwards.
-  int stream_blocks = 0, stream_ctas = 0, stream_tile_blocks = 0, stream_slots = 0;
 };
 WARPATTN_HOST_DEVICE int kv_cache_keys(const KvCacheWork& w, int batch) {
   int cached = w.capacity;

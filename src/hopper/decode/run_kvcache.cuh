@@ -48,23 +48,6 @@ inline KvCacheSplits kvcache_splits(int num_splits, long long tiles, long long t
   return {splits, 0, kMaxDecodeSplits};
 }
 
-// Stream-K over the SMs (a kernel with Cfg::kStreamK: forward_config.hpp's WARPATTN_TUNE_KV_STREAM_K):
-// the launch's key blocks at the capacity's tile_blocks a tile, cut evenly over one CTA a SM,
-// where there are at least two blocks a CTA and the tiles' partial states fit the workspace's
-// limits; sets work's stream fields, splits 1 and pieces (the grid) to the CTAs. False: work
-// unchanged.
-inline bool kvcache_stream_k(KvCacheWork& work, long long tiles, int tile_blocks, int ctas, size_t slot_bytes) {
-  const long long blocks = tiles * tile_blocks;
-  // (kv_cache_pieces.hpp's arithmetic is 32-bit: blocks x (ctas + 1) below 2^31)
-  if (ctas <= 0 || blocks < 2LL * ctas || blocks * (ctas + 1) >= (1LL << 31)) return false;
-  const int slots = kv_stream_slots(static_cast<int>(blocks), ctas, tile_blocks);
-  if (!kvcache_splits_fit(tiles, slots, slot_bytes)) return false;
-  work.stream_blocks = static_cast<int>(blocks), work.stream_ctas = ctas, work.stream_tile_blocks = tile_blocks;
-  work.stream_slots = slots;
-  work.splits = 1, work.pieces = ctas;
-  return true;
-}
-
 // WARPATTN_TUNE_KV_EVICT_FIRST: -1 (the default) the rule below, 0 never, 1 always (for an A/B).
 #ifndef WARPATTN_TUNE_KV_EVICT_FIRST
 #define WARPATTN_TUNE_KV_EVICT_FIRST -1
@@ -175,19 +158,10 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
                                                                    tile_rows, memory_bandwidth_gbps()));
   work.splits = splits.splits, work.chunk_keys = splits.chunk_keys, work.max_chunks = splits.max_chunks;
   work.pieces = static_cast<int>(tiles * work.splits);
-  bool combined = work.splits > 1;
-  long long partial_slots = combined ? work.pieces : 0;
-  if constexpr (Cfg::kStreamK) {
-    if (num_splits == 0 && !p.batch_invariant && kvcache_stream_k(work, tiles, ceil_div(params.seqlen_k, Cfg::kBlockN),
-                                                                  multiprocessor_count(), PartialState<Cfg>::kSlotBytes)) {
-      combined = kv_stream_cuts_tiles(work);
-      partial_slots = combined ? tiles * work.stream_slots : 0;
-    }
-  }
   params.kv_work = work;
-  SchedulerWorkspace ws(stream, static_cast<size_t>(partial_slots) * PartialState<Cfg>::kSlotBytes);
-  // (stream-K: each CTA walks its own share, no counter)
-  params.tile_counter = work.stream_ctas > 0 ? nullptr : ws.tile_counter();
+  const bool combined = work.splits > 1;
+  SchedulerWorkspace ws(stream, combined ? static_cast<size_t>(work.pieces) * PartialState<Cfg>::kSlotBytes : 0);
+  params.tile_counter = ws.tile_counter();
   params.partials = ws.partials();
   if (append != nullptr) {
     if constexpr (Cfg::kFp8)
