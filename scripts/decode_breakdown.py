@@ -12,6 +12,8 @@ launch can overlap the previous call's tail), per call, for each traced library.
 traces each a second time after a flush that leaves the L2 full of clean lines (and the forced
 splits after it only). --launch-config prints each traced kernel's launch (grid, block, registers,
 shared memory, blocks a SM) from the profiler's exported trace: cuDNN's among them.
+--calls-only N calls each N times and nothing else, for ncu (its replays flush and invalidate the
+L2: each kernel alone from a clean one).
 """
 import argparse
 
@@ -75,6 +77,8 @@ def main():
     ap.add_argument("--launch-config", action="store_true", help="print each traced kernel's launch")
     ap.add_argument("--clean-flush", action="store_true",
                     help="also trace each after a flush that leaves the L2 clean (bench.kernel_trace's clean)")
+    ap.add_argument("--calls-only", type=int, default=0, metavar="N",
+                    help="only call each traced implementation N times, nothing else (under ncu)")
     args = ap.parse_args()
     timer, _ = make_timer(torch, 25, 100, clean_l2=args.clean_flush)
     torch.manual_seed(0)
@@ -90,13 +94,22 @@ def main():
         if args.cudnn:
             from torch.nn.attention import SDPBackend
             traced["cudnn"] = sdpa_runner(torch, SDPBackend.CUDNN_ATTENTION, q, k, v)[0]
+        if args.calls_only:
+            for kind, fn in traced.items():
+                for _ in range(args.calls_only):
+                    fn()
+            torch.cuda.synchronize()
+            continue
         for kind, fn in traced.items():
             for clean in (False, True) if args.clean_flush else (False,):
-                per_kernel, span = kernel_trace(torch, fn, clean=clean)
+                timeline = {}
+                per_kernel, span = kernel_trace(torch, fn, clean=clean, timeline=timeline)
                 print("%s %s%s: a call's kernels span %.1f us (median of 20)" % (
                     name, kind, " (clean L2)" if clean else "", span))
                 for n, t in sorted(per_kernel.items(), key=lambda x: -x[1]):
-                    print("    %7.1f us  %s" % (t, n))
+                    # (from / to: us after the flush's last kernel ended; a programmatic
+                    # dependent may start before it)
+                    print("    %7.1f us  from %6.1f to %6.1f  %s" % (t, *timeline[n], n))
             if args.launch_config:
                 for n, launch in launch_configs(fn).items():
                     print("    launch %s: %s" % (n, launch))

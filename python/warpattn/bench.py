@@ -435,7 +435,7 @@ def host_us_per_call(torch, fns, calls=2000, passes=5):
     return {name: statistics.median(v) for name, v in per.items()}
 
 
-def kernel_trace(torch, fn, calls=20, clean=False):
+def kernel_trace(torch, fn, calls=20, clean=False, timeline=None):
     """Per kernel name (its first 60 characters): the median duration (us); and the median span
     of a call (first kernel's start to last kernel's end, us), from torch.profiler's CUDA events,
     the L2 flushed before each call by a bitwise-not of 256 MB, whose kernel marks where each call
@@ -443,7 +443,9 @@ def kernel_trace(torch, fn, calls=20, clean=False):
     clean: then a read of another 256 MB (a max, whose reduce kernel marks the call instead; the
     bitwise-not and the max's memset are left out), so that the call finds the L2 full of clean
     lines rather than the ~L2 of dirty ones the bitwise-not (like do_bench's memset) leaves,
-    whose write-back would share its DRAM time."""
+    whose write-back would share its DRAM time.
+    timeline: a dict, filled per kernel name with the median (start, end) in us after the flush's
+    last kernel ended (a kernel launched as a programmatic dependent may start before it)."""
     flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
     reread = torch.zeros_like(flush) if clean else None
     marker, skipped = ("reduce_kernel", ("bitwise_not", "Memset")) if clean else ("bitwise_not", ())
@@ -461,22 +463,27 @@ def kernel_trace(torch, fn, calls=20, clean=False):
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     events.sort(key=lambda e: e.time_range.start)
     # A call: the kernels after each flush, up to the next flush.
-    calls_k, current = [], None
+    calls_k, current, flush_ends = [], None, []
     for e in events:
         if any(m in e.name for m in skipped):
             continue
         if marker in e.name:
             current = []
             calls_k.append(current)
+            flush_ends.append(e.time_range.end)
         elif current is not None:
             current.append(e)
-    durations, spans = {}, []
-    for ks in calls_k:
+    durations, spans, offsets = {}, [], {}
+    for ks, flushed in zip(calls_k, flush_ends):
         if not ks:
             continue
         spans.append(ks[-1].time_range.end - ks[0].time_range.start)
         for e in ks:
             durations.setdefault(e.name[:60], []).append(e.time_range.end - e.time_range.start)
+            offsets.setdefault(e.name[:60], []).append((e.time_range.start - flushed, e.time_range.end - flushed))
+    if timeline is not None:
+        for n, se in offsets.items():
+            timeline[n] = (statistics.median(a for a, _ in se), statistics.median(b for _, b in se))
     return {n: statistics.median(t) for n, t in durations.items()}, statistics.median(spans) if spans else 0.0
 
 
