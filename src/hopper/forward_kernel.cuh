@@ -123,6 +123,8 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
         t.k_block0 = static_cast<int>(varlen_row0(w.k_offset, w.batch) / Cfg::kDescaleRows);
       }
       ptx::mbarrier_wait(ptx::smem_addr(&ss.q_full[qs.stage]), qs.phase);
+      if constexpr (Cfg::kKvCache)
+        if (i == 0 && threadIdx.x == 128) trace_kv(params, kTraceQArrived);
       if constexpr (!kWarpgroupKeyTiles<Cfg>) {
         const ConsumerTile<Cfg> tile(ss, params, t);
         run_tile(tile, tile_sees_few_keys<Cfg>(w, params, seqlen_q, seqlen_k), o, softmax);
@@ -179,6 +181,8 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
     store_output<Cfg>(o, lse, params, f, warpgroup, w.m_block, w.head, w.batch, w.q_offset, seqlen_q);
   }
   turns.finish();
+  if constexpr (Cfg::kKvCache)
+    if (threadIdx.x % 128 == 0) trace_kv(params, kTraceConsumerDone + warpgroup);
 }
 
 template <class Cfg>
@@ -194,7 +198,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // A KV-cache launch's combine (when its keys are split) may be scheduled from here on: it
   // waits for this grid's end itself (dependent_launch.cuh), and cannot take an SM before a CTA
   // of this persistent grid leaves one.
-  if constexpr (Cfg::kKvCache) ptx::allow_dependent_launch();
+  if constexpr (Cfg::kKvCache) {
+    if (threadIdx.x == 0) trace_kv(params, kTraceEntry);
+    ptx::allow_dependent_launch();
+  }
   int issuers = 1;
   if constexpr (Cfg::kKvCache) issuers = cache_issuers(params.kv_pages);
   if (threadIdx.x == 0) init_barriers(ss, issuers);
@@ -206,6 +213,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // and the consumers wait, below; the append ran before the quantisation).
   if constexpr (Cfg::kKvCache && !Cfg::kEarlyKv) ptx::wait_for_preceding_grid();
   __syncthreads();  // the last CTA-wide barrier: roles split below
+  if constexpr (Cfg::kKvCache)
+    if (threadIdx.x == 0) trace_kv(params, kTraceReady);
 
   // Broadcast from lane 0 so that ptxas knows the value is the same in the whole warp: what
   // depends on it (the Q rows' descriptor, ...) can then live in uniform registers.

@@ -70,6 +70,9 @@ struct ForwardParams {
   GqaPacking packing;
   // ... and its pieces of work (kv_cache_pieces.hpp): the lengths, the split count, the total.
   KvCacheWork kv_work;
+#if WARPATTN_TRACE_KV
+  unsigned long long* kv_trace = nullptr;  // decode/kv_trace.cuh (measurement builds only)
+#endif
 };
 
 }  // namespace warpattn::detail

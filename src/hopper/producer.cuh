@@ -16,6 +16,7 @@
 #include "hopper/backward/workspace.hpp"
 #include "hopper/varlen/varlen_tiles.hpp"  // the work list walked by varlen launches
 #include "hopper/decode/kv_cache_pieces.hpp"  // ... and by KV-cache launches
+#include "hopper/decode/kv_trace.cuh"
 
 namespace warpattn::detail {
 
@@ -230,6 +231,8 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
       // The first K tile can go into a ring slot freed during the previous tile; Q must wait
       // until both consumers' last S GEMM of the tile that used its buffer has read it.
       stream.k(0);
+      if constexpr (Cfg::kKvCache)
+        if (i == 0) trace_kv(params, kTraceFirstLoad);
       if constexpr (Cfg::kEarlyKv) {
         if (kv == 0) {
           // The CTA's first tile with keys (kv is 0 until then): every ring slot is still free,
@@ -254,9 +257,12 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
     chooser.advance<!Cfg::kCausal>(params);
     const ScheduledTile next = schedule_tile<Cfg>(chooser, params);
     ss.tiles.publish(i + 1, next);
+    if constexpr (Cfg::kKvCache)
+      if (i == 0) trace_kv(params, kTraceFirstPublish);
     if (n_tiles > 0) {
       for (int it = it0; it < n_tiles; ++it) stream.step(it);
       stream.v(n_tiles - 1);
+      if constexpr (Cfg::kKvCache) trace_kv(params, kTraceLastLoad);
       kv += n_tiles;
       ++q_iter;
     }

@@ -27,6 +27,7 @@
 
 #include "hopper/decode/combine_slices.hpp"
 #include "hopper/decode/kv_cache_pieces.hpp"
+#include "hopper/decode/kv_trace.cuh"
 #include "hopper/epilogue.cuh"
 #include "hopper/forward_params.hpp"
 #include "hopper/ptx/grid_dependency.cuh"
@@ -87,7 +88,9 @@ template <class Cfg>
 __global__ void __launch_bounds__(128) combine_kvcache_splits_kernel(const __grid_constant__ ForwardParams params) {
   // Launched as the attention's dependent (dependent_launch.cuh): its partial states are
   // complete and visible only past this wait.
+  trace_combine(params, kTraceCombineEntry);
   ptx::wait_for_preceding_grid();
+  trace_combine(params, kTraceCombineReady);
   constexpr int kSliceGroups = kCombineSliceCols / 8;
   const int tile = static_cast<int>(blockIdx.x), splits = params.kv_work.splits;
   const WorkTile w = tile_coords(tile, TileGrid{params.m_blocks, params.heads_q, params.batch, 1});
@@ -146,6 +149,7 @@ __global__ void __launch_bounds__(128) combine_kvcache_splits_kernel(const __gri
   s.finalize_rows(o, lse, sink_log2[0], sink_log2[1]);
   store_packed_output<Cfg, kCombineSliceCols>(o, lse, params, f, warpgroup, first_position, w.head, w.batch, seqlen_q,
                                               slice * kCombineSliceCols);
+  trace_combine(params, kTraceCombineDone);
 }
 
 }  // namespace warpattn::detail

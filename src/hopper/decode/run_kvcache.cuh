@@ -5,6 +5,8 @@
 // combine of split keys.
 #pragma once
 
+#include <cstdlib>
+
 #include "hopper/decode/append_kv.hpp"
 #include "hopper/decode/combine_splits.cuh"
 #include "hopper/decode/decode_plan.hpp"
@@ -159,6 +161,10 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   work.splits = splits.splits, work.chunk_keys = splits.chunk_keys, work.max_chunks = splits.max_chunks;
   work.pieces = static_cast<int>(tiles * work.splits);
   params.kv_work = work;
+#if WARPATTN_TRACE_KV  // (decode/kv_trace.cuh: a measurement build's timeline buffer)
+  if (const char* trace = std::getenv("WARPATTN_KV_TRACE_PTR"))
+    params.kv_trace = reinterpret_cast<unsigned long long*>(std::strtoull(trace, nullptr, 0));
+#endif
   const bool combined = work.splits > 1;
   SchedulerWorkspace ws(stream, combined ? static_cast<size_t>(work.pieces) * PartialState<Cfg>::kSlotBytes : 0);
   params.tile_counter = ws.tile_counter();
