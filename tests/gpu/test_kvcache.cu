@@ -860,7 +860,8 @@ TEST(kvcache_forced_splits) {
 
 // The default split choice on decode shapes few enough tiles to split (B x Hkv well under the
 // SMs): the combine's result against the reference, and against the unsplit launch within the
-// bound.
+// bound. Also a long cache in one sequence, with one and four positions, paged too (many
+// splits of one tile).
 TEST(kvcache_default_splits_on_decode_shapes) {
   REQUIRE_HOPPER();
   std::mt19937_64 rng(parameter_seed());
@@ -870,6 +871,15 @@ TEST(kvcache_default_splits_on_decode_shapes) {
     c.cache_seqlens = random_lengths(b, c.s_cache, rng);
     c.cache_seqlens[0] = 4096;
     check_case(c);
+  }
+  for (int sq : {1, 4}) {
+    for (int page_size : {0, 256}) {
+      Case c;
+      c.heads_q = 32, c.heads_kv = 8, c.seqlen_q = sq, c.s_cache = 16384;
+      if (page_size > 0) c.page_size = page_size, c.max_pages = 16384 / page_size;
+      c.cache_seqlens = {16384 - static_cast<int>(rng() % 300)};
+      check_case(c);
+    }
   }
 }
 
