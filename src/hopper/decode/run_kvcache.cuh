@@ -50,6 +50,10 @@ inline KvCacheSplits kvcache_splits(int num_splits, long long tiles, long long t
   return {splits, 0, kMaxDecodeSplits};
 }
 
+#ifndef WARPATTN_TUNE_KV_STATIC_ONE_PIECE
+#define WARPATTN_TUNE_KV_STATIC_ONE_PIECE 0
+#endif
+
 // WARPATTN_TUNE_KV_EVICT_FIRST: -1 (the default) the rule below, 0 never, 1 always (for an A/B).
 #ifndef WARPATTN_TUNE_KV_EVICT_FIRST
 #define WARPATTN_TUNE_KV_EVICT_FIRST -1
@@ -167,7 +171,9 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
 #endif
   const bool combined = work.splits > 1;
   SchedulerWorkspace ws(stream, combined ? static_cast<size_t>(work.pieces) * PartialState<Cfg>::kSlotBytes : 0);
-  params.tile_counter = ws.tile_counter();
+  // (A/B: a grid of one piece a CTA takes them in the static order, no atomics on the counter)
+  const bool one_piece_each = WARPATTN_TUNE_KV_STATIC_ONE_PIECE && work.pieces <= multiprocessor_count();
+  params.tile_counter = one_piece_each ? nullptr : ws.tile_counter();
   params.partials = ws.partials();
   if (append != nullptr) {
     if constexpr (Cfg::kFp8)
