@@ -19,7 +19,8 @@ from decode_breakdown import POINTS, caches, step
 import warpattn
 
 SLOTS, CTAS, COMBINE_CTAS = 16, 256, 1024
-STAMPS = [("entry", 0), ("ready (waited)", 1), ("first K issued", 2), ("next tile published", 3),
+STAMPS = [("entry", 0), ("ready (waited)", 1), ("first tile known", 10), ("first K issued", 2),
+          ("next tile published", 3),
           ("Q arrived", 5), ("last V issued", 4), ("consumer 0 done", 6), ("consumer 1 done", 7)]
 
 
@@ -43,7 +44,7 @@ def one_call(fn, trace, flush, reread):
         v = sorted((c[s] - t0) / 1e3 for c in ctas if c[s] != 0)
         if v:
             row[name] = (v[0], v[len(v) // 2], v[-1])
-    for name, s in (("combine entry", 0), ("combine ready", 1), ("combine done", 2)):
+    for name, s in (("combine entry", 0), ("combine ready", 1), ("combine loaded", 3), ("combine done", 2)):
         v = sorted((c[s] - t0) / 1e3 for c in combine if c[s] != 0)
         if v:
             row[name] = (v[0], v[len(v) // 2], v[-1])
@@ -82,7 +83,7 @@ def main():
                 print("%s %s, %s: %d CTAs on %d SMs, %d combine CTAs; us after the first CTA's entry, "
                       "earliest / median / latest CTA (median of %d calls)" % (name, kind, flush_name, n, sms, nc,
                                                                               args.calls))
-                for label in [s for s, _ in STAMPS] + ["combine entry", "combine ready", "combine done",
+                for label in [s for s, _ in STAMPS] + ["combine entry", "combine ready", "combine loaded", "combine done",
                                                           "call (events)"]:
                     vals = [r[label] for r in rows if label in r]
                     if vals:

@@ -235,6 +235,7 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
   int q_iter = 0;  // Q tiles loaded so far
   TileChooser chooser(whole_tiles<Cfg>(params));
   ScheduledTile w = schedule_tile<Cfg>(chooser, params);
+  if constexpr (Cfg::kKvCache) trace_kv(params, kTraceFirstTile);
   // Only a packed batch's grid can start past its tiles (it is sized before they are counted).
   if (Cfg::kVarlen && w.is_end()) chooser.retire(params);
   ss.tiles.publish(0, w);

@@ -139,6 +139,7 @@ __global__ void __launch_bounds__(128) combine_kvcache_splits_kernel(const __gri
       s.row_max[1] = fmaxf(s.row_max[1], x.y);
     }
     batch.add(0, states, o, s);
+    trace_combine(params, kTraceCombineLoaded);
     for (int k0 = kCombineBatch; k0 < states; k0 += kCombineBatch) {
       batch.load(state, k0, states, first_group);
       batch.add(k0, states, o, s);

@@ -28,9 +28,11 @@ enum TraceStamp : int {
   kTraceQArrived = 5,        // consumer warpgroup 0, its first tile's Q in shared memory
   kTraceConsumerDone = 6,    // + warpgroup: each consumer warpgroup's end (6, 7)
   kTraceSm = 9,              // the SM it ran on
+  kTraceFirstTile = 10,      // the producer, its first tile worked out (the lengths read)
   kTraceCombineEntry = 0,    // the combine's slots
   kTraceCombineReady = 1,
   kTraceCombineDone = 2,
+  kTraceCombineLoaded = 3,   // thread 0, its first batch of states loaded and added
 };
 
 __device__ __forceinline__ void trace_kv(const ForwardParams& params, int stamp) {
