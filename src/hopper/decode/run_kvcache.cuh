@@ -171,8 +171,10 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
 #endif
   const bool combined = work.splits > 1;
   SchedulerWorkspace ws(stream, combined ? static_cast<size_t>(work.pieces) * PartialState<Cfg>::kSlotBytes : 0);
-  // (A/B: a grid of one piece a CTA takes them in the static order, no atomics on the counter)
-  const bool one_piece_each = WARPATTN_TUNE_KV_STATIC_ONE_PIECE && work.pieces <= multiprocessor_count();
+  // One persistent CTA a SM at most. (A/B: a grid of one piece a CTA takes them in the static
+  // order, no atomics on the counter.)
+  const int64_t ctas = std::min<int64_t>(work.pieces, multiprocessor_count());
+  const bool one_piece_each = WARPATTN_TUNE_KV_STATIC_ONE_PIECE && work.pieces == ctas;
   params.tile_counter = one_piece_each ? nullptr : ws.tile_counter();
   params.partials = ws.partials();
   if (append != nullptr) {
@@ -184,8 +186,7 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   if constexpr (Cfg::kFp8) quantize_cache_q(q, q8->codes.data, q8->descales, packing, stream);
   // (as the dependent of the kernel before it, the append's, the Q quantisation's or the
   // caller's: forward_kernel.cuh waits for it before reading anything)
-  launch_forward_kernel<Cfg>(std::min<int64_t>(work.pieces, multiprocessor_count()), maps, params, stream,
-                             /*dependent=*/true);
+  launch_forward_kernel<Cfg>(ctas, maps, params, stream, /*dependent=*/true);
   if (combined) {
     // Scheduled while the attention's last pieces still run (the kernel waits for them itself).
     launch_dependent(combine_kvcache_splits_kernel<Cfg>,
