@@ -24,7 +24,7 @@
 # AB_BENCH then has $PKG, the folder to put on PYTHONPATH, e.g.
 #   AB_BENCH='cd /tmp && PYTHONPATH=$PKG python3 $OLDPWD/scripts/decode_breakdown.py --points b8_4k'
 set -u -o pipefail
-pack=build-ab-pack
+pack=${PACK:-build-ab-pack}
 case "${1:-}" in
   build)
     mkdir -p "$pack" && : > "$pack/names"
