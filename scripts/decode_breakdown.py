@@ -77,6 +77,7 @@ def main():
     ap.add_argument("--launch-config", action="store_true", help="print each traced kernel's launch")
     ap.add_argument("--clean-flush", action="store_true",
                     help="also trace each after a flush that leaves the L2 clean (bench.kernel_trace's clean)")
+    ap.add_argument("--kinds", nargs="+", default=["bf16", "e4m3"], help="the caches to trace: bf16, e4m3")
     ap.add_argument("--calls-only", type=int, default=0, metavar="N",
                     help="only call each traced implementation N times, nothing else (under ncu)")
     args = ap.parse_args()
@@ -89,7 +90,11 @@ def main():
         q = torch.randn(B, p.get("Sq", 1), 32, 128, dtype=torch.bfloat16, device="cuda")
         lens = torch.full((B,), S, dtype=torch.int32, device="cuda")
         out = torch.empty_like(q)
-        kinds = {"bf16": (k, v, None), "e4m3": (k, v, warpattn.quantize_kvcache_fp8(k, v))}
+        kinds = {"bf16": (k, v, None)}
+        if "e4m3" in args.kinds:
+            kinds["e4m3"] = (k, v, warpattn.quantize_kvcache_fp8(k, v))
+        if "bf16" not in args.kinds:
+            del kinds["bf16"]
         traced = {kind: step(q, cache, lens, 0, out) for kind, cache in kinds.items()}
         if args.cudnn:
             from torch.nn.attention import SDPBackend
