@@ -23,6 +23,10 @@
 #ifndef WARPATTN_TUNE_KV_Q_FIRST
 #define WARPATTN_TUNE_KV_Q_FIRST 0
 #endif
+// A/B: a KV cache's key tiles prefetched into the L2 this many tiles ahead of the ring (0: none).
+#ifndef WARPATTN_TUNE_KV_L2_PREFETCH
+#define WARPATTN_TUNE_KV_L2_PREFETCH 0
+#endif
 
 namespace warpattn::detail {
 
@@ -34,17 +38,25 @@ namespace warpattn::detail {
 // kVt: an E4M3 cache's Vᵀ (Cfg::kVtSlices; tensor_map.hpp's make_vt_slices_tensor_map): a box is
 // box_rows / 16 slices of 16 keys x head_dim rows, landing at its keys' slices of the tile.
 // An E4M3 cache's K comes through a 1-byte panel map, whose panel is a coordinate of its own.
-template <class Cfg, bool kVt = false>
+// kL2Only: the same boxes prefetched into the L2 instead (dst and bar unused; the A/B's
+// WARPATTN_TUNE_KV_L2_PREFETCH).
+template <class Cfg, bool kVt = false, bool kL2Only = false>
 __device__ __forceinline__ void load_cache_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int n_block,
                                                 int head_kv, int batch, int seqlen_k, const KvPages& kv, int issuer,
                                                 int issuers) {
   using namespace ptx;
   constexpr int kPanelCols = Cfg::kSwizzleBytes / 2;  // 16-bit elements
   const auto load = [&](uint32_t to, int c0, int c1, int c2, int c3, int c4) {
-    if (kv.l2_evict_first)
+    if constexpr (kL2Only) {
+      if (kv.l2_evict_first)
+        tma_prefetch_5d_hint(map, l2_evict_first_policy(), c0, c1, c2, c3, c4);
+      else
+        tma_prefetch_5d(map, c0, c1, c2, c3, c4);
+    } else if (kv.l2_evict_first) {
       tma_load_5d_hint(to, map, bar, l2_evict_first_policy(), c0, c1, c2, c3, c4);
-    else
+    } else {
       tma_load_5d(to, map, bar, c0, c1, c2, c3, c4);
+    }
   };
   for (int j = issuer; j < kv.boxes; j += issuers) {
     const int row_in_tile = j * kv.box_rows;
@@ -203,6 +215,21 @@ struct TileKvStream {
     k(it);
     v(it - 1);
   }
+  // A KV cache's key tile it + WARPATTN_TUNE_KV_L2_PREFETCH (of the tile's n_tiles), K and V,
+  // into the L2 ahead of the ring (A/B: the H200's stream after a clean flush ran at ~56 GB/s a
+  // CTA on 64 CTAs, 192 KB of ring each, run 256; more bytes in flight without shared memory).
+  __device__ __forceinline__ void prefetch_ahead(int it, int n_tiles) const {
+    if constexpr (Cfg::kKvCache && WARPATTN_TUNE_KV_L2_PREFETCH > 0) {
+      const int ahead = it + WARPATTN_TUNE_KV_L2_PREFETCH;
+      if (ahead < n_tiles) {
+        const int issuers = cache_issuers(params.kv_pages);
+        load_cache_tile<Cfg, false, true>(0, tm_k, 0, n_end - 1 - ahead, head_kv, batch, seqlen_k, params.kv_pages,
+                                          issuer, issuers);
+        load_cache_tile<Cfg, Cfg::kFp8, true>(0, tm_v, 0, n_end - 1 - ahead, head_kv, batch, seqlen_k,
+                                              params.kv_pages, issuer, issuers);
+      }
+    }
+  }
 };
 
 #if WARPATTN_TUNE_KV_Q_FIRST
@@ -258,13 +285,17 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
       load_tile_q<Cfg>(ss, tm_q, params, w, batch, q_iter);
       stream.k(0);
       trace_kv(params, kTraceFirstLoad);
-      for (; it0 < n_tiles && it0 < Cfg::kStages; ++it0) stream.step(it0);
+      for (; it0 < n_tiles && it0 < Cfg::kStages; ++it0) {
+        stream.step(it0);
+        stream.prefetch_ahead(it0, n_tiles);
+      }
     } else
 #endif
     if (n_tiles > 0) {
       // The first K tile can go into a ring slot freed during the previous tile; Q must wait
       // until both consumers' last S GEMM of the tile that used its buffer has read it.
       stream.k(0);
+      stream.prefetch_ahead(0, n_tiles);
       if constexpr (Cfg::kKvCache)
         if (i == 0) trace_kv(params, kTraceFirstLoad);
       if constexpr (Cfg::kEarlyKv) {
@@ -272,7 +303,10 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
           // The CTA's first tile with keys (kv is 0 until then): every ring slot is still free,
           // so the loop's first steps go out before Q without waiting on one, in the cache
           // issuers' order; then Q, once its quantisation has finished.
-          for (; it0 < n_tiles && it0 < Cfg::kStages; ++it0) stream.step(it0);
+          for (; it0 < n_tiles && it0 < Cfg::kStages; ++it0) {
+            stream.step(it0);
+            stream.prefetch_ahead(it0, n_tiles);
+          }
           ptx::wait_for_preceding_grid();
         }
       }
@@ -294,7 +328,10 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
     if constexpr (Cfg::kKvCache)
       if (i == 0) trace_kv(params, kTraceFirstPublish);
     if (n_tiles > 0) {
-      for (int it = it0; it < n_tiles; ++it) stream.step(it);
+      for (int it = it0; it < n_tiles; ++it) {
+        stream.step(it);
+        stream.prefetch_ahead(it, n_tiles);
+      }
       stream.v(n_tiles - 1);
       if constexpr (Cfg::kKvCache) trace_kv(params, kTraceLastLoad);
       kv += n_tiles;
@@ -324,7 +361,11 @@ __device__ __forceinline__ void run_cache_issuer(SharedStorage<Cfg>& ss, const C
     if (n_tiles == 0) continue;
     const TileKvStream<Cfg> stream{ss, tm_k, tm_v, params, kv, n_end, head_kv, w.batch, 0, 0, w.seqlen_k, issuer};
     stream.k(0);
-    for (int it = 1; it < n_tiles; ++it) stream.step(it);
+    stream.prefetch_ahead(0, n_tiles);
+    for (int it = 1; it < n_tiles; ++it) {
+      stream.step(it);
+      stream.prefetch_ahead(it, n_tiles);
+    }
     stream.v(n_tiles - 1);
     kv += n_tiles;
   }
