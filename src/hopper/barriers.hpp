@@ -12,9 +12,6 @@ struct Barrier {
   // The split head dim (split_head_dim.cuh): both warpgroups have written their partial S, and
   // both have read the other's (before either writes the next tile's). Count 256.
   static constexpr int kExchangeWritten = 4, kExchangeRead = 5;
-  // A KV-cache piece's consumer warpgroup i, around its arrival on the tile's merge counter
-  // (decode/merge_last_piece.cuh): ids kMerge0 + i, count 128.
-  static constexpr int kMerge0 = 6;
 };
 
 }  // namespace warpattn::detail

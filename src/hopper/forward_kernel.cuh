@@ -5,7 +5,6 @@
 #include <cuda.h>
 
 #include "hopper/consumer.cuh"
-#include "hopper/decode/merge_last_piece.cuh"
 #include "hopper/epilogue.cuh"
 #include "hopper/forward_params.hpp"
 #include "hopper/kv_tiles.hpp"
@@ -170,10 +169,6 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
       if (w.piece >= 0) {  // a piece of the tile's keys: its partial state, for combine_kvcache_splits_kernel
         if (holds_stored_rows(warpgroup, f, first_position, w.head, params.packing, seqlen_q))
           PartialState<Cfg>(params, w.piece, warpgroup, threadIdx.x % 128).store(o, softmax);
-#if WARPATTN_TUNE_KV_MERGE_IN_KERNEL
-        if constexpr (kMergesInKernel<Cfg>)
-          if (params.kv_merge_counters != nullptr) merge_if_last_piece<Cfg>(params, w.piece, w.m_block, w.head, warpgroup);
-#endif
         continue;
       }
       float sink_log2[2];

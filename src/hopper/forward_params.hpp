@@ -7,12 +7,6 @@
 #include "hopper/kv_tiles.hpp"
 #include "hopper/split_tail.hpp"
 
-// A/B: a KV-cache launch's split tiles merged by their last piece inside the attention kernel
-// (decode/merge_last_piece.cuh) rather than by the combine kernel after it.
-#ifndef WARPATTN_TUNE_KV_MERGE_IN_KERNEL
-#define WARPATTN_TUNE_KV_MERGE_IN_KERNEL 0
-#endif
-
 namespace warpattn::detail {
 
 // FP8 descales per (batch, head, block of 128 rows/keys); strides in elements (the block
@@ -76,12 +70,6 @@ struct ForwardParams {
   GqaPacking packing;
   // ... and its pieces of work (kv_cache_pieces.hpp): the lengths, the split count, the total.
   KvCacheWork kv_work;
-#if WARPATTN_TUNE_KV_MERGE_IN_KERNEL
-  // ... and, when its split tiles are merged in the kernel (decode/merge_last_piece.cuh), their
-  // arrival counters: kConsumerWarpgroups a tile, zero at launch and left zero; null: the
-  // combine kernel merges them.
-  int* kv_merge_counters = nullptr;
-#endif
 #if WARPATTN_TRACE_KV
   unsigned long long* kv_trace = nullptr;  // decode/kv_trace.cuh (measurement builds only)
 #endif

@@ -28,7 +28,6 @@ struct Slots {
   std::mutex mutex;
   std::map<SlotKey, int*> by_key;
   std::vector<Chunk> chunks;  // by device ordinal
-  std::map<SlotKey, int*> merge_arrays;  // (merge_counters: one array a stream, made when first asked for)
 };
 
 Slots& slots() {
@@ -36,48 +35,46 @@ Slots& slots() {
   return s;
 }
 
-// `bytes` of zeroed device memory on the current device, made out of any capture's sight: the
+// A new chunk of zeroed slots on the current device, made out of any capture's sight: the
 // allocation is no stream operation, and the zeroing runs on a private non-blocking stream that
 // the host waits for (outside_capture_rules).
-int* new_zeroed(size_t bytes, const char* what) {
-  int* memory = nullptr;
+int* new_chunk() {
+  constexpr size_t kBytes = kSlotsPerChunk * kSlotInts * sizeof(int);
+  int* chunk = nullptr;
   const cudaError_t e = outside_capture_rules([&] {
     cudaStream_t zeroing = nullptr;
-    cudaError_t r = cudaMalloc(&memory, bytes);
+    cudaError_t r = cudaMalloc(&chunk, kBytes);
     if (r == cudaSuccess) r = cudaStreamCreateWithFlags(&zeroing, cudaStreamNonBlocking);
-    if (r == cudaSuccess) r = cudaMemsetAsync(memory, 0, bytes, zeroing);
+    if (r == cudaSuccess) r = cudaMemsetAsync(chunk, 0, kBytes, zeroing);
     if (r == cudaSuccess) r = cudaStreamSynchronize(zeroing);
     if (zeroing != nullptr) cudaStreamDestroy(zeroing);
     return r;
   });
-  check_cuda(e, what);
-  return memory;
-}
-
-// The key of an eager launch's slot on `stream` of `device`; none for a captured one.
-std::optional<SlotKey> slot_key(cudaStream_t stream, int device) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  check_cuda(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
-  if (capture != cudaStreamCaptureStatusNone) return std::nullopt;
-  if (stream == cudaStreamPerThread) return SlotKey{device, 1, 0, std::this_thread::get_id()};
-  unsigned long long id = 0;
-  check_cuda(cudaStreamGetId(stream, &id), "cudaStreamGetId");
-  return SlotKey{device, 0, id, std::thread::id()};
+  check_cuda(e, "scheduler counter slots: allocating and zeroing a chunk");
+  return chunk;
 }
 
 int* counter_slot(cudaStream_t stream) {
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  const std::optional<SlotKey> key = slot_key(stream, device);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
   Slots& s = slots();
   std::lock_guard<std::mutex> lock(s.mutex);
-  if (key)
+  std::optional<SlotKey> key;
+  if (capture == cudaStreamCaptureStatusNone) {
+    if (stream == cudaStreamPerThread) {
+      key = SlotKey{device, 1, 0, std::this_thread::get_id()};
+    } else {
+      unsigned long long id = 0;
+      check_cuda(cudaStreamGetId(stream, &id), "cudaStreamGetId");
+      key = SlotKey{device, 0, id, std::thread::id()};
+    }
     if (auto it = s.by_key.find(*key); it != s.by_key.end()) return it->second;
+  }
   if (device >= static_cast<int>(s.chunks.size())) s.chunks.resize(device + 1);
   Chunk& chunk = s.chunks[device];
-  if (chunk.left == 0)
-    chunk = {new_zeroed(kSlotsPerChunk * kSlotInts * sizeof(int), "scheduler counter slots: allocating and zeroing a chunk"),
-             kSlotsPerChunk};
+  if (chunk.left == 0) chunk = {new_chunk(), kSlotsPerChunk};
   int* slot = chunk.next;
   chunk.next += kSlotInts;
   --chunk.left;
@@ -85,25 +82,7 @@ int* counter_slot(cudaStream_t stream) {
   return slot;
 }
 
-int* merge_counter_array(cudaStream_t stream, int counters) {
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  const std::optional<SlotKey> key = slot_key(stream, device);
-  Slots& s = slots();
-  std::lock_guard<std::mutex> lock(s.mutex);
-  if (key)
-    if (auto it = s.merge_arrays.find(*key); it != s.merge_arrays.end()) return it->second;
-  int* array = new_zeroed(counters * sizeof(int), "merge counters: allocating and zeroing a stream's array");
-  if (key) s.merge_arrays[*key] = array;
-  return array;
-}
-
 }  // namespace
-
-int* SchedulerWorkspace::merge_counters(cudaStream_t stream, int counters) {
-  if (!merge_) merge_ = merge_counter_array(stream, counters);
-  return merge_;
-}
 
 SchedulerWorkspace::SchedulerWorkspace(cudaStream_t stream, size_t partial_bytes) : counter_(counter_slot(stream)) {
   if (partial_bytes > 0) partials_.emplace(partial_bytes, stream, "split-tail partial states");

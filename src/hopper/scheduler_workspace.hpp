@@ -13,8 +13,7 @@
 //     names a different stream in every host thread;
 //   - a launch captured into a CUDA graph gets a slot of its own, never given to anything else,
 //     because the graph may be replayed at any time beside anything.
-// Slots live for the process's life: 8 bytes per stream or captured launch (and, for a
-// KV-cache launch that merges its split tiles in the kernel, an array of merge counters). Partial states
+// Slots live for the process's life: 8 bytes per stream or captured launch. Partial states
 // are taken per launch (common/stream_memory.hpp: stream order when eager, kept memory when
 // captured).
 #pragma once
@@ -36,14 +35,9 @@ class SchedulerWorkspace {
 
   int* tile_counter() const { return counter_; }
   float* partials() const { return partials_ ? static_cast<float*>(partials_->get()) : nullptr; }
-  // `counters` zeroed ints that launches on `stream` leave zero (every launch asks for the same
-  // count): a KV-cache launch's per-tile arrival counters (decode/merge_last_piece.cuh), kept
-  // like the tile counter's slot (one array a stream, one a captured launch).
-  int* merge_counters(cudaStream_t stream, int counters);
 
  private:
   int* counter_ = nullptr;
-  int* merge_ = nullptr;
   std::optional<StreamMemory> partials_;
 };
 

@@ -84,27 +84,27 @@ struct CombineBatch {
   }
 };
 
-// Tile `tile`'s states added for one row group's rows as thread `thread` of a combine CTA holds
-// them (its FragmentCoords) and the 32 columns of `slice`, then finalized and stored. Run by a
-// whole warp whose lanes are thread % 32 (the quad sums and the store's shuffles); the combine
-// kernel's CTA runs it once, the attention kernel's in-kernel merge (decode/merge_last_piece.cuh)
-// once per (row warp, slice) it takes: the same code, so the same bits either way.
 template <class Cfg>
-__device__ __forceinline__ void combine_tile_slice(const ForwardParams& params, int tile, int row_group, int slice,
-                                                   int thread, bool trace = false) {
+__global__ void __launch_bounds__(128) combine_kvcache_splits_kernel(const __grid_constant__ ForwardParams params) {
+  // Launched as the attention's dependent (dependent_launch.cuh): its partial states are
+  // complete and visible only past this wait.
+  trace_combine(params, kTraceCombineEntry);
+  ptx::wait_for_preceding_grid();
+  trace_combine(params, kTraceCombineReady);
   constexpr int kSliceGroups = kCombineSliceCols / 8;
-  const int splits = params.kv_work.splits;
+  const int tile = static_cast<int>(blockIdx.x), splits = params.kv_work.splits;
   const WorkTile w = tile_coords(tile, TileGrid{params.m_blocks, params.heads_q, params.batch, 1});
-  // The rows, state part and columns (combine_slices.hpp): where each warpgroup has rows of its
-  // own, its rows, its part, groups from slice x 4, written out (through combine_slice those
-  // kernels' machine code changed: the same values, scheduled otherwise); where they share the
-  // rows (d = 512), rows 0-63 from the part that holds the slice's columns.
-  const int warpgroup = Cfg::kSharedRows ? 0 : row_group;
+  // The CTA's rows, state part and columns (combine_slices.hpp): where each warpgroup has rows
+  // of its own, its rows, its part, groups from slice x 4, written out (through combine_slice
+  // those kernels' machine code changed: the same values, scheduled otherwise); where they share
+  // the rows (d = 512), rows 0-63 from the part that holds the slice's columns.
+  const int warpgroup = Cfg::kSharedRows ? 0 : static_cast<int>(blockIdx.y), slice = static_cast<int>(blockIdx.z);
   constexpr CombineSlice kNone{0, 0, 0};
   const CombineSlice shared = Cfg::kSharedRows ? combine_slice(0, slice, Cfg::kOCols, true) : kNone;
+  const int thread = static_cast<int>(threadIdx.x);
   const FragmentCoords f(thread);
   const int first_position = w.m_block * params.packing.positions, seqlen_q = params.seqlen_q;
-  // State k of the tile: piece k's, the part that holds these rows and columns.
+  // State k of the tile: piece k's, the part that holds this CTA's rows and columns.
   const int states = splits;
   auto state = [&](int k) {
     return PartialState<Cfg>(params, tile * splits + k, Cfg::kSharedRows ? shared.part : warpgroup, thread);
@@ -139,7 +139,7 @@ __device__ __forceinline__ void combine_tile_slice(const ForwardParams& params, 
       s.row_max[1] = fmaxf(s.row_max[1], x.y);
     }
     batch.add(0, states, o, s);
-    if (trace) trace_combine(params, kTraceCombineLoaded);
+    trace_combine(params, kTraceCombineLoaded);
     for (int k0 = kCombineBatch; k0 < states; k0 += kCombineBatch) {
       batch.load(state, k0, states, first_group);
       batch.add(k0, states, o, s);
@@ -150,17 +150,6 @@ __device__ __forceinline__ void combine_tile_slice(const ForwardParams& params, 
   s.finalize_rows(o, lse, sink_log2[0], sink_log2[1]);
   store_packed_output<Cfg, kCombineSliceCols>(o, lse, params, f, warpgroup, first_position, w.head, w.batch, seqlen_q,
                                               slice * kCombineSliceCols);
-}
-
-template <class Cfg>
-__global__ void __launch_bounds__(128) combine_kvcache_splits_kernel(const __grid_constant__ ForwardParams params) {
-  // Launched as the attention's dependent (dependent_launch.cuh): its partial states are
-  // complete and visible only past this wait.
-  trace_combine(params, kTraceCombineEntry);
-  ptx::wait_for_preceding_grid();
-  trace_combine(params, kTraceCombineReady);
-  combine_tile_slice<Cfg>(params, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
-                          static_cast<int>(blockIdx.z), static_cast<int>(threadIdx.x), /*trace=*/true);
   trace_combine(params, kTraceCombineDone);
 }
 

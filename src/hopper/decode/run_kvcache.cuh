@@ -11,7 +11,6 @@
 #include "hopper/decode/combine_splits.cuh"
 #include "hopper/decode/decode_plan.hpp"
 #include "hopper/decode/kv_pages.hpp"
-#include "hopper/decode/merge_last_piece.cuh"
 #include "hopper/decode/quantize_cache_q.hpp"
 #include "common/stream_memory.hpp"
 #include "hopper/dependent_launch.cuh"
@@ -178,12 +177,6 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   const bool one_piece_each = WARPATTN_TUNE_KV_STATIC_ONE_PIECE && work.pieces == ctas;
   params.tile_counter = one_piece_each ? nullptr : ws.tile_counter();
   params.partials = ws.partials();
-  // (A/B: split tiles merged by their last piece in the kernel, where their counters fit.)
-  bool merged_in_kernel = false;
-#if WARPATTN_TUNE_KV_MERGE_IN_KERNEL
-  merged_in_kernel = kMergesInKernel<Cfg> && combined && tiles * Cfg::kConsumerWarpgroups <= kMergeCounters;
-  if (merged_in_kernel) params.kv_merge_counters = ws.merge_counters(stream, kMergeCounters);
-#endif
   if (append != nullptr) {
     if constexpr (Cfg::kFp8)
       append_fp8_kv(append->k, append->v, k_cache, v_cache, *fp8, work.cache_seqlens, pages, work.capacity, stream);
@@ -194,7 +187,7 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
   // (as the dependent of the kernel before it, the append's, the Q quantisation's or the
   // caller's: forward_kernel.cuh waits for it before reading anything)
   launch_forward_kernel<Cfg>(ctas, maps, params, stream, /*dependent=*/true);
-  if (combined && !merged_in_kernel) {
+  if (combined) {
     // Scheduled while the attention's last pieces still run (the kernel waits for them itself).
     launch_dependent(combine_kvcache_splits_kernel<Cfg>,
                      dim3(static_cast<unsigned>(tiles), combine_row_groups(Cfg::kConsumerWarpgroups, Cfg::kSharedRows, tile_rows),

@@ -16,14 +16,6 @@ __device__ __forceinline__ void add_release_gpu(int* p, int v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-// *p += v, returning the old value: a release of what this thread (and, through a barrier
-// before it, its CTA's threads) wrote, and an acquire of what the earlier adders released.
-__device__ __forceinline__ int fetch_add_acq_rel_gpu(int* p, int v) {
-  int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-}
-
 // Orders this thread's ordinary global accesses against its bulk copies and reductions.
 __device__ __forceinline__ void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
