@@ -215,11 +215,13 @@ struct TileKvStream {
     k(it);
     v(it - 1);
   }
-  // A KV cache's key tile it + WARPATTN_TUNE_KV_L2_PREFETCH (of the tile's n_tiles), K and V,
-  // into the L2 ahead of the ring (A/B: the H200's stream after a clean flush ran at ~56 GB/s a
-  // CTA on 64 CTAs, 192 KB of ring each, run 256; more bytes in flight without shared memory).
+  // A 16-bit KV cache's key tile it + WARPATTN_TUNE_KV_L2_PREFETCH (of the tile's n_tiles), K
+  // and V, into the L2 ahead of the ring (A/B: the H200's stream after a clean flush ran at ~56
+  // GB/s a CTA on 64 CTAs, 192 KB of ring each, run 256; more bytes in flight without shared
+  // memory). Called from the steady loop only: from the tile's first steps too, or in an E4M3
+  // cache's producer, ptxas spilled the tile chooser's next tile (4 bytes at 24 registers).
   __device__ __forceinline__ void prefetch_ahead(int it, int n_tiles) const {
-    if constexpr (Cfg::kKvCache && WARPATTN_TUNE_KV_L2_PREFETCH > 0) {
+    if constexpr (Cfg::kKvCache && !Cfg::kFp8 && WARPATTN_TUNE_KV_L2_PREFETCH > 0) {
       const int ahead = it + WARPATTN_TUNE_KV_L2_PREFETCH;
       if (ahead < n_tiles) {
         const int issuers = cache_issuers(params.kv_pages);
@@ -285,17 +287,13 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
       load_tile_q<Cfg>(ss, tm_q, params, w, batch, q_iter);
       stream.k(0);
       trace_kv(params, kTraceFirstLoad);
-      for (; it0 < n_tiles && it0 < Cfg::kStages; ++it0) {
-        stream.step(it0);
-        stream.prefetch_ahead(it0, n_tiles);
-      }
+      for (; it0 < n_tiles && it0 < Cfg::kStages; ++it0) stream.step(it0);
     } else
 #endif
     if (n_tiles > 0) {
       // The first K tile can go into a ring slot freed during the previous tile; Q must wait
       // until both consumers' last S GEMM of the tile that used its buffer has read it.
       stream.k(0);
-      stream.prefetch_ahead(0, n_tiles);
       if constexpr (Cfg::kKvCache)
         if (i == 0) trace_kv(params, kTraceFirstLoad);
       if constexpr (Cfg::kEarlyKv) {
@@ -303,10 +301,7 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
           // The CTA's first tile with keys (kv is 0 until then): every ring slot is still free,
           // so the loop's first steps go out before Q without waiting on one, in the cache
           // issuers' order; then Q, once its quantisation has finished.
-          for (; it0 < n_tiles && it0 < Cfg::kStages; ++it0) {
-            stream.step(it0);
-            stream.prefetch_ahead(it0, n_tiles);
-          }
+          for (; it0 < n_tiles && it0 < Cfg::kStages; ++it0) stream.step(it0);
           ptx::wait_for_preceding_grid();
         }
       }
