@@ -227,8 +227,8 @@ struct TileKvStream {
         const int issuers = cache_issuers(params.kv_pages);
         load_cache_tile<Cfg, false, true>(0, tm_k, 0, n_end - 1 - ahead, head_kv, batch, seqlen_k, params.kv_pages,
                                           issuer, issuers);
-        load_cache_tile<Cfg, Cfg::kFp8, true>(0, tm_v, 0, n_end - 1 - ahead, head_kv, batch, seqlen_k,
-                                              params.kv_pages, issuer, issuers);
+        load_cache_tile<Cfg, false, true>(0, tm_v, 0, n_end - 1 - ahead, head_kv, batch, seqlen_k, params.kv_pages,
+                                          issuer, issuers);
       }
     }
   }
@@ -356,7 +356,6 @@ __device__ __forceinline__ void run_cache_issuer(SharedStorage<Cfg>& ss, const C
     if (n_tiles == 0) continue;
     const TileKvStream<Cfg> stream{ss, tm_k, tm_v, params, kv, n_end, head_kv, w.batch, 0, 0, w.seqlen_k, issuer};
     stream.k(0);
-    stream.prefetch_ahead(0, n_tiles);
     for (int it = 1; it < n_tiles; ++it) {
       stream.step(it);
       stream.prefetch_ahead(it, n_tiles);
