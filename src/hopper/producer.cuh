@@ -23,6 +23,12 @@
 #ifndef WARPATTN_TUNE_KV_Q_FIRST
 #define WARPATTN_TUNE_KV_Q_FIRST 0
 #endif
+// A/B: a 16-bit KV cache's tiles, each: this many of its first steps (K, V pairs of the ring)
+// issued before the next tile's choice, whose atomics and length read (~2.7 us in run 255's
+// timeline) otherwise hold the stream after K0 and Q (0: none; the first tile alone with Q_FIRST).
+#ifndef WARPATTN_TUNE_KV_LATE_CHOICE
+#define WARPATTN_TUNE_KV_LATE_CHOICE 0
+#endif
 // A/B: a KV cache's key tiles prefetched into the L2 this many tiles ahead of the ring (0: none).
 #ifndef WARPATTN_TUNE_KV_L2_PREFETCH
 #define WARPATTN_TUNE_KV_L2_PREFETCH 0
@@ -317,6 +323,10 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
             smem_addr(ss.q[qs.stage]), tm_q, q_bar, w.q_offset + w.m_block * Cfg::kBlockM, w.head, batch);
       }
     }
+#if WARPATTN_TUNE_KV_LATE_CHOICE > 1
+    if constexpr (Cfg::kKvCache && !Cfg::kEarlyKv)
+      for (; it0 < n_tiles && it0 < WARPATTN_TUNE_KV_LATE_CHOICE; ++it0) stream.step(it0);
+#endif
     chooser.advance<!Cfg::kCausal>(params);
     const ScheduledTile next = schedule_tile<Cfg>(chooser, params);
     ss.tiles.publish(i + 1, next);
