@@ -238,6 +238,15 @@ struct TileKvStream {
       }
     }
   }
+  // The tile's steps from `from` on (the steady loop, with the L2 prefetch where the A/B asks),
+  // then its last V: what the producer and each cache issuer do once a tile's first steps are out.
+  __device__ __forceinline__ void rest(int from, int n_tiles) const {
+    for (int it = from; it < n_tiles; ++it) {
+      step(it);
+      prefetch_ahead(it, n_tiles);
+    }
+    v(n_tiles - 1);
+  }
 };
 
 #if WARPATTN_TUNE_KV_Q_FIRST
@@ -333,11 +342,7 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
     if constexpr (Cfg::kKvCache)
       if (i == 0) trace_kv(params, kTraceFirstPublish);
     if (n_tiles > 0) {
-      for (int it = it0; it < n_tiles; ++it) {
-        stream.step(it);
-        stream.prefetch_ahead(it, n_tiles);
-      }
-      stream.v(n_tiles - 1);
+      stream.rest(it0, n_tiles);
       if constexpr (Cfg::kKvCache) trace_kv(params, kTraceLastLoad);
       kv += n_tiles;
       ++q_iter;
@@ -366,11 +371,7 @@ __device__ __forceinline__ void run_cache_issuer(SharedStorage<Cfg>& ss, const C
     if (n_tiles == 0) continue;
     const TileKvStream<Cfg> stream{ss, tm_k, tm_v, params, kv, n_end, head_kv, w.batch, 0, 0, w.seqlen_k, issuer};
     stream.k(0);
-    for (int it = 1; it < n_tiles; ++it) {
-      stream.step(it);
-      stream.prefetch_ahead(it, n_tiles);
-    }
-    stream.v(n_tiles - 1);
+    stream.rest(1, n_tiles);
     kv += n_tiles;
   }
 }
