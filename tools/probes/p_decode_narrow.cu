@@ -39,9 +39,9 @@ constexpr int kD = 128, kBlockN = 128, kRows = 32, kTiles = 4, kPanelBytes = 128
 constexpr int kTileBytes = kBlockN * kD * 2;   // 32 KB: a K or V tile, 2 panels of 128 keys x 128 B
 constexpr int kQBytes = 64 * kD * 2;            // 16 KB: the wide form's 64 rows (the narrow reads 32)
 constexpr int kPtBytes = kRows * kPanelBytes;  // 4 KB: a warpgroup's Pᵀ, kRows lines of 64 keys
-// Shared memory: Q, K tiles, V tiles, Pᵀ x 2 buffers x 2 warpgroups, the max exchange [2][4][kRows], the
+// Shared memory: Q, K tiles, V tiles, Pᵀ x 2 warpgroups, the max exchange [2][4][kRows], the
 // merge [2][kD][kRows] + m, l [2][kRows].
-constexpr int kSmem = kQBytes + 2 * kTiles * kTileBytes + 4 * kPtBytes + 2 * 4 * kRows * 4 + 2 * kD * kRows * 4 +
+constexpr int kSmem = kQBytes + 2 * kTiles * kTileBytes + 2 * kPtBytes + 2 * 4 * kRows * 4 + 2 * kD * kRows * 4 +
                       4 * kRows * 4 + 1024;
 
 // Row r, column c of a tile of `rows` rows in 128-byte swizzled panels of 64 columns.
@@ -61,7 +61,7 @@ __device__ Smem carve(uint8_t* raw) {
   s.k = s.q + kQBytes;
   s.v = s.k + kTiles * kTileBytes;
   s.pt = s.v + kTiles * kTileBytes;
-  s.xmax = reinterpret_cast<float*>(s.pt + 4 * kPtBytes);
+  s.xmax = reinterpret_cast<float*>(s.pt + 2 * kPtBytes);
   s.merge_o = s.xmax + 2 * 4 * kRows;
   s.merge_m = s.merge_o + 2 * kD * kRows;
   s.merge_l = s.merge_m + 2 * kRows;
@@ -85,7 +85,8 @@ __device__ void load_tiles(const Smem& s, const Element* q, const Element* k, co
 
 // The narrow form. o_out: (kRows, kD) fp32; cycles: per warpgroup, the main loop's clock64.
 // kPipelined: Sᵀ of the next tile issued with Oᵀ of this one, its softmax under that GEMM, the
-// rescale of Oᵀ after its wait (the wide kernel's intra-warpgroup overlap); Pᵀ double-buffered.
+// rescale of Oᵀ after its wait (the wide kernel's intra-warpgroup overlap). One Pᵀ buffer a
+// warpgroup: each warp waits for the Oᵀ GEMM before the max's barrier, so none writes Pᵀ early.
 template <bool kPipelined>
 __global__ void __launch_bounds__(256) narrow(const Element* q, const Element* k, const Element* v, float scale_log2,
                                               int passes, float* o_out, long long* cycles) {
@@ -94,7 +95,7 @@ __global__ void __launch_bounds__(256) narrow(const Element* q, const Element* k
   load_tiles(s, q, k, v, true);
   const int wg = threadIdx.x / 128;
   const FragmentCoords f(threadIdx.x % 128);
-  const uint32_t q_addr = ptx::smem_addr(s.q), pt_addr = ptx::smem_addr(s.pt + wg * 2 * kPtBytes);
+  const uint32_t q_addr = ptx::smem_addr(s.q), pt_addr = ptx::smem_addr(s.pt + wg * kPtBytes);
   // Pᵀ store addresses (the backward's write_ds_transposed): lane l gives row l % 8 of matrix
   // l / 8; matrix m of k16 step kk is queries 16 kk + 8 (m / 2) .., keys 16 warp + 8 (m % 2) ..
   const int lane = threadIdx.x % 32, mat = lane / 8, mrow = lane % 8;
@@ -117,9 +118,10 @@ __global__ void __launch_bounds__(256) narrow(const Element* q, const Element* k
     issue_rows_gemm<Element, kD / 64, kBlockN, kRows, kPanelBytes>(st, k_rows, q_addr);
     ptx::wgmma_commit();
   };
-  // P (in pr) and alpha from the scores: the columns' max over the warp's 16 keys, then over the
-  // warpgroup's four warps (shared memory, one barrier).
-  auto softmax = [&]() {
+  // P (in pr) and alpha from the scores, in two halves around the barrier: the columns' max over
+  // the warp's 16 keys into shared memory; then, after the barrier (which the caller passes only
+  // once its previous Oᵀ GEMM has completed: the Pᵀ buffer is single), the four warps' max.
+  auto softmax_local = [&]() {
 #pragma unroll
     for (int j = 0; j < kRows / 8; ++j)
 #pragma unroll
@@ -130,6 +132,8 @@ __global__ void __launch_bounds__(256) narrow(const Element* q, const Element* k
         x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
         if (f.group == 0) s.xmax[(wg * 4 + f.warp) * kRows + f.col(j, c)] = x;
       }
+  };
+  auto softmax_finish = [&]() {
     ptx::named_barrier_sync(1 + wg, 128);
 #pragma unroll
     for (int j = 0; j < kRows / 8; ++j)
@@ -147,9 +151,9 @@ __global__ void __launch_bounds__(256) narrow(const Element* q, const Element* k
         l[j][c] = l[j][c] * alpha[j][c] + p0 + p1;
       }
   };
-  // Oᵀ rescaled, then Pᵀ into buffer it % 2 (one stmatrix.trans x4 per 16 queries), made
-  // visible to the wgmma of the whole warpgroup.
-  auto rescale_and_store = [&](int it) {
+  // Oᵀ rescaled, then Pᵀ into the buffer (one stmatrix.trans x4 per 16 queries), made visible
+  // to the wgmma of the whole warpgroup.
+  auto rescale_and_store = [&]() {
 #pragma unroll
     for (int j = 0; j < kRows / 8; ++j)
 #pragma unroll
@@ -160,7 +164,7 @@ __global__ void __launch_bounds__(256) narrow(const Element* q, const Element* k
     for (int kk = 0; kk < kRows / 16; ++kk) {
       uint32_t op[4];
       accumulator_step_to_operand<Element>(pr, kk, op);
-      ptx::stmatrix_x4_trans(st_addr + it % 2 * kPtBytes + kk * 16 * kPanelBytes, op[0], op[1], op[2], op[3]);
+      ptx::stmatrix_x4_trans(st_addr + kk * 16 * kPanelBytes, op[0], op[1], op[2], op[3]);
     }
     ptx::fence_proxy_async_shared();
     ptx::named_barrier_sync(1 + wg, 128);
@@ -168,7 +172,7 @@ __global__ void __launch_bounds__(256) narrow(const Element* q, const Element* k
   // Oᵀ += Vᵀ·Pᵀ: per V panel, A = its rows 64 wg .. read MN-major, +16 rows per k16 step.
   auto issue_ot = [&](int it) {
     const uint32_t v_rows = ptx::smem_addr(s.v + it % kTiles * kTileBytes) + wg * 64 * kPanelBytes;
-    const uint64_t bd = kmajor_desc<128>(pt_addr + it % 2 * kPtBytes);
+    const uint64_t bd = kmajor_desc<128>(pt_addr);
     ptx::pin(o[0]);
     ptx::pin(o[1]);
     ptx::wgmma_fence();
@@ -189,8 +193,9 @@ __global__ void __launch_bounds__(256) narrow(const Element* q, const Element* k
       issue_st(it);
       ptx::wgmma_wait<0>();
       ptx::pin(st);
-      softmax();
-      rescale_and_store(it);
+      softmax_local();
+      softmax_finish();
+      rescale_and_store();
       issue_ot(it);
       ptx::wgmma_wait<0>();
       ptx::pin(o[0]);
@@ -200,8 +205,9 @@ __global__ void __launch_bounds__(256) narrow(const Element* q, const Element* k
     issue_st(0);
     ptx::wgmma_wait<0>();
     ptx::pin(st);
-    softmax();
-    rescale_and_store(0);
+    softmax_local();
+    softmax_finish();
+    rescale_and_store();
     for (int it = 0; it < n; ++it) {
       if (it + 1 < n) {
         ptx::pin(st);
@@ -211,11 +217,12 @@ __global__ void __launch_bounds__(256) narrow(const Element* q, const Element* k
       if (it + 1 < n) {
         ptx::wgmma_wait<1>();  // Sᵀ of it + 1 done; Oᵀ of it may run
         ptx::pin(st);
-        softmax();
-        ptx::wgmma_wait<0>();
+        softmax_local();
+        ptx::wgmma_wait<0>();  // before the barrier: every warp past it, the Pᵀ buffer is free
         ptx::pin(o[0]);
         ptx::pin(o[1]);
-        rescale_and_store(it + 1);
+        softmax_finish();
+        rescale_and_store();
       } else {
         ptx::wgmma_wait<0>();
         ptx::pin(o[0]);
