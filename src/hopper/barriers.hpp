@@ -12,6 +12,9 @@ struct Barrier {
   // The split head dim (split_head_dim.cuh): both warpgroups have written their partial S, and
   // both have read the other's (before either writes the next tile's). Count 256.
   static constexpr int kExchangeWritten = 4, kExchangeRead = 5;
+  // A KV cache's few-row tile (decode/few_rows_tile.cuh): warpgroup w's own barrier (count 128:
+  // its max exchange, its Pᵀ written) at kFewRows0 + w, and both warpgroups' merge (count 256).
+  static constexpr int kFewRows0 = 6, kFewRowsMerge = 8;
 };
 
 }  // namespace warpattn::detail

@@ -5,6 +5,7 @@
 #include <cuda.h>
 
 #include "hopper/consumer.cuh"
+#include "hopper/decode/few_rows_tile.cuh"
 #include "hopper/epilogue.cuh"
 #include "hopper/forward_params.hpp"
 #include "hopper/kv_tiles.hpp"
@@ -137,21 +138,29 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
         // The warpgroup's own key tiles (not on the precise path, whose rows see few keys: rare,
         // and two turns a key tile).
         const bool few_keys = tile_sees_few_keys<Cfg>(w, params, seqlen_q, seqlen_k);
-        const WarpgroupTiles own =
-            few_keys ? WarpgroupTiles{0, n_tiles} : own_key_tiles<Cfg>(w, warpgroup, params, seqlen_q, seqlen_k);
-        skip_key_tiles<Cfg>(ss, turns, kv, own.front);
-        // (A KV cache's warpgroup takes all or none: nothing after its own, and nothing held across them.)
-        const int back = Cfg::kKvCache ? 0 : n_tiles - own.front - own.count;
-        t.n_end -= own.front, t.n_tiles = own.count, t.kv_base += own.front;
-        if (own.count > 0) {
-          run_tile(ConsumerTile<Cfg>(ss, params, t), few_keys, o, softmax);
-        } else {  // no row of this warpgroup sees a key (O = 0, lse = -inf): run's turn for its last P·V
-          release_slot(&ss.q_empty[qs.stage]);
-          turns.wait_turn();
-          turns.pass_turn();
+        // A KV cache's tile of few real rows: both warpgroups on all its keys, its rows in wgmma's N
+        // (few_rows_tile.cuh).
+        if (kFewRowsTiles<Cfg> && !few_keys &&
+            kvcache_tile_rows(first_row_of_block<Cfg>(w.m_block, params), params, seqlen_q) <= kFewRows) {
+          if constexpr (kFewRowsTiles<Cfg>) FewRowsTile<Cfg>(ss, params, t).run(o, softmax);
+          kv += n_tiles;
+        } else {
+          const WarpgroupTiles own =
+              few_keys ? WarpgroupTiles{0, n_tiles} : own_key_tiles<Cfg>(w, warpgroup, params, seqlen_q, seqlen_k);
+          skip_key_tiles<Cfg>(ss, turns, kv, own.front);
+          // (A KV cache's warpgroup takes all or none: nothing after its own, and nothing held across them.)
+          const int back = Cfg::kKvCache ? 0 : n_tiles - own.front - own.count;
+          t.n_end -= own.front, t.n_tiles = own.count, t.kv_base += own.front;
+          if (own.count > 0) {
+            run_tile(ConsumerTile<Cfg>(ss, params, t), few_keys, o, softmax);
+          } else {  // no row of this warpgroup sees a key (O = 0, lse = -inf): run's turn for its last P·V
+            release_slot(&ss.q_empty[qs.stage]);
+            turns.wait_turn();
+            turns.pass_turn();
+          }
+          skip_key_tiles<Cfg>(ss, turns, t.kv_base + t.n_tiles, back);
+          kv = t.kv_base + t.n_tiles + back;
         }
-        skip_key_tiles<Cfg>(ss, turns, t.kv_base + t.n_tiles, back);
-        kv = t.kv_base + t.n_tiles + back;
       }
       ++q_iter;
     }

@@ -1,0 +1,343 @@
+// A KV-cache work tile with few real rows (a decode step: 4 rows at 32 / 8 query heads and one
+// position), run with the keys in wgmma's M and the rows in its N, so that the padding sits on
+// the small side of both GEMMs (docs/decode-design.md, "The few-row tile"; its probe,
+// tools/probes/p_decode_narrow.cu):
+//   Sᵀ (64 keys x kFewRows) = K·Qᵀ    A = 64 rows of the K tile, B = the Q tile's first kFewRows
+//                                      rows, both K-major as TMA put them (issue_rows_gemm);
+//   Oᵀ (d x kFewRows) += Vᵀ·Pᵀ         A = V read MN-major (one m64 per 64-column panel), B = Pᵀ
+//                                      [row][key] in shared memory (stmatrix.trans), K-major.
+// Both consumer warpgroups work at once, warpgroup w on keys 64 w .. 64 w + 63 of every key
+// tile, each with its own (max, sum, Oᵀ); no ping-pong turns. A column's (a row's) max over the
+// warpgroup's 64 keys goes through shared memory; the sums stay per thread until the end. At the
+// end of the tile both states meet in the Q buffer and warpgroup 0 takes the merged O back into
+// the wide fragment layout (rows on M), so the epilogue, the split pieces' partial states and
+// the combine stay the wide tile's.
+//
+// Shared memory: the Q buffer only. Its rows kFewRows .. of panel 0 hold each warpgroup's Pᵀ
+// (kFewRows rows of 128 bytes = 64 keys) and the max exchange while the keys are walked; after
+// the walk the whole buffer holds the merge. So the tile releases its Q buffer at its end, not
+// after its last Sᵀ GEMM.
+#pragma once
+
+#include "hopper/barriers.hpp"
+#include "hopper/consumer.cuh"
+#include "hopper/consumer_gemms.cuh"
+#include "hopper/fragment.cuh"
+#include "hopper/kv_tiles.hpp"
+#include "hopper/ptx/math.cuh"
+#include "hopper/ptx/mbarrier.cuh"
+#include "hopper/ptx/stmatrix.cuh"
+#include "hopper/ptx/tma.cuh"
+#include "hopper/ptx/warpgroup.cuh"
+#include "hopper/softcap.cuh"
+#include "hopper/softmax.cuh"
+
+// 1: a 16-bit KV cache's tiles with at most kFewRows real rows take this form (A/B; 0: none).
+#ifndef WARPATTN_TUNE_KV_FEW_ROWS
+#define WARPATTN_TUNE_KV_FEW_ROWS 0
+#endif
+
+namespace warpattn::detail {
+
+inline constexpr int kFewRows = 32;  // wgmma N of both GEMMs: the rows the form takes
+
+template <class Cfg>
+inline constexpr bool kFewRowsTiles = WARPATTN_TUNE_KV_FEW_ROWS != 0 && Cfg::kKvCache && !Cfg::kFp8 &&
+                                      !Cfg::kSplitHeadDim && Cfg::kBlockN == 128 &&
+                                      Cfg::kConsumerWarpgroups == 2 && Cfg::kSwizzleBytes == 128;
+
+// The real rows of a KV-cache tile: its packed heads at the positions below seqlen_q.
+__device__ __forceinline__ int kvcache_tile_rows(int first_position, const ForwardParams& params, int seqlen_q) {
+  const int positions = min(params.packing.positions, seqlen_q - first_position);
+  return positions > 0 ? positions * params.packing.heads : 0;
+}
+
+template <class Cfg>
+struct FewRowsTile {
+  using Element = typename Cfg::Element;
+  static constexpr int kMBlocks = Cfg::kHeadDim / 64;  // Oᵀ's m64 blocks: V's 64-column panels
+  static constexpr int kCols = kFewRows / 8;            // a thread's column pairs (j) of an m64n32 accumulator
+  static constexpr uint32_t kPanelRowBytes = 128;
+  // The Q buffer's carve (bytes from its start): Pᵀ of warpgroup w at kPtOffset + w kPtBytes
+  // (1024-aligned: the swizzle atoms), the max exchange [2][4][kFewRows] floats after them; the
+  // merge after the walk: Oᵀ as floats [d][kMergeStride], then the sums [2][4][kFewRows] and the
+  // maxima [2][kFewRows].
+  static constexpr uint32_t kPtOffset = kFewRows * kPanelRowBytes, kPtBytes = kFewRows * kPanelRowBytes;
+  static constexpr uint32_t kExchangeOffset = kPtOffset + 2 * kPtBytes;
+  static constexpr int kMergeStride = kFewRows + 1;  // (floats; +1: fewer bank conflicts)
+  static constexpr uint32_t kMergeSumsOffset = (Cfg::kHeadDim * kMergeStride * 4 + 15) / 16 * 16;
+  static constexpr uint32_t kMergeMaxOffset = kMergeSumsOffset + 2 * 4 * kFewRows * 4;
+  static_assert(kExchangeOffset + 2 * 4 * kFewRows * 4 <= Cfg::kBlockM * kPanelRowBytes,
+                "Pᵀ and the exchange fit in the Q buffer's first panel past the Q rows read");
+  static_assert(kMergeMaxOffset + 2 * kFewRows * 4 <= Cfg::kQTileBytes, "the merge fits in the Q buffer");
+
+  SharedStorage<Cfg>& ss;
+  const ForwardParams& params;
+  const TileContext& t;
+  const FragmentCoords f;
+  const int wg;  // consumer warpgroup: keys 64 wg .. of every key tile
+  uint8_t* const q_buffer;
+  const uint32_t q_addr, pt_addr;
+  float* const exchange;  // [2][4][kFewRows]
+  const int first_position;
+  const float scale;  // raw scores to log2 units
+  const MaskedTiles masked;
+
+  __device__ __forceinline__ FewRowsTile(SharedStorage<Cfg>& ss_, const ForwardParams& p, const TileContext& t_)
+      : ss(ss_),
+        params(p),
+        t(t_),
+        f(threadIdx.x % 128),
+        wg(t_.warpgroup),
+        q_buffer(ss_.q[t_.q_stage]),
+        q_addr(ptx::smem_addr(ss_.q[t_.q_stage])),
+        pt_addr(ptx::smem_addr(ss_.q[t_.q_stage]) + kPtOffset + t_.warpgroup * kPtBytes),
+        exchange(reinterpret_cast<float*>(ss_.q[t_.q_stage] + kExchangeOffset)),
+        first_position(first_row_of_block<Cfg>(t_.m_block, p)),
+        scale(p.softcap_ex2 != 0.f ? p.softcap_log2 : p.scale_log2),
+        masked(masked_tiles(first_row_of_block<Cfg>(t_.m_block, p), rows_of_block<Cfg>(p), Cfg::kBlockN, t_.seqlen_q,
+                            t_.seqlen_k, band())) {}
+
+  __device__ __forceinline__ KeyBand band() const { return Cfg::kCausal ? params.band : KeyBand{}; }
+  __device__ __forceinline__ int key_tile(int it) const { return t.n_end - 1 - it; }
+  __device__ __forceinline__ void sync_warpgroup() const { ptx::named_barrier_sync(Barrier::kFewRows0 + wg, 128); }
+
+  // Sᵀ of ordinal it into st (issued and committed, not waited for).
+  __device__ __forceinline__ void issue_scores(float (&st)[kFewRows / 2], RingSlot ks) const {
+    ptx::mbarrier_wait(ptx::smem_addr(&ss.k_full[ks.stage]), ks.phase);
+    issue_rows_gemm<Element, Cfg::kPanels, Cfg::kBlockN, kFewRows, 128, Cfg::kBlockM>(
+        st, ptx::smem_addr(ss.k[ks.stage]) + wg * 64 * kPanelRowBytes, q_addr);
+    ptx::wgmma_commit();
+  }
+  // Oᵀ += Vᵀ·Pᵀ of slot vs (issued and committed).
+  __device__ __forceinline__ void issue_output(float (&ot)[kMBlocks][kFewRows / 2], RingSlot vs) const {
+    ptx::mbarrier_wait(ptx::smem_addr(&ss.v_full[vs.stage]), vs.phase);
+    const uint32_t v_rows = ptx::smem_addr(ss.v[vs.stage]) + wg * 64 * kPanelRowBytes;
+    const uint64_t bd = kmajor_desc<128>(pt_addr);
+#pragma unroll
+    for (int mb = 0; mb < kMBlocks; ++mb) ptx::pin(ot[mb]);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int mb = 0; mb < kMBlocks; ++mb) {
+      const uint64_t ad =
+          ptx::make_smem_desc(v_rows + mb * Cfg::kBlockN * kPanelRowBytes, Cfg::kBlockN * kPanelRowBytes, 1024, 128);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        ptx::WgmmaSSTransposedA<Element, kFewRows>::mma(ot[mb], advance(ad, kk * 16 * kPanelRowBytes),
+                                                       advance(bd, kk * 32), 1);
+    }
+    ptx::wgmma_commit();
+  }
+
+  // The scores of ordinal it once waited for: its K slot freed, softcapped, masked where the
+  // tile needs it (key = register row, the tile's row = register column).
+  __device__ __forceinline__ void finish_scores(float (&st)[kFewRows / 2], int it, RingSlot ks) const {
+    release_slot(&ss.k_empty[ks.stage]);
+    if (params.softcap_ex2 != 0.f) softcap_scores<true>(st, params.softcap_ex2);
+    const int n = key_tile(it);
+    if (!masked.needs(n)) return;
+    const int key0 = n * Cfg::kBlockN + 64 * wg;
+#pragma unroll
+    for (int j = 0; j < kCols; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int position = first_position + packed_row(f.col(j, c), params.packing.heads).position;
+        const int end = (Cfg::kCausal ? band_key_end(position, t.seqlen_q, t.seqlen_k, band()) : t.seqlen_k) - key0;
+        const int begin = Cfg::kCausal ? band_key_begin(position, t.seqlen_q, t.seqlen_k, band()) - key0 : 0;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int key = f.row(r);
+          if (key >= end || key < begin) st[4 * j + 2 * r + c] = -INFINITY;
+        }
+      }
+  }
+
+  // The first half of a key tile's softmax: each column's max over the warp's 16 keys, into the
+  // exchange (the caller then waits for its previous Oᵀ GEMM before softmax_finish's barrier).
+  __device__ __forceinline__ void softmax_local(const float (&st)[kFewRows / 2]) const {
+#pragma unroll
+    for (int j = 0; j < kCols; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float x = fmaxf(st[4 * j + c], st[4 * j + 2 + c]);
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+        if (f.group == 0) exchange[(wg * 4 + f.warp) * kFewRows + f.col(j, c)] = x;
+      }
+  }
+  // The second half, past the warpgroup's barrier: the four warps' max, the new references m
+  // (log2 units; -inf while a column has seen no key), Oᵀ's rescale alpha, P into pr, the
+  // thread's sums l. Then Pᵀ into shared memory (one stmatrix.trans x4 per 16 rows), fenced for
+  // the async proxy, and the barrier after which the warpgroup's Oᵀ GEMM may read it: every
+  // warp has passed its wait for the previous Oᵀ GEMM before the first barrier, so no warp
+  // overwrites a Pᵀ that GEMM still reads.
+  __device__ __forceinline__ void softmax_finish(const float (&st)[kFewRows / 2], float (&ot)[kMBlocks][kFewRows / 2],
+                                                 float (&m)[kCols][2], float (&l)[kCols][2]) const {
+    sync_warpgroup();
+    float pr[kFewRows / 2];
+#pragma unroll
+    for (int j = 0; j < kCols; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int col = f.col(j, c);
+        float x = exchange[(wg * 4) * kFewRows + col];
+#pragma unroll
+        for (int w = 1; w < 4; ++w) x = fmaxf(x, exchange[(wg * 4 + w) * kFewRows + col]);
+        const float m_new = fmaxf(m[j][c], x * scale);
+        const float ref = m_new == -INFINITY ? 0.f : m_new;  // a column with no key yet: P = 0, not NaN
+        const float alpha = ptx::exp2_approx(m[j][c] - ref);
+        m[j][c] = m_new;
+        pr[4 * j + c] = ptx::exp2_approx(fmaf(st[4 * j + c], scale, -ref));
+        pr[4 * j + 2 + c] = ptx::exp2_approx(fmaf(st[4 * j + 2 + c], scale, -ref));
+        l[j][c] = fmaf(l[j][c], alpha, pr[4 * j + c] + pr[4 * j + 2 + c]);
+#pragma unroll
+        for (int mb = 0; mb < kMBlocks; ++mb) ot[mb][4 * j + c] *= alpha, ot[mb][4 * j + 2 + c] *= alpha;
+      }
+    const int lane = threadIdx.x % 32, mat = lane / 8, mrow = lane % 8;
+    const uint32_t st_addr =
+        pt_addr + (8 * (mat / 2) + mrow) * kPanelRowBytes + (((2 * f.warp + mat % 2) ^ mrow) * 16);
+#pragma unroll
+    for (int kk = 0; kk < kFewRows / 16; ++kk) {
+      uint32_t op[4];
+      accumulator_step_to_operand<Element>(pr, kk, op);
+      ptx::stmatrix_x4_trans(st_addr + kk * 16 * kPanelRowBytes, op[0], op[1], op[2], op[3]);
+    }
+    ptx::fence_proxy_async_shared();
+    sync_warpgroup();
+  }
+
+  // The walk over the tile's key tiles (the last first), Sᵀ of the next tile issued with Oᵀ of
+  // this one and its scores' first half run under that GEMM.
+  __device__ __forceinline__ void walk(float (&ot)[kMBlocks][kFewRows / 2], float (&m)[kCols][2],
+                                       float (&l)[kCols][2]) const {
+    using namespace ptx;
+    float st[kFewRows / 2];
+    const RingSlot k0 = ring_slot<Cfg::kStages>(t.kv_base);
+    issue_scores(st, k0);
+    wgmma_wait<0>();
+    pin(st);
+    finish_scores(st, 0, k0);
+    softmax_local(st);
+    softmax_finish(st, ot, m, l);
+    for (int it = 0; it + 1 < t.n_tiles; ++it) {
+      const RingSlot vs = ring_slot<Cfg::kStages>(t.kv_base + it);
+      const RingSlot ks = ring_slot<Cfg::kStages>(t.kv_base + it + 1);
+      pin(st);
+      issue_scores(st, ks);
+      issue_output(ot, vs);
+      wgmma_wait<1>();  // Sᵀ of it + 1 done; Oᵀ of it may still run
+      pin(st);
+      finish_scores(st, it + 1, ks);
+      softmax_local(st);
+      wait_output(ot, vs);
+      softmax_finish(st, ot, m, l);
+    }
+    const RingSlot last = ring_slot<Cfg::kStages>(t.kv_base + t.n_tiles - 1);
+    issue_output(ot, last);
+    wait_output(ot, last);
+  }
+  __device__ __forceinline__ void wait_output(float (&ot)[kMBlocks][kFewRows / 2], RingSlot vs) const {
+    ptx::wgmma_wait<0>();
+#pragma unroll
+    for (int mb = 0; mb < kMBlocks; ++mb) ptx::pin(ot[mb]);
+    release_slot(&ss.v_empty[vs.stage]);
+  }
+
+  // The merge: both warpgroups' states into (o, s) of warpgroup 0 in the wide tile's layout
+  // (rows 0 .. kFewRows - 1 of its 64; the rest empty), warpgroup 1's left empty. Then the Q
+  // buffer is released.
+  __device__ __forceinline__ void merge(const float (&ot)[kMBlocks][kFewRows / 2], const float (&m)[kCols][2],
+                                        const float (&l)[kCols][2], float (&o)[Cfg::kOCols / 2],
+                                        OnlineSoftmax& s) const {
+    float* merged = reinterpret_cast<float*>(q_buffer);  // [d][kMergeStride]
+    float* sums = reinterpret_cast<float*>(q_buffer + kMergeSumsOffset);  // [2][4][kFewRows]
+    float* maxima = reinterpret_cast<float*>(q_buffer + kMergeMaxOffset);  // [2][kFewRows]
+    // Both walks done (their Pᵀ, exchange and Q reads too) before the buffer is written.
+    ptx::named_barrier_sync(Barrier::kFewRowsMerge, 256);
+#pragma unroll
+    for (int j = 0; j < kCols; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float x = l[j][c];
+        x += __shfl_xor_sync(0xffffffffu, x, 4);
+        x += __shfl_xor_sync(0xffffffffu, x, 8);
+        x += __shfl_xor_sync(0xffffffffu, x, 16);
+        if (f.group == 0) sums[(wg * 4 + f.warp) * kFewRows + f.col(j, c)] = x;
+        if (f.group == 0 && f.warp == 0) maxima[wg * kFewRows + f.col(j, c)] = m[j][c];
+      }
+    if (wg == 1) {
+#pragma unroll
+      for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+        for (int j = 0; j < kCols; ++j)
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+              merged[(64 * mb + f.row(r)) * kMergeStride + f.col(j, c)] = ot[mb][4 * j + 2 * r + c];
+    }
+    ptx::named_barrier_sync(Barrier::kFewRowsMerge, 256);
+    if (wg == 1) {
+      release_slot(&ss.q_empty[t.q_stage]);
+      return;
+    }
+    // Warpgroup 0: each column's weights 2^(m_w - m), then Oᵀ = Oᵀ_0 a_0 + Oᵀ_1 a_1 in place (each
+    // thread its own elements), then the rows back in the wide layout.
+    auto weights = [&](int col, float& a0, float& a1, float& m_all) {
+      const float m0 = maxima[col], m1 = maxima[kFewRows + col];
+      m_all = fmaxf(m0, m1);
+      a0 = m0 == -INFINITY ? 0.f : ptx::exp2_approx(m0 - m_all);
+      a1 = m1 == -INFINITY ? 0.f : ptx::exp2_approx(m1 - m_all);
+    };
+#pragma unroll
+    for (int j = 0; j < kCols; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float a0, a1, m_all;
+        weights(f.col(j, c), a0, a1, m_all);
+#pragma unroll
+        for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            float& x = merged[(64 * mb + f.row(r)) * kMergeStride + f.col(j, c)];
+            x = fmaf(ot[mb][4 * j + 2 * r + c], a0, x * a1);
+          }
+      }
+    sync_warpgroup();
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = f.row(r);
+      if (row < kFewRows) {
+        float a0, a1, m_all;
+        weights(row, a0, a1, m_all);
+        float l0 = 0.f, l1 = 0.f;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) l0 += sums[w * kFewRows + row], l1 += sums[(4 + w) * kFewRows + row];
+        s.row_max[r] = m_all;
+        s.row_sum[r] = f.quad == 0 ? fmaf(l0, a0, l1 * a1) : 0.f;  // (quad_sum adds the row's four lanes)
+#pragma unroll
+        for (int j = 0; j < Cfg::kOCols / 8; ++j)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) o[4 * j + 2 * r + c] = merged[f.col(j, c) * kMergeStride + row];
+      }
+    }
+    sync_warpgroup();  // every read of the buffer done
+    release_slot(&ss.q_empty[t.q_stage]);
+  }
+
+  __device__ __forceinline__ void run(float (&o)[Cfg::kOCols / 2], OnlineSoftmax& s) const {
+    float ot[kMBlocks][kFewRows / 2];
+#pragma unroll
+    for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+      for (int i = 0; i < kFewRows / 2; ++i) ot[mb][i] = 0.f;
+    float m[kCols][2], l[kCols][2];
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) m[j][0] = m[j][1] = -INFINITY, l[j][0] = l[j][1] = 0.f;
+    walk(ot, m, l);
+    merge(ot, m, l, o, s);
+  }
+};
+
+}  // namespace warpattn::detail
