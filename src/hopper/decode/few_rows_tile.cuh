@@ -1,7 +1,7 @@
 // A KV-cache work tile with few real rows (a decode step: 4 rows at 32 / 8 query heads and one
 // position), run with the keys in wgmma's M and the rows in its N, so that the padding sits on
 // the small side of both GEMMs (docs/decode-design.md, "The few-row tile"; its probe,
-// tools/probes/p_decode_narrow.cu):
+// tools/probes/p_decode_few_rows.cu):
 //   Sᵀ (64 keys x kFewRows) = K·Qᵀ    A = 64 rows of the K tile, B = the Q tile's first kFewRows
 //                                      rows, both K-major as TMA put them (issue_rows_gemm);
 //   Oᵀ (d x kFewRows) += Vᵀ·Pᵀ         A = V read MN-major (one m64 per 64-column panel), B = Pᵀ

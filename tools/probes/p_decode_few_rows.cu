@@ -1,4 +1,4 @@
-// Decode with the keys in M (docs/decode-design.md, "The narrow tile"), before any kernel: one
+// Decode with the keys in M (docs/decode-design.md, "The few-row tile"), before any kernel: one
 // CTA, two consumer warpgroups over the same kRows packed query rows (a decode tile's few real
 // rows), each taking 64 of every 128-key tile:
 //   Sᵀ (64 keys x kRows) = K·Qᵀ      SS wgmma m64n32k16, A = K rows, B = Q (both K-major), the
@@ -11,10 +11,10 @@
 //   at the end the two warpgroups' (m, l, Oᵀ) merged through shared memory.
 // Checked: O of kRows rows against fp64 over kTiles key tiles (the online rescale across tiles).
 // Timed (clock64, the same tiles visited kPasses times, data in shared memory: the consumers'
-// own cost a key tile, no loads): this narrow form against the wide one the KV-cache kernel runs
+// own cost a key tile, no loads): this few-row form against the wide one the KV-cache kernel runs
 // today (one warpgroup, 64 rows x 128 keys: S = Q·Kᵀ, softmax, O += P·V from registers), both
 // unpipelined. Build and run on the GPU host from the repository root:
-//   nvcc -std=c++20 -O2 -Isrc -Iinclude -gencode=arch=compute_90a,code=sm_90a -o p_narrow tools/probes/p_decode_narrow.cu && ./p_narrow
+//   nvcc -std=c++20 -O2 -Isrc -Iinclude -gencode=arch=compute_90a,code=sm_90a -o p_few_rows tools/probes/p_decode_few_rows.cu && ./p_few_rows
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -37,7 +37,7 @@ using Element = __nv_bfloat16;
 
 constexpr int kD = 128, kBlockN = 128, kRows = 32, kTiles = 4, kPanelBytes = 128;
 constexpr int kTileBytes = kBlockN * kD * 2;   // 32 KB: a K or V tile, 2 panels of 128 keys x 128 B
-constexpr int kQBytes = 64 * kD * 2;            // 16 KB: the wide form's 64 rows (the narrow reads 32)
+constexpr int kQBytes = 64 * kD * 2;            // 16 KB: the wide form's 64 rows (the few-row form reads 32)
 constexpr int kPtBytes = kRows * kPanelBytes;  // 4 KB: a warpgroup's Pᵀ, kRows lines of 64 keys
 // Shared memory: Q, K tiles, V tiles, Pᵀ x 2 warpgroups, the max exchange [2][4][kRows], the
 // merge [2][kD][kRows] + m, l [2][kRows].
@@ -69,9 +69,9 @@ __device__ Smem carve(uint8_t* raw) {
 }
 
 // Q, K and V (kTiles x kBlockN x kD) from global into the TMA layout: Q's first 64 rows for the
-// wide form, its first kRows for the narrow one (panels of that many rows, as its B operand).
-__device__ void load_tiles(const Smem& s, const Element* q, const Element* k, const Element* v, bool narrow) {
-  const int q_rows = narrow ? kRows : 64;
+// wide form, its first kRows for the few-row one (panels of that many rows, as its B operand).
+__device__ void load_tiles(const Smem& s, const Element* q, const Element* k, const Element* v, bool few_rows) {
+  const int q_rows = few_rows ? kRows : 64;
   for (int i = threadIdx.x; i < q_rows * kD; i += blockDim.x)
     *reinterpret_cast<Element*>(s.q + swizzled_offset(i / kD, i % kD, q_rows)) = q[i];
   for (int i = threadIdx.x; i < kTiles * kBlockN * kD; i += blockDim.x) {
@@ -83,12 +83,12 @@ __device__ void load_tiles(const Smem& s, const Element* q, const Element* k, co
   __syncthreads();
 }
 
-// The narrow form. o_out: (kRows, kD) fp32; cycles: per warpgroup, the main loop's clock64.
+// The few-row form. o_out: (kRows, kD) fp32; cycles: per warpgroup, the main loop's clock64.
 // kPipelined: Sᵀ of the next tile issued with Oᵀ of this one, its softmax under that GEMM, the
 // rescale of Oᵀ after its wait (the wide kernel's intra-warpgroup overlap). One Pᵀ buffer a
 // warpgroup: each warp waits for the Oᵀ GEMM before the max's barrier, so none writes Pᵀ early.
 template <bool kPipelined>
-__global__ void __launch_bounds__(256) narrow(const Element* q, const Element* k, const Element* v, float scale_log2,
+__global__ void __launch_bounds__(256) few_rows(const Element* q, const Element* k, const Element* v, float scale_log2,
                                               int passes, float* o_out, long long* cycles) {
   extern __shared__ uint8_t smem_raw[];
   const Smem s = carve(smem_raw);
@@ -356,8 +356,8 @@ int main() {
   cudaMemcpy(dq, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice);
   cudaMemcpy(dk, hk.data(), hk.size() * 2, cudaMemcpyHostToDevice);
   cudaMemcpy(dv, hv.data(), hv.size() * 2, cudaMemcpyHostToDevice);
-  cudaFuncSetAttribute(narrow<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  cudaFuncSetAttribute(narrow<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  cudaFuncSetAttribute(few_rows<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  cudaFuncSetAttribute(few_rows<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   cudaFuncSetAttribute(wide, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   const float scale_log2 = static_cast<float>(scale * M_LOG2E);
   // The reference: O of the first kRows rows over all keys.
@@ -380,8 +380,8 @@ int main() {
   bool ok = true;
   for (int pipelined = 0; pipelined < 2; ++pipelined) {
     cudaMemset(dout, 0xFF, kRows * kD * 4);  // NaN poison
-    if (pipelined) narrow<true><<<1, 256, kSmem>>>(dq, dk, dv, scale_log2, 1, dout, dcycles);
-    else narrow<false><<<1, 256, kSmem>>>(dq, dk, dv, scale_log2, 1, dout, dcycles);
+    if (pipelined) few_rows<true><<<1, 256, kSmem>>>(dq, dk, dv, scale_log2, 1, dout, dcycles);
+    else few_rows<false><<<1, 256, kSmem>>>(dq, dk, dv, scale_log2, 1, dout, dcycles);
     if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
       std::printf("FAIL: %s\n", cudaGetErrorString(e));
       return 1;
@@ -397,7 +397,7 @@ int main() {
     }
     const double rel_l2 = std::sqrt(num / den);
     ok = ok && finite && rel_l2 < 1e-2;
-    std::printf("narrow%s O (%d rows, %d keys): rel L2 against fp64 %.3e%s\n", pipelined ? " pipelined" : "", kRows,
+    std::printf("few_rows%s O (%d rows, %d keys): rel L2 against fp64 %.3e%s\n", pipelined ? " pipelined" : "", kRows,
                 keys, rel_l2, finite ? "" : " (non-finite values)");
   }
 
@@ -406,11 +406,11 @@ int main() {
   cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
   const int passes = 64;
   long long cyc[2];
-  const char* names[3] = {"narrow (2 warpgroups x 64 keys, 32 rows)", "narrow pipelined", "wide (1 warpgroup, 64 rows x 128 keys)"};
+  const char* names[3] = {"few_rows (2 warpgroups x 64 keys, 32 rows)", "few_rows pipelined", "wide (1 warpgroup, 64 rows x 128 keys)"};
   for (int form = 0; form < 3; ++form) {
     for (int rep = 0; rep < 2; ++rep) {
-      if (form == 0) narrow<false><<<1, 256, kSmem>>>(dq, dk, dv, scale_log2, passes, dout, dcycles);
-      else if (form == 1) narrow<true><<<1, 256, kSmem>>>(dq, dk, dv, scale_log2, passes, dout, dcycles);
+      if (form == 0) few_rows<false><<<1, 256, kSmem>>>(dq, dk, dv, scale_log2, passes, dout, dcycles);
+      else if (form == 1) few_rows<true><<<1, 256, kSmem>>>(dq, dk, dv, scale_log2, passes, dout, dcycles);
       else wide<<<1, 256, kSmem>>>(dq, dk, dv, scale_log2, passes, dout, dcycles);
     }
     if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
