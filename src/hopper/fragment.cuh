@@ -28,6 +28,20 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// Reductions across the 8 lanes that share a column (the same quad position in every group):
+// an accumulator's column over the warp's 16 rows, with the max or sum of a thread's two halves
+// taken first (the few-row tile's keys lie on the rows).
+__device__ __forceinline__ float column_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+}
+__device__ __forceinline__ float column_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 4);
+  x += __shfl_xor_sync(0xffffffffu, x, 8);
+  return x + __shfl_xor_sync(0xffffffffu, x, 16);
+}
+
 // A 4 x 4 transpose across the quad: afterwards lane q's x[k] is what lane k's x[q] was.
 // Two butterfly rounds (lane bit 0, then bit 1); in each, a lane swaps with its partner the
 // two entries whose index bit differs from its own lane bit.

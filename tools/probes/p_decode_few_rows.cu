@@ -126,10 +126,7 @@ __global__ void __launch_bounds__(256) few_rows(const Element* q, const Element*
     for (int j = 0; j < kRows / 8; ++j)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        float x = fmaxf(st[4 * j + c], st[4 * j + 2 + c]);
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+        const float x = column_max(fmaxf(st[4 * j + c], st[4 * j + 2 + c]));
         if (f.group == 0) s.xmax[(wg * 4 + f.warp) * kRows + f.col(j, c)] = x;
       }
   };
@@ -238,10 +235,7 @@ __global__ void __launch_bounds__(256) few_rows(const Element* q, const Element*
   for (int j = 0; j < kRows / 8; ++j)
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      float x = l[j][c];
-      x += __shfl_xor_sync(0xffffffffu, x, 4);
-      x += __shfl_xor_sync(0xffffffffu, x, 8);
-      x += __shfl_xor_sync(0xffffffffu, x, 16);
+      const float x = column_sum(l[j][c]);
       if (f.group == 0) s.xmax[(wg * 4 + f.warp) * kRows + f.col(j, c)] = x;
       if (threadIdx.x % 128 < 4) s.merge_m[wg * kRows + f.col(j, c)] = m[j][c];
     }

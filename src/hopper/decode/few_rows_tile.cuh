@@ -159,10 +159,7 @@ struct FewRowsTile {
     for (int j = 0; j < kCols; ++j)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        float x = fmaxf(st[4 * j + c], st[4 * j + 2 + c]);
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+        const float x = column_max(fmaxf(st[4 * j + c], st[4 * j + 2 + c]));
         if (f.group == 0) exchange[(wg * 4 + f.warp) * kFewRows + f.col(j, c)] = x;
       }
   }
@@ -259,10 +256,7 @@ struct FewRowsTile {
     for (int j = 0; j < kCols; ++j)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        float x = l[j][c];
-        x += __shfl_xor_sync(0xffffffffu, x, 4);
-        x += __shfl_xor_sync(0xffffffffu, x, 8);
-        x += __shfl_xor_sync(0xffffffffu, x, 16);
+        const float x = column_sum(l[j][c]);
         if (f.group == 0) sums[(wg * 4 + f.warp) * kFewRows + f.col(j, c)] = x;
         if (f.group == 0 && f.warp == 0) maxima[wg * kFewRows + f.col(j, c)] = m[j][c];
       }
