@@ -13,10 +13,16 @@
 // the wide fragment layout (rows on M), so the epilogue, the split pieces' partial states and
 // the combine stay the wide tile's.
 //
-// Shared memory: the Q buffer only. Its rows kFewRows .. of panel 0 hold each warpgroup's Pᵀ
-// (kFewRows rows of 128 bytes = 64 keys) and the max exchange while the keys are walked; after
-// the walk the whole buffer holds the merge. So the tile releases its Q buffer at its end, not
-// after its last Sᵀ GEMM.
+// Shared memory: none of its own. The scratch (each warpgroup's Pᵀ, kFewRows rows of 128 bytes
+// = 64 keys, and its max exchange) and the merge live in
+//   1: the Q buffer, whose rows kFewRows .. the Sᵀ GEMM never reads: the scratch in panel 0's
+//      rows kFewRows .., the merge anywhere once both walks are done. The tile then holds its Q
+//      buffer to its end (the wide tile frees it after its last S GEMM), and the next tile's Q
+//      and with it the ring's next steps wait for the merge;
+//   2: the K tile of the key tile's own ring slot, in the 64 rows of panel 0 that the
+//      warpgroup's Sᵀ GEMM has just read (no other warpgroup reads them), the merge in the last
+//      key tile's K slot. Each K slot is then freed after its Oᵀ GEMM, not after its Sᵀ one (the
+//      last after the merge), and the Q buffer after the last Sᵀ GEMM, as the wide tile does.
 #pragma once
 
 #include "hopper/barriers.hpp"
@@ -32,7 +38,8 @@
 #include "hopper/softcap.cuh"
 #include "hopper/softmax.cuh"
 
-// 1: a 16-bit KV cache's tiles with at most kFewRows real rows take this form (A/B; 0: none).
+// 1 or 2: a 16-bit KV cache's tiles with at most kFewRows real rows take this form, its scratch
+// where the value says (below; an A/B; 0: none).
 #ifndef WARPATTN_TUNE_KV_FEW_ROWS
 #define WARPATTN_TUNE_KV_FEW_ROWS 0
 #endif
@@ -58,18 +65,22 @@ struct FewRowsTile {
   static constexpr int kMBlocks = Cfg::kHeadDim / 64;  // Oᵀ's m64 blocks: V's 64-column panels
   static constexpr int kCols = kFewRows / 8;            // a thread's column pairs (j) of an m64n32 accumulator
   static constexpr uint32_t kPanelRowBytes = 128;
-  // The Q buffer's carve (bytes from its start): Pᵀ of warpgroup w at kPtOffset + w kPtBytes
-  // (1024-aligned: the swizzle atoms), the max exchange [2][4][kFewRows] floats after them; the
-  // merge after the walk: Oᵀ as floats [d][kMergeStride], then the sums [2][4][kFewRows] and the
-  // maxima [2][kFewRows].
-  static constexpr uint32_t kPtOffset = kFewRows * kPanelRowBytes, kPtBytes = kFewRows * kPanelRowBytes;
-  static constexpr uint32_t kExchangeOffset = kPtOffset + 2 * kPtBytes;
+  static constexpr bool kScratchInKeys = WARPATTN_TUNE_KV_FEW_ROWS == 2;
+  // A warpgroup's scratch (bytes from its base, 1024-aligned: Pᵀ's swizzle atoms): Pᵀ, then its
+  // max exchange [4 warps][kFewRows] floats. Its base: in the Q buffer past the rows read, Pᵀ of
+  // warpgroup w at kFewRows + kFewRows w rows, the exchanges after both; in a K tile, the
+  // warpgroup's first row. The merge (from the buffer's start): Oᵀ as floats [d][kMergeStride],
+  // the sums [2][4][kFewRows], the maxima [2][kFewRows].
+  static constexpr uint32_t kPtBytes = kFewRows * kPanelRowBytes, kExchangeBytes = 4 * kFewRows * 4;
+  static constexpr uint32_t kQScratchOffset = kFewRows * kPanelRowBytes;
   static constexpr int kMergeStride = kFewRows + 1;  // (floats; +1: fewer bank conflicts)
   static constexpr uint32_t kMergeSumsOffset = (Cfg::kHeadDim * kMergeStride * 4 + 15) / 16 * 16;
   static constexpr uint32_t kMergeMaxOffset = kMergeSumsOffset + 2 * 4 * kFewRows * 4;
-  static_assert(kExchangeOffset + 2 * 4 * kFewRows * 4 <= Cfg::kBlockM * kPanelRowBytes,
-                "Pᵀ and the exchange fit in the Q buffer's first panel past the Q rows read");
-  static_assert(kMergeMaxOffset + 2 * kFewRows * 4 <= Cfg::kQTileBytes, "the merge fits in the Q buffer");
+  static_assert(kQScratchOffset + 2 * (kPtBytes + kExchangeBytes) <= Cfg::kBlockM * kPanelRowBytes,
+                "the scratch fits in the Q buffer's first panel past the Q rows read");
+  static_assert(kPtBytes + kExchangeBytes <= 64 * kPanelRowBytes, "a warpgroup's scratch fits in its K rows");
+  static constexpr int kMergeBufferBytes = kScratchInKeys ? Cfg::kKTileBytes : Cfg::kQTileBytes;
+  static_assert(kMergeMaxOffset + 2 * kFewRows * 4 <= kMergeBufferBytes, "the merge fits in its buffer");
 
   SharedStorage<Cfg>& ss;
   const ForwardParams& params;
@@ -77,8 +88,7 @@ struct FewRowsTile {
   const FragmentCoords f;
   const int wg;  // consumer warpgroup: keys 64 wg .. of every key tile
   uint8_t* const q_buffer;
-  const uint32_t q_addr, pt_addr;
-  float* const exchange;  // [2][4][kFewRows]
+  const uint32_t q_addr;
   const int first_position;
   const float scale;  // raw scores to log2 units
   const MaskedTiles masked;
@@ -91,8 +101,6 @@ struct FewRowsTile {
         wg(t_.warpgroup),
         q_buffer(ss_.q[t_.q_stage]),
         q_addr(ptx::smem_addr(ss_.q[t_.q_stage])),
-        pt_addr(ptx::smem_addr(ss_.q[t_.q_stage]) + kPtOffset + t_.warpgroup * kPtBytes),
-        exchange(reinterpret_cast<float*>(ss_.q[t_.q_stage] + kExchangeOffset)),
         first_position(first_row_of_block<Cfg>(t_.m_block, p)),
         scale(p.softcap_ex2 != 0.f ? p.softcap_log2 : p.scale_log2),
         masked(masked_tiles(first_row_of_block<Cfg>(t_.m_block, p), rows_of_block<Cfg>(p), Cfg::kBlockN, t_.seqlen_q,
@@ -101,6 +109,16 @@ struct FewRowsTile {
   __device__ __forceinline__ KeyBand band() const { return Cfg::kCausal ? params.band : KeyBand{}; }
   __device__ __forceinline__ int key_tile(int it) const { return t.n_end - 1 - it; }
   __device__ __forceinline__ void sync_warpgroup() const { ptx::named_barrier_sync(Barrier::kFewRows0 + wg, 128); }
+
+  // This warpgroup's Pᵀ and max exchange for the key tile of ring slot `slot`.
+  __device__ __forceinline__ uint8_t* scratch(RingSlot slot) const {
+    return kScratchInKeys ? ss.k[slot.stage] + wg * 64 * kPanelRowBytes : q_buffer + kQScratchOffset + wg * kPtBytes;
+  }
+  __device__ __forceinline__ uint32_t pt_addr(RingSlot slot) const { return ptx::smem_addr(scratch(slot)); }
+  __device__ __forceinline__ float* exchange(RingSlot slot) const {
+    return reinterpret_cast<float*>(kScratchInKeys ? scratch(slot) + kPtBytes
+                                                   : q_buffer + kQScratchOffset + 2 * kPtBytes + wg * kExchangeBytes);
+  }
 
   // Sᵀ of ordinal it into st (issued and committed, not waited for).
   __device__ __forceinline__ void issue_scores(float (&st)[kFewRows / 2], RingSlot ks) const {
@@ -113,7 +131,7 @@ struct FewRowsTile {
   __device__ __forceinline__ void issue_output(float (&ot)[kMBlocks][kFewRows / 2], RingSlot vs) const {
     ptx::mbarrier_wait(ptx::smem_addr(&ss.v_full[vs.stage]), vs.phase);
     const uint32_t v_rows = ptx::smem_addr(ss.v[vs.stage]) + wg * 64 * kPanelRowBytes;
-    const uint64_t bd = kmajor_desc<128>(pt_addr);
+    const uint64_t bd = kmajor_desc<128>(pt_addr(vs));
 #pragma unroll
     for (int mb = 0; mb < kMBlocks; ++mb) ptx::pin(ot[mb]);
     ptx::wgmma_fence();
@@ -129,10 +147,12 @@ struct FewRowsTile {
     ptx::wgmma_commit();
   }
 
-  // The scores of ordinal it once waited for: its K slot freed, softcapped, masked where the
-  // tile needs it (key = register row, the tile's row = register column).
+  // The scores of ordinal it once waited for: its K slot freed (2: the Q buffer after the
+  // last), softcapped, masked where the tile needs it (key = register row, the tile's row =
+  // register column).
   __device__ __forceinline__ void finish_scores(float (&st)[kFewRows / 2], int it, RingSlot ks) const {
-    release_slot(&ss.k_empty[ks.stage]);
+    if constexpr (!kScratchInKeys) release_slot(&ss.k_empty[ks.stage]);
+    else if (it == t.n_tiles - 1) release_slot(&ss.q_empty[t.q_stage]);
     if (params.softcap_ex2 != 0.f) softcap_scores<true>(st, params.softcap_ex2);
     const int n = key_tile(it);
     if (!masked.needs(n)) return;
@@ -154,13 +174,14 @@ struct FewRowsTile {
 
   // The first half of a key tile's softmax: each column's max over the warp's 16 keys, into the
   // exchange (the caller then waits for its previous Oᵀ GEMM before softmax_finish's barrier).
-  __device__ __forceinline__ void softmax_local(const float (&st)[kFewRows / 2]) const {
+  __device__ __forceinline__ void softmax_local(const float (&st)[kFewRows / 2], RingSlot slot) const {
+    float* const x_out = exchange(slot);
 #pragma unroll
     for (int j = 0; j < kCols; ++j)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const float x = column_max(fmaxf(st[4 * j + c], st[4 * j + 2 + c]));
-        if (f.group == 0) exchange[(wg * 4 + f.warp) * kFewRows + f.col(j, c)] = x;
+        if (f.group == 0) x_out[f.warp * kFewRows + f.col(j, c)] = x;
       }
   }
   // The second half, past the warpgroup's barrier: the four warps' max, the new references m
@@ -170,7 +191,8 @@ struct FewRowsTile {
   // warp has passed its wait for the previous Oᵀ GEMM before the first barrier, so no warp
   // overwrites a Pᵀ that GEMM still reads.
   __device__ __forceinline__ void softmax_finish(const float (&st)[kFewRows / 2], float (&ot)[kMBlocks][kFewRows / 2],
-                                                 float (&m)[kCols][2], float (&l)[kCols][2]) const {
+                                                 float (&m)[kCols][2], float (&l)[kCols][2], RingSlot slot) const {
+    const float* const x_in = exchange(slot);
     sync_warpgroup();
     float pr[kFewRows / 2];
 #pragma unroll
@@ -178,9 +200,9 @@ struct FewRowsTile {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int col = f.col(j, c);
-        float x = exchange[(wg * 4) * kFewRows + col];
+        float x = x_in[col];
 #pragma unroll
-        for (int w = 1; w < 4; ++w) x = fmaxf(x, exchange[(wg * 4 + w) * kFewRows + col]);
+        for (int w = 1; w < 4; ++w) x = fmaxf(x, x_in[w * kFewRows + col]);
         const float m_new = fmaxf(m[j][c], x * scale);
         const float ref = m_new == -INFINITY ? 0.f : m_new;  // a column with no key yet: P = 0, not NaN
         const float alpha = ptx::exp2_approx(m[j][c] - ref);
@@ -193,7 +215,7 @@ struct FewRowsTile {
       }
     const int lane = threadIdx.x % 32, mat = lane / 8, mrow = lane % 8;
     const uint32_t st_addr =
-        pt_addr + (8 * (mat / 2) + mrow) * kPanelRowBytes + (((2 * f.warp + mat % 2) ^ mrow) * 16);
+        pt_addr(slot) + (8 * (mat / 2) + mrow) * kPanelRowBytes + (((2 * f.warp + mat % 2) ^ mrow) * 16);
 #pragma unroll
     for (int kk = 0; kk < kFewRows / 16; ++kk) {
       uint32_t op[4];
@@ -215,8 +237,8 @@ struct FewRowsTile {
     wgmma_wait<0>();
     pin(st);
     finish_scores(st, 0, k0);
-    softmax_local(st);
-    softmax_finish(st, ot, m, l);
+    softmax_local(st, k0);
+    softmax_finish(st, ot, m, l, k0);
     for (int it = 0; it + 1 < t.n_tiles; ++it) {
       const RingSlot vs = ring_slot<Cfg::kStages>(t.kv_base + it);
       const RingSlot ks = ring_slot<Cfg::kStages>(t.kv_base + it + 1);
@@ -226,30 +248,41 @@ struct FewRowsTile {
       wgmma_wait<1>();  // Sᵀ of it + 1 done; Oᵀ of it may still run
       pin(st);
       finish_scores(st, it + 1, ks);
-      softmax_local(st);
-      wait_output(ot, vs);
-      softmax_finish(st, ot, m, l);
+      softmax_local(st, ks);
+      wait_output(ot, vs, true);
+      softmax_finish(st, ot, m, l, ks);
     }
     const RingSlot last = ring_slot<Cfg::kStages>(t.kv_base + t.n_tiles - 1);
     issue_output(ot, last);
-    wait_output(ot, last);
+    wait_output(ot, last, false);
   }
-  __device__ __forceinline__ void wait_output(float (&ot)[kMBlocks][kFewRows / 2], RingSlot vs) const {
+  // After the Oᵀ GEMM of slot vs: its V slot is free, and (2) its K slot unless the merge is to
+  // use it (the last).
+  __device__ __forceinline__ void wait_output(float (&ot)[kMBlocks][kFewRows / 2], RingSlot vs, bool free_k) const {
     ptx::wgmma_wait<0>();
 #pragma unroll
     for (int mb = 0; mb < kMBlocks; ++mb) ptx::pin(ot[mb]);
     release_slot(&ss.v_empty[vs.stage]);
+    if (kScratchInKeys && free_k) release_slot(&ss.k_empty[vs.stage]);
   }
 
   // The merge: both warpgroups' states into (o, s) of warpgroup 0 in the wide tile's layout
-  // (rows 0 .. kFewRows - 1 of its 64; the rest empty), warpgroup 1's left empty. Then the Q
-  // buffer is released.
+  // (rows 0 .. kFewRows - 1 of its 64; the rest empty), warpgroup 1's left empty. Then its
+  // buffer is released: the Q buffer (1), the last key tile's K slot (2).
   __device__ __forceinline__ void merge(const float (&ot)[kMBlocks][kFewRows / 2], const float (&m)[kCols][2],
                                         const float (&l)[kCols][2], float (&o)[Cfg::kOCols / 2],
                                         OnlineSoftmax& s) const {
-    float* merged = reinterpret_cast<float*>(q_buffer);  // [d][kMergeStride]
-    float* sums = reinterpret_cast<float*>(q_buffer + kMergeSumsOffset);  // [2][4][kFewRows]
-    float* maxima = reinterpret_cast<float*>(q_buffer + kMergeMaxOffset);  // [2][kFewRows]
+    const RingSlot last = ring_slot<Cfg::kStages>(t.kv_base + t.n_tiles - 1);
+    uint8_t* const buffer = kScratchInKeys ? ss.k[last.stage] : q_buffer;
+    uint64_t* const buffer_empty = kScratchInKeys ? &ss.k_empty[last.stage] : &ss.q_empty[t.q_stage];
+    float* merged = reinterpret_cast<float*>(buffer);  // [d][kMergeStride]
+    float* sums = reinterpret_cast<float*>(buffer + kMergeSumsOffset);  // [2][4][kFewRows]
+    float* maxima = reinterpret_cast<float*>(buffer + kMergeMaxOffset);  // [2][kFewRows]
+    // (a buffer TMA writes next: the generic writes ordered before the async proxy's)
+    auto release_buffer = [&] {
+      ptx::fence_proxy_async_shared();
+      release_slot(buffer_empty);
+    };
     // Both walks done (their Pᵀ, exchange and Q reads too) before the buffer is written.
     ptx::named_barrier_sync(Barrier::kFewRowsMerge, 256);
 #pragma unroll
@@ -273,7 +306,7 @@ struct FewRowsTile {
     }
     ptx::named_barrier_sync(Barrier::kFewRowsMerge, 256);
     if (wg == 1) {
-      release_slot(&ss.q_empty[t.q_stage]);
+      release_buffer();
       return;
     }
     // Warpgroup 0: each column's weights 2^(m_w - m), then Oᵀ = Oᵀ_0 a_0 + Oᵀ_1 a_1 in place (each
@@ -316,8 +349,8 @@ struct FewRowsTile {
           for (int c = 0; c < 2; ++c) o[4 * j + 2 * r + c] = merged[f.col(j, c) * kMergeStride + row];
       }
     }
-    sync_warpgroup();  // every read of the buffer done
-    release_slot(&ss.q_empty[t.q_stage]);
+    sync_warpgroup();  // every access to the buffer done
+    release_buffer();
   }
 
   __device__ __forceinline__ void run(float (&o)[Cfg::kOCols / 2], OnlineSoftmax& s) const {
