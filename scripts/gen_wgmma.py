@@ -3,14 +3,16 @@
 
 An asm statement must name every accumulator register, so each N needs its own operand list;
 generating them keeps the header mechanical and the kernels free of raw asm.
-  SS (A and B from shared-memory descriptors): the S = Q·Kᵀ GEMM, N = kBlockN (N = 40: the
+  SS (A and B from shared-memory descriptors): the S = Q·Kᵀ GEMM, N = kBlockN (N = 16 and 32: a
+  KV cache's few-row tile's Sᵀ = K·Qᵀ, decode/few_rows_tile.cuh; N = 40: the
   backward's S = Q·Kᵀ and dP = dO·Vᵀ at d = 256, each consumer 40 of the 80 keys; N = 32: its
   Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ at d = 512, 32-query blocks).
   RS (A from registers, B from a descriptor):  the O += P·V GEMM, N = head dim.
   SS, both transposed (A and B MN-major: tnspA = tnspB = 1): the backward's dQ = dS·K, dS
   stored [key][query] and K [key][d], both read along their contiguous axis as M and N.
   SS, A transposed (A MN-major, B K-major: tnspA = 1, tnspB = 0): the backward's transposed dQ
-  at 80-row query blocks (d = 128) and 32-row ones (d = 512), dQᵀ = Kᵀ·dSᵀ, K [key][d] read as Kᵀ (d on M), dS stored [query][key]
+  at 80-row query blocks (d = 128) and 32-row ones (d = 512), dQᵀ = Kᵀ·dSᵀ (and the few-row
+  tile's Oᵀ = Vᵀ·Pᵀ, N = 16 and 32), K [key][d] read as Kᵀ (d on M), dS stored [query][key]
   (queries on N, keys contiguous: K-major).
   FP8 (e4m3, k32): both operands K-major (no transpose immediates exist for FP8); the P·V
   GEMM reads Vᵀ, so its B is K-major too.
@@ -21,13 +23,13 @@ Run: python3 scripts/gen_wgmma.py  (rewrites the header in place).
 """
 import pathlib
 
-SS_N = [32, 40, 64, 80, 96, 112, 128, 144, 160, 176, 192]
+SS_N = [16, 32, 40, 64, 80, 96, 112, 128, 144, 160, 176, 192]
 RS_N = [64, 128, 256]
 SS_TRANSPOSED_N = [64]
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
 FP8_SS_N = [128]
 FP8_RS_N = [64, 128, 256]
-SS_TRANSPOSED_A_N = [32, 80]
+SS_TRANSPOSED_A_N = [16, 32, 80]
 
 
 def regs(n):

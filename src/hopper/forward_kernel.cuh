@@ -140,9 +140,9 @@ __device__ __forceinline__ void run_consumer_warpgroup(SharedStorage<Cfg>& ss, c
         const bool few_keys = tile_sees_few_keys<Cfg>(w, params, seqlen_q, seqlen_k);
         // A KV cache's tile of few real rows: both warpgroups on all its keys, its rows in wgmma's N
         // (few_rows_tile.cuh).
-        if (kFewRowsTiles<Cfg> && !few_keys &&
-            kvcache_tile_rows(first_row_of_block<Cfg>(w.m_block, params), params, seqlen_q) <= kFewRows) {
-          if constexpr (kFewRowsTiles<Cfg>) FewRowsTile<Cfg>(ss, params, t).run(o, softmax);
+        const int rows = kvcache_tile_rows(first_row_of_block<Cfg>(w.m_block, params), params, seqlen_q);
+        if (kFewRowsTiles<Cfg> && !few_keys && rows <= kFewRows) {
+          if constexpr (kFewRowsTiles<Cfg>) run_few_rows_tile<Cfg>(ss, params, t, rows, o, softmax);
           kv += n_tiles;
         } else {
           const WarpgroupTiles own =

@@ -15,6 +15,7 @@
 // today (one warpgroup, 64 rows x 128 keys: S = Q·Kᵀ, softmax, O += P·V from registers), both
 // unpipelined. Build and run on the GPU host from the repository root:
 //   nvcc -std=c++20 -O2 -Isrc -Iinclude -gencode=arch=compute_90a,code=sm_90a -o p_few_rows tools/probes/p_decode_few_rows.cu && ./p_few_rows
+// (-DPROBE_ROWS=16: the same with 16 rows, m64n16k16.)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -35,7 +36,11 @@ using namespace warpattn;
 using namespace warpattn::detail;
 using Element = __nv_bfloat16;
 
-constexpr int kD = 128, kBlockN = 128, kRows = 32, kTiles = 4, kPanelBytes = 128;
+// The rows (wgmma N): 32, or 16 with -DPROBE_ROWS=16 (the kernel's WARPATTN_TUNE_KV_FEW_ROWS_N16).
+#ifndef PROBE_ROWS
+#define PROBE_ROWS 32
+#endif
+constexpr int kD = 128, kBlockN = 128, kRows = PROBE_ROWS, kTiles = 4, kPanelBytes = 128;
 constexpr int kTileBytes = kBlockN * kD * 2;   // 32 KB: a K or V tile, 2 panels of 128 keys x 128 B
 constexpr int kQBytes = 64 * kD * 2;            // 16 KB: the wide form's 64 rows (the few-row form reads 32)
 constexpr int kPtBytes = kRows * kPanelBytes;  // 4 KB: a warpgroup's Pᵀ, kRows lines of 64 keys
@@ -400,7 +405,7 @@ int main() {
   cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
   const int passes = 64;
   long long cyc[2];
-  const char* names[3] = {"few_rows (2 warpgroups x 64 keys, 32 rows)", "few_rows pipelined", "wide (1 warpgroup, 64 rows x 128 keys)"};
+  const char* names[3] = {"few_rows (2 warpgroups x 64 keys)", "few_rows pipelined", "wide (1 warpgroup, 64 rows x 128 keys)"};
   for (int form = 0; form < 3; ++form) {
     for (int rep = 0; rep < 2; ++rep) {
       if (form == 0) few_rows<false><<<1, 256, kSmem>>>(dq, dk, dv, scale_log2, passes, dout, dcycles);

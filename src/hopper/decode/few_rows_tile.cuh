@@ -46,7 +46,12 @@
 
 namespace warpattn::detail {
 
-inline constexpr int kFewRows = 32;  // wgmma N of both GEMMs: the rows the form takes
+inline constexpr int kFewRows = 32;  // the most rows the form takes (wgmma N of both GEMMs)
+// WARPATTN_TUNE_KV_FEW_ROWS_N16=1: tiles of at most 16 rows take N = 16 (half the tensor work and
+// the softmax's values; a decode step with 4 query heads a KV head has 4 rows).
+#ifndef WARPATTN_TUNE_KV_FEW_ROWS_N16
+#define WARPATTN_TUNE_KV_FEW_ROWS_N16 0
+#endif
 
 template <class Cfg>
 inline constexpr bool kFewRowsTiles = WARPATTN_TUNE_KV_FEW_ROWS != 0 && Cfg::kKvCache && !Cfg::kFp8 &&
@@ -59,28 +64,29 @@ __device__ __forceinline__ int kvcache_tile_rows(int first_position, const Forwa
   return positions > 0 ? positions * params.packing.heads : 0;
 }
 
-template <class Cfg>
+template <class Cfg, int kRows = kFewRows>
 struct FewRowsTile {
   using Element = typename Cfg::Element;
   static constexpr int kMBlocks = Cfg::kHeadDim / 64;  // Oᵀ's m64 blocks: V's 64-column panels
-  static constexpr int kCols = kFewRows / 8;            // a thread's column pairs (j) of an m64n32 accumulator
+  static_assert(kRows == 16 || kRows == 32, "wgmma N: the generated shapes");
+  static constexpr int kCols = kRows / 8;            // a thread's column pairs (j) of an m64nN accumulator
   static constexpr uint32_t kPanelRowBytes = 128;
   static constexpr bool kScratchInKeys = WARPATTN_TUNE_KV_FEW_ROWS == 2;
   // A warpgroup's scratch (bytes from its base, 1024-aligned: Pᵀ's swizzle atoms): Pᵀ, then its
-  // max exchange [4 warps][kFewRows] floats. Its base: in the Q buffer past the rows read, Pᵀ of
-  // warpgroup w at kFewRows + kFewRows w rows, the exchanges after both; in a K tile, the
+  // max exchange [4 warps][kRows] floats. Its base: in the Q buffer past the rows read, Pᵀ of
+  // warpgroup w at kRows + kRows w rows, the exchanges after both; in a K tile, the
   // warpgroup's first row. The merge (from the buffer's start): Oᵀ as floats [d][kMergeStride],
-  // the sums [2][4][kFewRows], the maxima [2][kFewRows].
-  static constexpr uint32_t kPtBytes = kFewRows * kPanelRowBytes, kExchangeBytes = 4 * kFewRows * 4;
-  static constexpr uint32_t kQScratchOffset = kFewRows * kPanelRowBytes;
-  static constexpr int kMergeStride = kFewRows + 1;  // (floats; +1: fewer bank conflicts)
+  // the sums [2][4][kRows], the maxima [2][kRows].
+  static constexpr uint32_t kPtBytes = kRows * kPanelRowBytes, kExchangeBytes = 4 * kRows * 4;
+  static constexpr uint32_t kQScratchOffset = kRows * kPanelRowBytes;
+  static constexpr int kMergeStride = kRows + 1;  // (floats; +1: fewer bank conflicts)
   static constexpr uint32_t kMergeSumsOffset = (Cfg::kHeadDim * kMergeStride * 4 + 15) / 16 * 16;
-  static constexpr uint32_t kMergeMaxOffset = kMergeSumsOffset + 2 * 4 * kFewRows * 4;
+  static constexpr uint32_t kMergeMaxOffset = kMergeSumsOffset + 2 * 4 * kRows * 4;
   static_assert(kQScratchOffset + 2 * (kPtBytes + kExchangeBytes) <= Cfg::kBlockM * kPanelRowBytes,
                 "the scratch fits in the Q buffer's first panel past the Q rows read");
   static_assert(kPtBytes + kExchangeBytes <= 64 * kPanelRowBytes, "a warpgroup's scratch fits in its K rows");
   static constexpr int kMergeBufferBytes = kScratchInKeys ? Cfg::kKTileBytes : Cfg::kQTileBytes;
-  static_assert(kMergeMaxOffset + 2 * kFewRows * 4 <= kMergeBufferBytes, "the merge fits in its buffer");
+  static_assert(kMergeMaxOffset + 2 * kRows * 4 <= kMergeBufferBytes, "the merge fits in its buffer");
 
   SharedStorage<Cfg>& ss;
   const ForwardParams& params;
@@ -121,14 +127,14 @@ struct FewRowsTile {
   }
 
   // Sᵀ of ordinal it into st (issued and committed, not waited for).
-  __device__ __forceinline__ void issue_scores(float (&st)[kFewRows / 2], RingSlot ks) const {
+  __device__ __forceinline__ void issue_scores(float (&st)[kRows / 2], RingSlot ks) const {
     ptx::mbarrier_wait(ptx::smem_addr(&ss.k_full[ks.stage]), ks.phase);
-    issue_rows_gemm<Element, Cfg::kPanels, Cfg::kBlockN, kFewRows, 128, Cfg::kBlockM>(
+    issue_rows_gemm<Element, Cfg::kPanels, Cfg::kBlockN, kRows, 128, Cfg::kBlockM>(
         st, ptx::smem_addr(ss.k[ks.stage]) + wg * 64 * kPanelRowBytes, q_addr);
     ptx::wgmma_commit();
   }
   // Oᵀ += Vᵀ·Pᵀ of slot vs (issued and committed).
-  __device__ __forceinline__ void issue_output(float (&ot)[kMBlocks][kFewRows / 2], RingSlot vs) const {
+  __device__ __forceinline__ void issue_output(float (&ot)[kMBlocks][kRows / 2], RingSlot vs) const {
     ptx::mbarrier_wait(ptx::smem_addr(&ss.v_full[vs.stage]), vs.phase);
     const uint32_t v_rows = ptx::smem_addr(ss.v[vs.stage]) + wg * 64 * kPanelRowBytes;
     const uint64_t bd = kmajor_desc<128>(pt_addr(vs));
@@ -141,7 +147,7 @@ struct FewRowsTile {
           ptx::make_smem_desc(v_rows + mb * Cfg::kBlockN * kPanelRowBytes, Cfg::kBlockN * kPanelRowBytes, 1024, 128);
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        ptx::WgmmaSSTransposedA<Element, kFewRows>::mma(ot[mb], advance(ad, kk * 16 * kPanelRowBytes),
+        ptx::WgmmaSSTransposedA<Element, kRows>::mma(ot[mb], advance(ad, kk * 16 * kPanelRowBytes),
                                                        advance(bd, kk * 32), 1);
     }
     ptx::wgmma_commit();
@@ -150,7 +156,7 @@ struct FewRowsTile {
   // The scores of ordinal it once waited for: its K slot freed (2: the Q buffer after the
   // last), softcapped, masked where the tile needs it (key = register row, the tile's row =
   // register column).
-  __device__ __forceinline__ void finish_scores(float (&st)[kFewRows / 2], int it, RingSlot ks) const {
+  __device__ __forceinline__ void finish_scores(float (&st)[kRows / 2], int it, RingSlot ks) const {
     if constexpr (!kScratchInKeys) release_slot(&ss.k_empty[ks.stage]);
     else if (it == t.n_tiles - 1) release_slot(&ss.q_empty[t.q_stage]);
     if (params.softcap_ex2 != 0.f) softcap_scores<true>(st, params.softcap_ex2);
@@ -174,14 +180,14 @@ struct FewRowsTile {
 
   // The first half of a key tile's softmax: each column's max over the warp's 16 keys, into the
   // exchange (the caller then waits for its previous Oᵀ GEMM before softmax_finish's barrier).
-  __device__ __forceinline__ void softmax_local(const float (&st)[kFewRows / 2], RingSlot slot) const {
+  __device__ __forceinline__ void softmax_local(const float (&st)[kRows / 2], RingSlot slot) const {
     float* const x_out = exchange(slot);
 #pragma unroll
     for (int j = 0; j < kCols; ++j)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const float x = column_max(fmaxf(st[4 * j + c], st[4 * j + 2 + c]));
-        if (f.group == 0) x_out[f.warp * kFewRows + f.col(j, c)] = x;
+        if (f.group == 0) x_out[f.warp * kRows + f.col(j, c)] = x;
       }
   }
   // The second half, past the warpgroup's barrier: the four warps' max, the new references m
@@ -190,11 +196,11 @@ struct FewRowsTile {
   // the async proxy, and the barrier after which the warpgroup's Oᵀ GEMM may read it: every
   // warp has passed its wait for the previous Oᵀ GEMM before the first barrier, so no warp
   // overwrites a Pᵀ that GEMM still reads.
-  __device__ __forceinline__ void softmax_finish(const float (&st)[kFewRows / 2], float (&ot)[kMBlocks][kFewRows / 2],
+  __device__ __forceinline__ void softmax_finish(const float (&st)[kRows / 2], float (&ot)[kMBlocks][kRows / 2],
                                                  float (&m)[kCols][2], float (&l)[kCols][2], RingSlot slot) const {
     const float* const x_in = exchange(slot);
     sync_warpgroup();
-    float pr[kFewRows / 2];
+    float pr[kRows / 2];
 #pragma unroll
     for (int j = 0; j < kCols; ++j)
 #pragma unroll
@@ -202,7 +208,7 @@ struct FewRowsTile {
         const int col = f.col(j, c);
         float x = x_in[col];
 #pragma unroll
-        for (int w = 1; w < 4; ++w) x = fmaxf(x, x_in[w * kFewRows + col]);
+        for (int w = 1; w < 4; ++w) x = fmaxf(x, x_in[w * kRows + col]);
         const float m_new = fmaxf(m[j][c], x * scale);
         const float ref = m_new == -INFINITY ? 0.f : m_new;  // a column with no key yet: P = 0, not NaN
         const float alpha = ptx::exp2_approx(m[j][c] - ref);
@@ -217,7 +223,7 @@ struct FewRowsTile {
     const uint32_t st_addr =
         pt_addr(slot) + (8 * (mat / 2) + mrow) * kPanelRowBytes + (((2 * f.warp + mat % 2) ^ mrow) * 16);
 #pragma unroll
-    for (int kk = 0; kk < kFewRows / 16; ++kk) {
+    for (int kk = 0; kk < kRows / 16; ++kk) {
       uint32_t op[4];
       accumulator_step_to_operand<Element>(pr, kk, op);
       ptx::stmatrix_x4_trans(st_addr + kk * 16 * kPanelRowBytes, op[0], op[1], op[2], op[3]);
@@ -228,10 +234,10 @@ struct FewRowsTile {
 
   // The walk over the tile's key tiles (the last first), Sᵀ of the next tile issued with Oᵀ of
   // this one and its scores' first half run under that GEMM.
-  __device__ __forceinline__ void walk(float (&ot)[kMBlocks][kFewRows / 2], float (&m)[kCols][2],
+  __device__ __forceinline__ void walk(float (&ot)[kMBlocks][kRows / 2], float (&m)[kCols][2],
                                        float (&l)[kCols][2]) const {
     using namespace ptx;
-    float st[kFewRows / 2];
+    float st[kRows / 2];
     const RingSlot k0 = ring_slot<Cfg::kStages>(t.kv_base);
     issue_scores(st, k0);
     wgmma_wait<0>();
@@ -258,7 +264,7 @@ struct FewRowsTile {
   }
   // After the Oᵀ GEMM of slot vs: its V slot is free, and (2) its K slot unless the merge is to
   // use it (the last).
-  __device__ __forceinline__ void wait_output(float (&ot)[kMBlocks][kFewRows / 2], RingSlot vs, bool free_k) const {
+  __device__ __forceinline__ void wait_output(float (&ot)[kMBlocks][kRows / 2], RingSlot vs, bool free_k) const {
     ptx::wgmma_wait<0>();
 #pragma unroll
     for (int mb = 0; mb < kMBlocks; ++mb) ptx::pin(ot[mb]);
@@ -267,17 +273,17 @@ struct FewRowsTile {
   }
 
   // The merge: both warpgroups' states into (o, s) of warpgroup 0 in the wide tile's layout
-  // (rows 0 .. kFewRows - 1 of its 64; the rest empty), warpgroup 1's left empty. Then its
+  // (rows 0 .. kRows - 1 of its 64; the rest empty), warpgroup 1's left empty. Then its
   // buffer is released: the Q buffer (1), the last key tile's K slot (2).
-  __device__ __forceinline__ void merge(const float (&ot)[kMBlocks][kFewRows / 2], const float (&m)[kCols][2],
+  __device__ __forceinline__ void merge(const float (&ot)[kMBlocks][kRows / 2], const float (&m)[kCols][2],
                                         const float (&l)[kCols][2], float (&o)[Cfg::kOCols / 2],
                                         OnlineSoftmax& s) const {
     const RingSlot last = ring_slot<Cfg::kStages>(t.kv_base + t.n_tiles - 1);
     uint8_t* const buffer = kScratchInKeys ? ss.k[last.stage] : q_buffer;
     uint64_t* const buffer_empty = kScratchInKeys ? &ss.k_empty[last.stage] : &ss.q_empty[t.q_stage];
     float* merged = reinterpret_cast<float*>(buffer);  // [d][kMergeStride]
-    float* sums = reinterpret_cast<float*>(buffer + kMergeSumsOffset);  // [2][4][kFewRows]
-    float* maxima = reinterpret_cast<float*>(buffer + kMergeMaxOffset);  // [2][kFewRows]
+    float* sums = reinterpret_cast<float*>(buffer + kMergeSumsOffset);  // [2][4][kRows]
+    float* maxima = reinterpret_cast<float*>(buffer + kMergeMaxOffset);  // [2][kRows]
     // (a buffer TMA writes next: the generic writes ordered before the async proxy's)
     auto release_buffer = [&] {
       ptx::fence_proxy_async_shared();
@@ -290,8 +296,8 @@ struct FewRowsTile {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const float x = column_sum(l[j][c]);
-        if (f.group == 0) sums[(wg * 4 + f.warp) * kFewRows + f.col(j, c)] = x;
-        if (f.group == 0 && f.warp == 0) maxima[wg * kFewRows + f.col(j, c)] = m[j][c];
+        if (f.group == 0) sums[(wg * 4 + f.warp) * kRows + f.col(j, c)] = x;
+        if (f.group == 0 && f.warp == 0) maxima[wg * kRows + f.col(j, c)] = m[j][c];
       }
     if (wg == 1) {
 #pragma unroll
@@ -312,7 +318,7 @@ struct FewRowsTile {
     // Warpgroup 0: each column's weights 2^(m_w - m), then Oᵀ = Oᵀ_0 a_0 + Oᵀ_1 a_1 in place (each
     // thread its own elements), then the rows back in the wide layout.
     auto weights = [&](int col, float& a0, float& a1, float& m_all) {
-      const float m0 = maxima[col], m1 = maxima[kFewRows + col];
+      const float m0 = maxima[col], m1 = maxima[kRows + col];
       m_all = fmaxf(m0, m1);
       a0 = m0 == -INFINITY ? 0.f : ptx::exp2_approx(m0 - m_all);
       a1 = m1 == -INFINITY ? 0.f : ptx::exp2_approx(m1 - m_all);
@@ -335,12 +341,12 @@ struct FewRowsTile {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = f.row(r);
-      if (row < kFewRows) {
+      if (row < kRows) {
         float a0, a1, m_all;
         weights(row, a0, a1, m_all);
         float l0 = 0.f, l1 = 0.f;
 #pragma unroll
-        for (int w = 0; w < 4; ++w) l0 += sums[w * kFewRows + row], l1 += sums[(4 + w) * kFewRows + row];
+        for (int w = 0; w < 4; ++w) l0 += sums[w * kRows + row], l1 += sums[(4 + w) * kRows + row];
         s.row_max[r] = m_all;
         s.row_sum[r] = f.quad == 0 ? fmaf(l0, a0, l1 * a1) : 0.f;  // (quad_sum adds the row's four lanes)
 #pragma unroll
@@ -354,11 +360,11 @@ struct FewRowsTile {
   }
 
   __device__ __forceinline__ void run(float (&o)[Cfg::kOCols / 2], OnlineSoftmax& s) const {
-    float ot[kMBlocks][kFewRows / 2];
+    float ot[kMBlocks][kRows / 2];
 #pragma unroll
     for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
-      for (int i = 0; i < kFewRows / 2; ++i) ot[mb][i] = 0.f;
+      for (int i = 0; i < kRows / 2; ++i) ot[mb][i] = 0.f;
     float m[kCols][2], l[kCols][2];
 #pragma unroll
     for (int j = 0; j < kCols; ++j) m[j][0] = m[j][1] = -INFINITY, l[j][0] = l[j][1] = 0.f;
@@ -366,5 +372,16 @@ struct FewRowsTile {
     merge(ot, m, l, o, s);
   }
 };
+
+// A tile of `rows` (<= kFewRows) real rows in the few-row form, N the smallest that holds them.
+template <class Cfg>
+__device__ __forceinline__ void run_few_rows_tile(SharedStorage<Cfg>& ss, const ForwardParams& params,
+                                                  const TileContext& t, int rows, float (&o)[Cfg::kOCols / 2],
+                                                  OnlineSoftmax& s) {
+  if (WARPATTN_TUNE_KV_FEW_ROWS_N16 && rows <= 16)
+    FewRowsTile<Cfg, 16>(ss, params, t).run(o, s);
+  else
+    FewRowsTile<Cfg, kFewRows>(ss, params, t).run(o, s);
+}
 
 }  // namespace warpattn::detail
