@@ -28,9 +28,9 @@
 #include "hopper/fragment.cuh"
 #include "hopper/ptx/math.cuh"
 #include "hopper/ptx/mbarrier.cuh"
-#include "hopper/ptx/stmatrix.cuh"
 #include "hopper/ptx/tma.cuh"
 #include "hopper/ptx/warpgroup.cuh"
+#include "hopper/transposed_rows.cuh"
 
 using namespace warpattn;
 using namespace warpattn::detail;
@@ -101,10 +101,6 @@ __global__ void __launch_bounds__(256) few_rows(const Element* q, const Element*
   const int wg = threadIdx.x / 128;
   const FragmentCoords f(threadIdx.x % 128);
   const uint32_t q_addr = ptx::smem_addr(s.q), pt_addr = ptx::smem_addr(s.pt + wg * kPtBytes);
-  // Pᵀ store addresses (the backward's write_ds_transposed): lane l gives row l % 8 of matrix
-  // l / 8; matrix m of k16 step kk is queries 16 kk + 8 (m / 2) .., keys 16 warp + 8 (m % 2) ..
-  const int lane = threadIdx.x % 32, mat = lane / 8, mrow = lane % 8;
-  const uint32_t st_addr = pt_addr + (8 * (mat / 2) + mrow) * kPanelBytes + (((2 * f.warp + mat % 2) ^ mrow) * 16);
 
   float o[2][kRows / 2];  // Oᵀ: panel mb's 64 head-dim rows x kRows queries
 #pragma unroll
@@ -153,7 +149,7 @@ __global__ void __launch_bounds__(256) few_rows(const Element* q, const Element*
         l[j][c] = l[j][c] * alpha[j][c] + p0 + p1;
       }
   };
-  // Oᵀ rescaled, then Pᵀ into the buffer (one stmatrix.trans x4 per 16 queries), made visible
+  // Oᵀ rescaled, then Pᵀ into the buffer (store_transposed_rows: one stmatrix.trans x4 per 16 queries), made visible
   // to the wgmma of the whole warpgroup.
   auto rescale_and_store = [&]() {
 #pragma unroll
@@ -162,12 +158,10 @@ __global__ void __launch_bounds__(256) few_rows(const Element* q, const Element*
       for (int c = 0; c < 2; ++c)
 #pragma unroll
         for (int mb = 0; mb < 2; ++mb) o[mb][4 * j + c] *= alpha[j][c], o[mb][4 * j + 2 + c] *= alpha[j][c];
+    uint32_t ops[kRows / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < kRows / 16; ++kk) {
-      uint32_t op[4];
-      accumulator_step_to_operand<Element>(pr, kk, op);
-      ptx::stmatrix_x4_trans(st_addr + kk * 16 * kPanelBytes, op[0], op[1], op[2], op[3]);
-    }
+    for (int kk = 0; kk < kRows / 16; ++kk) accumulator_step_to_operand<Element>(pr, kk, ops[kk]);
+    store_transposed_rows(pt_addr, f.warp, ops);
     ptx::fence_proxy_async_shared();
     ptx::named_barrier_sync(1 + wg, 128);
   };

@@ -32,12 +32,12 @@
 #include "hopper/ptx/math.cuh"
 #include "hopper/ptx/mbarrier.cuh"
 #include "hopper/ptx/memory_order.cuh"
-#include "hopper/ptx/stmatrix.cuh"
 #include "hopper/ptx/tma.cuh"
 #include "hopper/ptx/warpgroup.cuh"
 #include "hopper/ptx/wgmma_ops.cuh"
 #include "hopper/ring_slot.cuh"
 #include "hopper/softcap.cuh"
+#include "hopper/transposed_rows.cuh"
 
 namespace warpattn::detail {
 
@@ -167,21 +167,11 @@ struct BackwardConsumer {
 
   // Transposed dQ: dS itself, [query][key], the K-major B operand of dQᵀ = Kᵀ·dSᵀ. This
   // warpgroup's 64 keys are one panel: kM query rows of 128 bytes (panel `warpgroup`, kM x 128
-  // bytes on; with the head dim split, d = 512, the CTA's only 64 keys, panel 0), 128B-swizzled as TMA writes K-major tiles (16-byte chunk c of row n at c ^ (n % 8)).
-  // One stmatrix.trans per 16 queries: its four 8x8 matrices are ds[kk][0..3] = (keys g, queries
-  // 16kk + 2q ..), (keys g + 8, the same queries), (keys g, queries 16kk + 8 + 2q ..), (keys g + 8,
-  // those), each stored transposed, so stored row i of matrix mat is query 16kk + 8 (mat / 2) + i,
-  // its 16 bytes keys 16 warp + 8 (mat % 2) .. + 7: chunk 2 warp + mat % 2 of that row. Lane l
-  // gives row l % 8 of matrix l / 8. The 8 rows of a matrix are 8 rows of one swizzle atom: 8
-  // different chunks, no bank conflict.
+  // bytes on; with the head dim split, d = 512, the CTA's only 64 keys, panel 0), written by
+  // store_transposed_rows (transposed_rows.cuh).
   __device__ __forceinline__ void write_ds_transposed(const uint32_t (&ds)[kM / 16][4], int buf) const {
-    const int lane = threadIdx.x % 32, mat = lane / 8, row = lane % 8;
-    const int chunk = (2 * f.warp + mat % 2) ^ row;  // (query % 8) = row: 16kk + 8 (mat / 2) is a multiple of 8
     const int panel = Cfg::kSplitHeadDim ? 0 : warpgroup;
-    const uint32_t addr = ptx::smem_addr(ss.ds[buf]) + panel * kM * 128 + (8 * (mat / 2) + row) * 128 + chunk * 16;
-#pragma unroll
-    for (int kk = 0; kk < kM / 16; ++kk)
-      ptx::stmatrix_x4_trans(addr + kk * 16 * 128, ds[kk][0], ds[kk][1], ds[kk][2], ds[kk][3]);
+    store_transposed_rows(ptx::smem_addr(ss.ds[buf]) + panel * kM * 128, f.warp, ds);
   }
 
   // Transposed dQ of this warpgroup's 64 columns: dQᵀ (64 x kM) = Kᵀ·dSᵀ over the CTA's kN keys.

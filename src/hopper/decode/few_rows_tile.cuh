@@ -32,11 +32,11 @@
 #include "hopper/kv_tiles.hpp"
 #include "hopper/ptx/math.cuh"
 #include "hopper/ptx/mbarrier.cuh"
-#include "hopper/ptx/stmatrix.cuh"
 #include "hopper/ptx/tma.cuh"
 #include "hopper/ptx/warpgroup.cuh"
 #include "hopper/softcap.cuh"
 #include "hopper/softmax.cuh"
+#include "hopper/transposed_rows.cuh"
 
 // 1 or 2: a 16-bit KV cache's tiles with at most kFewRows real rows take this form, its scratch
 // where the value says (below; an A/B; 0: none).
@@ -192,7 +192,7 @@ struct FewRowsTile {
   }
   // The second half, past the warpgroup's barrier: the four warps' max, the new references m
   // (log2 units; -inf while a column has seen no key), Oᵀ's rescale alpha, P into pr, the
-  // thread's sums l. Then Pᵀ into shared memory (one stmatrix.trans x4 per 16 rows), fenced for
+  // thread's sums l. Then Pᵀ into shared memory (store_transposed_rows), fenced for
   // the async proxy, and the barrier after which the warpgroup's Oᵀ GEMM may read it: every
   // warp has passed its wait for the previous Oᵀ GEMM before the first barrier, so no warp
   // overwrites a Pᵀ that GEMM still reads.
@@ -219,15 +219,10 @@ struct FewRowsTile {
 #pragma unroll
         for (int mb = 0; mb < kMBlocks; ++mb) ot[mb][4 * j + c] *= alpha, ot[mb][4 * j + 2 + c] *= alpha;
       }
-    const int lane = threadIdx.x % 32, mat = lane / 8, mrow = lane % 8;
-    const uint32_t st_addr =
-        pt_addr(slot) + (8 * (mat / 2) + mrow) * kPanelRowBytes + (((2 * f.warp + mat % 2) ^ mrow) * 16);
+    uint32_t ops[kRows / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < kRows / 16; ++kk) {
-      uint32_t op[4];
-      accumulator_step_to_operand<Element>(pr, kk, op);
-      ptx::stmatrix_x4_trans(st_addr + kk * 16 * kPanelRowBytes, op[0], op[1], op[2], op[3]);
-    }
+    for (int kk = 0; kk < kRows / 16; ++kk) accumulator_step_to_operand<Element>(pr, kk, ops[kk]);
+    store_transposed_rows(pt_addr(slot), f.warp, ops);
     ptx::fence_proxy_async_shared();
     sync_warpgroup();
   }

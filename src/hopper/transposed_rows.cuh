@@ -1,0 +1,29 @@
+// A warpgroup's m64 x N 16-bit accumulator (its warps' 16-row slices, packed as
+// accumulator_step_to_operand packs them) stored transposed: column n becomes stored row n, 128
+// bytes (the 64 rows of the accumulator) in a 128B-swizzled tile as TMA writes K-major tiles
+// (16-byte chunk c of row n at c ^ (n % 8)). The K-major operand that a transposed GEMM reads
+// next: the backward's dS [query][key] for dQᵀ = Kᵀ·dSᵀ, the few-row tile's Pᵀ [row][key] for
+// Oᵀ = Vᵀ·Pᵀ (decode/few_rows_tile.cuh).
+#pragma once
+#include <cstdint>
+
+#include "hopper/ptx/stmatrix.cuh"
+
+namespace warpattn::detail {
+
+// One stmatrix.trans per 16 columns: step kk's four 8x8 matrices x[kk][0..3] are (rows g,
+// columns 16kk + 2q ..), (rows g + 8, the same columns), (rows g, columns 16kk + 8 + 2q ..), (rows
+// g + 8, those), each stored transposed, so stored row i of matrix mat is column 16kk + 8 (mat / 2)
+// + i, its 16 bytes the warp's rows 16 warp + 8 (mat % 2) .. + 7: chunk 2 warp + mat % 2 of that
+// row. Lane l gives row l % 8 of matrix l / 8. The 8 rows of a matrix are 8 rows of one swizzle
+// atom: 8 different chunks, no bank conflict. tile: the stored rows' start (1024-aligned).
+template <int kSteps>
+__device__ __forceinline__ void store_transposed_rows(uint32_t tile, int warp, const uint32_t (&x)[kSteps][4]) {
+  const int lane = threadIdx.x % 32, mat = lane / 8, row = lane % 8;
+  const int chunk = (2 * warp + mat % 2) ^ row;  // (column % 8) = row: 16kk + 8 (mat / 2) is a multiple of 8
+  const uint32_t addr = tile + (8 * (mat / 2) + row) * 128 + chunk * 16;
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) ptx::stmatrix_x4_trans(addr + kk * 16 * 128, x[kk][0], x[kk][1], x[kk][2], x[kk][3]);
+}
+
+}  // namespace warpattn::detail
