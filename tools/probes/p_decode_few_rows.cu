@@ -159,8 +159,7 @@ __global__ void __launch_bounds__(256) few_rows(const Element* q, const Element*
 #pragma unroll
         for (int mb = 0; mb < 2; ++mb) o[mb][4 * j + c] *= alpha[j][c], o[mb][4 * j + 2 + c] *= alpha[j][c];
     uint32_t ops[kRows / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kRows / 16; ++kk) accumulator_step_to_operand<Element>(pr, kk, ops[kk]);
+    accumulator_to_operand<Element, kRows>(pr, ops);
     store_transposed_rows(pt_addr, f.warp, ops);
     ptx::fence_proxy_async_shared();
     ptx::named_barrier_sync(1 + wg, 128);

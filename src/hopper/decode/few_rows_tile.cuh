@@ -109,8 +109,7 @@ struct FewRowsTile {
         q_addr(ptx::smem_addr(ss_.q[t_.q_stage])),
         first_position(first_row_of_block<Cfg>(t_.m_block, p)),
         scale(p.softcap_ex2 != 0.f ? p.softcap_log2 : p.scale_log2),
-        masked(masked_tiles(first_row_of_block<Cfg>(t_.m_block, p), rows_of_block<Cfg>(p), Cfg::kBlockN, t_.seqlen_q,
-                            t_.seqlen_k, band())) {}
+        masked(masked_tiles(first_position, rows_of_block<Cfg>(p), Cfg::kBlockN, t_.seqlen_q, t_.seqlen_k, band())) {}
 
   __device__ __forceinline__ KeyBand band() const { return Cfg::kCausal ? params.band : KeyBand{}; }
   __device__ __forceinline__ int key_tile(int it) const { return t.n_end - 1 - it; }
@@ -220,8 +219,7 @@ struct FewRowsTile {
         for (int mb = 0; mb < kMBlocks; ++mb) ot[mb][4 * j + c] *= alpha, ot[mb][4 * j + 2 + c] *= alpha;
       }
     uint32_t ops[kRows / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kRows / 16; ++kk) accumulator_step_to_operand<Element>(pr, kk, ops[kk]);
+    accumulator_to_operand<Element, kRows>(pr, ops);
     store_transposed_rows(pt_addr(slot), f.warp, ops);
     ptx::fence_proxy_async_shared();
     sync_warpgroup();
