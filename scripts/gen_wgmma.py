@@ -27,7 +27,8 @@ SS_N = [16, 32, 40, 64, 80, 96, 112, 128, 144, 160, 176, 192]
 RS_N = [64, 128, 256]
 SS_TRANSPOSED_N = [64]
 TYPES = [("__nv_bfloat16", "bf16"), ("__half", "f16")]
-FP8_SS_N = [128]
+FP8_SS_N = [16, 32, 128]  # 16, 32: an E4M3 cache's few-row Sᵀ = K·Qᵀ and Oᵀ = Vᵀ·Pᵀ (probe first)
+S8_SS_N = [128]
 FP8_RS_N = [64, 128, 256]
 SS_TRANSPOSED_A_N = [16, 32, 80]
 
@@ -148,7 +149,7 @@ def main():
         out.append(ss_fp8(n))
     for n in FP8_RS_N:
         out.append(rs_fp8(n))
-    for n in FP8_SS_N:
+    for n in S8_SS_N:
         out.append(ss_s8(n))
     out.append("}  // namespace warpattn::ptx")
     path = pathlib.Path(__file__).resolve().parent.parent / "src/hopper/ptx/wgmma_ops.cuh"
