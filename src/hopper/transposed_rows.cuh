@@ -7,6 +7,8 @@
 #pragma once
 #include <cstdint>
 
+#include "hopper/fragment.cuh"
+#include "hopper/ptx/math.cuh"
 #include "hopper/ptx/stmatrix.cuh"
 
 namespace warpattn::detail {
@@ -24,6 +26,29 @@ __device__ __forceinline__ void store_transposed_rows(uint32_t tile, int warp, c
   const uint32_t addr = tile + (8 * (mat / 2) + row) * 128 + chunk * 16;
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) ptx::stmatrix_x4_trans(addr + kk * 16 * 128, x[kk][0], x[kk][1], x[kk][2], x[kk][3]);
+}
+
+// The same for an E4M3 accumulator's values (kCols columns; P of an E4M3 KV cache's few-row
+// tile) as bytes, in the layout of the cache's Vᵀ slices (decode/fp8_cache_layout.hpp) that the
+// FP8 GEMM multiplies them with: warp w's 16 rows (keys) are slice w, kCols stored rows of 16
+// bytes (no swizzle), the keys in kFp8KeyOrder. A thread holds keys g and g + 8 of its warp, which
+// kFp8KeyOrder puts in word g / 2 of a stored row (bytes g % 2 and 2 + g % 2); the word's other two
+// bytes are its partner's (lane ^ 4, group g ^ 1). So per 8 columns: one e4m3x4 pack, one shuffle,
+// one 32-bit store (no stmatrix: it moves 16-bit elements); the even group stores column (j, 0),
+// the odd one (j, 1). The 32 stores of a warp fill 128 contiguous bytes: no bank conflict.
+template <int kCols>
+__device__ __forceinline__ void store_transposed_rows_e4m3(uint8_t* slices, const FragmentCoords& f,
+                                                           const float (&p)[kCols / 2]) {
+  uint8_t* const slice = slices + f.warp * kCols * 16;
+  const bool odd = f.group % 2;
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j) {
+    // bytes: (column (j, 0), key g), ((j, 0), g + 8), ((j, 1), g), ((j, 1), g + 8)
+    const uint32_t mine = ptx::pack_e4m3x4(p[4 * j], p[4 * j + 2], p[4 * j + 1], p[4 * j + 3]);
+    const uint32_t partner = __shfl_xor_sync(0xffffffffu, mine, 4);
+    const uint32_t word = odd ? __byte_perm(mine, partner, 0x3726) : __byte_perm(mine, partner, 0x5140);
+    *reinterpret_cast<uint32_t*>(slice + f.col(j, odd) * 16 + 4 * (f.group / 2)) = word;
+  }
 }
 
 }  // namespace warpattn::detail

@@ -35,6 +35,7 @@
 #include "hopper/ptx/mbarrier.cuh"
 #include "hopper/ptx/tma.cuh"
 #include "hopper/ptx/warpgroup.cuh"
+#include "hopper/transposed_rows.cuh"
 
 using namespace warpattn;
 using namespace warpattn::detail;
@@ -92,23 +93,6 @@ __device__ void load_tiles(const Smem& s, const uint8_t* q, const uint8_t* k, co
   }
   ptx::fence_proxy_async_shared();
   __syncthreads();
-}
-
-// P of a thread's two keys (g and g + 8 of its warp's 16) for its columns (j, 0) and (j, 1) into
-// warp w's slice of Pᵀ: the four bytes of a word hold keys 2a, 2a + 1, 2a + 8, 2a + 9 (a = g / 2)
-// of one column, which the thread and its partner (lane ^ 4, g ^ 1) hold between them; the even
-// group writes column (j, 0), the odd one (j, 1).
-__device__ __forceinline__ void store_pt_e4m3(uint8_t* pt, const FragmentCoords& f, const float (&p)[kRows / 2]) {
-  uint8_t* slice = pt + f.warp * kPtSliceBytes;
-#pragma unroll
-  for (int j = 0; j < kRows / 8; ++j) {
-    // bytes: (col 0, key g), (col 0, key g + 8), (col 1, key g), (col 1, key g + 8)
-    const uint32_t mine = ptx::pack_e4m3x4(p[4 * j], p[4 * j + 2], p[4 * j + 1], p[4 * j + 3]);
-    const uint32_t partner = __shfl_xor_sync(0xffffffffu, mine, 4);
-    const bool odd = f.group % 2;
-    const uint32_t word = odd ? __byte_perm(mine, partner, 0x3726) : __byte_perm(mine, partner, 0x5140);
-    *reinterpret_cast<uint32_t*>(slice + f.col(j, odd) * 16 + 4 * (f.group / 2)) = word;
-  }
 }
 
 template <bool kPipelined>
@@ -173,7 +157,7 @@ __global__ void __launch_bounds__(256) few_rows(const uint8_t* q, const uint8_t*
       for (int c = 0; c < 2; ++c)
 #pragma unroll
         for (int mb = 0; mb < 2; ++mb) o[mb][4 * j + c] *= alpha[j][c], o[mb][4 * j + 2 + c] *= alpha[j][c];
-    store_pt_e4m3(pt, f, pr);
+    store_transposed_rows_e4m3<kRows>(pt, f, pr);
     ptx::fence_proxy_async_shared();
     ptx::named_barrier_sync(1 + wg, 128);
   };
