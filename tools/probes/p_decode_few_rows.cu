@@ -9,15 +9,26 @@
 //   Oᵀ (d x kRows) += Vᵀ·Pᵀ             SS wgmma m64n32k16, A = V read MN-major (tnspA), one m64 per
 //                                     64-column panel of V, B = Pᵀ K-major (the backward's dQᵀ form);
 //   at the end the two warpgroups' (m, l, Oᵀ) merged through shared memory.
-// Checked: O of kRows rows against fp64 over kTiles key tiles (the online rescale across tiles).
-// Timed (clock64, the same tiles visited kPasses times, data in shared memory: the consumers'
-// own cost a key tile, no loads): this few-row form against the wide one the KV-cache kernel runs
-// today (one warpgroup, 64 rows x 128 keys: S = Q·Kᵀ, softmax, O += P·V from registers), both
-// unpipelined. Build and run on the GPU host from the repository root:
+// -DPROBE_E4M3=1: the same for an E4M3 cache (the kernel's WARPATTN_TUNE_KV_FEW_ROWS_E4M3): Q, K
+// and V as e4m3 codes (d = 128: one 128-byte panel a row), both GEMMs m64nNk32 e4m3 with both
+// operands K-major (FP8 wgmma has no transpose): A of Oᵀ = the cache's Vᵀ slices
+// (fp8_cache_layout.hpp: 16 keys x d rows of 16 B, no swizzle, keys in kFp8KeyOrder), B = Pᵀ
+// written as bytes in the same slices and key order (store_transposed_rows_e4m3); P lifted by
+// 2^6 as the FP8 kernels lift it.
+// Checked: O of kRows rows against fp64 over kTiles key tiles (the online rescale across tiles),
+// for each form (E4M3: the few-row forms' error at most 1.25x the wide form's, which rounds the
+// same P against another running max). Timed (clock64, the same tiles visited kPasses times,
+// data in shared memory: the consumers' own cost a key tile, no loads): this few-row form
+// against the wide one the KV-cache kernel runs today (one warpgroup, 64 rows x 128 keys: S =
+// Q·Kᵀ, softmax, O += P·V from registers), both unpipelined. Build and run on the GPU host from
+// the repository root:
 //   nvcc -std=c++20 -O2 -Isrc -Iinclude -gencode=arch=compute_90a,code=sm_90a -o p_few_rows tools/probes/p_decode_few_rows.cu && ./p_few_rows
-// (-DPROBE_ROWS=16: the same with 16 rows, m64n16k16.)
+// (-DPROBE_ROWS=16: the same with 16 rows, m64n16k16 / k32.)
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
+
+#include <type_traits>
 
 #include <cmath>
 #include <cstdio>
@@ -25,6 +36,7 @@
 #include <vector>
 
 #include "hopper/consumer_gemms.cuh"
+#include "hopper/decode/fp8_cache_layout.hpp"
 #include "hopper/fragment.cuh"
 #include "hopper/ptx/math.cuh"
 #include "hopper/ptx/mbarrier.cuh"
@@ -34,24 +46,38 @@
 
 using namespace warpattn;
 using namespace warpattn::detail;
-using Element = __nv_bfloat16;
 
 // The rows (wgmma N): 32, or 16 with -DPROBE_ROWS=16 (the kernel's WARPATTN_TUNE_KV_FEW_ROWS_N16).
 #ifndef PROBE_ROWS
 #define PROBE_ROWS 32
 #endif
+#ifndef PROBE_E4M3
+#define PROBE_E4M3 0
+#endif
+constexpr bool kE4m3 = PROBE_E4M3;
+using Element = std::conditional_t<kE4m3, __nv_fp8_e4m3, __nv_bfloat16>;
 constexpr int kD = 128, kBlockN = 128, kRows = PROBE_ROWS, kTiles = 4, kPanelBytes = 128;
-constexpr int kTileBytes = kBlockN * kD * 2;   // 32 KB: a K or V tile, 2 panels of 128 keys x 128 B
-constexpr int kQBytes = 64 * kD * 2;            // 16 KB: the wide form's 64 rows (the few-row form reads 32)
-constexpr int kPtBytes = kRows * kPanelBytes;  // 4 KB: a warpgroup's Pᵀ, kRows lines of 64 keys
+constexpr int kBytes = sizeof(Element), kPanels = kD * kBytes / kPanelBytes;
+constexpr float kPLog2Offset = kE4m3 ? 6.f : 0.f;  // (WARPATTN_TUNE_FP8_P_LIFT's default)
+constexpr int kTileBytes = kBlockN * kD * kBytes;  // a K or V tile: kPanels panels of 128 keys x 128 B
+constexpr int kQBytes = 64 * kD * kBytes;          // the wide form's 64 rows (the few-row form reads kRows)
+constexpr int kPtBytes = 64 * kRows * kBytes;      // a warpgroup's Pᵀ: kRows rows of its 64 keys
+constexpr int kVtSliceBytes = kD * 16, kPtSliceBytes = kRows * 16;  // (E4M3) 16-key slices
+
+// The wide form's P·V for an E4M3 cache (consumer_gemms.cuh reads these).
+struct WideFp8Cfg {
+  using Element = __nv_fp8_e4m3;
+  static constexpr bool kFp8 = true, kVtSlices = true;
+  static constexpr int kBlockN = ::kBlockN, kHeadDim = kD, kOCols = kD, kPvSteps = kBlockN / 32;
+};
 // Shared memory: Q, K tiles, V tiles, Pᵀ x 2 warpgroups, the max exchange [2][4][kRows], the
 // merge [2][kD][kRows] + m, l [2][kRows].
 constexpr int kSmem = kQBytes + 2 * kTiles * kTileBytes + 2 * kPtBytes + 2 * 4 * kRows * 4 + 2 * kD * kRows * 4 +
                       4 * kRows * 4 + 1024;
 
-// Row r, column c of a tile of `rows` rows in 128-byte swizzled panels of 64 columns.
+// Row r, column c of a tile of `rows` rows in 128-byte swizzled panels of 128 / kBytes columns.
 __host__ __device__ inline int swizzled_offset(int r, int c, int rows) {
-  const int panel = c / 64, byte = (c % 64) * 2;
+  const int panel = c * kBytes / 128, byte = c * kBytes % 128;
   return panel * rows * kPanelBytes + r * kPanelBytes + (((byte / 16) ^ (r % 8)) * 16) + byte % 16;
 }
 
@@ -74,7 +100,8 @@ __device__ Smem carve(uint8_t* raw) {
 }
 
 // Q, K and V (kTiles x kBlockN x kD) from global into the TMA layout: Q's first 64 rows for the
-// wide form, its first kRows for the few-row one (panels of that many rows, as its B operand).
+// wide form, its first kRows for the few-row one (panels of that many rows, as its B operand);
+// E4M3: V as each tile's Vᵀ slices.
 __device__ void load_tiles(const Smem& s, const Element* q, const Element* k, const Element* v, bool few_rows) {
   const int q_rows = few_rows ? kRows : 64;
   for (int i = threadIdx.x; i < q_rows * kD; i += blockDim.x)
@@ -82,7 +109,10 @@ __device__ void load_tiles(const Smem& s, const Element* q, const Element* k, co
   for (int i = threadIdx.x; i < kTiles * kBlockN * kD; i += blockDim.x) {
     const int t = i / (kBlockN * kD), r = i / kD % kBlockN, c = i % kD;
     *reinterpret_cast<Element*>(s.k + t * kTileBytes + swizzled_offset(r, c, kBlockN)) = k[i];
-    *reinterpret_cast<Element*>(s.v + t * kTileBytes + swizzled_offset(r, c, kBlockN)) = v[i];
+    if constexpr (kE4m3)
+      s.v[t * kTileBytes + r / 16 * kVtSliceBytes + fp8_vt_byte_in_slice(r % 16, c)] = reinterpret_cast<const uint8_t*>(v)[i];
+    else
+      *reinterpret_cast<Element*>(s.v + t * kTileBytes + swizzled_offset(r, c, kBlockN)) = v[i];
   }
   ptx::fence_proxy_async_shared();
   __syncthreads();
@@ -116,7 +146,7 @@ __global__ void __launch_bounds__(256) few_rows(const Element* q, const Element*
 
   auto issue_st = [&](int it) {
     const uint32_t k_rows = ptx::smem_addr(s.k + it % kTiles * kTileBytes) + wg * 64 * kPanelBytes;
-    issue_rows_gemm<Element, kD / 64, kBlockN, kRows, kPanelBytes>(st, k_rows, q_addr);
+    issue_rows_gemm<Element, kPanels, kBlockN, kRows, kPanelBytes>(st, k_rows, q_addr);
     ptx::wgmma_commit();
   };
   // P (in pr) and alpha from the scores, in two halves around the barrier: the columns' max over
@@ -143,8 +173,8 @@ __global__ void __launch_bounds__(256) few_rows(const Element* q, const Element*
         const float m_new = fmaxf(m[j][c], x * scale_log2);
         alpha[j][c] = ptx::exp2_approx(m[j][c] - m_new);
         m[j][c] = m_new;
-        const float p0 = ptx::exp2_approx(st[4 * j + c] * scale_log2 - m_new);
-        const float p1 = ptx::exp2_approx(st[4 * j + 2 + c] * scale_log2 - m_new);
+        const float p0 = ptx::exp2_approx(st[4 * j + c] * scale_log2 - m_new + kPLog2Offset);
+        const float p1 = ptx::exp2_approx(st[4 * j + 2 + c] * scale_log2 - m_new + kPLog2Offset);
         pr[4 * j + c] = p0, pr[4 * j + 2 + c] = p1;
         l[j][c] = l[j][c] * alpha[j][c] + p0 + p1;
       }
@@ -158,25 +188,41 @@ __global__ void __launch_bounds__(256) few_rows(const Element* q, const Element*
       for (int c = 0; c < 2; ++c)
 #pragma unroll
         for (int mb = 0; mb < 2; ++mb) o[mb][4 * j + c] *= alpha[j][c], o[mb][4 * j + 2 + c] *= alpha[j][c];
-    uint32_t ops[kRows / 16][4];
-    accumulator_to_operand<Element, kRows>(pr, ops);
-    store_transposed_rows(pt_addr, f.warp, ops);
+    if constexpr (kE4m3) {
+      store_transposed_rows_e4m3<kRows>(s.pt + wg * kPtBytes, f, pr);
+    } else {
+      uint32_t ops[kRows / 16][4];
+      accumulator_to_operand<Element, kRows>(pr, ops);
+      store_transposed_rows(pt_addr, f.warp, ops);
+    }
     ptx::fence_proxy_async_shared();
     ptx::named_barrier_sync(1 + wg, 128);
   };
   // Oᵀ += Vᵀ·Pᵀ: per V panel, A = its rows 64 wg .. read MN-major, +16 rows per k16 step.
+  // E4M3: A = the warpgroup's 4 slices of the Vᵀ tile (rows 64 mb ..: 1024 B on), B = its Pᵀ,
+  // both K-major without swizzle: LBO between a k32 step's two core matrices along K (one
+  // slice), SBO between 8-row groups (128 B); each k32 step two slices on.
   auto issue_ot = [&](int it) {
-    const uint32_t v_rows = ptx::smem_addr(s.v + it % kTiles * kTileBytes) + wg * 64 * kPanelBytes;
-    const uint64_t bd = kmajor_desc<128>(pt_addr);
+    const uint32_t v_tile = ptx::smem_addr(s.v + it % kTiles * kTileBytes);
+    const uint64_t bd = kE4m3 ? ptx::make_plain_smem_desc(pt_addr, kPtSliceBytes, 128) : kmajor_desc<128>(pt_addr);
     ptx::pin(o[0]);
     ptx::pin(o[1]);
     ptx::wgmma_fence();
 #pragma unroll
     for (int mb = 0; mb < 2; ++mb) {
-      const uint64_t ad = ptx::make_smem_desc(v_rows + mb * kBlockN * kPanelBytes, kBlockN * kPanelBytes, 1024, 128);
+      if constexpr (kE4m3) {
+        const uint64_t ad = ptx::make_plain_smem_desc(v_tile + 4 * wg * kVtSliceBytes + mb * 64 * 16, kVtSliceBytes, 128);
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        ptx::WgmmaSSTransposedA<Element, kRows>::mma(o[mb], advance(ad, kk * 16 * kPanelBytes), advance(bd, kk * 32), 1);
+        for (int kk = 0; kk < 2; ++kk)
+          ptx::WgmmaSS<Element, kRows>::mma(o[mb], advance(ad, kk * 2 * kVtSliceBytes), advance(bd, kk * 2 * kPtSliceBytes), 1);
+      } else {
+        const uint64_t ad = ptx::make_smem_desc(v_tile + wg * 64 * kPanelBytes + mb * kBlockN * kPanelBytes,
+                                                kBlockN * kPanelBytes, 1024, 128);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          // (the 16-bit element named: both branches of a non-template lambda are compiled)
+          ptx::WgmmaSSTransposedA<__nv_bfloat16, kRows>::mma(o[mb], advance(ad, kk * 16 * kPanelBytes), advance(bd, kk * 32), 1);
+      }
     }
     ptx::wgmma_commit();
   };
@@ -264,7 +310,9 @@ __global__ void __launch_bounds__(256) few_rows(const Element* q, const Element*
 }
 
 // The wide form (the KV-cache kernel's today, unpipelined): warpgroup 0 alone, 64 rows x 128
-// keys a tile; warpgroup 1 idle (a decode tile's padding rows). Timed only.
+// keys a tile (E4M3: P packed in kFp8KeyOrder against the Vᵀ slices, convert_to_operand and
+// issue_pv_gemm); warpgroup 1 idle (a decode tile's padding rows). O of the first kRows rows
+// into o_out.
 __global__ void __launch_bounds__(256) wide(const Element* q, const Element* k, const Element* v, float scale_log2,
                                             int passes, float* o_out, long long* cycles) {
   extern __shared__ uint8_t smem_raw[];
@@ -280,8 +328,8 @@ __global__ void __launch_bounds__(256) wide(const Element* q, const Element* k, 
   for (int it = 0; it < passes * kTiles; ++it) {
     const int tile = it % kTiles;
     float st[kBlockN / 2];
-    issue_rows_gemm<Element, kD / 64, 64, kBlockN, kPanelBytes>(st, ptx::smem_addr(s.q),
-                                                                ptx::smem_addr(s.k + tile * kTileBytes));
+    issue_rows_gemm<Element, kPanels, 64, kBlockN, kPanelBytes>(st, ptx::smem_addr(s.q),
+                                                               ptx::smem_addr(s.k + tile * kTileBytes));
     ptx::wgmma_commit();
     ptx::wgmma_wait<0>();
     ptx::pin(st);
@@ -299,29 +347,49 @@ __global__ void __launch_bounds__(256) wide(const Element* q, const Element* k, 
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           float& y = st[4 * j + 2 * r + c];
-          y = ptx::exp2_approx(y * scale_log2 - m_new);
+          y = ptx::exp2_approx(y * scale_log2 - m_new + kPLog2Offset);
           sum += y;
         }
       l[r] = l[r] * alpha + sum;
 #pragma unroll
       for (int j = 0; j < kD / 8; ++j) o[4 * j + 2 * r] *= alpha, o[4 * j + 2 * r + 1] *= alpha;
     }
-    uint32_t p[kBlockN / 16][4];
-    accumulator_to_operand<Element, kBlockN>(st, p);
-    ptx::pin(o);
-    ptx::pin(p);
-    ptx::wgmma_fence();
-    issue_register_gemm<Element, kD, kBlockN / 16, kBlockN * kPanelBytes>(o, p, ptx::smem_addr(s.v + tile * kTileBytes));
+    if constexpr (kE4m3) {
+      uint32_t p[WideFp8Cfg::kPvSteps][4];
+      convert_to_operand<WideFp8Cfg>(st, p);
+      ptx::pin(o);
+      ptx::pin(p);
+      issue_pv_gemm<WideFp8Cfg>(o, p, ptx::smem_addr(s.v + tile * kTileBytes));
+    } else {
+      uint32_t p[kBlockN / 16][4];
+      accumulator_to_operand<Element, kBlockN>(st, p);
+      ptx::pin(o);
+      ptx::pin(p);
+      ptx::wgmma_fence();
+      issue_register_gemm<Element, kD, kBlockN / 16, kBlockN * kPanelBytes>(o, p, ptx::smem_addr(s.v + tile * kTileBytes));
+    }
     ptx::wgmma_commit();
     ptx::wgmma_wait<0>();
     ptx::pin(o);
   }
   const long long t1 = clock64();
   if (threadIdx.x == 0) cycles[0] = t1 - t0;
-  // (a checksum, so that nothing is optimised away)
-  float x = 0.f;
-  for (int i = 0; i < kD / 2; ++i) x += o[i];
-  o_out[threadIdx.x] = x / (quad_sum(l[0]) + quad_sum(l[1]));
+  const float inv[2] = {1.f / quad_sum(l[0]), 1.f / quad_sum(l[1])};
+#pragma unroll
+  for (int j = 0; j < kD / 8; ++j)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        if (f.row(r) < kRows) o_out[f.row(r) * kD + f.col(j, c)] = o[4 * j + 2 * r + c] * inv[r];
+}
+
+// x rounded to the probe's element: its bits (the device's input) and its value (the reference's).
+template <class T>
+T rounded(float x, double& value) {
+  const T r(x);
+  value = static_cast<float>(r);
+  return r;
 }
 
 int main() {
@@ -330,24 +398,24 @@ int main() {
   const int keys = kTiles * kBlockN;
   std::vector<Element> hq(64 * kD), hk(keys * kD), hv(keys * kD);
   std::vector<double> q(64 * kD), k(keys * kD), v(keys * kD);
-  for (int i = 0; i < 64 * kD; ++i) q[i] = __bfloat162float(hq[i] = __float2bfloat16(normal(rng)));
+  for (int i = 0; i < 64 * kD; ++i) hq[i] = rounded<Element>(normal(rng), q[i]);
   for (int i = 0; i < keys * kD; ++i) {
     // K with a spread of scales per key, so that the running max moves between tiles.
-    k[i] = __bfloat162float(hk[i] = __float2bfloat16(normal(rng) * (1.f + 0.5f * ((i / kD) % 7))));
-    v[i] = __bfloat162float(hv[i] = __float2bfloat16(normal(rng)));
+    hk[i] = rounded<Element>(normal(rng) * (1.f + 0.5f * ((i / kD) % 7)), k[i]);
+    hv[i] = rounded<Element>(normal(rng), v[i]);
   }
   const double scale = 1.0 / std::sqrt(double(kD));
   Element *dq, *dk, *dv;
   float* dout;
   long long* dcycles;
-  cudaMalloc(&dq, hq.size() * 2);
-  cudaMalloc(&dk, hk.size() * 2);
-  cudaMalloc(&dv, hv.size() * 2);
+  cudaMalloc(&dq, hq.size() * kBytes);
+  cudaMalloc(&dk, hk.size() * kBytes);
+  cudaMalloc(&dv, hv.size() * kBytes);
   cudaMalloc(&dout, kRows * kD * 4);
   cudaMalloc(&dcycles, 2 * sizeof(long long));
-  cudaMemcpy(dq, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice);
-  cudaMemcpy(dk, hk.data(), hk.size() * 2, cudaMemcpyHostToDevice);
-  cudaMemcpy(dv, hv.data(), hv.size() * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(dq, hq.data(), hq.size() * kBytes, cudaMemcpyHostToDevice);
+  cudaMemcpy(dk, hk.data(), hk.size() * kBytes, cudaMemcpyHostToDevice);
+  cudaMemcpy(dv, hv.data(), hv.size() * kBytes, cudaMemcpyHostToDevice);
   cudaFuncSetAttribute(few_rows<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   cudaFuncSetAttribute(few_rows<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   cudaFuncSetAttribute(wide, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
@@ -369,13 +437,21 @@ int main() {
       ref[i * kD + c] = acc / sum;
     }
   }
+  const char* names[3] = {"wide (1 warpgroup, 64 rows x 128 keys)", "few_rows (2 warpgroups x 64 keys)",
+                          "few_rows pipelined"};
+  auto launch = [&](int form, int passes) {
+    if (form == 0) wide<<<1, 256, kSmem>>>(dq, dk, dv, scale_log2, passes, dout, dcycles);
+    else if (form == 1) few_rows<false><<<1, 256, kSmem>>>(dq, dk, dv, scale_log2, passes, dout, dcycles);
+    else few_rows<true><<<1, 256, kSmem>>>(dq, dk, dv, scale_log2, passes, dout, dcycles);
+    return cudaDeviceSynchronize();
+  };
+  // The bar: 1e-2 for 16-bit data; for E4M3 the wide form's own error (x 1.25).
   bool ok = true;
-  for (int pipelined = 0; pipelined < 2; ++pipelined) {
+  double wide_error = 0;
+  for (int form = 0; form < 3; ++form) {
     cudaMemset(dout, 0xFF, kRows * kD * 4);  // NaN poison
-    if (pipelined) few_rows<true><<<1, 256, kSmem>>>(dq, dk, dv, scale_log2, 1, dout, dcycles);
-    else few_rows<false><<<1, 256, kSmem>>>(dq, dk, dv, scale_log2, 1, dout, dcycles);
-    if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
-      std::printf("FAIL: %s\n", cudaGetErrorString(e));
+    if (cudaError_t e = launch(form, 1); e != cudaSuccess) {
+      std::printf("FAIL: %s: %s\n", names[form], cudaGetErrorString(e));
       return 1;
     }
     std::vector<float> o(kRows * kD);
@@ -388,9 +464,11 @@ int main() {
       den += ref[i] * ref[i];
     }
     const double rel_l2 = std::sqrt(num / den);
-    ok = ok && finite && rel_l2 < 1e-2;
-    std::printf("few_rows%s O (%d rows, %d keys): rel L2 against fp64 %.3e%s\n", pipelined ? " pipelined" : "", kRows,
-                keys, rel_l2, finite ? "" : " (non-finite values)");
+    if (form == 0) wide_error = rel_l2;
+    const bool pass = finite && (kE4m3 ? rel_l2 < 0.1 && (form == 0 || rel_l2 <= 1.25 * wide_error + 1e-3) : rel_l2 < 1e-2);
+    ok = ok && pass;
+    std::printf("%s O (%d rows, %d keys, %s): rel L2 against fp64 %.3e%s%s\n", names[form], kRows, keys,
+                kE4m3 ? "e4m3" : "bf16", rel_l2, finite ? "" : " (non-finite values)", pass ? "" : " FAIL");
   }
 
   // Timing: 64 passes over the tiles (256 key tiles), after one warm-up launch.
@@ -398,17 +476,12 @@ int main() {
   cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
   const int passes = 64;
   long long cyc[2];
-  const char* names[3] = {"few_rows (2 warpgroups x 64 keys)", "few_rows pipelined", "wide (1 warpgroup, 64 rows x 128 keys)"};
   for (int form = 0; form < 3; ++form) {
-    for (int rep = 0; rep < 2; ++rep) {
-      if (form == 0) few_rows<false><<<1, 256, kSmem>>>(dq, dk, dv, scale_log2, passes, dout, dcycles);
-      else if (form == 1) few_rows<true><<<1, 256, kSmem>>>(dq, dk, dv, scale_log2, passes, dout, dcycles);
-      else wide<<<1, 256, kSmem>>>(dq, dk, dv, scale_log2, passes, dout, dcycles);
-    }
-    if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
-      std::printf("FAIL: %s\n", cudaGetErrorString(e));
-      return 1;
-    }
+    for (int rep = 0; rep < 2; ++rep)
+      if (cudaError_t e = launch(form, passes); e != cudaSuccess) {
+        std::printf("FAIL: %s\n", cudaGetErrorString(e));
+        return 1;
+      }
     cudaMemcpy(cyc, dcycles, sizeof(cyc), cudaMemcpyDeviceToHost);
     const double per_tile = double(cyc[0]) / (passes * kTiles);
     std::printf("%s: %.0f cycles a 128-key tile (%.3f us at the %d MHz clock attribute)\n", names[form], per_tile,

@@ -54,7 +54,7 @@ inline constexpr int kFewRows = 32;  // the most rows the form takes (wgmma N of
 #endif
 
 // WARPATTN_TUNE_KV_FEW_ROWS_E4M3=1: an E4M3 cache's tiles too (d = 128: its K and Q rows one
-// 128-byte panel), Sᵀ and Oᵀ as FP8 GEMMs, Pᵀ in bytes (tools/probes/p_decode_few_rows_e4m3.cu).
+// 128-byte panel), Sᵀ and Oᵀ as FP8 GEMMs, Pᵀ in bytes (tools/probes/p_decode_few_rows.cu -DPROBE_E4M3=1).
 #ifndef WARPATTN_TUNE_KV_FEW_ROWS_E4M3
 #define WARPATTN_TUNE_KV_FEW_ROWS_E4M3 0
 #endif
