@@ -29,10 +29,6 @@
 #ifndef WARPATTN_TUNE_KV_LATE_CHOICE
 #define WARPATTN_TUNE_KV_LATE_CHOICE 0
 #endif
-// A/B: a KV cache's key tiles prefetched into the L2 this many tiles ahead of the ring (0: none).
-#ifndef WARPATTN_TUNE_KV_L2_PREFETCH
-#define WARPATTN_TUNE_KV_L2_PREFETCH 0
-#endif
 
 namespace warpattn::detail {
 
@@ -44,21 +40,14 @@ namespace warpattn::detail {
 // kVt: an E4M3 cache's Vᵀ (Cfg::kVtSlices; tensor_map.hpp's make_vt_slices_tensor_map): a box is
 // box_rows / 16 slices of 16 keys x head_dim rows, landing at its keys' slices of the tile.
 // An E4M3 cache's K comes through a 1-byte panel map, whose panel is a coordinate of its own.
-// kL2Only: the same boxes prefetched into the L2 instead (dst and bar unused; the A/B's
-// WARPATTN_TUNE_KV_L2_PREFETCH).
-template <class Cfg, bool kVt = false, bool kL2Only = false>
+template <class Cfg, bool kVt = false>
 __device__ __forceinline__ void load_cache_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int n_block,
                                                 int head_kv, int batch, int seqlen_k, const KvPages& kv, int issuer,
                                                 int issuers) {
   using namespace ptx;
   constexpr int kPanelCols = Cfg::kSwizzleBytes / 2;  // 16-bit elements
   const auto load = [&](uint32_t to, int c0, int c1, int c2, int c3, int c4) {
-    if constexpr (kL2Only) {
-      if (kv.l2_evict_first)
-        tma_prefetch_5d_hint(map, l2_evict_first_policy(), c0, c1, c2, c3, c4);
-      else
-        tma_prefetch_5d(map, c0, c1, c2, c3, c4);
-    } else if (kv.l2_evict_first) {
+    if (kv.l2_evict_first) {
       tma_load_5d_hint(to, map, bar, l2_evict_first_policy(), c0, c1, c2, c3, c4);
     } else {
       tma_load_5d(to, map, bar, c0, c1, c2, c3, c4);
@@ -221,30 +210,9 @@ struct TileKvStream {
     k(it);
     v(it - 1);
   }
-  // A 16-bit KV cache's key tile it + WARPATTN_TUNE_KV_L2_PREFETCH (of the tile's n_tiles), K
-  // and V, into the L2 ahead of the ring (A/B: the H200's stream after a clean flush ran at ~56
-  // GB/s a CTA on 64 CTAs, 192 KB of ring each, run 256; more bytes in flight without shared
-  // memory). Called from the steady loop only: from the tile's first steps too, or in an E4M3
-  // cache's producer, ptxas spilled the tile chooser's next tile (4 bytes at 24 registers).
-  __device__ __forceinline__ void prefetch_ahead(int it, int n_tiles) const {
-    if constexpr (Cfg::kKvCache && !Cfg::kFp8 && WARPATTN_TUNE_KV_L2_PREFETCH > 0) {
-      const int ahead = it + WARPATTN_TUNE_KV_L2_PREFETCH;
-      if (ahead < n_tiles) {
-        const int issuers = cache_issuers(params.kv_pages);
-        load_cache_tile<Cfg, false, true>(0, tm_k, 0, n_end - 1 - ahead, head_kv, batch, seqlen_k, params.kv_pages,
-                                          issuer, issuers);
-        load_cache_tile<Cfg, false, true>(0, tm_v, 0, n_end - 1 - ahead, head_kv, batch, seqlen_k, params.kv_pages,
-                                          issuer, issuers);
-      }
-    }
-  }
-  // The tile's steps from `from` on (the steady loop, with the L2 prefetch where the A/B asks),
-  // then its last V: what the producer and each cache issuer do once a tile's first steps are out.
+  // The tile's steps from `from` on (the steady loop), then its last V: what the producer and each cache issuer do once a tile's first steps are out.
   __device__ __forceinline__ void rest(int from, int n_tiles) const {
-    for (int it = from; it < n_tiles; ++it) {
-      step(it);
-      prefetch_ahead(it, n_tiles);
-    }
+    for (int it = from; it < n_tiles; ++it) step(it);
     v(n_tiles - 1);
   }
 };

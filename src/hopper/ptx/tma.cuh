@@ -41,21 +41,6 @@ __device__ __forceinline__ void tma_load_5d_hint(uint32_t dst, const CUtensorMap
       : "memory");
 }
 
-// A tile's bytes brought into the L2 only (cp.async.bulk.prefetch.tensor): no shared memory, no
-// barrier, nothing to wait for. With an L2 policy (l2_evict_first_policy) or without.
-__device__ __forceinline__ void tma_prefetch_5d(const CUtensorMap* map, int c0, int c1, int c2, int c3, int c4) {
-  asm volatile("cp.async.bulk.prefetch.tensor.5d.L2.global.tile [%0, {%1, %2, %3, %4, %5}];" ::"l"(map), "r"(c0),
-               "r"(c1), "r"(c2), "r"(c3), "r"(c4)
-               : "memory");
-}
-__device__ __forceinline__ void tma_prefetch_5d_hint(const CUtensorMap* map, uint64_t policy, int c0, int c1, int c2,
-                                                     int c3, int c4) {
-  asm volatile("cp.async.bulk.prefetch.tensor.5d.L2.global.tile.L2::cache_hint [%0, {%1, %2, %3, %4, %5}], %6;" ::"l"(
-                   map),
-               "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "l"(policy)
-               : "memory");
-}
-
 __device__ __forceinline__ void tma_store_5d(const CUtensorMap* map, uint32_t src, int c0, int c1,
                                              int c2, int c3, int c4) {
   asm volatile(
