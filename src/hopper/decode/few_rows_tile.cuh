@@ -110,9 +110,8 @@ struct FewRowsTile {
   uint8_t* const q_buffer;
   const uint32_t q_addr;
   const int first_position;
-  const float scale;  // raw scores to log2 units (16-bit)
   const MaskedTiles masked;
-  const ConsumerTile<Cfg> wide;  // (E4M3: its descales, score_scale and v_terms)
+  const ConsumerTile<Cfg> wide;  // the wide tile's score_scale and v_terms (E4M3: its descales)
 
   __device__ __forceinline__ FewRowsTile(SharedStorage<Cfg>& ss_, const ForwardParams& p, const TileContext& t_)
       : ss(ss_),
@@ -123,7 +122,6 @@ struct FewRowsTile {
         q_buffer(ss_.q[t_.q_stage]),
         q_addr(ptx::smem_addr(ss_.q[t_.q_stage])),
         first_position(first_row_of_block<Cfg>(t_.m_block, p)),
-        scale(p.softcap_ex2 != 0.f ? p.softcap_log2 : p.scale_log2),
         masked(masked_tiles(first_position, rows_of_block<Cfg>(p), Cfg::kBlockN, t_.seqlen_q, t_.seqlen_k, band())),
         wide(ss_, p, t_) {}
 
@@ -231,9 +229,8 @@ struct FewRowsTile {
                                                  float (&m)[kCols][2], float (&l)[kCols][2], RingSlot slot,
                                                  int it) const {
     const float* const x_in = exchange(slot);
-    float unit = scale;  // raw scores to log2 units
-    typename ConsumerTile<Cfg>::VTerms v{0.f, 1.f};
-    if constexpr (Cfg::kFp8) unit = wide.score_scale(it), v = wide.v_terms(it);
+    const float unit = wide.score_scale(it);  // raw scores to log2 units
+    const auto v = wide.v_terms(it);          // ({0, 1} for a 16-bit cache)
     sync_warpgroup();
     float pr[kRows / 2];
 #pragma unroll
