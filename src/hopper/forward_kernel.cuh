@@ -22,10 +22,6 @@
 #include "hopper/tile_scheduler.cuh"
 #include "hopper/backward/workspace.hpp"
 
-#ifndef WARPATTN_TUNE_KV_EARLY_MAP_PREFETCH  // A/B: a KV-cache launch prefetches its maps at entry
-#define WARPATTN_TUNE_KV_EARLY_MAP_PREFETCH 0
-#endif
-
 namespace warpattn::detail {
 
 // issuers: the threads that load each K and V tile (a KV cache's cache_issuers; 1 otherwise),
@@ -212,15 +208,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // waits for this grid's end itself (dependent_launch.cuh), and cannot take an SM before a CTA
   // of this persistent grid leaves one.
   if constexpr (Cfg::kKvCache) {
-    if (threadIdx.x == 0) {
-      trace_kv(params, kTraceEntry);
-      // (the maps are the launch's own, never a preceding kernel's output: fetched before its wait)
-      if constexpr (WARPATTN_TUNE_KV_EARLY_MAP_PREFETCH) {
-        ptx::prefetch_tensor_map(&tm_q);
-        ptx::prefetch_tensor_map(&tm_k);
-        ptx::prefetch_tensor_map(&tm_v);
-      }
-    }
+    if (threadIdx.x == 0) trace_kv(params, kTraceEntry);
     ptx::allow_dependent_launch();
   }
   int issuers = 1;

@@ -18,18 +18,6 @@
 #include "hopper/decode/kv_cache_pieces.hpp"  // ... and by KV-cache launches
 #include "hopper/decode/kv_trace.cuh"
 
-// A 16-bit KV cache's first tile: Q, then the ring's first steps, then the next tile's choice
-// (A/B; run 255's timeline: the choice's two atomics held the stream for ~2.7 us after K0).
-#ifndef WARPATTN_TUNE_KV_Q_FIRST
-#define WARPATTN_TUNE_KV_Q_FIRST 0
-#endif
-// A/B: a 16-bit KV cache's tiles, each: this many of its first steps (K, V pairs of the ring)
-// issued before the next tile's choice, whose atomics and length read (~2.7 us in run 255's
-// timeline) otherwise hold the stream after K0 and Q (0: none; the first tile alone with Q_FIRST).
-#ifndef WARPATTN_TUNE_KV_LATE_CHOICE
-#define WARPATTN_TUNE_KV_LATE_CHOICE 0
-#endif
-
 namespace warpattn::detail {
 
 // A KV cache's key tile (Cfg::kKvCache): params.kv_pages.boxes boxes of box_rows keys, each
@@ -217,23 +205,6 @@ struct TileKvStream {
   }
 };
 
-#if WARPATTN_TUNE_KV_Q_FIRST
-// A KV cache's work tile's Q into its buffer (Q tile q_iter of the CTA), once the consumers have
-// released it (the A/B branch's copy of run_producer's Q load; one of them goes when it ends).
-template <class Cfg>
-__device__ __forceinline__ void load_tile_q(SharedStorage<Cfg>& ss, const CUtensorMap* tm_q, const ForwardParams& params,
-                                            const ScheduledTile& w, int batch, int q_iter) {
-  using namespace ptx;
-  if constexpr (Cfg::kKvCache) {
-    const RingSlot qs = ring_slot<Cfg::kQStages>(q_iter);
-    mbarrier_wait(smem_addr(&ss.q_empty[qs.stage]), qs.phase ^ 1);
-    const uint32_t q_bar = smem_addr(&ss.q_full[qs.stage]);
-    load_packed_q<Cfg>(smem_addr(ss.q[qs.stage]), tm_q, q_bar, first_row_of_block<Cfg>(w.m_block, params), w.head,
-                       batch, params.packing);
-  }
-}
-#endif
-
 // Walks the same tiles as the consumers. The K/V ring ordinal and the Q phase run on across
 // tiles (phases are never reset); a tile without visible keys loads nothing. The next tile is
 // chosen and published once this tile's first loads are out: the tile counter's atomicAdd
@@ -263,16 +234,6 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
     const TileKvStream<Cfg> stream{ss, tm_k, tm_v, params, kv, n_end, head_kv, batch, w.k_offset, v_first_key,
                                    seqlen_k, 0};
     int it0 = 1;  // the tile's first step loaded in the loop below
-#if WARPATTN_TUNE_KV_Q_FIRST  // (the A/B's branch; folded with the one below if adopted)
-    if (Cfg::kKvCache && !Cfg::kEarlyKv && n_tiles > 0 && kv == 0) {
-      // The CTA's first tile with keys: every buffer is free, so Q goes first (the consumers
-      // start with it), then the ring's first steps, all before the next tile's choice.
-      load_tile_q<Cfg>(ss, tm_q, params, w, batch, q_iter);
-      stream.k(0);
-      trace_kv(params, kTraceFirstLoad);
-      for (; it0 < n_tiles && it0 < Cfg::kStages; ++it0) stream.step(it0);
-    } else
-#endif
     if (n_tiles > 0) {
       // The first K tile can go into a ring slot freed during the previous tile; Q must wait
       // until both consumers' last S GEMM of the tile that used its buffer has read it.
@@ -300,10 +261,6 @@ __device__ __forceinline__ void run_producer(SharedStorage<Cfg>& ss, const CUten
             smem_addr(ss.q[qs.stage]), tm_q, q_bar, w.q_offset + w.m_block * Cfg::kBlockM, w.head, batch);
       }
     }
-#if WARPATTN_TUNE_KV_LATE_CHOICE > 1
-    if constexpr (Cfg::kKvCache && !Cfg::kEarlyKv)
-      for (; it0 < n_tiles && it0 < WARPATTN_TUNE_KV_LATE_CHOICE; ++it0) stream.step(it0);
-#endif
     chooser.advance<!Cfg::kCausal>(params);
     const ScheduledTile next = schedule_tile<Cfg>(chooser, params);
     ss.tiles.publish(i + 1, next);

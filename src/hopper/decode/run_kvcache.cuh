@@ -50,10 +50,6 @@ inline KvCacheSplits kvcache_splits(int num_splits, long long tiles, long long t
   return {splits, 0, kMaxDecodeSplits};
 }
 
-#ifndef WARPATTN_TUNE_KV_STATIC_ONE_PIECE
-#define WARPATTN_TUNE_KV_STATIC_ONE_PIECE 0
-#endif
-
 // WARPATTN_TUNE_KV_EVICT_FIRST: -1 (the default) the rule below, 0 never, 1 always (for an A/B).
 #ifndef WARPATTN_TUNE_KV_EVICT_FIRST
 #define WARPATTN_TUNE_KV_EVICT_FIRST -1
@@ -171,11 +167,9 @@ void run_forward_kvcache(const ForwardProblem& p, KvCacheWork work, KvPages page
 #endif
   const bool combined = work.splits > 1;
   SchedulerWorkspace ws(stream, combined ? static_cast<size_t>(work.pieces) * PartialState<Cfg>::kSlotBytes : 0);
-  // One persistent CTA a SM at most. (A/B: a grid of one piece a CTA takes them in the static
-  // order, no atomics on the counter.)
+  // One persistent CTA a SM at most.
   const int64_t ctas = std::min<int64_t>(work.pieces, multiprocessor_count());
-  const bool one_piece_each = WARPATTN_TUNE_KV_STATIC_ONE_PIECE && work.pieces == ctas;
-  params.tile_counter = one_piece_each ? nullptr : ws.tile_counter();
+  params.tile_counter = ws.tile_counter();
   params.partials = ws.partials();
   if (append != nullptr) {
     if constexpr (Cfg::kFp8)
