@@ -1,6 +1,6 @@
 """Issue 19's speed check: warpattn's causal forward with a sliding window, softcap and sinks beside
 its own plain causal forward on the same tensors, and beside FlashAttention-3 where its bundle is
-built (.fa3/hopper, FA3_PROFILE=model: scripts/fa3_model_profile.sh) on the same tensors and
+built (.fa3/hopper, FA3_PROFILE=model: scripts/fa3_profiles.sh) on the same tensors and
 options (FA3 has no sinks), and beside cuDNN's causal attention with its sliding window through
 the cuDNN frontend where that wheel is installed (scripts/cudnn_band.py; causal and windows:
 cuDNN has no softcap or sinks there). TFLOP/s over the work inside the band (4 · keys seen · d

@@ -99,9 +99,9 @@ if stage bench_backward; then
 fi
 if stage fa3; then
   # FlashAttention-3 for issue 19's side-by-side (carry .fa3, made by ../shared/fa3/prepare.sh):
-  # the BF16 forward with windows and softcap (scripts/fa3_model_profile.sh); the python stage's
+  # the BF16 forward with windows and softcap (scripts/fa3_profiles.sh); the python stage's
   # MODEL_OPTIONS_BENCH then times it beside warpattn.
-  if bash scripts/fa3_model_profile.sh && FA3_PROFILE=model timeout -k 5 ${FA3_TIMEOUT:-400} bash .fa3/build.sh \
+  if bash scripts/fa3_profiles.sh && FA3_PROFILE=model timeout -k 5 ${FA3_TIMEOUT:-400} bash .fa3/build.sh \
       > "$OUT/fa3-build.log" 2>&1; then
     echo "fa3 build ok: $(tail -1 "$OUT/fa3-build.log")"
   else

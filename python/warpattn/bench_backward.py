@@ -20,6 +20,10 @@ against N). Each point is
 timed in `--passes` interleaved passes (warpattn, cuDNN, FA2, warpattn, ...) and the median is
 reported, since the power-capped H200 moves ±5% between passes. warpattn's gradients are
 compared with cuDNN's (relative L2) as a sanity check; accuracy proper is the tests' job.
+--fa3 DIR adds FlashAttention-3 (its flash_attn_interface in DIR, e.g. .fa3/hopper built by
+../shared/fa3's build.sh with FA3_PROFILE=backward, scripts/fa3_profiles.sh) beside them, timed
+as SDPA's backends are (torch.autograd.grad of its flash_attn_func's output). --untimed NAME runs
+one library's backward a few times untimed (warpattn or fa3: for ncu or compute-sanitizer).
 """
 import argparse
 import ctypes
@@ -71,6 +75,28 @@ def warpattn_backward_call(lib, torch, dtype, tensors, causal, deterministic):
     return launch
 
 
+def fa3_backward(torch, fa3, q, k, v, dout, causal, deterministic):
+    """FlashAttention-3's backward on q, k, v (B, N, H, d): (the backward alone, forward +
+    backward, its gradients), through torch.autograd.grad of flash_attn_func's output, as SDPA's
+    backends are timed."""
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+
+    def forward():
+        o = fa3.flash_attn_func(*leaves, causal=causal, deterministic=deterministic)
+        return o[0] if isinstance(o, tuple) else o
+
+    o = forward()
+    grads = torch.autograd.grad(o, leaves, dout, retain_graph=True)
+
+    def run():
+        torch.autograd.grad(o, leaves, dout, retain_graph=True)
+
+    def run_both():
+        torch.autograd.grad(forward(), leaves, dout)
+
+    return run, run_both, grads  # (B, N, H, d): q's layout
+
+
 def default_lib():
     """The installed package's libwarpattn.so (what `python -m warpattn.bench --backward` times)."""
     import os
@@ -81,15 +107,19 @@ def default_lib():
 def markdown(env, gemm, method, rows, args):
     """The record as a table: backward TFLOP/s (deterministic in brackets) and forward + backward."""
     det = "deterministic" if args.deterministic else None
-    lines = ["# warpattn backward vs cuDNN and FlashAttention-2 — %s" % env["date"], "",
+    fa3 = any("fa3" in r["tflops"] for r in rows)
+    lines = ["# warpattn backward vs cuDNN, FlashAttention-2%s — %s" % (" and FlashAttention-3" if fa3 else "", env["date"]),
+             "",
              "%s on %s (%s SMs, power limit %s), commit %s, torch %s, cuDNN %s. %s, %d tokens a point, "
              "H·d = %d; %d interleaved passes, medians (%s). TFLOP/s: the backward 2.5x the forward's FLOPs, "
              "forward + backward 3.5x. GEMM ceiling of the same run: torch.matmul %s 8192³ %.1f TFLOP/s."
              % (args.dtype, env["card"], env["sms"], env["power_limit"], env["commit"], env["torch"], env["cudnn"],
-                "SDPA's backends through torch.autograd.grad; warpattn's backward() through the C ABI",
+                "SDPA's backends%s through torch.autograd.grad; warpattn's backward() through the C ABI"
+                % (" and FlashAttention-3's flash_attn_func" if fa3 else ""),
                 TOTAL_TOKENS, HIDDEN, args.passes, method, args.dtype, gemm), ""]
-    head = "| d | N | causal | warpattn%s | cuDNN | FA2 | warpattn/cuDNN |" % (" (%s)" % det if det else "")
-    rule = "|---|---|---|---|---|---|---|"
+    head = "| d | N | causal | warpattn%s | cuDNN | FA2 |%s warpattn/cuDNN |" % (" (%s)" % det if det else "",
+                                                                           " FA3 | warpattn/FA3 |" if fa3 else "")
+    rule = "|---|---|---|---|---|---|---|" + ("---|---|" if fa3 else "")
     if rows and rows[0].get("tflops_fwd_bwd"):
         head += " fwd+bwd: warpattn | cuDNN | FA2 | warpattn/cuDNN |"
         rule += "---|---|---|---|"
@@ -98,16 +128,17 @@ def markdown(env, gemm, method, rows, args):
     for r in rows:
         t, f = r["tflops"], r.get("tflops_fwd_bwd") or {}
         w = cell(t, "warpattn") + (" (%s)" % cell(t, "warpattn_det") if det else "")
-        line = "| %d | %d | %s | %s | %s | %s | %s |" % (r["d"], r["N"], "yes" if r["causal"] else "no", w,
-                                                        cell(t, "cudnn"), cell(t, "fa2"), ratio_text(t))
+        line = "| %d | %d | %s | %s | %s | %s |%s %s |" % (
+            r["d"], r["N"], "yes" if r["causal"] else "no", w, cell(t, "cudnn"), cell(t, "fa2"),
+            " %s | %s |" % (cell(t, "fa3"), ratio_text(t, "fa3")) if fa3 else "", ratio_text(t))
         if f:
             line += " %s | %s | %s | %s |" % (cell(f, "warpattn"), cell(f, "cudnn"), cell(f, "fa2"), ratio_text(f))
         lines.append(line)
     return "\n".join(lines) + "\n"
 
 
-def ratio_text(t):
-    return "%.3f" % (t["warpattn"] / t["cudnn"]) if t.get("cudnn") and "warpattn" in t else "n/a"
+def ratio_text(t, peer="cudnn"):
+    return "%.3f" % (t["warpattn"] / t[peer]) if t.get(peer) and "warpattn" in t else "n/a"
 
 
 def plot(result, path):
@@ -123,7 +154,7 @@ def plot(result, path):
     rows = result["rows"]
     ds = sorted({r["d"] for r in rows})
     fig, axes = plt.subplots(2, len(ds), figsize=(5 * len(ds), 8), squeeze=False)
-    styles = {"warpattn": "o", "warpattn_det": "x", "cudnn": "s", "fa2": "^"}
+    styles = {"warpattn": "o", "warpattn_det": "x", "cudnn": "s", "fa2": "^", "fa3": "D", "fa3_det": "+"}
     for col, d in enumerate(ds):
         for line, causal in enumerate((False, True)):
             ax = axes[line][col]
@@ -165,11 +196,23 @@ def main(argv=None):
     p.add_argument("--commit", default=None, help="git commit to record (default: git rev-parse)")
     p.add_argument("--breakdown", action="store_true",
                    help="also each library's kernels at each point (torch.profiler's CUDA trace, L2 flushed)")
-    p.add_argument("--warpattn-only", action="store_true",
-                   help="run warpattn's backward alone, a few times, untimed (for ncu / compute-sanitizer)")
+    p.add_argument("--warpattn-only", action="store_true", help="the same as --untimed warpattn")
+    p.add_argument("--untimed", default=None, choices=["warpattn", "fa3"],
+                   help="run this library's backward alone, a few times, untimed (for ncu / compute-sanitizer)")
+    p.add_argument("--fa3", default=None, metavar="DIR",
+                   help="also FlashAttention-3: the folder holding its flash_attn_interface (e.g. .fa3/hopper)")
     args = p.parse_args(argv)
     if args.lib is None:
         args.lib = default_lib()
+    if args.warpattn_only:
+        args.untimed = "warpattn"
+    fa3 = None
+    if args.fa3:
+        import os
+        sys.path.insert(0, os.path.abspath(args.fa3))
+        import flash_attn_interface as fa3  # an error here is the caller's: --fa3 was asked for
+    if args.untimed == "fa3" and fa3 is None:
+        p.error("--untimed fa3 needs --fa3 DIR")
 
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -178,7 +221,7 @@ def main(argv=None):
     lib = load_warpattn(args.lib)
     timer, method = make_timer(torch, 25, 100)
     dt = getattr(torch, args.dtype)
-    gemm = None if args.warpattn_only else gemm_rate(torch, timer, args.dtype)[0]
+    gemm = None if args.untimed else gemm_rate(torch, timer, args.dtype)[0]
     if gemm is not None:
         print("torch.matmul %s 8192^3: %.1f TFLOP/s" % (args.dtype, gemm), flush=True)
     rows = []
@@ -208,15 +251,27 @@ def main(argv=None):
                 if args.deterministic:
                     launches["warpattn_det"] = warpattn_backward_call(
                         lib, torch, args.dtype, (dout, q, k, v, out, lse, dq, dk, dv), causal, True)
-                if args.warpattn_only:
-                    for _ in range(3):
-                        launches["warpattn"]()
-                    torch.cuda.synchronize()
-                    continue
                 both = {}  # forward + backward
                 if not args.backward_only:
                     both["warpattn"] = lambda bwd=launches["warpattn"], forward=forward: (forward(), bwd())
                 grads = {}
+                if fa3 is not None:
+                    for name, det in (("fa3", False), ("fa3_det", True)):
+                        if det and not args.deterministic:
+                            continue
+                        try:
+                            run, run_both, grads[name] = fa3_backward(torch, fa3, q, k, v, dout, causal, det)
+                        except RuntimeError as e:  # (e.g. no deterministic mode at d = 256)
+                            print("  %s unavailable at d=%d N=%d: %s" % (name, d, n, str(e)[:200]), file=sys.stderr)
+                            continue
+                        launches[name] = run
+                        if not args.backward_only:
+                            both[name] = run_both
+                if args.untimed:
+                    for _ in range(3):
+                        launches[args.untimed]()
+                    torch.cuda.synchronize()
+                    continue
                 for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
                     try:
                         inputs, _, _ = sdpa_inputs(torch, backend, q, k, v, causal)
@@ -263,6 +318,9 @@ def main(argv=None):
                     ref = [x.transpose(1, 2).float() for x in grads["cudnn"]]
                     rel = [((a.float() - b).norm() / b.norm()).item() for a, b in zip((dq, dk, dv), ref)]
                     check = "vs cuDNN rel L2 dq %.1e dk %.1e dv %.1e" % tuple(rel)
+                    if "fa3" in grads:  # the peer's own sanity check
+                        rel = [((a.float() - b).norm() / b.norm()).item() for a, b in zip(grads["fa3"], ref)]  # (B, N, H, d)
+                        check += " (fa3 %.1e %.1e %.1e)" % tuple(rel)
                 row = {"d": d, "N": n, "B": B, "H": H, "causal": causal,
                        "tflops": {k_: flops / (statistics.median(t) * 1e-3) / 1e12 for k_, t in times.items()},
                        "check": check}
@@ -286,7 +344,7 @@ def main(argv=None):
                           flush=True)
                 del launches, grads, both
     print("timer:", method)
-    if args.warpattn_only:
+    if args.untimed:
         return 0
     try:
         from warpattn.bench import environment
