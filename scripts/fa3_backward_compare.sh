@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU call: warpattn's backward beside FlashAttention-3's (built in the same call), cuDNN's
 # and FA2's on the same tensors, with each library's kernels (--breakdown), then Nsight Compute
-# on both main kernels at one shape. Needs .fa3 (../shared/fa3/prepare.sh; carry it).
+# on both main kernels at one shape. Needs .fa3 (../shared/fa3/prepare.sh), carried in every call
+# that uses it (a call without it in carry removes the host's copy; carried again, it is rebuilt).
 #   FA3_BWD_DIMS="128" BWD_ARGS="--d 128 --n 1024 4096 16384" NCU_SHAPE="128:4096:0" \
 #     bash scripts/fa3_backward_compare.sh
 # Logs under $OUT (or ./gpu-out).
@@ -31,9 +32,13 @@ for lib in warpattn fa3; do
   regex=$([ $lib = fa3 ] && echo "regex:FlashAttnBwdSm90" || echo "regex:attention_backward_kernel")
   timeout -k 5 $(( $(left) - 10 )) ncu --clock-control none --kernel-name-base demangled --kernel-name "$regex" \
     --launch-skip 1 --launch-count 1 \
-    --set full -f -o "/tmp/ncu-$lib" python3 python/warpattn/bench_backward.py --lib build/libwarpattn.so \
+    --set full --import-source yes -f -o "/tmp/ncu-$lib" python3 python/warpattn/bench_backward.py --lib build/libwarpattn.so \
     --fa3 .fa3/hopper --d "$d" --n "$n" --causal "$c" --untimed $lib > "$OUT/ncu-$lib.run.log" 2>&1
   echo "ncu $lib rc=$?"
-  ncu -i "/tmp/ncu-$lib.ncu-rep" --page details --print-details all > "$OUT/ncu-$lib.txt" 2>&1
-  grep -E "Duration|SM Frequency|Registers Per|Shared Memory Config|Tensor|Issue Slots Busy|No Eligible|Compute \(SM\) Throughput|Executed Instructions  " "$OUT/ncu-$lib.txt" | head -14
+  # the metrics as one CSV row, and per SASS instruction the stall samples (compressed: the
+  # tool returns a limited number of files, keep $OUT small)
+  ncu -i "/tmp/ncu-$lib.ncu-rep" --page raw --csv 2>&1 | gzip > "$OUT/ncu-$lib-raw.csv.gz"
+  ncu -i "/tmp/ncu-$lib.ncu-rep" --page source --print-source sass --csv 2>&1 | gzip > "$OUT/ncu-$lib-sass.csv.gz"
+  ncu -i "/tmp/ncu-$lib.ncu-rep" --page details --print-details all > "/tmp/ncu-$lib.txt" 2>&1
+  grep -E "Duration|Tensor Cycles Active|Issue Slots Busy|No Eligible|Executed Instructions  " "/tmp/ncu-$lib.txt" | head -8
 done

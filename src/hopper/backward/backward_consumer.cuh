@@ -37,6 +37,10 @@
 #include "hopper/ptx/wgmma_ops.cuh"
 #include "hopper/ring_slot.cuh"
 #include "hopper/softcap.cuh"
+
+#ifndef WARPATTN_TUNE_BWD_CAP_ONCE_PER_CALL  // A/B: BackwardConsumer::kCapOncePerCall
+#define WARPATTN_TUNE_BWD_CAP_ONCE_PER_CALL 0
+#endif
 #include "hopper/transposed_rows.cuh"
 
 namespace warpattn::detail {
@@ -138,6 +142,16 @@ struct BackwardConsumer {
     const float* row_d = ss.row_d[stage];
     const float* lse = ss.lse_log2[q_stage];
     const bool capped = kBackwardHasSoftcap<kD> && p.softcap_ex2 != 0.f;
+    if constexpr (kCapOncePerCall) {
+      // One branch for the call's groups: without a softcap its elements are straight-line
+      // code that ptxas can interleave (per element, the branch was taken once an element).
+      if (capped) {
+        score_gradients_range<true>(s, dp, row_d, lse, d_given, j_begin, j_end);
+      } else {
+        score_gradients_range<false>(s, dp, row_d, lse, d_given, j_begin, j_end);
+      }
+      return;
+    }
 #pragma unroll
     for (int j = j_begin; j < j_end; ++j) {
       const float2 d = Cfg::kEarlyRowTerms && j - j_begin < kEarlyGroups ? d_given[j - j_begin] : row_pair(row_d, j);
@@ -146,6 +160,34 @@ struct BackwardConsumer {
         const float prob = s[4 * j + i];
         float g = prob * (dp[4 * j + i] - (i % 2 == 0 ? d.x : d.y));
         if (capped) {
+          const float l = lse[f.col(j, i % 2)];
+          const float t = (ptx::log2_approx(prob) + l) * p.softcap_inv_log2;
+          g *= prob > 0.f ? fmaf(-t, t, 1.f) : 0.f;
+        }
+        dp[4 * j + i] = g;
+      }
+    }
+  }
+
+  // WARPATTN_TUNE_BWD_CAP_ONCE_PER_CALL (A/B, off): score_gradients' softcap decided once a
+  // call (the early dV's: once a k16 step) instead of once an element. Run 261's profile of d =
+  // 128 had the per-element branch taken 40 times a step in every consumer thread (the softcap
+  // off): 8x FlashAttention-3's branches, 15x its "no instructions" stalls, and the dS
+  // arithmetic cut into blocks of one element.
+  static constexpr bool kCapOncePerCall = WARPATTN_TUNE_BWD_CAP_ONCE_PER_CALL != 0;
+  template <bool kCapped>
+  __device__ __forceinline__ void score_gradients_range(const float (&s)[kM / 2], float (&dp)[kM / 2],
+                                                        const float* row_d, const float* lse,
+                                                        const float2 (&d_given)[kEarlyGroups], int j_begin,
+                                                        int j_end) const {
+#pragma unroll
+    for (int j = j_begin; j < j_end; ++j) {
+      const float2 d = Cfg::kEarlyRowTerms && j - j_begin < kEarlyGroups ? d_given[j - j_begin] : row_pair(row_d, j);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float prob = s[4 * j + i];
+        float g = prob * (dp[4 * j + i] - (i % 2 == 0 ? d.x : d.y));
+        if constexpr (kCapped) {
           const float l = lse[f.col(j, i % 2)];
           const float t = (ptx::log2_approx(prob) + l) * p.softcap_inv_log2;
           g *= prob > 0.f ? fmaf(-t, t, 1.f) : 0.f;

@@ -94,12 +94,35 @@ struct BackwardConsumerN80 : BackwardConsumer<Cfg> {
     const float* lse = ss.lse_log2[q_stage];
     const bool capped = kBackwardHasSoftcap<Cfg::kHeadDim> && p.softcap_ex2 != 0.f;
     const float d[2] = {row_d[f.row(0)], row_d[f.row(1)]};
+    if constexpr (WARPATTN_TUNE_BWD_CAP_ONCE_PER_CALL != 0) {  // (BackwardConsumer::kCapOncePerCall)
+      if (capped) {
+        score_gradients_loop<true>(s, dp, d, lse);
+      } else {
+        score_gradients_loop<false>(s, dp, d, lse);
+      }
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < kKeys / 2; ++i) {
       const int r = i % 4 / 2;
       const float prob = s[i];
       float g = prob * (dp[i] - d[r]);
       if (capped) {
+        const float t = (ptx::log2_approx(prob) + lse[f.row(r)]) * p.softcap_inv_log2;
+        g *= prob > 0.f ? fmaf(-t, t, 1.f) : 0.f;
+      }
+      dp[i] = g;
+    }
+  }
+  template <bool kCapped>
+  __device__ __forceinline__ void score_gradients_loop(const float (&s)[kKeys / 2], float (&dp)[kKeys / 2],
+                                                       const float (&d)[2], const float* lse) const {
+#pragma unroll
+    for (int i = 0; i < kKeys / 2; ++i) {
+      const int r = i % 4 / 2;
+      const float prob = s[i];
+      float g = prob * (dp[i] - d[r]);
+      if constexpr (kCapped) {
         const float t = (ptx::log2_approx(prob) + lse[f.row(r)]) * p.softcap_inv_log2;
         g *= prob > 0.f ? fmaf(-t, t, 1.f) : 0.f;
       }
