@@ -6,7 +6,8 @@
 # so each pass puts the variants side by side), then the tests of each variant.
 #   VARIANTS="base= lift6=-DWARPATTN_TUNE_FP8_P_LIFT=6" PASSES=2 \
 #     TESTS="test_gpu_fp8:fp8_accuracy_on_outlier_data" bash scripts/ab_fp8.sh --points d=256 N=16384 causal=0
-# BUILD_ONLY=1 builds and stops (to build while something else runs). A variant is NAME=FLAGS (FLAGS: CMAKE_CUDA_FLAGS, the WARPATTN_TUNE_* knobs; empty for the
+# BUILD_ONLY=1 builds and stops (to build while something else runs); SKIP_TESTS=1 builds the
+# $TESTS binaries but does not run them (a later call can: ./build-<name>/<test>). A variant is NAME=FLAGS (FLAGS: CMAKE_CUDA_FLAGS, the WARPATTN_TUNE_* knobs; empty for the
 # code as it is; @DIR for a folder already built, e.g. base=@build: gpu_run.sh's build, not built
 # again; several flags comma-separated). Writes $OUT/ab/<name>-pass<k>.md and <name>-<test>[-<filter>].log; prints the rows.
 # AB_BENCH: a command to run instead of bench_fp8 (from /tmp, with the variant's package on
@@ -56,6 +57,7 @@ for pass in $(seq 1 ${PASSES:-2}); do
       grep -E "^\| [0-9]" "$out/$name-pass$pass.md" || tail -5 "/tmp/ab-$name-$pass.log"
   done
 done
+[ -n "${SKIP_TESTS:-}" ] && exit 0  # (built with $TESTS, run by a later call)
 for v in ${TEST_VARIANTS:-$VARIANTS}; do  # TEST_VARIANTS: only these run the tests
   name=$(name_of "$v")
   for t in ${TESTS:-}; do
