@@ -45,6 +45,10 @@
 
 namespace warpattn::detail {
 
+// Where a dS loop decides the softcap's factor: never, always (the caller decided once), or at
+// each element (the run-time flag).
+enum SoftcapDecision { kCapNever, kCapAlways, kCapPerElement };
+
 template <class Cfg>
 struct BackwardConsumer {
   using Element = typename Cfg::Element;
@@ -146,26 +150,12 @@ struct BackwardConsumer {
       // One branch for the call's groups: without a softcap its elements are straight-line
       // code that ptxas can interleave (per element, the branch was taken once an element).
       if (capped) {
-        score_gradients_range<true>(s, dp, row_d, lse, d_given, j_begin, j_end);
+        score_gradients_range<kCapAlways>(s, dp, row_d, lse, d_given, j_begin, j_end);
       } else {
-        score_gradients_range<false>(s, dp, row_d, lse, d_given, j_begin, j_end);
+        score_gradients_range<kCapNever>(s, dp, row_d, lse, d_given, j_begin, j_end);
       }
-      return;
-    }
-#pragma unroll
-    for (int j = j_begin; j < j_end; ++j) {
-      const float2 d = Cfg::kEarlyRowTerms && j - j_begin < kEarlyGroups ? d_given[j - j_begin] : row_pair(row_d, j);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float prob = s[4 * j + i];
-        float g = prob * (dp[4 * j + i] - (i % 2 == 0 ? d.x : d.y));
-        if (capped) {
-          const float l = lse[f.col(j, i % 2)];
-          const float t = (ptx::log2_approx(prob) + l) * p.softcap_inv_log2;
-          g *= prob > 0.f ? fmaf(-t, t, 1.f) : 0.f;
-        }
-        dp[4 * j + i] = g;
-      }
+    } else {
+      score_gradients_range<kCapPerElement>(s, dp, row_d, lse, d_given, j_begin, j_end, capped);
     }
   }
 
@@ -175,11 +165,11 @@ struct BackwardConsumer {
   // off): 8x FlashAttention-3's branches, 15x its "no instructions" stalls, and the dS
   // arithmetic cut into blocks of one element.
   static constexpr bool kCapOncePerCall = WARPATTN_TUNE_BWD_CAP_ONCE_PER_CALL != 0;
-  template <bool kCapped>
+  template <SoftcapDecision kCap>
   __device__ __forceinline__ void score_gradients_range(const float (&s)[kM / 2], float (&dp)[kM / 2],
                                                         const float* row_d, const float* lse,
                                                         const float2 (&d_given)[kEarlyGroups], int j_begin,
-                                                        int j_end) const {
+                                                        int j_end, bool capped = false) const {
 #pragma unroll
     for (int j = j_begin; j < j_end; ++j) {
       const float2 d = Cfg::kEarlyRowTerms && j - j_begin < kEarlyGroups ? d_given[j - j_begin] : row_pair(row_d, j);
@@ -187,7 +177,7 @@ struct BackwardConsumer {
       for (int i = 0; i < 4; ++i) {
         const float prob = s[4 * j + i];
         float g = prob * (dp[4 * j + i] - (i % 2 == 0 ? d.x : d.y));
-        if constexpr (kCapped) {
+        if (kCap == kCapAlways || (kCap == kCapPerElement && capped)) {
           const float l = lse[f.col(j, i % 2)];
           const float t = (ptx::log2_approx(prob) + l) * p.softcap_inv_log2;
           g *= prob > 0.f ? fmaf(-t, t, 1.f) : 0.f;

@@ -96,33 +96,24 @@ struct BackwardConsumerN80 : BackwardConsumer<Cfg> {
     const float d[2] = {row_d[f.row(0)], row_d[f.row(1)]};
     if constexpr (WARPATTN_TUNE_BWD_CAP_ONCE_PER_CALL != 0) {  // (BackwardConsumer::kCapOncePerCall)
       if (capped) {
-        score_gradients_loop<true>(s, dp, d, lse);
+        score_gradients_loop<kCapAlways>(s, dp, d, lse);
       } else {
-        score_gradients_loop<false>(s, dp, d, lse);
+        score_gradients_loop<kCapNever>(s, dp, d, lse);
       }
-      return;
-    }
-#pragma unroll
-    for (int i = 0; i < kKeys / 2; ++i) {
-      const int r = i % 4 / 2;
-      const float prob = s[i];
-      float g = prob * (dp[i] - d[r]);
-      if (capped) {
-        const float t = (ptx::log2_approx(prob) + lse[f.row(r)]) * p.softcap_inv_log2;
-        g *= prob > 0.f ? fmaf(-t, t, 1.f) : 0.f;
-      }
-      dp[i] = g;
+    } else {
+      score_gradients_loop<kCapPerElement>(s, dp, d, lse, capped);
     }
   }
-  template <bool kCapped>
+  template <SoftcapDecision kCap>
   __device__ __forceinline__ void score_gradients_loop(const float (&s)[kKeys / 2], float (&dp)[kKeys / 2],
-                                                       const float (&d)[2], const float* lse) const {
+                                                       const float (&d)[2], const float* lse,
+                                                       bool capped = false) const {
 #pragma unroll
     for (int i = 0; i < kKeys / 2; ++i) {
       const int r = i % 4 / 2;
       const float prob = s[i];
       float g = prob * (dp[i] - d[r]);
-      if constexpr (kCapped) {
+      if (kCap == kCapAlways || (kCap == kCapPerElement && capped)) {
         const float t = (ptx::log2_approx(prob) + lse[f.row(r)]) * p.softcap_inv_log2;
         g *= prob > 0.f ? fmaf(-t, t, 1.f) : 0.f;
       }
