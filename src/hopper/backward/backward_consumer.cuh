@@ -37,11 +37,11 @@
 #include "hopper/ptx/wgmma_ops.cuh"
 #include "hopper/ring_slot.cuh"
 #include "hopper/softcap.cuh"
+#include "hopper/transposed_rows.cuh"
 
 #ifndef WARPATTN_TUNE_BWD_CAP_ONCE_PER_CALL  // A/B: BackwardConsumer::kCapOncePerCall
 #define WARPATTN_TUNE_BWD_CAP_ONCE_PER_CALL 0
 #endif
-#include "hopper/transposed_rows.cuh"
 
 namespace warpattn::detail {
 
