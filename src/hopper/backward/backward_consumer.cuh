@@ -39,15 +39,7 @@
 #include "hopper/softcap.cuh"
 #include "hopper/transposed_rows.cuh"
 
-#ifndef WARPATTN_TUNE_BWD_CAP_ONCE_PER_CALL  // A/B: BackwardConsumer::kCapOncePerCall
-#define WARPATTN_TUNE_BWD_CAP_ONCE_PER_CALL 0
-#endif
-
 namespace warpattn::detail {
-
-// Where a dS loop decides the softcap's factor: never, always (the caller decided once), or at
-// each element (the run-time flag).
-enum SoftcapDecision { kCapNever, kCapAlways, kCapPerElement };
 
 template <class Cfg>
 struct BackwardConsumer {
@@ -136,7 +128,12 @@ struct BackwardConsumer {
   // dSᵀ = Pᵀ ∘ (dPᵀ − D), in dp's registers; with a softcap also ∘ (1 − tanh²), the tanh's
   // derivative, its tanh recovered from P (log2 P = tanh · softcap log2(e) − LSE log2(e)) rather
   // than kept from probabilities() in kM / 2 more registers. P = 0 (masked, or underflowed, where
-  // dS is 0 anyway) would give log2 0 = -inf: the factor is 0 there.
+  // dS is 0 anyway) would give log2 0 = -inf: the factor is 0 there. The softcap is decided once
+  // a call (one branch around the loop), not once an element: per element, its branch was taken 40
+  // times a step at d = 128 (run 261's profile: 8x FlashAttention-3's branches) and cut the dS
+  // arithmetic into blocks of one element; decided once, the backward was 2-3% faster at d = 128
+  // (run 267). (A lambda taking std::bool_constant, tried to share this branch with
+  // backward_consumer_n80.cuh, moved ptxas's block layout and registers away from the form measured.)
   // j_begin .. j_end: the 8-query groups to do (all by default; the early dV, one k16 step's two).
   // d_given: with Cfg::kEarlyRowTerms, the D pairs of the range's first two groups, loaded by the
   // caller ahead of this.
@@ -146,30 +143,18 @@ struct BackwardConsumer {
     const float* row_d = ss.row_d[stage];
     const float* lse = ss.lse_log2[q_stage];
     const bool capped = kBackwardHasSoftcap<kD> && p.softcap_ex2 != 0.f;
-    if constexpr (kCapOncePerCall) {
-      // One branch for the call's groups: without a softcap its elements are straight-line
-      // code that ptxas can interleave (per element, the branch was taken once an element).
-      if (capped) {
-        score_gradients_range<kCapAlways>(s, dp, row_d, lse, d_given, j_begin, j_end);
-      } else {
-        score_gradients_range<kCapNever>(s, dp, row_d, lse, d_given, j_begin, j_end);
-      }
+    if (capped) {
+      score_gradients_range<true>(s, dp, row_d, lse, d_given, j_begin, j_end);
     } else {
-      score_gradients_range<kCapPerElement>(s, dp, row_d, lse, d_given, j_begin, j_end, capped);
+      score_gradients_range<false>(s, dp, row_d, lse, d_given, j_begin, j_end);
     }
   }
 
-  // WARPATTN_TUNE_BWD_CAP_ONCE_PER_CALL (A/B, off): score_gradients' softcap decided once a
-  // call (the early dV's: once a k16 step) instead of once an element. Run 261's profile of d =
-  // 128 had the per-element branch taken 40 times a step in every consumer thread (the softcap
-  // off): 8x FlashAttention-3's branches, 15x its "no instructions" stalls, and the dS
-  // arithmetic cut into blocks of one element.
-  static constexpr bool kCapOncePerCall = WARPATTN_TUNE_BWD_CAP_ONCE_PER_CALL != 0;
-  template <SoftcapDecision kCap>
+  template <bool kCapped>
   __device__ __forceinline__ void score_gradients_range(const float (&s)[kM / 2], float (&dp)[kM / 2],
                                                         const float* row_d, const float* lse,
                                                         const float2 (&d_given)[kEarlyGroups], int j_begin,
-                                                        int j_end, bool capped = false) const {
+                                                        int j_end) const {
 #pragma unroll
     for (int j = j_begin; j < j_end; ++j) {
       const float2 d = Cfg::kEarlyRowTerms && j - j_begin < kEarlyGroups ? d_given[j - j_begin] : row_pair(row_d, j);
@@ -177,7 +162,7 @@ struct BackwardConsumer {
       for (int i = 0; i < 4; ++i) {
         const float prob = s[4 * j + i];
         float g = prob * (dp[4 * j + i] - (i % 2 == 0 ? d.x : d.y));
-        if (kCap == kCapAlways || (kCap == kCapPerElement && capped)) {
+        if constexpr (kCapped) {
           const float l = lse[f.col(j, i % 2)];
           const float t = (ptx::log2_approx(prob) + l) * p.softcap_inv_log2;
           g *= prob > 0.f ? fmaf(-t, t, 1.f) : 0.f;

@@ -94,26 +94,21 @@ struct BackwardConsumerN80 : BackwardConsumer<Cfg> {
     const float* lse = ss.lse_log2[q_stage];
     const bool capped = kBackwardHasSoftcap<Cfg::kHeadDim> && p.softcap_ex2 != 0.f;
     const float d[2] = {row_d[f.row(0)], row_d[f.row(1)]};
-    if constexpr (WARPATTN_TUNE_BWD_CAP_ONCE_PER_CALL != 0) {  // (BackwardConsumer::kCapOncePerCall)
-      if (capped) {
-        score_gradients_loop<kCapAlways>(s, dp, d, lse);
-      } else {
-        score_gradients_loop<kCapNever>(s, dp, d, lse);
-      }
+    if (capped) {
+      score_gradients_loop<true>(s, dp, d, lse);
     } else {
-      score_gradients_loop<kCapPerElement>(s, dp, d, lse, capped);
+      score_gradients_loop<false>(s, dp, d, lse);
     }
   }
-  template <SoftcapDecision kCap>
+  template <bool kCapped>
   __device__ __forceinline__ void score_gradients_loop(const float (&s)[kKeys / 2], float (&dp)[kKeys / 2],
-                                                       const float (&d)[2], const float* lse,
-                                                       bool capped = false) const {
+                                                       const float (&d)[2], const float* lse) const {
 #pragma unroll
     for (int i = 0; i < kKeys / 2; ++i) {
       const int r = i % 4 / 2;
       const float prob = s[i];
       float g = prob * (dp[i] - d[r]);
-      if (kCap == kCapAlways || (kCap == kCapPerElement && capped)) {
+      if constexpr (kCapped) {
         const float t = (ptx::log2_approx(prob) + lse[f.row(r)]) * p.softcap_inv_log2;
         g *= prob > 0.f ? fmaf(-t, t, 1.f) : 0.f;
       }

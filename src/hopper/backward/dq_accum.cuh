@@ -14,7 +14,6 @@
 #include "hopper/backward/row_terms.cuh"
 #include "hopper/fragment.cuh"
 #include "hopper/ptx/math.cuh"
-#include "hopper/ptx/warpgroup.cuh"  // schedule_fence
 
 namespace warpattn::detail {
 
@@ -36,10 +35,6 @@ struct DqAccumLayout {
   }
 };
 
-#ifndef WARPATTN_TUNE_BWD_CONVERT_LOADS_AHEAD  // A/B: convert_dq_kernel's kLoadsAhead
-#define WARPATTN_TUNE_BWD_CONVERT_LOADS_AHEAD 0
-#endif
-
 // dQ = softmax_scale x the accumulator, in dQ's dtype: one kBlockM-row query block of one
 // (sequence, head) per CTA, grid (rows / kBlockM, heads_q, batch) (a packed batch: (padded rows /
 // kBlockM, heads_q, 1); kGranule, the workspace's, a multiple of kBlockM), 256 threads. Piece:
@@ -60,8 +55,6 @@ __global__ void __launch_bounds__(256) convert_dq_kernel(const __grid_constant__
   constexpr int kPitch = kColumns + Piece::kRowPad;  // a multiple of 4: the 16-byte row reads stay aligned
   static_assert(kPitch % 4 == 0 && kBlockM * kPitch * 4 <= 48 * 1024, "the rows in static shared memory");
   __shared__ alignas(16) float rows[kBlockM * kPitch];
-  constexpr int kThreads = 256;  // (the launch's)
-  constexpr bool kLoadsAhead = WARPATTN_TUNE_BWD_CONVERT_LOADS_AHEAD != 0;
   const RowBlock rb = row_block_of<kBlockM, kGranule>(p);
   const int row_block = rb.row_block, head = blockIdx.y, batch = rb.batch;
 #pragma unroll 1
@@ -70,33 +63,16 @@ __global__ void __launch_bounds__(256) convert_dq_kernel(const __grid_constant__
     const float4* block = reinterpret_cast<const float4*>(p.dq_accum + rb.first * kHeadDim + kBlockM * column0);
     constexpr int kGroups = kBlockM * kColumns / 4;
     if (pass > 0) __syncthreads();  // the previous pass's rows are out
-    // float 4e of the pass's columns: piece `piece` (piece_float0) of them, float `first` in
-    // it, to its row and column
-    const auto scatter = [&](int e, const float4& v) {
+    for (int e = threadIdx.x; e < kGroups; e += blockDim.x) {
+      // float 4e of the pass's columns: piece `piece` (piece_float0) of them, float `first` in it
       const int piece = e / (Piece::kFloats / 4), first = 4 * e - Piece::piece_float0(piece);
+      const float4 v = block[e];
       const float x[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const typename Piece::Element el = Piece::element(first + k);
         rows[el.row * kPitch + 64 * piece + el.column] = x[k];
       }
-    };
-    if constexpr (kLoadsAhead) {
-      // Every load of the thread out before the first is used: one 16-byte load in flight a
-      // thread (and ~160 instructions of element map between two) kept the conversion at ~0.87
-      // of the copy rate (run 263: 76 us a call against FlashAttention-3's 66, whose
-      // postprocess pulls the tile in with one bulk copy).
-      static_assert(kGroups % kThreads == 0, "whole rounds of 16-byte loads");
-      float4 v[kGroups / kThreads];
-#pragma unroll
-      for (int k = 0; k < kGroups / kThreads; ++k) v[k] = block[threadIdx.x + kThreads * k];
-      // (ptxas would otherwise sink each load to just before its stores, two or three in flight;
-      // the batch is never negative, a zero the compiler cannot fold)
-      ptx::schedule_fence(p.batch < 0 ? 1u : 0u);
-#pragma unroll
-      for (int k = 0; k < kGroups / kThreads; ++k) scatter(threadIdx.x + kThreads * k, v[k]);
-    } else {
-      for (int e = threadIdx.x; e < kGroups; e += blockDim.x) scatter(e, block[e]);
     }
     __syncthreads();
     constexpr int kChunks = kColumns / 8;  // 16-byte chunks of a 16-bit row
