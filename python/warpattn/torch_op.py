@@ -59,6 +59,8 @@ def _may_skip_dispatcher(args):
     # refusal where it has none).
     grad = _grad_enabled()
     for a in args:
+        if a is None:  # an optional tensor not given (most of a decode step's): no type to test
+            continue
         t = type(a)
         if t in _PLAIN_TENSORS:
             if not a.is_cuda or (grad and a.requires_grad):
