@@ -15,6 +15,10 @@
 #include "hopper/fragment.cuh"
 #include "hopper/ptx/math.cuh"
 
+#ifndef WARPATTN_TUNE_BWD_CONVERT_THREAD_MAP  // A/B: convert_dq_kernel's kThreadMap
+#define WARPATTN_TUNE_BWD_CONVERT_THREAD_MAP 0
+#endif
+
 namespace warpattn::detail {
 
 struct DqAccumLayout {
@@ -55,6 +59,8 @@ __global__ void __launch_bounds__(256) convert_dq_kernel(const __grid_constant__
   constexpr int kPitch = kColumns + Piece::kRowPad;  // a multiple of 4: the 16-byte row reads stay aligned
   static_assert(kPitch % 4 == 0 && kBlockM * kPitch * 4 <= 48 * 1024, "the rows in static shared memory");
   __shared__ alignas(16) float rows[kBlockM * kPitch];
+  constexpr int kThreads = 256;  // (the launch's: run_backward.cuh)
+  constexpr bool kThreadMap = WARPATTN_TUNE_BWD_CONVERT_THREAD_MAP != 0;
   const RowBlock rb = row_block_of<kBlockM, kGranule>(p);
   const int row_block = rb.row_block, head = blockIdx.y, batch = rb.batch;
 #pragma unroll 1
@@ -63,15 +69,35 @@ __global__ void __launch_bounds__(256) convert_dq_kernel(const __grid_constant__
     const float4* block = reinterpret_cast<const float4*>(p.dq_accum + rb.first * kHeadDim + kBlockM * column0);
     constexpr int kGroups = kBlockM * kColumns / 4;
     if (pass > 0) __syncthreads();  // the previous pass's rows are out
-    for (int e = threadIdx.x; e < kGroups; e += blockDim.x) {
-      // float 4e of the pass's columns: piece `piece` (piece_float0) of them, float `first` in it
-      const int piece = e / (Piece::kFloats / 4), first = 4 * e - Piece::piece_float0(piece);
-      const float4 v = block[e];
-      const float x[4] = {v.x, v.y, v.z, v.w};
+    if constexpr (kThreadMap) {
+      // WARPATTN_TUNE_BWD_CONVERT_THREAD_MAP (A/B, off): the element map once a thread
+      // (ConversionThreadMap). Today's loop below spends ~160 instructions of it on each 16-byte
+      // group (division by the piece size, the accumulator's lane and register bits): ~45M warp
+      // instructions a call at B·N = 16K, d = 128, about what the SMs issue in the 76 us the
+      // conversion takes (FlashAttention-3's postprocess: 66 us, near the copy rate).
+      using Map = ConversionThreadMap<Piece, kThreads, kPitch>;
+      constexpr int kLoads = kGroups / kThreads;
+      static_assert(kGroups % kThreads == 0 && Map::affine(kLoads), "a thread's base and constant offsets");
+      float* const base = rows + Map::address(threadIdx.x, 0, 0);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const typename Piece::Element el = Piece::element(first + k);
-        rows[el.row * kPitch + 64 * piece + el.column] = x[k];
+      for (int k = 0; k < kLoads; ++k) {
+        const float4 v = block[threadIdx.x + kThreads * k];
+        base[Map::offset(k, 0)] = v.x;
+        base[Map::offset(k, 1)] = v.y;
+        base[Map::offset(k, 2)] = v.z;
+        base[Map::offset(k, 3)] = v.w;
+      }
+    } else {
+      for (int e = threadIdx.x; e < kGroups; e += blockDim.x) {
+        // float 4e of the pass's columns: piece `piece` (piece_float0) of them, float `first` in it
+        const int piece = e / (Piece::kFloats / 4), first = 4 * e - Piece::piece_float0(piece);
+        const float4 v = block[e];
+        const float x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const typename Piece::Element el = Piece::element(first + k);
+          rows[el.row * kPitch + 64 * piece + el.column] = x[k];
+        }
       }
     }
     __syncthreads();

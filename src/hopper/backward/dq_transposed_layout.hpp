@@ -78,6 +78,34 @@ struct DqUntransposedPiece {
   static constexpr int kRowPad = 8;
 };
 
+// The conversion's thread map (dq_accum.cuh, WARPATTN_TUNE_BWD_CONVERT_THREAD_MAP): thread t of
+// kThreads takes a pass's 16-byte groups t + kThreads k, k = 0, 1, ..; float x of group k goes
+// to shared-memory float address(t, k, x) of rows kPitch floats apart. A group of kThreads is
+// whole j steps of the accumulator (kThreads a multiple of 128, a piece a whole number of
+// groups), so t fixes the lane bits of the element and k and x the rest: address(t, k, x) =
+// address(t, 0, 0) + offset(k, x), checked for every t by affine(). The element map is then one
+// element() a thread and a constant a float, not ~160 instructions a 16-byte group.
+template <class Piece, int kThreads, int kPitch>
+struct ConversionThreadMap {
+  static constexpr int kGroupsPerPiece = Piece::kFloats / 4 / kThreads;
+  static_assert(kThreads % 128 == 0 && kGroupsPerPiece * kThreads * 4 == Piece::kFloats,
+                "whole j steps of the accumulator a group, whole groups a piece");
+  WARPATTN_HOST_DEVICE static constexpr int address(int thread, int k, int x) {
+    const int piece = k / kGroupsPerPiece;
+    const typename Piece::Element el = Piece::element(4 * (thread + kThreads * (k % kGroupsPerPiece)) + x);
+    return el.row * kPitch + 64 * piece + el.column;
+  }
+  WARPATTN_HOST_DEVICE static constexpr int offset(int k, int x) { return address(0, k, x) - address(0, 0, 0); }
+  // Whether the split into a thread's base and constants holds for groups 0 .. groups - 1.
+  static constexpr bool affine(int groups) {
+    for (int t = 0; t < kThreads; ++t)
+      for (int k = 0; k < groups; ++k)
+        for (int x = 0; x < 4; ++x)
+          if (address(t, k, x) != address(t, 0, 0) + offset(k, x)) return false;
+    return true;
+  }
+};
+
 // The columns a pass of the conversion (dq_accum.cuh's convert_dq_kernel) puts in shared memory:
 // all of them up to 256, fewer where block_m rows at the pitch would pass the 48 KB of static
 // shared memory (64 x 256 floats would; 32 x 256 do not). A pass's pieces are consecutive floats.
