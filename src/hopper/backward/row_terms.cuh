@@ -90,6 +90,18 @@ __global__ void __launch_bounds__(256) reduce_sink_sums_kernel(const __grid_cons
   if (threadIdx.x == 0) p.dsinks[head * p.dsinks_stride] = sums[0];
 }
 
+// sum + the dot product of 16 bytes of dO and of O (8 elements each).
+template <class Element>
+__device__ __forceinline__ float add_dot(const uint4& a, const uint4& b, float sum) {
+  const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x = ptx::unpack_pair<Element>(aw[i]), y = ptx::unpack_pair<Element>(bw[i]);
+    sum = fmaf(x.x, y.x, fmaf(x.y, y.y, sum));
+  }
+  return sum;
+}
+
 // The block's 64 rows of dQ's accumulator set to 0 (the main kernel adds into them).
 template <int kHeadDim>
 __device__ __forceinline__ void zero_dq_accumulator(const BackwardParams& p, int64_t first) {
@@ -141,13 +153,7 @@ __global__ void __launch_bounds__(256) backward_row_terms_kernel(const __grid_co
         float sum = 0.f;
 #pragma unroll
         for (int k = 0; k < kGroups; ++k) {
-          const uint32_t aw[4] = {a[i][k].x, a[i][k].y, a[i][k].z, a[i][k].w};
-          const uint32_t bw[4] = {b[i][k].x, b[i][k].y, b[i][k].z, b[i][k].w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float2 x = ptx::unpack_pair<Element>(aw[e]), y = ptx::unpack_pair<Element>(bw[e]);
-            sum = fmaf(x.x, y.x, fmaf(x.y, y.y, sum));
-          }
+          sum = add_dot<Element>(a[i][k], b[i][k], sum);
         }
 #pragma unroll
         for (int o = kLanes / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
@@ -165,12 +171,7 @@ __global__ void __launch_bounds__(256) backward_row_terms_kernel(const __grid_co
       if (row < rb.seqlen_q && 8 * group < p.head_dim_v) {  // a padded head dim: its 16-byte groups only
         const uint4 a = reinterpret_cast<const uint4*>(p.dout.row<const Element>(batch, rb.q_offset + row, head))[group];
         const uint4 b = reinterpret_cast<const uint4*>(p.out.row<const Element>(batch, rb.q_offset + row, head))[group];
-        const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 x = ptx::unpack_pair<Element>(aw[i]), y = ptx::unpack_pair<Element>(bw[i]);
-          sum = fmaf(x.x, y.x, fmaf(x.y, y.y, sum));
-        }
+        sum = add_dot<Element>(a, b, sum);
       }
     }
 #pragma unroll
