@@ -50,8 +50,9 @@ struct DqAccumLayout {
 // 2-2.5x the time of these 16-byte ones at d = 64 and 256: run 229.) Row pitch: the columns plus
 // Piece::kRowPad (the transposed pieces: 4, where a warp's 32 stores, rows 2q + c and columns
 // 16w + g + 8r of its lanes' fragments, hit 32 banks; 8 more would put lanes q and q + 2 on one).
+inline constexpr int kConvertDqThreads = 256;  // convert_dq_kernel's block (run_backward.cuh launches it)
 template <class Element, int kHeadDim, int kBlockM, int kGranule, class Piece>
-__global__ void __launch_bounds__(256) convert_dq_kernel(const __grid_constant__ BackwardParams p) {
+__global__ void __launch_bounds__(kConvertDqThreads) convert_dq_kernel(const __grid_constant__ BackwardParams p) {
   static_assert(kHeadDim % 64 == 0 && kBlockM * kHeadDim == Piece::kFloats * (kHeadDim / 64), "64-column pieces");
   // d = 512 at 32 rows and d = 256 at 64: two passes.
   constexpr int kColumns = dq_conversion_columns(kHeadDim, kBlockM, Piece::kRowPad);
@@ -59,7 +60,7 @@ __global__ void __launch_bounds__(256) convert_dq_kernel(const __grid_constant__
   constexpr int kPitch = kColumns + Piece::kRowPad;  // a multiple of 4: the 16-byte row reads stay aligned
   static_assert(kPitch % 4 == 0 && kBlockM * kPitch * 4 <= 48 * 1024, "the rows in static shared memory");
   __shared__ alignas(16) float rows[kBlockM * kPitch];
-  constexpr int kThreads = 256;  // (the launch's: run_backward.cuh)
+  constexpr int kThreads = kConvertDqThreads;
   constexpr bool kThreadMap = WARPATTN_TUNE_BWD_CONVERT_THREAD_MAP != 0;
   const RowBlock rb = row_block_of<kBlockM, kGranule>(p);
   const int row_block = rb.row_block, head = blockIdx.y, batch = rb.batch;

@@ -102,7 +102,8 @@ void launch_backward_kernels(const BackwardParams& p, const BackwardTensors& t, 
   }
   constexpr int kRows = Cfg::kDqConversionRows;  // rows is a multiple of them
   const dim3 grid(static_cast<unsigned>(covered_rows / kRows), row_grid.y, row_grid.z);
-  convert_dq_kernel<Element, Cfg::kHeadDim, kRows, Cfg::kRowGranule, typename Cfg::DqPiece><<<grid, 256, 0, stream>>>(p);
+  convert_dq_kernel<Element, Cfg::kHeadDim, kRows, Cfg::kRowGranule, typename Cfg::DqPiece>
+      <<<grid, kConvertDqThreads, 0, stream>>>(p);
   check_cuda(cudaGetLastError(), "convert_dq_kernel: launch failed");
   reduce_sink_sums<Cfg>(p, static_cast<int64_t>(row_grid.x) * row_grid.z, stream);
 }
