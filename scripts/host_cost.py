@@ -9,6 +9,7 @@ and what a call cannot avoid (two allocations, one kernel launch).
 """
 import ctypes
 import os
+import statistics
 
 import torch
 import torch.nn.functional as F
@@ -17,10 +18,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import warpattn
 from warpattn import _warpattn
 from warpattn.bench import describe, host_us_per_call, load_warpattn
-
-
-def per_call_us(fn, calls=2000, repeats=5):
-    return host_us_per_call(torch, {"fn": fn}, calls, repeats)["fn"]
 
 
 def c_abi_forward(q, k, v, out):
@@ -143,10 +140,21 @@ def main():
          lambda: (torch.empty_like(q), torch.empty(1, 4, 128, device="cuda"))),
         ("floor: one kernel launch (torch.cuda._sleep(1))", lambda: torch.cuda._sleep(1)),
     ]
+    # Every row in each pass, side by side (bench.host_us_per_call), so that a host whose load
+    # changes during the run moves all rows alike; the minimum beside the median, and the load
+    # average before and after, since a busy host (runs 270-271: load 3-8 on 16 cores after a
+    # build) moved the floors 1.5-2x between runs.
+    load_before = os.getloadavg()
+    samples = host_us_per_call(torch, dict(rows), calls=2000, passes=7, summary=None)
+    load_after = os.getloadavg()
     print("host cost per call, B=1 N=128 H=4 d=64 bf16; decode B=1 Sq=1 8/8 heads 128 keys d=128 "
-          "(median of 5 x 2000 calls):")
-    for name, fn in rows:
-        print("  %-56s %6.1f us" % (name, per_call_us(fn)))
+          "(7 passes of 2000 calls, the rows interleaved; median, and min in brackets):")
+    for name, _ in rows:
+        v = samples[name]
+        print("  %-56s %6.1f us (%5.1f)" % (name, statistics.median(v), min(v)))
+    print("load average (1, 5, 15 min) before %.1f %.1f %.1f, after %.1f %.1f %.1f on %d CPUs%s"
+          % (*load_before, *load_after, os.cpu_count(),
+             ": a busy host, read the minima" if max(load_before[0], load_after[0]) > 1.5 else ""))
 
 
 if __name__ == "__main__":

@@ -415,11 +415,12 @@ class ClockSampler:
         return False
 
 
-def host_us_per_call(torch, fns, calls=2000, passes=5):
+def host_us_per_call(torch, fns, calls=2000, passes=5, summary=statistics.median):
     """Host cost: microseconds per call of each of fns (name -> callable) in a tight loop of
-    `calls` calls with one synchronisation at the end, the median of `passes` passes, the
-    callables interleaved within each pass (one pass alone moves by several us with the host's
-    state: run 238's single pass gave 32.6 us where the median of five gave 19.9)."""
+    `calls` calls with one synchronisation at the end, summary (default the median; None: the
+    list) of `passes` passes, the callables interleaved within each pass (one pass alone moves by
+    several us with the host's state: run 238's single pass gave 32.6 us where the median of five
+    gave 19.9)."""
     per = {name: [] for name in fns}
     for fn in fns.values():
         for _ in range(200):
@@ -432,7 +433,7 @@ def host_us_per_call(torch, fns, calls=2000, passes=5):
                 fn()
             torch.cuda.synchronize()
             per[name].append((time.perf_counter() - t) / calls * 1e6)
-    return {name: statistics.median(v) for name, v in per.items()}
+    return {name: v if summary is None else summary(v) for name, v in per.items()}
 
 
 def kernel_trace(torch, fn, calls=20, clean=False, timeline=None):
