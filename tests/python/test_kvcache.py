@@ -398,6 +398,45 @@ def test_torch_no_gradients(torch_ops, host_append):
         out.float().sum().backward()
 
 
+def test_torch_eager_decode_step_passes_what_the_op_passes(torch_ops, host_kvcache, monkeypatch):
+    # An eager decode step (nothing appended, no lse, no out, plain CUDA tensors) calls the binding
+    # straight from torch_op.flash_attn_kvcache_torch (issue 16's host cost), not through the
+    # custom op: what it passes must be what the op passes, except the lse nobody asked for, which
+    # it does not allocate. _may_skip_dispatcher is forced either way (these tensors are on the CPU).
+    q, kc, vc, _, _, lengths = meta_caches(device="cpu")
+    pages = torch.zeros(8, 16, 2, 64, dtype=torch.bfloat16)
+    table = torch.arange(8, dtype=torch.int32).reshape(2, 4)
+    k8 = torch.zeros(2, 96, 2, 64, dtype=torch.float8_e4m3fn)
+    v8 = torch.zeros(2, 2, 6, 16 * 64, dtype=torch.float8_e4m3fn)  # an E4M3 cache's Vᵀ (any shape: not validated here)
+    descale = torch.ones(2)
+    cases = [dict(k_cache=kc, v_cache=vc),
+             dict(k_cache=pages, v_cache=pages, block_table=table),
+             dict(k_cache=kc, v_cache=torch.zeros(2, 96, 2, 32, dtype=torch.bfloat16)),  # a value head dim of its own
+             dict(k_cache=k8, v_cache=v8, k_descale=descale, v_descale=descale),
+             dict(k_cache=kc, v_cache=vc, causal=True, softmax_scale=0.3, window_size=(16, 0), softcap=30.0,
+                  sinks=torch.zeros(8), num_splits=3, batch_invariant=True)]
+
+    def same(a, b):
+        if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+            return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.data_ptr() == b.data_ptr()
+                    and a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride())
+        return a == b
+
+    for case in cases:
+        seen = {}
+        for fast in (True, False):
+            monkeypatch.setattr(torch_ops, "_may_skip_dispatcher", lambda args, fast=fast: fast)
+            out = warpattn.flash_attn_with_kvcache(q, cache_seqlens=lengths, **case)
+            seen[fast] = (dict(host_kvcache[-1]), out)
+        (fast, fast_out), (op, op_out) = seen[True], seen[False]
+        assert fast.keys() == op.keys(), sorted(case)
+        assert fast["lse"] is None and isinstance(op["lse"], torch.Tensor), sorted(case)
+        assert fast["out"] is fast_out and op["out"] is op_out, sorted(case)
+        assert (fast_out.shape, fast_out.dtype) == (op_out.shape, op_out.dtype), sorted(case)
+        for name in fast.keys() - {"out", "lse"}:
+            assert same(fast[name], op[name]), (sorted(case), name)
+
+
 def test_torch_argument_errors_keep_the_library_messages(torch_ops):
     q, kc, vc, k, v, lengths = meta_caches(device="cpu")
     with pytest.raises(ValueError, match=r"^v: the new keys and values come together, got k alone$"):
