@@ -122,6 +122,39 @@ TEST(dq_transposed_block_round_trip) {
   CHECK((block_round_trip_mismatches<DqTransposedPiece<32>, 32, 512, true>() == 0));  // two passes
 }
 
+// convert_dq_kernel's thread map (WARPATTN_TUNE_BWD_CONVERT_THREAD_MAP): thread t's group k of
+// a pass, float x, stored at its base (address(t, 0, 0)) plus offset(k, x), must be where the
+// per-group element map above stores it (row el.row at the pass's pitch, column 64 piece +
+// el.column), for every thread of the 256 and every group of the pass. The kernel checks the
+// split at compile time only with the knob on; this checks it for the configurations built.
+template <class Piece, int kRows, int kHeadDim>
+int thread_map_mismatches() {
+  constexpr int kThreads = 256;
+  constexpr int kColumns = warpattn::detail::dq_conversion_columns(kHeadDim, kRows, Piece::kRowPad);
+  constexpr int kPitch = kColumns + Piece::kRowPad;
+  using Map = warpattn::detail::ConversionThreadMap<Piece, kThreads, kPitch>;
+  constexpr int kGroups = kRows * kColumns / 4;
+  int bad = kGroups % kThreads == 0 ? 0 : 1;
+  for (int t = 0; t < kThreads; ++t)
+    for (int k = 0; k < kGroups / kThreads; ++k) {
+      const int e = t + kThreads * k;  // the group, as the per-group loop numbers them
+      const int piece = e / (Piece::kFloats / 4), first = 4 * e - Piece::piece_float0(piece);
+      for (int x = 0; x < 4; ++x) {
+        const auto el = Piece::element(first + x);
+        if (Map::address(t, 0, 0) + Map::offset(k, x) != el.row * kPitch + 64 * piece + el.column) ++bad;
+      }
+    }
+  return bad;
+}
+
+TEST(dq_conversion_thread_map_matches_the_element_map) {
+  CHECK((thread_map_mismatches<DqTransposedPiece<80>, 80, 128>() == 0));
+  CHECK((thread_map_mismatches<DqTransposedPiece<32>, 32, 512>() == 0));
+  CHECK((thread_map_mismatches<DqUntransposedPiece, 64, 64>() == 0));
+  CHECK((thread_map_mismatches<DqUntransposedPiece, 64, 128>() == 0));
+  CHECK((thread_map_mismatches<DqUntransposedPiece, 64, 256>() == 0));
+}
+
 TEST(dq_untransposed_block_round_trip) {
   using warpattn::detail::dq_conversion_columns;
   CHECK((block_round_trip_mismatches<DqUntransposedPiece, 64, 64, false>() == 0));
