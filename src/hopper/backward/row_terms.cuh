@@ -160,23 +160,24 @@ __global__ void __launch_bounds__(256) backward_row_terms_kernel(const __grid_co
         if (lane == 0) p.row_d[first + r0 + i * kRowsPerPass + threadIdx.x / kLanes] = sum;
       }
     }
-  }
-  for (int r0 = 0; r0 < (kLoadsAhead ? 0 : 64); r0 += kRowsPerPass) {
-    const int r = r0 + threadIdx.x / kLanes;
-    const int row = row_block * 64 + r;
-    float sum = 0.f;
+  } else {
+    for (int r0 = 0; r0 < 64; r0 += kRowsPerPass) {
+      const int r = r0 + threadIdx.x / kLanes;
+      const int row = row_block * 64 + r;
+      float sum = 0.f;
 #pragma unroll
-    for (int k = 0; k < kGroups; ++k) {
-      const int group = lane + k * kLanes;
-      if (row < rb.seqlen_q && 8 * group < p.head_dim_v) {  // a padded head dim: its 16-byte groups only
-        const uint4 a = reinterpret_cast<const uint4*>(p.dout.row<const Element>(batch, rb.q_offset + row, head))[group];
-        const uint4 b = reinterpret_cast<const uint4*>(p.out.row<const Element>(batch, rb.q_offset + row, head))[group];
-        sum = add_dot<Element>(a, b, sum);
+      for (int k = 0; k < kGroups; ++k) {
+        const int group = lane + k * kLanes;
+        if (row < rb.seqlen_q && 8 * group < p.head_dim_v) {  // a padded head dim: its 16-byte groups only
+          const uint4 a = reinterpret_cast<const uint4*>(p.dout.row<const Element>(batch, rb.q_offset + row, head))[group];
+          const uint4 b = reinterpret_cast<const uint4*>(p.out.row<const Element>(batch, rb.q_offset + row, head))[group];
+          sum = add_dot<Element>(a, b, sum);
+        }
       }
-    }
 #pragma unroll
-    for (int o = kLanes / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) p.row_d[first + r] = sum;
+      for (int o = kLanes / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (lane == 0) p.row_d[first + r] = sum;
+    }
   }
   if (threadIdx.x < 64) {
     const int row = row_block * 64 + threadIdx.x;
