@@ -122,11 +122,11 @@ TEST(dq_transposed_block_round_trip) {
   CHECK((block_round_trip_mismatches<DqTransposedPiece<32>, 32, 512, true>() == 0));  // two passes
 }
 
-// convert_dq_kernel's thread map (WARPATTN_TUNE_BWD_CONVERT_THREAD_MAP): thread t's group k of
+// convert_dq_kernel's thread map (ConversionThreadMap): thread t's group k of
 // a pass, float x, stored at its base (address(t, 0, 0)) plus offset(k, x), must be where the
 // per-group element map above stores it (row el.row at the pass's pitch, column 64 piece +
-// el.column), for every thread of the 256 and every group of the pass. The kernel checks the
-// split at compile time only with the knob on; this checks it for the configurations built.
+// el.column), for every thread of the 256 and every group of the pass. The kernel static_asserts
+// the split (affine()); this checks the places themselves against the element map.
 template <class Piece, int kRows, int kHeadDim>
 int thread_map_mismatches() {
   constexpr int kThreads = 256;

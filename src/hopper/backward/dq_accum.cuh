@@ -15,10 +15,6 @@
 #include "hopper/fragment.cuh"
 #include "hopper/ptx/math.cuh"
 
-#ifndef WARPATTN_TUNE_BWD_CONVERT_THREAD_MAP  // A/B: convert_dq_kernel's kThreadMap
-#define WARPATTN_TUNE_BWD_CONVERT_THREAD_MAP 0
-#endif
-
 namespace warpattn::detail {
 
 struct DqAccumLayout {
@@ -61,7 +57,6 @@ __global__ void __launch_bounds__(kConvertDqThreads) convert_dq_kernel(const __g
   static_assert(kPitch % 4 == 0 && kBlockM * kPitch * 4 <= 48 * 1024, "the rows in static shared memory");
   __shared__ alignas(16) float rows[kBlockM * kPitch];
   constexpr int kThreads = kConvertDqThreads;
-  constexpr bool kThreadMap = WARPATTN_TUNE_BWD_CONVERT_THREAD_MAP != 0;
   const RowBlock rb = row_block_of<kBlockM, kGranule>(p);
   const int row_block = rb.row_block, head = blockIdx.y, batch = rb.batch;
 #pragma unroll 1
@@ -70,36 +65,23 @@ __global__ void __launch_bounds__(kConvertDqThreads) convert_dq_kernel(const __g
     const float4* block = reinterpret_cast<const float4*>(p.dq_accum + rb.first * kHeadDim + kBlockM * column0);
     constexpr int kGroups = kBlockM * kColumns / 4;
     if (pass > 0) __syncthreads();  // the previous pass's rows are out
-    if constexpr (kThreadMap) {
-      // WARPATTN_TUNE_BWD_CONVERT_THREAD_MAP (A/B, off): the element map once a thread
-      // (ConversionThreadMap). Today's loop below spends ~160 instructions of it on each 16-byte
-      // group (division by the piece size, the accumulator's lane and register bits): ~45M warp
-      // instructions a call at B·N = 16K, d = 128, about what the SMs issue in the 76 us the
-      // conversion takes (FlashAttention-3's postprocess: 66 us, near the copy rate).
-      using Map = ConversionThreadMap<Piece, kThreads, kPitch>;
-      constexpr int kLoads = kGroups / kThreads;
-      static_assert(kGroups % kThreads == 0 && Map::affine(kLoads), "a thread's base and constant offsets");
-      float* const base = rows + Map::address(threadIdx.x, 0, 0);
+    // The element map once a thread (ConversionThreadMap: a base and constant offsets), not once
+    // a 16-byte group: computed per group (division by the piece size, the accumulator's lane and
+    // register bits) it took ~160 instructions a group, ~45M warp instructions a call at B·N =
+    // 16K, d = 128, about what the SMs issue in the conversion's 77.6 us (run 272, an H100). Now
+    // ten 16-byte loads back to back, then 40 stores with immediate offsets: 73.1 us, and the
+    // backward +2.5% at d = 128 N = 1K (3 interleaved passes).
+    using Map = ConversionThreadMap<Piece, kThreads, kPitch>;
+    constexpr int kLoads = kGroups / kThreads;
+    static_assert(kGroups % kThreads == 0 && Map::affine(kLoads), "a thread's base and constant offsets");
+    float* const base = rows + Map::address(threadIdx.x, 0, 0);
 #pragma unroll
-      for (int k = 0; k < kLoads; ++k) {
-        const float4 v = block[threadIdx.x + kThreads * k];
-        base[Map::offset(k, 0)] = v.x;
-        base[Map::offset(k, 1)] = v.y;
-        base[Map::offset(k, 2)] = v.z;
-        base[Map::offset(k, 3)] = v.w;
-      }
-    } else {
-      for (int e = threadIdx.x; e < kGroups; e += blockDim.x) {
-        // float 4e of the pass's columns: piece `piece` (piece_float0) of them, float `first` in it
-        const int piece = e / (Piece::kFloats / 4), first = 4 * e - Piece::piece_float0(piece);
-        const float4 v = block[e];
-        const float x[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const typename Piece::Element el = Piece::element(first + k);
-          rows[el.row * kPitch + 64 * piece + el.column] = x[k];
-        }
-      }
+    for (int k = 0; k < kLoads; ++k) {
+      const float4 v = block[threadIdx.x + kThreads * k];
+      base[Map::offset(k, 0)] = v.x;
+      base[Map::offset(k, 1)] = v.y;
+      base[Map::offset(k, 2)] = v.z;
+      base[Map::offset(k, 3)] = v.w;
     }
     __syncthreads();
     constexpr int kChunks = kColumns / 8;  // 16-byte chunks of a 16-bit row

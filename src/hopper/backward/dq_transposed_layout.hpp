@@ -78,7 +78,7 @@ struct DqUntransposedPiece {
   static constexpr int kRowPad = 8;
 };
 
-// The conversion's thread map (dq_accum.cuh, WARPATTN_TUNE_BWD_CONVERT_THREAD_MAP): thread t of
+// The conversion's thread map (dq_accum.cuh's convert_dq_kernel): thread t of
 // kThreads takes a pass's 16-byte groups t + kThreads k, k = 0, 1, ..; float x of group k goes
 // to shared-memory float address(t, k, x) of rows kPitch floats apart. A group of kThreads is
 // whole j steps of the accumulator (kThreads a multiple of 128, a piece a whole number of

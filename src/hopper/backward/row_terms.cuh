@@ -14,10 +14,6 @@
 #include "hopper/ptx/math.cuh"
 #include "hopper/varlen/varlen_tiles.hpp"
 
-#ifndef WARPATTN_TUNE_BWD_ROW_TERMS_LOADS_AHEAD  // A/B: backward_row_terms_kernel's kLoadsAhead
-#define WARPATTN_TUNE_BWD_ROW_TERMS_LOADS_AHEAD 0
-#endif
-
 namespace warpattn::detail {
 
 // The kRows (64; the transposed dQ conversion's: its kBlockM) workspace rows of a row kernel's
@@ -90,25 +86,6 @@ __global__ void __launch_bounds__(256) reduce_sink_sums_kernel(const __grid_cons
   if (threadIdx.x == 0) p.dsinks[head * p.dsinks_stride] = sums[0];
 }
 
-// sum + the dot product of 16 bytes of dO and of O (8 elements each).
-template <class Element>
-__device__ __forceinline__ float add_dot(const uint4& a, const uint4& b, float sum) {
-  const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 x = ptx::unpack_pair<Element>(aw[i]), y = ptx::unpack_pair<Element>(bw[i]);
-    sum = fmaf(x.x, y.x, fmaf(x.y, y.y, sum));
-  }
-  return sum;
-}
-
-// The block's 64 rows of dQ's accumulator set to 0 (the main kernel adds into them).
-template <int kHeadDim>
-__device__ __forceinline__ void zero_dq_accumulator(const BackwardParams& p, int64_t first) {
-  float4* acc = reinterpret_cast<float4*>(p.dq_accum + first * kHeadDim);
-  for (int e = threadIdx.x; e < 64 * kHeadDim / 4; e += blockDim.x) acc[e] = make_float4(0.f, 0.f, 0.f, 0.f);
-}
-
 // One 64-row block of one (sequence, head), 256 threads.
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(256) backward_row_terms_kernel(const __grid_constant__ BackwardParams p) {
@@ -122,62 +99,27 @@ __global__ void __launch_bounds__(256) backward_row_terms_kernel(const __grid_co
   static_assert(kLanes <= 32 && 256 % kLanes == 0 && kGroups * kLanes * 8 == kHeadDim, "a row's lanes sit in one warp");
   constexpr int kRowsPerPass = 256 / kLanes;
   const int lane = threadIdx.x % kLanes;
-  // WARPATTN_TUNE_BWD_ROW_TERMS_LOADS_AHEAD (A/B, off): the zeroed accumulator stored first and
-  // kAhead passes' loads issued together before their sums. Today each pass is a branch around
-  // its two 16-byte loads, then the shuffles and the store: four round trips to memory in a row
-  // at d = 128 (100 us a call at B·N = 16K against FlashAttention-3's preprocess 93, run 263).
-  constexpr bool kLoadsAhead = WARPATTN_TUNE_BWD_ROW_TERMS_LOADS_AHEAD != 0;
-  if constexpr (kLoadsAhead) {
-    zero_dq_accumulator<kHeadDim>(p, first);
-    constexpr int kPasses = 64 / kRowsPerPass;
-    constexpr int kAhead = kPasses < 4 / kGroups ? kPasses : 4 / kGroups;  // <= 8 uint4 in flight a thread
-    static_assert(kAhead >= 1 && kPasses % kAhead == 0, "whole batches of passes");
+  for (int r0 = 0; r0 < 64; r0 += kRowsPerPass) {
+    const int r = r0 + threadIdx.x / kLanes;
+    const int row = row_block * 64 + r;
+    float sum = 0.f;
 #pragma unroll
-    for (int r0 = 0; r0 < 64; r0 += kAhead * kRowsPerPass) {
-      uint4 a[kAhead][kGroups], b[kAhead][kGroups];
+    for (int k = 0; k < kGroups; ++k) {
+      const int group = lane + k * kLanes;
+      if (row < rb.seqlen_q && 8 * group < p.head_dim_v) {  // a padded head dim: its 16-byte groups only
+        const uint4 a = reinterpret_cast<const uint4*>(p.dout.row<const Element>(batch, rb.q_offset + row, head))[group];
+        const uint4 b = reinterpret_cast<const uint4*>(p.out.row<const Element>(batch, rb.q_offset + row, head))[group];
+        const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
-      for (int i = 0; i < kAhead; ++i) {
-        const int row = row_block * 64 + r0 + i * kRowsPerPass + threadIdx.x / kLanes;
-#pragma unroll
-        for (int k = 0; k < kGroups; ++k) {
-          const int group = lane + k * kLanes;
-          a[i][k] = b[i][k] = make_uint4(0u, 0u, 0u, 0u);  // bits of +0: add nothing
-          if (row < rb.seqlen_q && 8 * group < p.head_dim_v) {
-            a[i][k] = reinterpret_cast<const uint4*>(p.dout.row<const Element>(batch, rb.q_offset + row, head))[group];
-            b[i][k] = reinterpret_cast<const uint4*>(p.out.row<const Element>(batch, rb.q_offset + row, head))[group];
-          }
+        for (int i = 0; i < 4; ++i) {
+          const float2 x = ptx::unpack_pair<Element>(aw[i]), y = ptx::unpack_pair<Element>(bw[i]);
+          sum = fmaf(x.x, y.x, fmaf(x.y, y.y, sum));
         }
-      }
-#pragma unroll
-      for (int i = 0; i < kAhead; ++i) {
-        float sum = 0.f;
-#pragma unroll
-        for (int k = 0; k < kGroups; ++k) {
-          sum = add_dot<Element>(a[i][k], b[i][k], sum);
-        }
-#pragma unroll
-        for (int o = kLanes / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (lane == 0) p.row_d[first + r0 + i * kRowsPerPass + threadIdx.x / kLanes] = sum;
       }
     }
-  } else {
-    for (int r0 = 0; r0 < 64; r0 += kRowsPerPass) {
-      const int r = r0 + threadIdx.x / kLanes;
-      const int row = row_block * 64 + r;
-      float sum = 0.f;
 #pragma unroll
-      for (int k = 0; k < kGroups; ++k) {
-        const int group = lane + k * kLanes;
-        if (row < rb.seqlen_q && 8 * group < p.head_dim_v) {  // a padded head dim: its 16-byte groups only
-          const uint4 a = reinterpret_cast<const uint4*>(p.dout.row<const Element>(batch, rb.q_offset + row, head))[group];
-          const uint4 b = reinterpret_cast<const uint4*>(p.out.row<const Element>(batch, rb.q_offset + row, head))[group];
-          sum = add_dot<Element>(a, b, sum);
-        }
-      }
-#pragma unroll
-      for (int o = kLanes / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      if (lane == 0) p.row_d[first + r] = sum;
-    }
+    for (int o = kLanes / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) p.row_d[first + r] = sum;
   }
   if (threadIdx.x < 64) {
     const int row = row_block * 64 + threadIdx.x;
@@ -190,7 +132,8 @@ __global__ void __launch_bounds__(256) backward_row_terms_kernel(const __grid_co
     p.lse_log2[first + threadIdx.x] = l;
   }
   if (p.sinks != nullptr) add_sink_terms(p, rb, first, head);
-  if constexpr (!kLoadsAhead) zero_dq_accumulator<kHeadDim>(p, first);
+  float4* acc = reinterpret_cast<float4*>(p.dq_accum + first * kHeadDim);
+  for (int e = threadIdx.x; e < 64 * kHeadDim / 4; e += blockDim.x) acc[e] = make_float4(0.f, 0.f, 0.f, 0.f);
   // The deterministic turns: block 0 of each (sequence, head) zeroes every counter of its rows
   // (p.rows of them a head: 64 rows a counter, 32 at d = 512), since an 80-row kernel numbers
   // its counters by 80-row blocks over the same array (backward_dq_writer.cuh) and the grid may
