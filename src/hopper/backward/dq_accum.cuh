@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kConvertDqThreads) convert_dq_kernel(const __g
     // register bits) it took ~160 instructions a group, ~45M warp instructions a call at B·N =
     // 16K, d = 128, about what the SMs issue in the conversion's 77.6 us (run 272, an H100). Now
     // ten 16-byte loads back to back, then 40 stores with immediate offsets: 73.1 us, and the
-    // backward +2.5% at d = 128 N = 1K (3 interleaved passes).
+    // backward +2.3% at d = 128 N = 1K (3 interleaved passes).
     using Map = ConversionThreadMap<Piece, kThreads, kPitch>;
     constexpr int kLoads = kGroups / kThreads;
     static_assert(kGroups % kThreads == 0 && Map::affine(kLoads), "a thread's base and constant offsets");
