@@ -6,6 +6,7 @@
 
 #include "hopper/consumer.cuh"
 #include "hopper/decode/few_rows_tile.cuh"
+#include "hopper/decode/lean_cache_producer.cuh"
 #include "hopper/epilogue.cuh"
 #include "hopper/forward_params.hpp"
 #include "hopper/kv_tiles.hpp"
@@ -234,10 +235,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       prefetch_tensor_map(&tm_q);
       prefetch_tensor_map(&tm_k);
       prefetch_tensor_map(&tm_v);
-      run_producer<Cfg>(ss, &tm_q, &tm_k, &tm_v, params);
+      if constexpr (kLeanCacheProducer<Cfg>)  // (decode/lean_cache_producer.cuh: a producer of 24 registers)
+        run_lean_cache_producer<Cfg>(ss, &tm_q, &tm_k, &tm_v, params);
+      else
+        run_producer<Cfg>(ss, &tm_q, &tm_k, &tm_v, params);
     } else if constexpr (Cfg::kKvCache) {
       const int warp = static_cast<int>(threadIdx.x) / 32;
-      if (threadIdx.x % 32 == 0 && warp < issuers) run_cache_issuer<Cfg>(ss, &tm_k, &tm_v, params, warp);
+      if (threadIdx.x % 32 == 0 && warp < issuers) {
+        if constexpr (kLeanCacheProducer<Cfg>)
+          run_lean_cache_issuer<Cfg>(ss, &tm_k, &tm_v, params, warp);
+        else
+          run_cache_issuer<Cfg>(ss, &tm_k, &tm_v, params, warp);
+      }
     }
   } else {
     acquire_registers<Cfg::kConsumerRegisters>();
