@@ -232,36 +232,46 @@ __device__ __forceinline__ void run_lean_cache_producer(SharedStorage<Cfg>& ss, 
   }
 }
 
-// run_cache_issuer on lean_load_cache_tile: the same loads in TileKvStream's order, walked by
-// ring ordinal (the tile's key block follows it) so that less is held across them.
+// run_cache_issuer on lean_load_cache_tile: the same loads in TileKvStream's order. Held across
+// a tile's loads: its lowest key block, the key block loaded, the KV head, sequence and length,
+// and one register `ring` for both rings the issuer walks: bits 0-1 the K/V ring ordinal mod 4
+// (ring_slot<2> reads no more of it) and bits 2-3 the tile slots' count mod 4 (receive reads
+// no more of it), instead of the tile count, the ordinal and the tile's first and last
+// ordinals.
 template <class Cfg>
 __device__ __forceinline__ void run_lean_cache_issuer(SharedStorage<Cfg>& ss, const CUtensorMap* tm_k,
                                                       const CUtensorMap* tm_v, const ForwardParams& params,
                                                       int issuer) {
   static_assert(kLeanCacheProducer<Cfg>, "a KV cache's issuer");
-  int kv = 0;  // K/V tiles loaded so far: the ring ordinal of the next tile's first key tile
-  for (int i = 0;; ++i) {
-    const ScheduledTile w = ss.tiles.template receive<true, true>(i);
+  static_assert(Cfg::kStages == 2, "the ring ordinal kept mod 4");
+  const auto next = [](uint32_t ring) { return (ring & 12u) | ((ring + 1u) & 3u); };
+  uint32_t ring = 0;
+  for (;;) {
+    const ScheduledTile w = ss.tiles.template receive<true, true>(static_cast<int>(ring >> 2));
+    ring = (ring + 4u) & 15u;
     if (w.is_end()) break;
     if (w.n_tiles == 0) continue;
     const int head_kv = w.head / fresh_params(params).kv_group;
-    // key tile n_end - 1 - it at ordinal kv + it: n_block = top - ordinal
-    const int top = kv + w.n_end - 1, last = kv + w.n_tiles - 1;
-    const auto k = [&](int ordinal) {
-      lean_load_cache_tile<Cfg, false>(ss.k, ss.k_full, ss.k_empty, tm_k, params, ordinal, top - ordinal, head_kv,
-                                       w.batch, w.seqlen_k, issuer);
+    const auto k = [&](uint32_t ordinal, int n_block) {
+      lean_load_cache_tile<Cfg, false>(ss.k, ss.k_full, ss.k_empty, tm_k, params, static_cast<int>(ordinal), n_block,
+                                       head_kv, w.batch, w.seqlen_k, issuer);
     };
-    const auto v = [&](int ordinal) {
-      lean_load_cache_tile<Cfg, true>(ss.v, ss.v_full, ss.v_empty, tm_v, params, ordinal, top - ordinal, head_kv,
-                                      w.batch, w.seqlen_k, issuer);
+    const auto v = [&](uint32_t ordinal, int n_block) {
+      lean_load_cache_tile<Cfg, true>(ss.v, ss.v_full, ss.v_empty, tm_v, params, static_cast<int>(ordinal), n_block,
+                                      head_kv, w.batch, w.seqlen_k, issuer);
     };
-    k(kv);
-    for (int ordinal = kv + 1; ordinal <= last; ++ordinal) {
-      k(ordinal);
-      v(ordinal - 1);
+    // key blocks n_end - 1 down to n_lo: K of the first, then K of one with V of the one above,
+    // then the last V
+    const int n_lo = w.n_end - w.n_tiles;
+    int n = w.n_end - 1;
+    k(ring, n);
+    for (; n > n_lo; --n) {
+      k(ring + 1u, n - 1);
+      v(ring, n);
+      ring = next(ring);
     }
-    v(last);
-    kv = last + 1;
+    v(ring, n_lo);
+    ring = next(ring);
   }
 }
 
