@@ -12,6 +12,7 @@
 
 #include "hopper/barriers.hpp"
 #include "hopper/consumer_gemms.cuh"
+#include "hopper/decode/lean_cache_producer.cuh"
 #include "hopper/forward_params.hpp"
 #include "hopper/fragment.cuh"
 #include "hopper/kv_tiles.hpp"
@@ -108,6 +109,16 @@ struct ConsumerTile {
   // FP8: the K and V descales of the work tile's last key tile (ordinal 0); the tile of
   // ordinal it is stride[2] x it before it: one address per key tile, not three 64-bit products.
   const float *k_descale_last, *v_descale_last;
+  // An E4M3 cache at d = 256 (the kernels of decode/lean_cache_producer.cuh): O, S and P in
+  // flight leave its 240 registers with no room for the thread index read again to elect the
+  // warpgroup's releasing thread, or for the 64 column indices of a mask. There a slot is
+  // released by the lane elect.sync picks in the warpgroup's first warp (first_warp: read once,
+  // through a broadcast, so a uniform register), and the mask compares constants against bounds
+  // taken from the thread's first column (mask_scores' kThreadCols). Without both, ptxas spilled
+  // one value in the main loop (4 bytes, not banded) or one at each tile and in the window's
+  // left-edge loop (banded).
+  static constexpr bool kLeanRegisters = kLeanCacheProducer<Cfg>;
+  bool first_warp;  // (kLeanRegisters only)
 
   __device__ __forceinline__ ConsumerTile(SharedStorage<Cfg>& ss_, const ForwardParams& p,
                                           const TileContext& t_)
@@ -136,6 +147,7 @@ struct ConsumerTile {
       row1 = m_start + (rows_from + f.row(1)) / p.packing.heads;
       mask_m_start = m_start, mask_rows = block_rows;
     }
+    if constexpr (kLeanRegisters) first_warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x % 128) / 32, 0) == 0;
   }
 
   // The key tile visited at ordinal it (the last first).
@@ -174,8 +186,8 @@ struct ConsumerTile {
   __device__ __forceinline__ void mask_if_needed(float (&s)[Cfg::kBlockN / 2], int n) const {
     const MaskedTiles m = masked();
     if (kLeftEdge ? m.needs(n) : n >= m.right_from)
-      mask_scores<Cfg::kCausal, kLeftEdge && Cfg::kCausal>(s, f, row0, n * Cfg::kBlockN, t.seqlen_q, t.seqlen_k,
-                                                          band(), Cfg::kKvCache ? row1 : -1);
+      mask_scores<Cfg::kCausal, kLeftEdge && Cfg::kCausal, Cfg::kBlockN / 2, kLeanRegisters>(
+          s, f, row0, n * Cfg::kBlockN, t.seqlen_q, t.seqlen_k, band(), Cfg::kKvCache ? row1 : -1);
   }
   // How many of the tile's key tiles, the last visited, lie on a window's left edge.
   __device__ __forceinline__ int left_edge_tiles() const {
@@ -193,8 +205,8 @@ struct ConsumerTile {
   }
   // scores_done's two halves (a split head dim sums its partial S between them).
   __device__ __forceinline__ void release_scores_operands(int it, int stage) const {
-    release_slot(&ss.k_empty[stage]);
-    if (it == t.n_tiles - 1) release_slot(&ss.q_empty[t.q_stage]);
+    release(&ss.k_empty[stage]);
+    if (it == t.n_tiles - 1) release(&ss.q_empty[t.q_stage]);
   }
   template <bool kLeftEdge = true>
   __device__ __forceinline__ void finish_scores(float (&s)[Cfg::kBlockN / 2], int it) const {
@@ -241,7 +253,17 @@ struct ConsumerTile {
     ptx::wgmma_wait<0>();
     ptx::pin(o);
     (ptx::pin(parts), ...);
-    release_slot(&ss.v_empty[vs.stage]);
+    release(&ss.v_empty[vs.stage]);
+  }
+  // release_slot, or (kLeanRegisters) from the lane elect.sync picks in the warpgroup's first
+  // warp (the whole warpgroup calls it).
+  __device__ __forceinline__ void release(uint64_t* empty_bar) const {
+    if constexpr (kLeanRegisters) {
+      const bool elected = ptx::elect_one();
+      if (first_warp && elected) ptx::mbarrier_arrive(ptx::smem_addr(empty_bar));
+    } else {
+      release_slot(empty_bar);
+    }
   }
 
   // Issues S_it = Q·K_itᵀ and O += P·V of the previous key tile (it - 1) in this warpgroup's

@@ -20,6 +20,19 @@ __device__ __forceinline__ void acquire_registers() {
 // Named barriers (bar.sync / bar.arrive). Id 0 is __syncthreads; the thread count is a
 // multiple of 32. The id comes from a register because it depends on the consumer
 // warpgroup; ptxas then reserves all 16 ids, which costs nothing at one CTA per SM.
+// elect.sync over the full warp: true in one lane (every lane must call it), a predicate
+// rather than a thread index compared.
+__device__ __forceinline__ bool elect_one() {
+  uint32_t one;
+  asm volatile(
+      "{\n"
+      " .reg .pred p;\n"
+      " elect.sync _|p, 0xffffffff;\n"
+      " selp.u32 %0, 1, 0, p;\n"
+      "}"
+      : "=r"(one));
+  return one != 0;
+}
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
