@@ -161,13 +161,14 @@ struct KvCacheConfig : VarlenConfig<Base> {
   static constexpr bool kKvCache = true;
   static constexpr bool kVtSlices = Base::kFp8;
   static constexpr bool kEarlyKv = Base::kFp8 && WARPATTN_TUNE_KVCACHE_FP8_EARLY_KV >= 1;
-  // Not at FP8's d = 256: the KV-cache producer (page look-ups, the pieces' enumeration) spilled
-  // 128-132 bytes in the 24 registers that kernel leaves it (kWideConsumers: consumers of 240),
-  // and its consumers 48-116 bytes in 232 with a producer of 40 (2026-12-02). With
-  // decode/lean_cache_producer.cuh's producer and issuers (branch fp8-cache-d256) 16-20 bytes
-  // are left: two values of each cache issuer and one of the consumers (docs/decode-fp8-cache-
-  // design.md, "Head dim 256").
-  static_assert(!Base::kFp8 || Base::kHeadDim <= 128, "E4M3 caches at head dims 64 and 128");
+  // E4M3 at d = 256 needs the lean producer: with producer.cuh's KV-cache producer (page
+  // look-ups, the pieces' enumeration) that kernel spilled 128-132 bytes in the 24 registers it
+  // leaves the producer warpgroup (kWideConsumers: consumers of 240), and its consumers 48-116
+  // bytes in 232 with a producer of 40 (2026-12-02). kLeanCacheProducer<Cfg> holds exactly
+  // there (decode/lean_cache_producer.cuh: the producer and cache issuers; consumer.cuh's
+  // kLeanRegisters: the slot releases and the mask), and the kernel has 0 stack and 0 spills
+  // (docs/decode-fp8-cache-design.md, "Head dim 256").
+  static_assert(!Base::kFp8 || Base::kHeadDim <= 128 || Base::kHeadDim == 256, "E4M3 caches at head dims 64, 128 and 256");
   static_assert(!Base::kIntScores, "a KV cache's K is E4M3 or 16-bit");
   static_assert(Base::kHeadDimV == Base::kHeadDim, "a KV cache's values have the keys' head dim");
 };
