@@ -308,7 +308,7 @@ struct KvCache {
   //            of key 16 s + kFp8KeyOrder[j] of page p, head h (warpattn/fp8.hpp: forward_fp8's
   //            Vᵀ order), each slice's 16 D bytes contiguous (the tile layout the step's P·V
   //            GEMM reads, so a key tile streams in rows of 128 bytes);
-  //   S_cache (dense) or page_size (paged) a multiple of 16; D 64 or 128 (256: not yet).
+  //   S_cache (dense) or page_size (paged) a multiple of 16; D 64, 128 or 256.
   // q, out and the new k and v stay fp16 or bf16: the new rows are quantised into the cache
   // (e4m3(x / descale), rounded to nearest even, saturated to +-448), and each step's q with one
   // descale per work tile (the query heads of one KV head at up to 128 / group positions: amax /

@@ -131,7 +131,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     Such a cache keeps V transposed (warpattn.kvcache_fp8: its layouts, empty_kvcache_fp8 and
     quantize_kvcache_fp8 to make one); q, out and the new k and v stay 16-bit, the new rows
     quantised on append with the descales, each step's q with one descale per work tile; head
-    dims 64 and 128, no softcap. PyTorch and CuPy.
+    dims 64, 128 and 256, no softcap. PyTorch and CuPy.
 
     Returns out (batch, seqlen_q, heads, head_dim), or (out, lse) with return_lse, lse being
     (batch, heads, seqlen_q) float32 (as flash_attn_func's); a row that sees no key gets 0 and

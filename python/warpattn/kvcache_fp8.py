@@ -15,7 +15,7 @@ Layouts (the library's own, so a step reads them without a transpose):
           v_cache[p, h, s, 16 * c + j] holding column c of key 16 s + FP8_KEY_ORDER[j]
           (forward_fp8's Vᵀ order): each slice's bytes are the step's P·V tile layout, so a key
           tile streams in rows of 128 bytes;
-  capacity (dense) or page_size (paged) a multiple of 16; head_dim 64 or 128.
+  capacity (dense) or page_size (paged) a multiple of 16; head_dim 64, 128 or 256.
 A cached element stands for its e4m3 value times its KV head's descale ((heads_kv) float32, fixed
 for the cache's life: an append quantises the new rows with them, e4m3(x / descale) rounded to
 nearest even and saturated to +-448, and never re-scales old rows). Choose them with headroom for

@@ -1254,8 +1254,8 @@ ProblemSizes check_fp8_cache_tensors(const Arg& aq, const Arg& ak, const Arg& av
   check_dtype(av, DType::e4m3);
   for (const Arg* a : scales) check_dtype(*a, DType::f32);
   if (alse) check_dtype(*alse, DType::f32);
-  // (not 256 yet: its kernel spilled, forward_config.hpp's KvCacheConfig)
-  constexpr int kFp8CacheHeadDims[] = {64, 128};
+  // (256: the lean producer's kernel, forward_config.hpp's KvCacheConfig)
+  constexpr int kFp8CacheHeadDims[] = {64, 128, 256};
   check_head_dim_in(aq, kFp8CacheHeadDims, " for an E4M3 KV cache");
   const TensorView &q = aq.view, &k = ak.view;
   ProblemSizes sizes{q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]};

@@ -46,12 +46,15 @@ void launch_forward_kvcache_fp8_sm90(const ForwardProblem& p, const KvCacheWork&
                                      const TensorView& k_cache, const TensorView& v_cache,
                                      const CacheDescales& descales, const TensorView& out,
                                      const std::optional<TensorView>& lse, cudaStream_t stream) {
-  // (validation takes head dims 64 and 128: kFp8CacheHeadDims)
+  // (validation takes head dims 64, 128 and 256: kFp8CacheHeadDims)
   if (p.head_dim == 64)
     run_forward_kvcache_fp8_head_dim<64>(p, work, pages, num_splits, append, q, k_cache, v_cache, descales, out, lse,
                                          stream);
-  else
+  else if (p.head_dim == 128)
     run_forward_kvcache_fp8_head_dim<128>(p, work, pages, num_splits, append, q, k_cache, v_cache, descales, out, lse,
+                                          stream);
+  else
+    run_forward_kvcache_fp8_head_dim<256>(p, work, pages, num_splits, append, q, k_cache, v_cache, descales, out, lse,
                                           stream);
 }
 

@@ -52,7 +52,7 @@ TEST(kvcache_fp8_valid_calls) {
     s.page_size = page;
     EXPECT_ACCEPTED(make_paged(s), "page " << page);
   }
-  for (int64_t d : {64, 128}) {
+  for (int64_t d : {64, 128, 256}) {
     Spec s;
     s.head_dim = d;
     EXPECT_ACCEPTED(make_call(s), "d " << d);
@@ -160,11 +160,11 @@ TEST(kvcache_fp8_cache_tensors) {
   Spec d;
   d.s_cache = 100;
   EXPECT_REJECTED(make_call(d), "k_cache", "seqlen (shape[1]) must be a multiple of 16", "got 100");
-  // Head dims with a kernel: 64 and 128.
-  for (int64_t dim : {256, 96, 80}) {
+  // Head dims with a kernel: 64, 128 and 256.
+  for (int64_t dim : {512, 96, 80}) {
     Spec h;
     h.head_dim = dim;
-    EXPECT_REJECTED(make_call(h), "q", "must be one of 64, 128 for an E4M3 KV cache");
+    EXPECT_REJECTED(make_call(h), "q", "must be one of 64, 128, 256 for an E4M3 KV cache");
   }
   // A slice's bytes contiguous, TMA strides.
   c = make_call();
