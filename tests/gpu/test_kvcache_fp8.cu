@@ -305,4 +305,51 @@ TEST(kvcache_fp8_gqa_and_splits) {
   }
 }
 
+// Head dim 256: the lean producer's kernel (decode/lean_cache_producer.cuh: its cache issuers'
+// box walk over pages of 16 (4 issuers, 2 boxes each), 48, 64 (2 issuers) and 256 keys (one
+// box, one issuer)) and consumer.cuh's kLeanRegisters (elected slot releases, the mask from the
+// thread's first column, banded and not). A few cases: the same checks as d = 64 and 128.
+TEST(kvcache_fp8_d256) {
+  REQUIRE_HOPPER();
+  for (DType t : {DType::bf16, DType::f16}) run_case(dense(256, t));
+  {
+    Case c = dense(256);
+    c.s_new = 0;
+    c.cache_seqlens = {1024, 5, 300};
+    run_case(c);
+    c.causal = true;
+    c.seqlen_q = 4;
+    run_case(c);
+  }
+  {  // chunked prefill
+    Case c = dense(256);
+    c.seqlen_q = c.s_new = 200;
+    c.causal = true;
+    c.cache_seqlens = {0, 100, 900, 1024};
+    run_case(c);
+  }
+  for (int page : {16, 48, 64, 256}) {
+    Case c;
+    c.head_dim = 256;
+    c.page_size = page, c.max_pages = (1024 + page - 1) / page;
+    c.cache_seqlens = {0, 17, 255, 256, 800};
+    c.s_new = 2;
+    c.seqlen_q = 2;
+    c.causal = page % 32 == 0;
+    run_case(c);
+  }
+  {
+    Case c = dense(256);
+    c.heads_q = 32, c.heads_kv = 8;
+    c.cache_seqlens = {1024, 333};
+    run_case(c);
+  }
+  for (int splits : {2, 7}) {
+    Case c = dense(256);
+    c.num_splits = splits;
+    c.cache_seqlens = {1000, 50, 1024};
+    run_case(c);
+  }
+}
+
 HARNESS_MAIN()

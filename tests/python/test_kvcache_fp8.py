@@ -41,11 +41,11 @@ def fp8_caches(b=3, sq=1, hq=8, hkv=2, d=64, s_cache=128, s_new=0, pages=None, p
     return args
 
 
-@pytest.mark.parametrize("kind", ["dense", "paged", "append", "paged_append", "d128", "one_descale"])
+@pytest.mark.parametrize("kind", ["dense", "paged", "append", "paged_append", "d128", "d256", "one_descale"])
 def test_valid_fp8_call_on_cpu_memory_is_refused(kind):
     args = {"dense": fp8_caches(), "paged": fp8_caches(pages=24, page_size=16),
             "append": fp8_caches(sq=4, s_new=4), "paged_append": fp8_caches(sq=3, s_new=3, pages=6, page_size=256),
-            "d128": fp8_caches(d=128), "one_descale": fp8_caches()}[kind]
+            "d128": fp8_caches(d=128), "d256": fp8_caches(d=256), "one_descale": fp8_caches()}[kind]
     if kind == "one_descale":  # a zero stride: one descale for every head (vLLM's per-layer scales)
         args["k_descale"] = np.lib.stride_tricks.as_strided(np.ones(1, np.float32), (2,), (0,))
     with pytest.raises(TypeError, match="q: CUDA tensor required"):
@@ -68,8 +68,8 @@ def test_fp8_rules(change, error, message):
 
 
 def test_fp8_head_dims_and_softcap():
-    with pytest.raises(ValueError, match=r"^q: .*E4M3 KV cache"):
-        warpattn.flash_attn_with_kvcache(**fp8_caches(d=256))
+    with pytest.raises(ValueError, match=r"^q: .*must be one of 64, 128, 256 for an E4M3 KV cache, got 96"):
+        warpattn.flash_attn_with_kvcache(**fp8_caches(d=96))
     with pytest.raises(ValueError, match="softcap"):
         warpattn.flash_attn_with_kvcache(**fp8_caches(), softcap=30.0)
 
@@ -261,10 +261,18 @@ def test_append_then_attend(d, page_size, hq, hkv, sq):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_splits", [1, 3, 16])
-def test_forced_splits_and_graph_replay(num_splits):
+@pytest.mark.parametrize("page_size, hq, hkv, sq", [(None, 32, 8, 1), (16, 8, 8, 4), (64, 16, 1, 3), (256, 32, 8, 1)])
+def test_append_then_attend_d256(page_size, hq, hkv, sq):
+    # d = 256: the lean producer's kernel (decode/lean_cache_producer.cuh), a few of the cases above
+    test_append_then_attend(256, page_size, hq, hkv, sq)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits, d", [(1, 128), (3, 128), (16, 128), (3, 256)])
+def test_forced_splits_and_graph_replay(num_splits, d):
     gen = torch.Generator(device="cuda").manual_seed(num_splits)
-    b, hq, hkv, d, capacity = 4, 32, 8, 128, 2048
+    b, hq, hkv, capacity = 4, 32, 8, 2048
     k16 = torch.randn(b, capacity, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
     v16 = torch.randn(b, capacity, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
     c = warpattn.quantize_kvcache_fp8(k16, v16)
