@@ -17,9 +17,6 @@ __device__ __forceinline__ void acquire_registers() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
 }
 
-// Named barriers (bar.sync / bar.arrive). Id 0 is __syncthreads; the thread count is a
-// multiple of 32. The id comes from a register because it depends on the consumer
-// warpgroup; ptxas then reserves all 16 ids, which costs nothing at one CTA per SM.
 // elect.sync over the full warp: true in one lane (every lane must call it), a predicate
 // rather than a thread index compared.
 __device__ __forceinline__ bool elect_one() {
@@ -33,6 +30,10 @@ __device__ __forceinline__ bool elect_one() {
       : "=r"(one));
   return one != 0;
 }
+
+// Named barriers (bar.sync / bar.arrive). Id 0 is __syncthreads; the thread count is a
+// multiple of 32. The id comes from a register because it depends on the consumer
+// warpgroup; ptxas then reserves all 16 ids, which costs nothing at one CTA per SM.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
