@@ -42,6 +42,7 @@ struct Case {
   std::vector<int> cache_seqlens;    // the batch
   int64_t s_new = 0;
   bool causal = false;
+  int window_left = -1, window_right = -1;  // a sliding window (ForwardOptions')
   int num_splits = 0;
 };
 
@@ -53,7 +54,7 @@ std::string describe(const Case& c) {
                            : ("dense " + std::to_string(c.s_cache)).c_str(),
            c.cache_seqlens.size(), (long long)c.seqlen_q, (long long)c.heads_q, (long long)c.heads_kv,
            (long long)c.s_new, c.num_splits);
-  return buf;
+  return buf + gpu_test::describe_model_options(c.window_left, c.window_right, 0.f, false);
 }
 
 float round16(float x, DType t) {
@@ -147,6 +148,7 @@ void run_case(const Case& c) {
   cache.num_splits = c.num_splits;
   warpattn::ForwardOptions options;
   options.causal = c.causal;
+  options.window_left = c.window_left, options.window_right = c.window_right;
   const warpattn::TensorView qv = gpu_test::contiguous(q.mem, c.dtype, {B, Sq, H, D});
   const warpattn::TensorView ov = gpu_test::contiguous(out.mem, c.dtype, {B, Sq, H, D});
   const warpattn::TensorView lv = gpu_test::contiguous(lse.mem, DType::f32, {B, H, Sq});
@@ -203,6 +205,7 @@ void run_case(const Case& c) {
         }
     }
     warpattn::reference::AttentionShape s{1, Sq, len[b], H, Hkv, D, 1.0 / std::sqrt(double(D)), c.causal};
+    s.window_left = c.window_left, s.window_right = c.window_right;
     std::vector<double> want(Sq * H * D), want_lse(H * Sq);
     warpattn::reference::attention(s, qd.data() + b * Sq * H * D, kd.data(), vd.data(), want.data(), want_lse.data());
     for (int64_t i = 0; i < Sq * H * D; ++i) {
@@ -349,6 +352,40 @@ TEST(kvcache_fp8_d256) {
     c.num_splits = splits;
     c.cache_seqlens = {1000, 50, 1024};
     run_case(c);
+  }
+}
+
+// Sliding windows over an E4M3 cache: the consumers' left-edge masking (mask_scores with
+// kLeftEdge; at d = 256 relative to the thread's first column, kThreadCols) and the key tiles
+// skipped left of the window, causal and not, dense and paged, whole and split, at each head
+// dim of the cache.
+TEST(kvcache_fp8_window) {
+  REQUIRE_HOPPER();
+  for (int d : {64, 128, 256}) {
+    {  // decode with an append, causal, a window shorter than a key tile
+      Case c = dense(d);
+      c.seqlen_q = c.s_new = 4;
+      c.causal = true, c.window_left = 40;
+      c.cache_seqlens = {0, 1, 127, 700, 1020};
+      run_case(c);
+    }
+    {  // no append, both sides, the left edge across key tiles
+      Case c = dense(d);
+      c.s_new = 0;
+      c.window_left = 300, c.window_right = 8;
+      c.cache_seqlens = {1024, 5, 600};
+      run_case(c);
+    }
+    {  // paged, split, the edge inside a tile
+      Case c;
+      c.head_dim = d;
+      c.page_size = 64, c.max_pages = 16;
+      c.cache_seqlens = {1024, 129, 900};
+      c.seqlen_q = c.s_new = 2;
+      c.causal = true, c.window_left = 130;
+      c.num_splits = 3;
+      run_case(c);
+    }
   }
 }
 
