@@ -5,6 +5,8 @@
 # that uses it (a call without it in carry removes the host's copy; carried again, it is rebuilt).
 #   FA3_BWD_DIMS="128" BWD_ARGS="--d 128 --n 1024 4096 16384" NCU_SHAPE="128:4096:0" \
 #     bash scripts/fa3_backward_compare.sh
+# SUSTAINED=S: each library's backward also back to back for S seconds with the card's clock and
+# power (TFLOP/s per GHz: the power cap's share of a gap); NCU_SHAPE=none skips Nsight Compute.
 # Logs under $OUT (or ./gpu-out).
 set -u -o pipefail
 OUT=${OUT:-gpu-out}
@@ -22,11 +24,13 @@ echo "warpattn build rc=$(cat "$OUT/build.rc") ($(( $(date +%s) - start )) s)"
 grep -E "error" "$OUT/build.log" | head -5
 PYTHONUNBUFFERED=1 timeout -k 5 $(( $(left) - 150 )) python3 python/warpattn/bench_backward.py --lib build/libwarpattn.so \
   --fa3 .fa3/hopper --out "$OUT" --json "$OUT/bench-backward-fa3.json" --backward-only --breakdown \
-  ${BWD_ARGS:---d 128 --n 1024 4096 16384} --passes ${PASSES:-3} > "$OUT/bench-backward-fa3.log" 2>&1
+  ${BWD_ARGS:---d 128 --n 1024 4096 16384} --passes ${PASSES:-3} ${SUSTAINED:+--sustained $SUSTAINED} \
+  > "$OUT/bench-backward-fa3.log" 2>&1
 echo "bench rc=$? ($(( $(date +%s) - start )) s)"; grep -vE "^\s*$" "$OUT/bench-backward-fa3.log" | tail -40
 # Nsight Compute, both main kernels at one shape (the second untimed call's launch).
 IFS=: read -r d n c <<< "${NCU_SHAPE:-128:4096:0}"
 for lib in warpattn fa3; do
+  [ "${NCU_SHAPE:-}" = none ] && break
   [ "$(left)" -gt 40 ] || { echo "ncu $lib skipped: $(left) s left"; continue; }
   # (FA3's kernels are cutlass::device_kernel<...>: matched on the demangled name)
   regex=$([ $lib = fa3 ] && echo "regex:FlashAttnBwdSm90" || echo "regex:attention_backward_kernel")

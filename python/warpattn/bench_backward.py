@@ -201,6 +201,10 @@ def main(argv=None):
                    help="run this library's backward alone, a few times, untimed (for ncu / compute-sanitizer)")
     p.add_argument("--fa3", default=None, metavar="DIR",
                    help="also FlashAttention-3: the folder holding its flash_attn_interface (e.g. .fa3/hopper)")
+    p.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
+                   help="also each library's backward back to back for SECONDS (no L2 flush), twice, interleaved, "
+                        "with the card's clock and power from nvidia-smi: TFLOP/s per GHz tells a slower clock "
+                        "under the power cap from less work a cycle (bench_clocks.sustained)")
     args = p.parse_args(argv)
     if args.lib is None:
         args.lib = default_lib()
@@ -300,6 +304,18 @@ def main(argv=None):
                         print("  %s: a call's kernels span %.1f us: %s" % (name, span, "; ".join(
                             "%.1f %s" % (t, k_) for k_, t in sorted(per_kernel.items(), key=lambda kv: -kv[1]))),
                               flush=True)
+                if args.sustained > 0:
+                    try:
+                        from warpattn.bench_clocks import sustained
+                    except ImportError:
+                        from bench_clocks import sustained
+                    loops = sustained(torch, {name: (flops, fn) for name, fn in launches.items()}, args.sustained,
+                                      rounds=2)
+                    for r in loops:
+                        print("      sustained %s %6.1f TFLOP/s at %4.0f MHz %3.0f W: %5.1f TFLOP/s per GHz (reasons %s)"
+                              % (r["workload"], r["tflops"], r["sm_mhz"], r["power_w"], r["tflops_per_ghz"],
+                                 r["throttle"]), flush=True)
+                    sustained_rows = loops
                 times = {name: [] for name in launches}
                 times_both = {name: [] for name in both}
                 clocks = {name: [] for name in launches}  # (MHz, W) while each backward was timed
@@ -327,6 +343,8 @@ def main(argv=None):
                 if all(clocks.values()):
                     row["clock_mhz"] = {k_: statistics.median(c for c, _ in v) for k_, v in clocks.items()}
                     row["power_w"] = {k_: statistics.median(w for _, w in v) for k_, v in clocks.items()}
+                if args.sustained > 0:
+                    row["sustained"] = sustained_rows
                 if times_both:
                     row["tflops_fwd_bwd"] = {k_: 3.5 * forward_flops / (statistics.median(t) * 1e-3) / 1e12
                                              for k_, t in times_both.items()}

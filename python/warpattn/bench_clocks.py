@@ -15,7 +15,10 @@ import subprocess
 import sys
 import time
 
-from warpattn.bench import TOTAL_TOKENS, HIDDEN
+try:
+    from warpattn.bench import TOTAL_TOKENS, HIDDEN
+except ImportError:  # run from the source tree without the package (bench_backward.py --sustained)
+    from bench import TOTAL_TOKENS, HIDDEN
 
 GEMM_SIZE = 8192
 QUERY = "timestamp,clocks.sm,power.draw,temperature.gpu"
@@ -104,44 +107,44 @@ def median(xs):
     return xs[len(xs) // 2] if xs else float("nan")
 
 
-def main(argv=None):
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    import torch
+class SmiLog:
+    """nvidia-smi sampling the card every 50 ms into a file while the block runs; samples() then
+    gives (time, SM MHz, W, temperature C, clock-event reasons) of each sample."""
 
-    if not torch.cuda.is_available():
-        sys.exit("bench_clocks: no CUDA device visible to PyTorch")
-    log = "/tmp/bench_clocks_smi.csv"
-    query = QUERY + "," + REASONS
-    if subprocess.run(["nvidia-smi", "--query-gpu=" + query, "--format=csv"], capture_output=True).returncode:
-        query = QUERY + ",clocks_throttle_reasons.active"  # older drivers' name
-    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=" + query, "--format=csv,noheader,nounits", "-lms", "50"],
-                           stdout=open(log, "w"), stderr=subprocess.DEVNULL)
-    rows = []
-    try:
-        with torch.inference_mode():
-            for name, flop, fn in workloads(torch, args.d, args.N, args.causal):
-                if args.only and name not in args.only.split(","):
-                    continue
-                time.sleep(1.0)  # let the clock recover between workloads
-                calls, ms, t0, t1 = run_for(torch, fn, args.seconds)
-                rows.append({"workload": name, "tflops": round(flop * calls / (ms * 1e-3) / 1e12, 1),
-                             "t0": t0, "t1": t1})
-                print(name, rows[-1]["tflops"], file=sys.stderr, flush=True)
-    finally:
+    def __init__(self, path="/tmp/bench_clocks_smi.csv"):
+        self.path = path
+
+    def __enter__(self):
+        query = QUERY + "," + REASONS
+        if subprocess.run(["nvidia-smi", "--query-gpu=" + query, "--format=csv"], capture_output=True).returncode:
+            query = QUERY + ",clocks_throttle_reasons.active"  # older drivers' name
+        self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=" + query, "--format=csv,noheader,nounits",
+                                      "-lms", "50"], stdout=open(self.path, "w"), stderr=subprocess.DEVNULL)
+        return self
+
+    def __exit__(self, *exc):
         time.sleep(0.2)
-        smi.terminate()
-        smi.wait()
-    samples = []
-    for line in open(log):
-        parts = [x.strip() for x in line.split(",")]
-        try:
-            ts = time.mktime(time.strptime(parts[0].split(".")[0], "%Y/%m/%d %H:%M:%S")) + float(
-                "0." + parts[0].split(".")[1])
-            samples.append((ts, float(parts[1]), float(parts[2]), float(parts[3]), parts[4]))
-        except (ValueError, IndexError):
-            continue
+        self.proc.terminate()
+        self.proc.wait()
+        return False
+
+    def samples(self):
+        out = []
+        for line in open(self.path):
+            parts = [x.strip() for x in line.split(",")]
+            try:
+                ts = time.mktime(time.strptime(parts[0].split(".")[0], "%Y/%m/%d %H:%M:%S")) + float(
+                    "0." + parts[0].split(".")[1])
+                out.append((ts, float(parts[1]), float(parts[2]), float(parts[3]), parts[4]))
+            except (ValueError, IndexError):
+                continue
+        return out
+
+
+def attach_clocks(rows, samples):
+    """Each row's (t0, t1) loop gets the medians of the samples in its middle (its first and last
+    10% skipped): sm_mhz, power_w, temp_c, throttle, and tflops_per_ghz."""
     for r in rows:
-        # the middle of the loop: skip its first and last 10%
         span = r["t1"] - r["t0"]
         inside = [s for s in samples if r["t0"] + 0.1 * span <= s[0] <= r["t1"] - 0.1 * span]
         r["sm_mhz"] = median([s[1] for s in inside])
@@ -150,6 +153,36 @@ def main(argv=None):
         r["throttle"] = median([s[4] for s in inside]) if inside else ""
         r["samples"] = len(inside)
         r["tflops_per_ghz"] = round(r["tflops"] / (r["sm_mhz"] / 1000.0), 1) if r["sm_mhz"] > 0 else float("nan")
+
+
+def sustained(torch, fns, seconds, rounds=1, pause=1.0):
+    """Each of fns (name -> (FLOP per call, callable)) back to back for `seconds`, the names
+    interleaved `rounds` times, a `pause` before each loop for the clock to recover: one row a
+    loop with its TFLOP/s and the card's clock and power in it (attach_clocks)."""
+    rows = []
+    with SmiLog() as smi:
+        for _ in range(rounds):
+            for name, (flop, fn) in fns.items():
+                time.sleep(pause)
+                calls, ms, t0, t1 = run_for(torch, fn, seconds)
+                rows.append({"workload": name, "tflops": round(flop * calls / (ms * 1e-3) / 1e12, 1),
+                             "t0": t0, "t1": t1})
+    attach_clocks(rows, smi.samples())
+    return rows
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("bench_clocks: no CUDA device visible to PyTorch")
+    with torch.inference_mode():
+        fns = {name: (flop, fn) for name, flop, fn in workloads(torch, args.d, args.N, args.causal)
+               if not args.only or name in args.only.split(",")}
+        rows = sustained(torch, fns, args.seconds)
+    for r in rows:
+        print(r["workload"], r["tflops"], file=sys.stderr, flush=True)
     if args.only:
         print(json.dumps(rows))
         return 0

@@ -822,6 +822,20 @@ def test_bench_backward_plot():
         assert plot(result, path) and os.path.getsize(path) > 1000
 
 
+def test_sustained_loop_clocks_from_its_middle():
+    # bench_clocks.attach_clocks (bench_clocks and bench_backward --sustained): a loop's clock,
+    # power and reasons are the medians of the nvidia-smi samples in its middle 80%, so the ramp
+    # at its start and the idle after it are not read, and TFLOP/s per GHz follows from them.
+    from warpattn.bench_clocks import attach_clocks
+    rows = [{"workload": "w", "tflops": 500.0, "t0": 10.0, "t1": 20.0}]
+    samples = [(10.5, 1000, 300, 50, "0x0"), (12.0, 1800, 690, 61, "0x4"), (15.0, 1750, 700, 62, "0x4"),
+               (16.0, 1760, 700, 62, "0x4"), (19.5, 1000, 300, 50, "0x0")]
+    attach_clocks(rows, samples)
+    r = rows[0]
+    assert r["samples"] == 3 and r["sm_mhz"] == 1760 and r["power_w"] == 700 and r["throttle"] == "0x4"
+    assert r["tflops_per_ghz"] == round(500.0 / 1.76, 1)
+
+
 def test_clock_sampler_without_a_device():
     # The benchmarks' clock sampler on a host without NVML or a CUDA device: it neither raises nor
     # reports a clock (the timings go on without one).
