@@ -15,8 +15,10 @@
 // Skips with the reason where no sm_90 GPU exists.
 #include <algorithm>
 #include <cstdio>
+#include <initializer_list>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/host_fp8.hpp"
@@ -291,21 +293,27 @@ TEST(kvcache_fp8_paged) {
   run_case(c);
 }
 
-TEST(kvcache_fp8_gqa_and_splits) {
-  REQUIRE_HOPPER();
-  const int64_t groups[][2] = {{8, 8}, {32, 8}, {16, 1}, {64, 2}};
-  for (const auto& g : groups) {
-    Case c = dense(128);
-    c.heads_q = g[0], c.heads_kv = g[1];
+// Dense caches at head dim d with query heads / KV heads `groups` (GQA packing), then forced
+// split counts `splits` (the pieces and their combine).
+void run_gqa_and_splits(int d, std::initializer_list<std::pair<int64_t, int64_t>> groups,
+                        std::initializer_list<int> splits) {
+  for (const auto& [heads_q, heads_kv] : groups) {
+    Case c = dense(d);
+    c.heads_q = heads_q, c.heads_kv = heads_kv;
     c.cache_seqlens = {1024, 333};
     run_case(c);
   }
-  for (int splits : {1, 2, 7, 16}) {
-    Case c = dense(128);
-    c.num_splits = splits;
+  for (int n : splits) {
+    Case c = dense(d);
+    c.num_splits = n;
     c.cache_seqlens = {1000, 50, 1024};
     run_case(c);
   }
+}
+
+TEST(kvcache_fp8_gqa_and_splits) {
+  REQUIRE_HOPPER();
+  run_gqa_and_splits(128, {{8, 8}, {32, 8}, {16, 1}, {64, 2}}, {1, 2, 7, 16});
 }
 
 // Head dim 256: the lean producer's kernel (decode/lean_cache_producer.cuh: its cache issuers'
@@ -341,18 +349,7 @@ TEST(kvcache_fp8_d256) {
     c.causal = page % 32 == 0;
     run_case(c);
   }
-  {
-    Case c = dense(256);
-    c.heads_q = 32, c.heads_kv = 8;
-    c.cache_seqlens = {1024, 333};
-    run_case(c);
-  }
-  for (int splits : {2, 7}) {
-    Case c = dense(256);
-    c.num_splits = splits;
-    c.cache_seqlens = {1000, 50, 1024};
-    run_case(c);
-  }
+  run_gqa_and_splits(256, {{32, 8}}, {2, 7});
 }
 
 // Sliding windows over an E4M3 cache: the consumers' left-edge masking (mask_scores with

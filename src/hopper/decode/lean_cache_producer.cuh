@@ -144,10 +144,6 @@ struct LeanCacheStream {
     k(it);
     v(it - 1);
   }
-  __device__ __forceinline__ void rest(int from, int n_tiles) const {
-    for (int it = from; it < n_tiles; ++it) step(it);
-    v(n_tiles - 1);
-  }
 };
 
 template <class Cfg>
