@@ -60,17 +60,6 @@
 #define WARPATTN_TUNE_BWD_EARLY_ROW_TERMS 1
 #endif
 
-// One proxy fence a step instead of two (docs/backward-design.md, "Nsight Compute again after
-// cap1"): with the lagged dQ, a consumer's half of dS(j) is read by the dQ GEMMs of step j + 1
-// only, so its fence.proxy.async and its arrival for the other consumer can wait for the step's
-// dQ piece hand-over, whose own fence then covers both. Run 283's profile had the dS fence and
-// its arrival at 6.2% of the samples (FlashAttention-3's 1.8%): ours runs it with the early dV's
-// wgmmas in flight. 0 (the default): the fence after the dS store; 1: merged (d = 64 and 128,
-// lagged dQ, the writer's hand-over; the first step keeps its own fence, having no hand-over).
-#ifndef WARPATTN_TUNE_BWD_ONE_FENCE
-#define WARPATTN_TUNE_BWD_ONE_FENCE 0
-#endif
-
 // The banded (causal, window) kernels' launch order without the deterministic mode, at d = 256
 // (key_block_work.hpp's grouped_longest_first): the (batch, KV head) rows in groups whose Q, dO
 // and dQ accumulator fit this many MB, longest key block first within a group. 0: the grid's
@@ -124,7 +113,6 @@ struct BackwardConfig {
       WARPATTN_TUNE_BWD_LONGEST_FIRST_MB > 0;
   static constexpr bool kDqFromRegisters =
       !kDeterministic && ((kHeadDim == 256 && WARPATTN_TUNE_BWD_DQ_RED >= 1) || WARPATTN_TUNE_BWD_DQ_RED >= 2);
-  static constexpr bool kOneFence = kLaggedDq && !kDqFromRegisters && WARPATTN_TUNE_BWD_ONE_FENCE >= 1;
   static constexpr int kColumnHalves = kHeadDim == 512 ? 2 : 1;  // CTAs per key block
   static constexpr int kCtaColumns = kHeadDim / kColumnHalves;   // a CTA's dK, dV and dQ columns
   // d = 256: 80 keys a CTA (FlashAttention-3's d = 256 tile; docs/backward-design.md, "Key blocks

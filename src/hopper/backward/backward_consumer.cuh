@@ -386,17 +386,13 @@ struct BackwardConsumer {
       // reads must not be touched until it completes). With the head dim split, both consumers
       // hold the same dS: consumer 0 stores it. Lagged: into a buffer whose last dQ GEMMs (step
       // - 2's, the other consumer's in its step - 1) have completed.
-      // (Cfg::kOneFence: from the second step on, the dQ piece's hand-over fences dS too and
-      // announces it after that, below)
-      const bool ds_fence_later = Cfg::kOneFence && step >= 1;
       if (Cfg::kLaggedDq && step >= 2)
         named_barrier_sync(lagged_barrier(BackwardBarrier::kDsBufferRead, 1 - warpgroup, buf), 256);
       if (!Cfg::kSplitHeadDim || warpgroup == 0) {
         write_ds(dst, buf);
-        if (!ds_fence_later) fence_proxy_async_shared();
+        fence_proxy_async_shared();
       }
-      if (Cfg::kLaggedDq && !ds_fence_later)
-        named_barrier_arrive(lagged_barrier(BackwardBarrier::kDsHalfWritten, warpgroup, buf), 256);
+      if (Cfg::kLaggedDq) named_barrier_arrive(lagged_barrier(BackwardBarrier::kDsHalfWritten, warpgroup, buf), 256);
       if constexpr (!Cfg::kEarlyDv) {  // (early: dV's operands are in flight, untouched until its wait)
         pin(dv);
         pin(pt);
@@ -431,8 +427,6 @@ struct BackwardConsumer {
         if (Cfg::kLaggedDq && dq_step + 2 < steps)
           named_barrier_arrive(lagged_barrier(BackwardBarrier::kDsBufferRead, warpgroup, dq_step % 2), 256);
         hand_over_dq_piece(dq, dq_step * kPieces);
-        // (its fence.proxy.async came after this step's dS stores too)
-        if (ds_fence_later) named_barrier_arrive(lagged_barrier(BackwardBarrier::kDsHalfWritten, warpgroup, buf), 256);
         hand_over_other_dq_pieces(dq, dq_step % 2, dq_step);
       } else {
         wgmma_fence();  // (after pin(dk): in the other branch the dQ GEMM's fence comes first)
