@@ -254,32 +254,32 @@ TEST(kvcache_fp8_dense) {
     for (DType t : {DType::bf16, DType::f16}) run_case(dense(d, t));
 }
 
-TEST(kvcache_fp8_dense_no_append_full_and_causal) {
-  REQUIRE_HOPPER();
-  for (int d : {64, 128}) {
-    Case c = dense(d);
-    c.s_new = 0;
-    c.cache_seqlens = {1024, 5, 300};
-    run_case(c);
-    c.causal = true;
-    c.seqlen_q = 4;
-    run_case(c);
-  }
+// A dense cache at head dim d without an append: whole, then causal with 4 query rows.
+void run_no_append_full_and_causal(int d) {
+  Case c = dense(d);
+  c.s_new = 0;
+  c.cache_seqlens = {1024, 5, 300};
+  run_case(c);
+  c.causal = true;
+  c.seqlen_q = 4;
+  run_case(c);
 }
 
-TEST(kvcache_fp8_append_many_rows) {  // chunked prefill: Sq = S_new, causal, rows past the capacity dropped
-  REQUIRE_HOPPER();
-  Case c = dense(128);
+// Chunked prefill at head dim d: Sq = S_new, causal, rows past the capacity dropped.
+void run_append_many_rows(int d) {
+  Case c = dense(d);
   c.seqlen_q = c.s_new = 200;
   c.causal = true;
   c.cache_seqlens = {0, 100, 900, 1024};
   run_case(c);
 }
 
-TEST(kvcache_fp8_paged) {
-  REQUIRE_HOPPER();
-  for (int page : {16, 32, 48, 64, 128, 256}) {
+// Paged caches at head dim d, one per page size, two new rows each (causal where the page is a
+// multiple of 32 keys).
+void run_paged(int d, std::initializer_list<int> pages) {
+  for (int page : pages) {
     Case c;
+    c.head_dim = d;
     c.page_size = page, c.max_pages = (1024 + page - 1) / page;
     c.cache_seqlens = {0, 17, 255, 256, 800};
     c.s_new = 2;
@@ -287,6 +287,21 @@ TEST(kvcache_fp8_paged) {
     c.causal = page % 32 == 0;
     run_case(c);
   }
+}
+
+TEST(kvcache_fp8_dense_no_append_full_and_causal) {
+  REQUIRE_HOPPER();
+  for (int d : {64, 128}) run_no_append_full_and_causal(d);
+}
+
+TEST(kvcache_fp8_append_many_rows) {
+  REQUIRE_HOPPER();
+  run_append_many_rows(128);
+}
+
+TEST(kvcache_fp8_paged) {
+  REQUIRE_HOPPER();
+  run_paged(128, {16, 32, 48, 64, 128, 256});
   Case c;
   c.head_dim = 64, c.page_size = 16, c.max_pages = 40, c.cache_seqlens = {600, 3};
   c.s_new = 1;
@@ -323,32 +338,9 @@ TEST(kvcache_fp8_gqa_and_splits) {
 TEST(kvcache_fp8_d256) {
   REQUIRE_HOPPER();
   for (DType t : {DType::bf16, DType::f16}) run_case(dense(256, t));
-  {
-    Case c = dense(256);
-    c.s_new = 0;
-    c.cache_seqlens = {1024, 5, 300};
-    run_case(c);
-    c.causal = true;
-    c.seqlen_q = 4;
-    run_case(c);
-  }
-  {  // chunked prefill
-    Case c = dense(256);
-    c.seqlen_q = c.s_new = 200;
-    c.causal = true;
-    c.cache_seqlens = {0, 100, 900, 1024};
-    run_case(c);
-  }
-  for (int page : {16, 48, 64, 256}) {
-    Case c;
-    c.head_dim = 256;
-    c.page_size = page, c.max_pages = (1024 + page - 1) / page;
-    c.cache_seqlens = {0, 17, 255, 256, 800};
-    c.s_new = 2;
-    c.seqlen_q = 2;
-    c.causal = page % 32 == 0;
-    run_case(c);
-  }
+  run_no_append_full_and_causal(256);
+  run_append_many_rows(256);
+  run_paged(256, {16, 48, 64, 256});
   run_gqa_and_splits(256, {{32, 8}}, {2, 7});
 }
 

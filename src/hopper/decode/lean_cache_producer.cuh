@@ -146,13 +146,6 @@ struct LeanCacheStream {
   }
 };
 
-template <class Cfg>
-__device__ __forceinline__ LeanCacheStream<Cfg> lean_stream(SharedStorage<Cfg>& ss, const CUtensorMap* tm_k,
-                                                            const CUtensorMap* tm_v, const ForwardParams& params,
-                                                            int kv, const ScheduledTile& w, int issuer) {
-  return {ss, tm_k, tm_v, params, kv, w.n_end, w.head / fresh_params(params).kv_group, w.batch, w.seqlen_k, issuer};
-}
-
 // The piece `tile` of the launch as schedule_tile hands it out (the end marker past the pieces).
 template <class Cfg>
 __device__ __forceinline__ ScheduledTile lean_schedule(int tile, const ForwardParams& params) {
