@@ -11,7 +11,12 @@ of equal duration and equal warps a CTA have comparable totals.
 """
 import argparse
 import csv
+import os
+import sys
 from collections import Counter, defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sass_stalls import opcode as sass_opcode  # noqa: E402
 
 
 def load(path):
@@ -34,13 +39,10 @@ def load(path):
 
 
 def opcode(text):
-    words = text.split()
-    if not words:
-        return "?"
-    word = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
-    parts = word.split(".")
-    # keep the qualifier that tells the kinds apart (SYNCS.PHASECHK, WARPGROUP.DEPBAR, BAR.SYNC ...)
-    return ".".join(parts[:2]) if parts[0] in ("SYNCS", "WARPGROUP", "BAR", "HGMMA", "UTMALDG", "UBLKRED") else parts[0]
+    """sass_stalls.opcode, with the qualifier that tells the kinds apart where it does
+    (SYNCS.PHASECHK, WARPGROUP.DEPBAR, BAR.SYNC, HGMMA.64x80x16 ...)."""
+    op = sass_opcode(text)
+    return sass_opcode(text, 2) if op in ("SYNCS", "WARPGROUP", "BAR", "HGMMA", "UTMALDG", "UBLKRED") else op
 
 
 def summarise(path, top):

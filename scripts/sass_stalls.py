@@ -33,10 +33,13 @@ def parse(path):
     return out
 
 
-def opcode(text):
+def opcode(text, parts=1):
+    """The instruction's name without its predicate: its first `parts` dot-separated pieces."""
     words = text.split()
+    if not words:
+        return "?"
     word = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
-    return word.split(".")[0]
+    return ".".join(word.split(".")[:parts])
 
 
 def main(argv):
