@@ -1,6 +1,7 @@
 // The backward's tail split (hopper/backward/tail_split.hpp): every (tile, step) of a launch
 // covered by exactly one CTA, the cut tiles last with their parts together, and the host's
 // choice against the wave arithmetic of docs/backward-design.md.
+#include <cstdlib>
 #include <vector>
 
 #include "hopper/backward/tail_split.hpp"
@@ -68,4 +69,33 @@ TEST(tail_split_choice) {
   CHECK(choose_tail_split(200, 132, 4, 0.0, 0.05).split_tiles == 0);
   // The CTAs the cut launch takes: 1848 whole + 600 parts.
   CHECK((TailSplit{200, 3}.ctas(2048) == 2448));
+}
+
+// The launch's choice (backward_tail_split): the benchmark's shapes on 132 SMs, and the test
+// hook WARPATTN_BWD_TAIL_SPLIT.
+TEST(backward_tail_split_choice) {
+  using warpattn::detail::backward_tail_split;
+  unsetenv("WARPATTN_BWD_TAIL_SPLIT");
+  // d = 128 (80-row steps) at 4K and 16K tokens: 2048 tiles of 52 and 205 steps, 200 cut in 3.
+  auto t = backward_tail_split(2048, 52, 132);
+  CHECK(t.split_tiles == 200 && t.parts == 3) << t.split_tiles << " / " << t.parts;
+  t = backward_tail_split(2048, 205, 132);
+  CHECK(t.split_tiles == 200 && t.parts == 3) << t.split_tiles << " / " << t.parts;
+  // d = 64 at 4K (128-row steps, 4096 tiles: 31 waves and 4 tiles): 136 cut in 4.
+  t = backward_tail_split(4096, 32, 132);
+  CHECK(t.split_tiles == 136 && t.parts == 4) << t.split_tiles << " / " << t.parts;
+  // 1K (13 steps): a part's start and fix-up cost more than the tail.
+  CHECK(backward_tail_split(2048, 13, 132).split_tiles == 0);
+  // Forced (clamped to the launch's tiles), and refused forms.
+  setenv("WARPATTN_BWD_TAIL_SPLIT", "7,3", 1);
+  t = backward_tail_split(2048, 13, 132);
+  CHECK(t.split_tiles == 7 && t.parts == 3) << t.split_tiles << " / " << t.parts;
+  setenv("WARPATTN_BWD_TAIL_SPLIT", "500,2", 1);
+  t = backward_tail_split(100, 13, 132);
+  CHECK(t.split_tiles == 100 && t.parts == 2) << t.split_tiles << " / " << t.parts;
+  for (const char* off : {"0", "5", "5,1", "x", "5,3x", "-1,3"}) {
+    setenv("WARPATTN_BWD_TAIL_SPLIT", off, 1);
+    CHECK(backward_tail_split(2048, 52, 132).split_tiles == 0) << "WARPATTN_BWD_TAIL_SPLIT=" << off;
+  }
+  unsetenv("WARPATTN_BWD_TAIL_SPLIT");
 }

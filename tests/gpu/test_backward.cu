@@ -6,6 +6,8 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <optional>
 #include <span>
@@ -13,6 +15,7 @@
 #include "gpu_test_support.cuh"
 #include "hopper/backward/backward_config.hpp"
 #include "hopper/backward/key_block_work.hpp"
+#include "hopper/backward/tail_split.hpp"
 #include "reference/reference.hpp"
 
 using gpu_test::DeviceBuffer;
@@ -494,6 +497,44 @@ TEST(backward_d256_causal_longest_first_over_groups) {
 }
 
 TEST(backward_deterministic_is_bitwise_repeatable) { run_deterministic_matrix({DType::bf16}, {64, 128, 256}); }
+
+// The tail split (tail_split.hpp, tail_fixup.cuh), forced at small shapes through
+// WARPATTN_BWD_TAIL_SPLIT="tiles,parts": the launch's last tiles cut into parts over their query
+// steps, whose partial dK and dV the part that finishes last adds up. One step a part, several,
+// and parts without a step (more parts than steps); GQA, odd lengths, Sq != Sk both ways, both
+// 16-bit types, the two head dims whose kernels split (d = 64 and 128 without a band).
+TEST(backward_tail_split) {
+  REQUIRE_HOPPER();
+  struct Forced {
+    const char* cut;
+    DType dtype;
+    int head_dim;
+    std::array<int64_t, 5> shape;  // B, Sq, Sk, Hq, Hkv
+  };
+  const Forced cases[] = {
+      {"5,3", DType::bf16, 128, {2, 257, 300, 4, 2}},  {"12,8", DType::bf16, 128, {2, 257, 300, 4, 2}},
+      {"3,12", DType::f16, 128, {2, 257, 300, 4, 2}},  {"10,2", DType::f16, 128, {1, 64, 4097, 1, 1}},
+      {"8,5", DType::bf16, 64, {1, 1000, 999, 3, 1}},  {"2,4", DType::f16, 64, {2, 129, 384, 4, 4}},
+      {"40,3", DType::bf16, 64, {1, 384, 128, 4, 1}},
+  };
+  for (const Forced& f : cases) {
+    REQUIRE(setenv("WARPATTN_BWD_TAIL_SPLIT", f.cut, 1) == 0);
+    // the launch's own choice under the variable: the forced cut (clamped to the tiles)
+    const warpattn::detail::TailSplit t = warpattn::detail::backward_tail_split(100, 10, 132);
+    REQUIRE(t.split_tiles == std::min(100, std::atoi(f.cut)) && t.parts == std::atoi(std::strchr(f.cut, ',') + 1))
+        << "WARPATTN_BWD_TAIL_SPLIT=" << f.cut << " read as " << t.split_tiles << " tiles in " << t.parts << " parts";
+    Case c;
+    c.dtype = f.dtype, c.head_dim = f.head_dim;
+    c.batch = f.shape[0], c.seqlen_q = f.shape[1], c.seqlen_k = f.shape[2], c.heads_q = f.shape[3],
+    c.heads_kv = f.shape[4];
+    c.padded = c.seqlen_q % 2 == 1;
+    const Outcome o = run_and_compare(c);
+    CHECK(o.within()) << describe(c) << " tail split " << f.cut << ": err/model dq " << o.dq.err / o.dq.model << " dk "
+                      << o.dk.err / o.dk.model << " dv " << o.dv.err / o.dv.model << " (NaN "
+                      << o.dq.nan + o.dk.nan + o.dv.nan << ")";
+  }
+  unsetenv("WARPATTN_BWD_TAIL_SPLIT");
+}
 
 // A workspace the call did not clear (0x7F bytes), at lengths where the workspace's padded rows
 // (a multiple of 320 at d = 128, 128 elsewhere) pass the rows the main kernel covers, which the

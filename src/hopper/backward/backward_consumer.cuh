@@ -25,6 +25,7 @@
 #include "hopper/backward/dq_accum.cuh"
 #include "hopper/backward/key_block_work.hpp"
 #include "hopper/backward/key_query_tile.hpp"
+#include "hopper/backward/tail_fixup.cuh"
 #include "hopper/consumer_gemms.cuh"
 #include "hopper/epilogue.cuh"
 #include "hopper/fragment.cuh"
@@ -451,6 +452,10 @@ struct BackwardConsumer {
       pin(dq);
       hand_over_dq_piece(dq, (steps - 1) * kPieces);
     }
+    // A cut tile's part: its partial sums handed to the part that finishes last, or, the last,
+    // the others' added to its own.
+    if constexpr (Cfg::kTailSplit)
+      if (work.part >= 0 && !add_up_cut_tile(dk, dv, p, work, warpgroup, &ss.tail_ticket)) return;
     store(dk, dv);
   }
 

@@ -25,8 +25,10 @@ namespace warpattn::detail {
 // This CTA's key block. Dense: the grid (key blocks, KV heads, batch), key blocks first-first,
 // except for the banded kernels' orders: the deterministic one needs them last-first (dq_turn),
 // the other takes them longest first in groups of rows sized for the L2 (params.
-// longest_first_groups > 0; grouped_longest_first). A packed batch: entry blockIdx.x of the plan (in the
-// same orders within a sequence, varlen_tiles.hpp), or n_block -1 past its end.
+// longest_first_groups > 0; grouped_longest_first); the tail split (Cfg::kTailSplit, params.tail):
+// a 1-D grid in the same order, whose last tiles are cut into parts, each a range of the key
+// block's steps. A packed batch: entry blockIdx.x of the plan (in the same orders within a
+// sequence, varlen_tiles.hpp), or n_block -1 past its end.
 // d = 512 (Cfg::kColumnHalves = 2): CTAs 2t and 2t + 1 take key block t's two column halves
 // (column_half, backward_consumer.cuh), so a key block's index is blockIdx.x / 2 and the grid's
 // key blocks gridDim.x / 2.
@@ -56,6 +58,19 @@ __device__ __forceinline__ KeyBlockWork key_block_work(const BackwardParams& par
     work.batch = o.row / params.heads_kv;
     work.seqlen_q = params.seqlen_q, work.seqlen_k = params.seqlen_k, work.q_offset = 0, work.k_offset = 0;
     work.ws_row0 = static_cast<int64_t>(work.batch) * params.heads_q * params.rows;
+  } else if (Cfg::kTailSplit && params.tail.split_tiles > 0) {
+    // The tail split's 1-D grid: the tiles in the 3-D grid's order (key blocks fastest, then KV
+    // heads, then batches), the cut ones last, each as its parts (tail_split_part).
+    const TilePart tp = tail_split_part(static_cast<int>(blockIdx.x), params.tail_tiles, params.tail);
+    const int n_blocks = ceil_div(params.seqlen_k, Cfg::kBlockN);
+    const int row = tp.tile / n_blocks;
+    work.n_block = tp.tile - row * n_blocks;
+    work.head_kv = row % params.heads_kv;
+    work.batch = row / params.heads_kv;
+    work.part = tp.part;
+    work.cut_tile = tp.tile - (params.tail_tiles - params.tail.split_tiles);
+    work.seqlen_q = params.seqlen_q, work.seqlen_k = params.seqlen_k, work.q_offset = 0, work.k_offset = 0;
+    work.ws_row0 = static_cast<int64_t>(work.batch) * params.heads_q * params.rows;
   } else {
     if constexpr (Cfg::kColumnHalves == 1) {
       work.n_block = Cfg::kCausal && Cfg::kDeterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
@@ -70,6 +85,8 @@ __device__ __forceinline__ KeyBlockWork key_block_work(const BackwardParams& par
   }
   work.m = query_block_range(work.n_block, Cfg::kBlockN, Cfg::kBlockM, work.seqlen_q, work.seqlen_k,
                              Cfg::kCausal ? params.band : KeyBand{});
+  const StepRange steps = part_steps(work.all_steps(), work.part, params.tail.parts);
+  work.take_steps(steps.begin, steps.end);
   return work;
 }
 

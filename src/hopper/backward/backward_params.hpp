@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 
+#include "hopper/backward/tail_split.hpp"
 #include "hopper/kv_tiles.hpp"
 
 namespace warpattn::detail {
@@ -57,6 +58,14 @@ struct BackwardParams {
   // The banded kernels' launch order without the deterministic mode (key_block_work.hpp's
   // grouped_longest_first): its groups of (batch, KV head) rows; 0: the grid's own order.
   int longest_first_groups = 0;
+  // The tail split (tail_split.hpp; tail.split_tiles 0: none, and the grid is 3-D): the launch's
+  // tiles in a 1-D grid of tail.ctas(tail_tiles) CTAs, the cut tiles' partial dK and dV
+  // (tail_fixup.cuh: parts - 1 slots a cut tile) and two counters a cut tile, which the row
+  // terms kernel zeroes.
+  TailSplit tail;
+  int tail_tiles = 0;
+  float* tail_partials = nullptr;
+  int* tail_counters = nullptr;
   // Softcap (0: off): as ForwardParams' softcap_ex2, and 1 / (softcap log2(e)).
   float softcap_ex2 = 0, softcap_inv_log2 = 0;
   // What takes the scores (softcapped: their tanh) to P's exponent: scale_log2, or softcap log2(e).

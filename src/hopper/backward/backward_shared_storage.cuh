@@ -43,6 +43,7 @@ struct BackwardSharedStorage : BackwardPtStorage<Cfg>, BackwardDqPieceStorage<Cf
   uint64_t q_empty[Cfg::kQStages];  // both consumers' dK GEMM (Q's last reader) has completed
   uint64_t do_full[Cfg::kDoStages];
   uint64_t do_empty[Cfg::kDoStages];  // both consumers' dV GEMM (dO's last reader) has completed
+  int tail_ticket;                    // a cut tile's part: its ticket (tail_fixup.cuh)
 };
 
 // Named barriers of the backward (0 is __syncthreads).
@@ -60,6 +61,9 @@ struct BackwardBarrier {
   static constexpr int kDsHalfWritten = 6;
   static constexpr int kDsBufferRead = 10;
   static constexpr int kStaggeredStart = 14;
+  // The consumers of a cut tile's part (256 threads): its ticket is taken; its partials are
+  // stored, or the others' may be read (tail_fixup.cuh).
+  static constexpr int kTailFixup = 15;
 };
 
 }  // namespace warpattn::detail

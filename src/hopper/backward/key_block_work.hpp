@@ -104,10 +104,19 @@ struct KeyBlockWork {
   // (backward/workspace.hpp: head h's rows start h x BackwardParams::rows later).
   int seqlen_q, seqlen_k, q_offset, k_offset;
   int64_t ws_row0;
-  // Steps: (query head, query block) pairs, heads outer.
-  WARPATTN_HOST_DEVICE int steps() const { return group * (m.end - m.begin); }
-  WARPATTN_HOST_DEVICE int head(int step) const { return head_kv * group + step / (m.end - m.begin); }
-  WARPATTN_HOST_DEVICE int m_block(int step) const { return m.begin + step % (m.end - m.begin); }
+  // The key block's steps: (query head, query block) pairs, heads outer.
+  WARPATTN_HOST_DEVICE int all_steps() const { return group * (m.end - m.begin); }
+  // This CTA's of them, [step_begin, step_end): all, or a cut tile's part (tail_split.hpp; then
+  // `part` >= 0 and `cut_tile` its index among the cut tiles). The producer, the consumers and
+  // the dQ writer count this CTA's steps from 0; head() and m_block() take that count.
+  int step_begin = 0, step_end = 0;
+  int part = -1, cut_tile = 0;
+  WARPATTN_HOST_DEVICE void take_steps(int begin, int end) { step_begin = begin, step_end = end; }
+  WARPATTN_HOST_DEVICE int steps() const { return step_end - step_begin; }
+  WARPATTN_HOST_DEVICE int head(int step) const {
+    return head_kv * group + (step_begin + step) / (m.end - m.begin);
+  }
+  WARPATTN_HOST_DEVICE int m_block(int step) const { return m.begin + (step_begin + step) % (m.end - m.begin); }
 };
 
 }  // namespace warpattn::detail

@@ -99,6 +99,9 @@ __global__ void __launch_bounds__(256) backward_row_terms_kernel(const __grid_co
   static_assert(kLanes <= 32 && 256 % kLanes == 0 && kGroups * kLanes * 8 == kHeadDim, "a row's lanes sit in one warp");
   constexpr int kRowsPerPass = 256 / kLanes;
   const int lane = threadIdx.x % kLanes;
+  // The main kernel's tail split counters (two a cut tile), zeroed before it runs.
+  if (p.tail_counters != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0)
+    for (int i = threadIdx.x; i < 2 * p.tail.split_tiles; i += 256) p.tail_counters[i] = 0;
   for (int r0 = 0; r0 < 64; r0 += kRowsPerPass) {
     const int r = r0 + threadIdx.x / kLanes;
     const int row = row_block * 64 + r;

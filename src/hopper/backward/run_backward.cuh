@@ -2,6 +2,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <optional>
 #include <string>
 
 #include "api/problem.hpp"
@@ -129,7 +130,24 @@ void run_backward(const BackwardProblem& pr, const BackwardTensors& t, void* wor
   const int64_t covered = static_cast<int64_t>(ceil_div(p.seqlen_q, Cfg::kBlockM)) * Cfg::kBlockM;
   const dim3 row_grid(static_cast<unsigned>((covered + 63) / 64), p.heads_q, p.batch);
   // kColumnHalves CTAs per key block (two at d = 512, backward_kernel.cuh's key_block_work)
-  const dim3 main_grid(ceil_div(p.seqlen_k, Cfg::kBlockN) * Cfg::kColumnHalves, p.heads_kv, p.batch);
+  dim3 main_grid(ceil_div(p.seqlen_k, Cfg::kBlockN) * Cfg::kColumnHalves, p.heads_kv, p.batch);
+  std::optional<StreamMemory> tail_memory;  // the tail split's partials and counters, if it cuts
+  if constexpr (Cfg::kTailSplit) {
+    const int64_t tiles = int64_t{main_grid.x} * main_grid.y * main_grid.z;
+    const TailSplit cut =
+        backward_tail_split(tiles, p.kv_group * ceil_div(p.seqlen_q, Cfg::kBlockM), multiprocessor_count());
+    if (cut.split_tiles > 0) {
+      const int64_t counter_bytes = (int64_t{cut.split_tiles} * 2 * 4 + 255) / 256 * 256;
+      const int64_t slot_bytes = kTailSlotFloats<Cfg::kKVColumns / 2> * 4;
+      tail_memory.emplace(counter_bytes + int64_t{cut.split_tiles} * (cut.parts - 1) * slot_bytes, stream,
+                          "backward tail split");
+      p.tail = cut;
+      p.tail_tiles = static_cast<int>(tiles);
+      p.tail_counters = static_cast<int*>(tail_memory->get());
+      p.tail_partials = reinterpret_cast<float*>(static_cast<uint8_t*>(tail_memory->get()) + counter_bytes);
+      main_grid = dim3(static_cast<unsigned>(cut.ctas(static_cast<int>(tiles))));
+    }
+  }
   launch_backward_kernels<Cfg>(p, t, row_grid, main_grid, covered, stream);
 }
 

@@ -4,10 +4,11 @@
 // time idle). The last tiles in launch order are each cut into `parts` ranges of their query
 // steps, whose partial dK and dV are added up by the part that finishes last. This file is the
 // mapping from a CTA to its tile and step range, and the host's choice of the cut; host-and-device
-// code, so CPU tests can check both. (Not yet used by the kernel: a building block.)
+// code, so CPU tests can check both. tail_fixup.cuh adds the parts' partial dK and dV.
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "hopper/host_device.hpp"
 
@@ -62,6 +63,27 @@ inline TailSplit choose_tail_split(int tiles, int slots, int max_parts, double p
     if (time < best_time) best_time = time, best = {cut, p};
   }
   return best;
+}
+
+// The backward's cut for `tiles` equal tiles of `steps` query steps on `slots` CTA slots (one CTA
+// an SM). A part's cost beyond its steps, in steps: its start (K and V loaded, the pipeline
+// filled) and its fix-up (128 KB of partials stored at d = 128, or read back by the last), ~1 us
+// each against a step's ~2 us at d = 128 (docs/backward-design.md, "The main kernel's time
+// outside its steps"). Up to 4 parts, only where it saves a tenth of a tile's time.
+// WARPATTN_BWD_TAIL_SPLIT="tiles,parts" forces a cut (the tests' way to reach the split path at
+// small shapes; parts 2 or more, tiles clamped to the launch's), "0" forbids one.
+inline TailSplit backward_tail_split(int64_t tiles, int steps, int slots) {
+  if (tiles <= 0 || tiles >= (int64_t{1} << 30) || steps <= 0) return {};
+  if (const char* forced = std::getenv("WARPATTN_BWD_TAIL_SPLIT")) {
+    char* end = nullptr;
+    const long cut = std::strtol(forced, &end, 10);
+    if (cut <= 0 || *end != ',') return {};
+    const long parts = std::strtol(end + 1, &end, 10);
+    if (parts < 2 || parts > 64 || *end != 0) return {};
+    return {static_cast<int>(cut < tiles ? cut : tiles), static_cast<int>(parts)};
+  }
+  constexpr double kPartCostSteps = 1.0, kMinGainTiles = 0.1;
+  return choose_tail_split(static_cast<int>(tiles), slots, 4, kPartCostSteps / steps, kMinGainTiles);
 }
 
 }  // namespace warpattn::detail
