@@ -80,7 +80,8 @@ inline TailSplit backward_tail_split(int64_t tiles, int steps, int slots) {
     if (cut <= 0 || *end != ',') return {};
     const long parts = std::strtol(end + 1, &end, 10);
     if (parts < 2 || parts > 64 || *end != 0) return {};
-    return {static_cast<int>(cut < tiles ? cut : tiles), static_cast<int>(parts)};
+    const TailSplit t{static_cast<int>(cut < tiles ? cut : tiles), static_cast<int>(parts)};
+    return tiles + int64_t{t.split_tiles} * (t.parts - 1) < (int64_t{1} << 31) ? t : TailSplit{};
   }
   constexpr double kPartCostSteps = 1.0, kMinGainTiles = 0.1;
   return choose_tail_split(static_cast<int>(tiles), slots, 4, kPartCostSteps / steps, kMinGainTiles);
