@@ -470,6 +470,41 @@ def test_cuda_graph_capture_of_forward_and_backward():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+def test_tail_split_under_cuda_graph_replay(monkeypatch, d):
+    """The backward's tail split (WARPATTN_BWD_TAIL_SPLIT forces it at a small shape: the last
+    tiles' query steps cut into parts whose partial dK and dV the last part adds up) captured in
+    a CUDA graph and replayed twice with new data: its counters are zeroed again on each replay
+    (by the row terms kernel) and its scratch outlives the capture."""
+    monkeypatch.setenv("WARPATTN_BWD_TAIL_SPLIT", "5,3")
+    q, k, v, dout = backward_case(torch.bfloat16, d, False, 2, 700, 900)
+    for t in (q, k, v):
+        t.requires_grad_()
+
+    def step():
+        for t in (q, k, v):
+            t.grad = None
+        warpattn.flash_attn_func(q, k, v).backward(dout)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(2):
+        with torch.no_grad():
+            for t in (q, k, v, dout):
+                t.copy_(torch.randn_like(t))
+        graph.replay()
+        torch.cuda.synchronize()
+        for name, g, want in zip(GRAD_NAMES, (q.grad, k.grad, v.grad), reference_grads(q, k, v, dout, False)):
+            assert not g.isnan().any() and rel_l2(g, want) <= GRAD_TOL[torch.bfloat16], (name, rel_l2(g, want))
+
+
+@pytest.mark.gpu
 def test_gradient_of_lse_is_refused_unless_zero():
     q, k, v, _ = backward_case(torch.bfloat16, 64, False, 2, 256, 256)
     for t in (q, k, v):
