@@ -348,6 +348,20 @@ def sdpa_grads(q, k, v, dout, causal, scale=None):
 BACKWARD_SHAPES = [(17, 17), (300, 777), (777, 300), (1024, 1024)]
 
 
+def captured(step):
+    """A CUDA graph of step() (which clears the gradients it makes), after one warm-up call on a
+    side stream, as PyTorch asks before a capture; and what the captured call returned."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = step()
+    return graph, result
+
+
 def backward_case(dtype, d, causal, heads_kv, sq, sk):
     """Inputs (q, k, v, dout) of one case, the same on every run of it."""
     torch.manual_seed(zlib.crc32(repr((dtype, d, causal, heads_kv, sq, sk)).encode()))
@@ -448,16 +462,7 @@ def test_cuda_graph_capture_of_forward_and_backward():
         out.backward(dout)
         return out
 
-    side = torch.cuda.Stream()  # warm-up on a side stream, as PyTorch asks before a capture
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    for t in (q, k, v):
-        t.grad = None
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = captured(step)
     with torch.no_grad():  # new data into the captured inputs
         for t in (q, k, v, dout):
             t.copy_(torch.randn_like(t))
@@ -486,14 +491,7 @@ def test_tail_split_under_cuda_graph_replay(monkeypatch, d):
             t.grad = None
         warpattn.flash_attn_func(q, k, v).backward(dout)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph, _ = captured(step)
     for _ in range(2):
         with torch.no_grad():
             for t in (q, k, v, dout):
@@ -819,16 +817,7 @@ def test_model_options_cuda_graph_capture_of_forward_and_backward():
         out.backward(dout)
         return out
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    for t in (q, k, v, sinks):
-        t.grad = None
-    with torch.cuda.graph(graph):
-        step()
+    graph, _ = captured(step)
     with torch.no_grad():
         for t in (q, k, v, dout):
             t.copy_(torch.randn_like(t))
