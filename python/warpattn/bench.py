@@ -378,12 +378,35 @@ def _nvml_device(torch):
     return _NVML_DEVICES[index]
 
 
+class _NvmlFieldValue(ctypes.Structure):
+    """nvml.h's nvmlFieldValue_t (its value a union of 8 bytes; an unsigned int for power)."""
+    _fields_ = [("fieldId", ctypes.c_uint), ("scopeId", ctypes.c_uint), ("timestamp", ctypes.c_longlong),
+                ("latencyUsec", ctypes.c_longlong), ("valueType", ctypes.c_int), ("nvmlReturn", ctypes.c_int),
+                ("value", ctypes.c_ulonglong)]
+
+
+_NVML_FI_DEV_POWER_INSTANT = 186  # nvml.h: the current power in mW
+
+
+def _board_milliwatts(nvml, handle):
+    """The board's power now (mW), or None. nvmlDeviceGetPowerUsage gives, on Ampere and later,
+    the mean over the last second: a timing of ~0.1 s right after an idle second read ~130 W
+    under a 700 W load (runs 286-287), so the instant field is asked for first."""
+    field = _NvmlFieldValue(fieldId=_NVML_FI_DEV_POWER_INSTANT)
+    if nvml.nvmlDeviceGetFieldValues(handle, 1, ctypes.byref(field)) == 0 and field.nvmlReturn == 0:
+        return field.value & 0xFFFFFFFF
+    milliwatts = ctypes.c_uint()
+    if nvml.nvmlDeviceGetPowerUsage(handle, ctypes.byref(milliwatts)) == 0:
+        return milliwatts.value
+    return None
+
+
 class ClockSampler:
-    """The SM clock (MHz) and board power (W) of the current CUDA device while a block runs, as
-    means of samples taken every `period` seconds by a thread through NVML (_nvml_device). The
-    card is power-capped: a kernel that keeps more of it busy may run at a lower clock under a
-    sustained timing than in a short trace, and these say so beside each timing. mhz and watts
-    stay None where NVML or the device cannot be reached."""
+    """The SM clock (MHz) and board power (W, the instant reading) of the current CUDA device while
+    a block runs, as means of samples taken every `period` seconds by a thread through NVML
+    (_nvml_device). The card is power-capped: a kernel that keeps more of it busy may run at a
+    lower clock under a sustained timing than in a short trace, and these say so beside each
+    timing. mhz and watts stay None where NVML or the device cannot be reached."""
 
     def __init__(self, torch, period=0.005):
         self.torch, self.period = torch, period
@@ -391,11 +414,12 @@ class ClockSampler:
         self._thread = None
 
     def _run(self, nvml, handle):
-        clock, milliwatts = ctypes.c_uint(), ctypes.c_uint()
+        clock = ctypes.c_uint()
         while not self._stop.wait(self.period):
-            if (nvml.nvmlDeviceGetClockInfo(handle, 1, ctypes.byref(clock)) == 0 and  # 1: NVML_CLOCK_SM
-                    nvml.nvmlDeviceGetPowerUsage(handle, ctypes.byref(milliwatts)) == 0):
-                self._samples.append((clock.value, milliwatts.value / 1000.0))
+            if nvml.nvmlDeviceGetClockInfo(handle, 1, ctypes.byref(clock)) == 0:  # 1: NVML_CLOCK_SM
+                milliwatts = _board_milliwatts(nvml, handle)
+                if milliwatts is not None:
+                    self._samples.append((clock.value, milliwatts / 1000.0))
 
     def __enter__(self):
         device = _nvml_device(self.torch)
