@@ -854,3 +854,30 @@ def test_clock_sampler_without_a_device():
     with ClockSampler(NoCuda) as sampler:
         sum(range(1000))
     assert sampler.mhz is None and sampler.watts is None
+
+
+def test_board_power_is_the_instant_reading():
+    # The clock sampler's power (bench._board_milliwatts) asks NVML for the instant field (186)
+    # through nvmlFieldValue_t, whose layout (40 bytes) ctypes must match; the last second's mean
+    # (nvmlDeviceGetPowerUsage) only where the field is refused, and None where both are.
+    import ctypes
+    from warpattn import bench
+    assert ctypes.sizeof(bench._NvmlFieldValue) == 40 and bench._NvmlFieldValue.value.offset == 32
+
+    class Nvml:
+        def __init__(self, field_status, mean_status):
+            self.field_status, self.mean_status = field_status, mean_status
+
+        def nvmlDeviceGetFieldValues(self, handle, count, values):
+            field = values._obj
+            assert count == 1 and field.fieldId == 186
+            field.nvmlReturn, field.value = self.field_status, 654321
+            return 0
+
+        def nvmlDeviceGetPowerUsage(self, handle, milliwatts):
+            milliwatts._obj.value = 1234
+            return self.mean_status
+
+    assert bench._board_milliwatts(Nvml(0, 0), None) == 654321
+    assert bench._board_milliwatts(Nvml(3, 0), None) == 1234  # 3: NVML_ERROR_NOT_SUPPORTED
+    assert bench._board_milliwatts(Nvml(3, 3), None) is None
