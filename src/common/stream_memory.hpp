@@ -12,7 +12,7 @@
 // cudaMalloc of its own, kept for the process's life: the graph may be replayed at any time,
 // beside any other graph, and warpattn cannot know when it is destroyed. So each captured
 // launch keeps its scheduler memory, up to ~36 MB with the forward's split tail at d = 256 and
-// ~52 MB with the backward's tail split at d = 128 (16K tokens), for as long as the process lives. (The stream-ordered allocator's own form under capture, graph memory
+// ~52-68 MB with the backward's tail split at d = 128 and 256 (4K-16K tokens), for as long as the process lives. (The stream-ordered allocator's own form under capture, graph memory
 // nodes, would free it with the graph, but would also bind the caller's graph: one
 // instantiation at a time, no cloning, no cudaGraphExecUpdate, a child graph only by moving
 // ownership.)

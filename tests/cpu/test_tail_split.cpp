@@ -84,6 +84,9 @@ TEST(backward_tail_split_choice) {
   // d = 64 at 4K (128-row steps, 4096 tiles: 31 waves and 4 tiles): 136 cut in 4.
   t = backward_tail_split(4096, 32, 132);
   CHECK(t.split_tiles == 136 && t.parts == 4) << t.split_tiles << " / " << t.parts;
+  // d = 256 at 4K (80-key tiles, 64-row steps: 1664 tiles, 12 waves and 80): 212 cut in 3.
+  t = backward_tail_split(1664, 64, 132);
+  CHECK(t.split_tiles == 212 && t.parts == 3) << t.split_tiles << " / " << t.parts;
   // 1K (13 steps): a part's start and fix-up cost more than the tail.
   CHECK(backward_tail_split(2048, 13, 132).split_tiles == 0);
   // Forced (clamped to the launch's tiles), and refused forms.

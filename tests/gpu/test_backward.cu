@@ -502,7 +502,8 @@ TEST(backward_deterministic_is_bitwise_repeatable) { run_deterministic_matrix({D
 // WARPATTN_BWD_TAIL_SPLIT="tiles,parts": the launch's last tiles cut into parts over their query
 // steps, whose partial dK and dV the part that finishes last adds up. One step a part, several,
 // and parts without a step (more parts than steps); GQA, odd lengths, Sq != Sk both ways, both
-// 16-bit types, the two head dims whose kernels split (d = 64 and 128 without a band).
+// 16-bit types, the head dims whose kernels split (d = 64, 128 and 256 without a band; 256 with
+// its own consumer, backward_consumer_n80.cuh).
 TEST(backward_tail_split) {
   REQUIRE_HOPPER();
   struct Forced {
@@ -515,7 +516,8 @@ TEST(backward_tail_split) {
       {"5,3", DType::bf16, 128, {2, 257, 300, 4, 2}},  {"12,8", DType::bf16, 128, {2, 257, 300, 4, 2}},
       {"3,12", DType::f16, 128, {2, 257, 300, 4, 2}},  {"10,2", DType::f16, 128, {1, 64, 4097, 1, 1}},
       {"8,5", DType::bf16, 64, {1, 1000, 999, 3, 1}},  {"2,4", DType::f16, 64, {2, 129, 384, 4, 4}},
-      {"40,3", DType::bf16, 64, {1, 384, 128, 4, 1}},
+      {"40,3", DType::bf16, 64, {1, 384, 128, 4, 1}},  {"6,3", DType::bf16, 256, {2, 257, 300, 4, 2}},
+      {"16,11", DType::f16, 256, {2, 257, 300, 4, 2}}, {"10,2", DType::bf16, 256, {1, 64, 4097, 1, 1}},
   };
   for (const Forced& f : cases) {
     REQUIRE(setenv("WARPATTN_BWD_TAIL_SPLIT", f.cut, 1) == 0);

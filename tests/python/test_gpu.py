@@ -475,7 +475,7 @@ def test_cuda_graph_capture_of_forward_and_backward():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_tail_split_under_cuda_graph_replay(monkeypatch, d):
     """The backward's tail split (WARPATTN_BWD_TAIL_SPLIT forces it at a small shape: the last
     tiles' query steps cut into parts whose partial dK and dV the last part adds up) captured in

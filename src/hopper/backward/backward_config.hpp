@@ -80,9 +80,9 @@
 #define WARPATTN_TUNE_BWD_LONGEST_FIRST_ALL_DIMS 0
 #endif
 
-// The tail split (tail_split.hpp, tail_fixup.cuh) in the kernels without a band at d = 64 and
-// 128, outside the deterministic mode: the last tiles' query steps cut over more CTAs, so that
-// the last wave does not leave SMs idle (2048 tiles on 132 SMs: 15.52 waves). 0: never.
+// The tail split (tail_split.hpp, tail_fixup.cuh) in the kernels without a band at d = 64, 128
+// and 256, outside the deterministic mode: the last tiles' query steps cut over more CTAs, so
+// that the last wave does not leave SMs idle (2048 tiles on 132 SMs: 15.52 waves). 0: never.
 #ifndef WARPATTN_TUNE_BWD_TAIL_SPLIT
 #define WARPATTN_TUNE_BWD_TAIL_SPLIT 1
 #endif
@@ -127,10 +127,11 @@ struct BackwardConfig {
   // consumer 40 keys; dK and dV transposed, each consumer 128 columns of them for all 80 keys).
   // Run 173 timed it +9-11% over the 64-key d = 256 tile it replaced.
   static constexpr bool kBlockN80 = kHeadDim == 256;
-  static constexpr bool kTailSplit =
-      !kCausal && !kDeterministic && kColumnHalves == 1 && !kBlockN80 && WARPATTN_TUNE_BWD_TAIL_SPLIT >= 1;
+  static constexpr bool kTailSplit = !kCausal && !kDeterministic && kColumnHalves == 1 && WARPATTN_TUNE_BWD_TAIL_SPLIT >= 1;
   static constexpr int kBlockN = kBlockN80 ? 80 : kSplitHeadDim ? 64 : 64 * kConsumerWarpgroups;  // keys per CTA
   static constexpr int kKVColumns = kSplitHeadDim ? kCtaColumns / 2 : kHeadDim;  // dK, dV columns per consumer
+  // A consumer thread's dK (and dV) floats: its keys (64; all 80 at d = 256) x kKVColumns over 128.
+  static constexpr int kAccumulatorFloats = (kBlockN80 ? kBlockN : 64) * kKVColumns / 128;
   // Query rows per step. dQ's tile (kBlockM x d) is split over the two consumers in pieces of
   // 64 x 64: at d = 128 one each (the same 64 queries, columns 64·consumer..), at d = 256 four
   // pieces of 64 x 32 each (columns 128·consumer..: kDqPieceColumns), at d = 64 the whole

@@ -454,6 +454,7 @@ struct BackwardConsumer {
     }
     // A cut tile's part: its partial sums handed to the part that finishes last, or, the last,
     // the others' added to its own.
+    static_assert(kKV / 2 == Cfg::kAccumulatorFloats, "the tail split's slots hold kAccumulatorFloats a thread");
     if constexpr (Cfg::kTailSplit)
       if (work.part >= 0 && !add_up_cut_tile(dk, dv, p, work, warpgroup, &ss.tail_ticket)) return;
     store(dk, dv);

@@ -244,6 +244,10 @@ struct BackwardConsumerN80 : BackwardConsumer<Cfg> {
       const RingSlot qs = ring_slot<Cfg::kQStages>(i), ds = ring_slot<Cfg::kDoStages>(i);
       step(dk, dv, k_rows, v_rows, qs, ds, work.m_block(i), i % 2, i);
     }
+    // A cut tile's part (tail_fixup.cuh): its sums handed on, or, the last, the others' added.
+    static_assert(kSlices * kAcc == Cfg::kAccumulatorFloats, "the tail split's slots hold kAccumulatorFloats a thread");
+    if constexpr (Cfg::kTailSplit)
+      if (work.part >= 0 && !add_up_cut_tile(dk, dv, p, work, warpgroup, &ss.tail_ticket)) return;
     store(dk, dv);
   }
 

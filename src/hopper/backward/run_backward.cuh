@@ -138,7 +138,7 @@ void run_backward(const BackwardProblem& pr, const BackwardTensors& t, void* wor
         backward_tail_split(tiles, p.kv_group * ceil_div(p.seqlen_q, Cfg::kBlockM), multiprocessor_count());
     if (cut.split_tiles > 0) {
       const int64_t counter_bytes = (int64_t{cut.split_tiles} * 2 * 4 + 255) / 256 * 256;
-      const int64_t slot_bytes = kTailSlotFloats<Cfg::kKVColumns / 2> * 4;
+      const int64_t slot_bytes = kTailSlotFloats<Cfg::kAccumulatorFloats> * 4;
       tail_memory.emplace(counter_bytes + int64_t{cut.split_tiles} * (cut.parts - 1) * slot_bytes, stream,
                           "backward tail split");
       p.tail = cut;

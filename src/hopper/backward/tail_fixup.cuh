@@ -23,13 +23,13 @@ namespace warpattn::detail {
 template <int kFloats>
 inline constexpr int64_t kTailSlotFloats = int64_t{2} * 2 * kFloats * 128;
 
-// Called by all 256 consumer threads with their dK and dV (unscaled) after the last step;
-// `consumer` 0 or 1, `ticket` a shared-memory int. True: dk and dv now hold the whole tile's
-// sums (for this thread's elements), to be stored; false: this part's sums are in its slot and
-// nothing is left to do.
-template <int kFloats>
-__device__ __forceinline__ bool add_up_cut_tile(float (&dk)[kFloats], float (&dv)[kFloats], const BackwardParams& p,
-                                                const KeyBlockWork& work, int consumer, int* ticket) {
+// Called by all 256 consumer threads after the last step; `consumer` 0 or 1, `ticket` a
+// shared-memory int. at(a, i): the thread's i-th float (0 .. kFloats - 1) of dK (a = 0, unscaled)
+// or dV (a = 1). True: they now hold the whole tile's sums, to be stored; false: this part's sums
+// are in its slot and nothing is left to do.
+template <int kFloats, class At>
+__device__ __forceinline__ bool add_up_cut_tile(const At& at, const BackwardParams& p, const KeyBlockWork& work,
+                                                int consumer, int* ticket) {
   static_assert(kFloats % 4 == 0, "16-byte stores");
   using namespace ptx;
   const int t = threadIdx.x % 128;
@@ -40,17 +40,20 @@ __device__ __forceinline__ bool add_up_cut_tile(float (&dk)[kFloats], float (&dv
   if (leader) *ticket = atomicAdd(taken, 1);
   named_barrier_sync(BackwardBarrier::kTailFixup, 256);
   const int mine = *ticket;
+  // float4 j of accumulator a: a warp's 32 threads 512 contiguous bytes
   const auto slot = [&](int s) {
-    return p.tail_partials + (static_cast<int64_t>(work.cut_tile) * last + s) * kTailSlotFloats<kFloats> +
-           consumer * (2 * kFloats * 128);
+    return reinterpret_cast<float4*>(p.tail_partials +
+                                     (static_cast<int64_t>(work.cut_tile) * last + s) * kTailSlotFloats<kFloats> +
+                                     consumer * (2 * kFloats * 128)) +
+           t;
   };
   if (mine < last) {
-    float4* out = reinterpret_cast<float4*>(slot(mine));
+    float4* out = slot(mine);
 #pragma unroll
-    for (int j = 0; j < kFloats / 4; ++j) {
-      out[j * 128 + t] = make_float4(dk[4 * j], dk[4 * j + 1], dk[4 * j + 2], dk[4 * j + 3]);
-      out[(kFloats / 4 + j) * 128 + t] = make_float4(dv[4 * j], dv[4 * j + 1], dv[4 * j + 2], dv[4 * j + 3]);
-    }
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+      for (int j = 0; j < kFloats / 4; ++j)
+        out[(a * kFloats / 4 + j) * 128] = make_float4(at(a, 4 * j), at(a, 4 * j + 1), at(a, 4 * j + 2), at(a, 4 * j + 3));
     // every thread's stores, then the leader's release (cumulative over them through the barrier)
     named_barrier_sync(BackwardBarrier::kTailFixup, 256);
     if (leader) add_release_gpu(done, 1);
@@ -60,15 +63,33 @@ __device__ __forceinline__ bool add_up_cut_tile(float (&dk)[kFloats], float (&dv
     while (load_acquire_gpu(done) < last) __nanosleep(256);
   named_barrier_sync(BackwardBarrier::kTailFixup, 256);
   for (int s = 0; s < last; ++s) {
-    const float4* in = reinterpret_cast<const float4*>(slot(s));
+    const float4* in = slot(s);
 #pragma unroll
-    for (int j = 0; j < kFloats / 4; ++j) {
-      const float4 a = __ldcg(in + j * 128 + t), b = __ldcg(in + (kFloats / 4 + j) * 128 + t);
-      dk[4 * j] += a.x, dk[4 * j + 1] += a.y, dk[4 * j + 2] += a.z, dk[4 * j + 3] += a.w;
-      dv[4 * j] += b.x, dv[4 * j + 1] += b.y, dv[4 * j + 2] += b.z, dv[4 * j + 3] += b.w;
-    }
+    for (int a = 0; a < 2; ++a)
+#pragma unroll
+      for (int j = 0; j < kFloats / 4; ++j) {
+        const float4 x = __ldcg(in + (a * kFloats / 4 + j) * 128);
+        at(a, 4 * j) += x.x, at(a, 4 * j + 1) += x.y, at(a, 4 * j + 2) += x.z, at(a, 4 * j + 3) += x.w;
+      }
   }
   return true;
+}
+
+// The consumers' accumulators: a thread's dK and dV as kFloats each (backward_consumer.cuh), or as
+// kSlices x kAcc (backward_consumer_n80.cuh).
+template <int kFloats>
+__device__ __forceinline__ bool add_up_cut_tile(float (&dk)[kFloats], float (&dv)[kFloats], const BackwardParams& p,
+                                                const KeyBlockWork& work, int consumer, int* ticket) {
+  return add_up_cut_tile<kFloats>([&](int a, int i) -> float& { return a == 0 ? dk[i] : dv[i]; }, p, work, consumer,
+                                  ticket);
+}
+template <int kSlices, int kAcc>
+__device__ __forceinline__ bool add_up_cut_tile(float (&dk)[kSlices][kAcc], float (&dv)[kSlices][kAcc],
+                                                const BackwardParams& p, const KeyBlockWork& work, int consumer,
+                                                int* ticket) {
+  return add_up_cut_tile<kSlices * kAcc>(
+      [&](int a, int i) -> float& { return a == 0 ? dk[i / kAcc][i % kAcc] : dv[i / kAcc][i % kAcc]; }, p, work,
+      consumer, ticket);
 }
 
 }  // namespace warpattn::detail
