@@ -46,3 +46,6 @@ for lib in warpattn fa3; do
   ncu -i "/tmp/ncu-$lib.ncu-rep" --page details --print-details all > "/tmp/ncu-$lib.txt" 2>&1
   grep -E "Duration|Tensor Cycles Active|Issue Slots Busy|No Eligible|Executed Instructions  " "/tmp/ncu-$lib.txt" | head -8
 done
+# the two launches' SM balance side by side (the tail's share against the steps')
+[ -s "$OUT/ncu-warpattn-raw.csv.gz" ] && [ -s "$OUT/ncu-fa3-raw.csv.gz" ] &&
+  python3 scripts/ncu_balance.py "$OUT/ncu-warpattn-raw.csv.gz" "$OUT/ncu-fa3-raw.csv.gz"
