@@ -191,6 +191,9 @@ def main(argv=None):
     p.add_argument("--passes", type=int, default=3)
     p.add_argument("--deterministic", action="store_true", help="also time warpattn's deterministic mode")
     p.add_argument("--backward-only", action="store_true", help="skip the forward + backward columns")
+    p.add_argument("--peers", nargs="*", default=["cudnn", "fa2"], choices=["cudnn", "fa2"],
+                   help="SDPA's backends to time beside warpattn (an A/B of warpattn's variants: cudnn alone, "
+                        "whose gradients the check compares against)")
     p.add_argument("--json", default=None, help="write the record here (default: with --out only)")
     p.add_argument("--out", default=None, help="folder for bench-backward-<date>.json, .md and .png")
     p.add_argument("--commit", default=None, help="git commit to record (default: git rev-parse)")
@@ -277,6 +280,8 @@ def main(argv=None):
                     torch.cuda.synchronize()
                     continue
                 for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
+                    if name not in args.peers:
+                        continue
                     try:
                         inputs, _, _ = sdpa_inputs(torch, backend, q, k, v, causal)
                         leaves = [x.detach().requires_grad_() for x in inputs]
