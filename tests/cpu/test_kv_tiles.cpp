@@ -473,3 +473,80 @@ TEST(backward_longest_first_order_is_a_grouped_permutation) {
   CHECK(longest_first_groups(64, 2, 4096, 128, int64_t{1} << 20) == 64);    // over budget: still 1
   CHECK(longest_first_groups(3, 1, 16, 64, int64_t{40} << 20) == 1);        // all in one
 }
+
+// The backward's walk orders (key_block_work.hpp; backward_config.hpp's kWalkDown and kRotate):
+// with a cut tile's parts and GQA's query heads, every (query head, query block) pair of a key
+// block is taken once; descending walks start at the last query block; rotated (mode 1) the key
+// blocks that start together take different query blocks at every step.
+#include "hopper/backward/tail_split.hpp"
+
+namespace {
+template <bool kDown, bool kRotated>
+int walk_errors(int span, int group, int n_blocks, int mode, int parts, std::vector<int>& first_blocks) {
+  using warpattn::detail::KeyBlockWork;
+  int bad = 0;
+  // a range not from 0 where the walk has a band (only those descend); a KV head not the first
+  const int begin = kRotated ? 0 : 3, head_kv = 2;
+  for (int n = 0; n < n_blocks; ++n) {
+    std::vector<int> seen(static_cast<size_t>(group) * span, 0);
+    for (int part = parts == 1 ? -1 : 0; part < (parts == 1 ? 0 : parts); ++part) {  // -1: uncut
+      KeyBlockWork w{};
+      w.n_block = n, w.head_kv = head_kv, w.group = group, w.m = {begin, begin + span};
+      const auto r = warpattn::detail::part_steps(w.all_steps(), part, parts);
+      w.take_steps(r.begin, r.end);
+      if (kRotated) w.rotation = warpattn::detail::walk_rotation(n, n_blocks, span, mode);
+      for (int s = 0; s < w.steps(); ++s) {
+        const int h = w.head(s) - head_kv * group, m = w.m_block<kDown, kRotated>(s) - begin;
+        if (h < 0 || h >= group || m < 0 || m >= span) {
+          ++bad;
+          continue;
+        }
+        ++seen[static_cast<size_t>(h) * span + m];
+      }
+      if (part == -1 && w.steps() > 0) {
+        if (!kRotated && w.m_block<kDown, kRotated>(0) != (kDown ? begin + span - 1 : begin)) ++bad;
+        if (kRotated && mode == 1) first_blocks.push_back(w.m_block<kDown, kRotated>(0));
+      }
+    }
+    for (int c : seen) bad += c != 1;
+  }
+  return bad;
+}
+}  // namespace
+
+TEST(backward_walk_orders_cover_every_step_once) {
+  using warpattn::detail::walk_rotation;
+  int bad = 0, configs = 0;
+  for (int span : {1, 2, 5, 52, 205})
+    for (int group : {1, 2, 4})
+      for (int n_blocks : {1, 3, 64, 128})
+        for (int parts : {1, 2, 3}) {
+          std::vector<int> first;
+          configs += 5;
+          bad += walk_errors<false, false>(span, group, n_blocks, 0, parts, first);
+          bad += walk_errors<true, false>(span, group, n_blocks, 0, parts, first);
+          bad += walk_errors<false, true>(span, group, n_blocks, 2, parts, first);
+          bad += walk_errors<false, true>(span, group, n_blocks, 0, parts, first);  // rotation 0
+          bad += walk_errors<false, true>(span, group, n_blocks, 1, parts, first);
+          // mode 1: key blocks n != n' (both below span) start on different query blocks and walk
+          // in step, so they never add into the same block at once
+          if (!first.empty()) {
+            first.resize(std::min(n_blocks, span));
+            std::sort(first.begin(), first.end());
+            if (std::adjacent_find(first.begin(), first.end()) != first.end()) ++bad;
+          }
+        }
+  CHECK(bad == 0) << bad << " mismatches over " << configs << " configurations";
+  // mode 2 spreads over the walk: key block n of 128 over 205 query blocks starts n x 205 / 128 on
+  CHECK(walk_rotation(64, 128, 205, 2) == 102) << walk_rotation(64, 128, 205, 2);
+  CHECK(walk_rotation(5, 128, 0, 1) == 0) << "no steps, no rotation";
+  // the rotated m_block takes m.begin as 0: so it is for every key block without a band
+  int from_zero = 0;
+  for (int sq : {1, 80, 700, 4097})
+    for (int sk : {1, 128, 900})
+      for (int n = 0; n * 128 < sk; ++n) {
+        const auto r = warpattn::detail::query_block_range(n, 128, 80, sq, sk, false);
+        from_zero += r.begin == 0 && r.end == (sq + 79) / 80;
+      }
+  CHECK(from_zero == 4 * (1 + 1 + 8)) << from_zero;
+}

@@ -87,6 +87,26 @@
 #define WARPATTN_TUNE_BWD_TAIL_SPLIT 1
 #endif
 
+// The walk's order outside the deterministic mode, whose turns need the ascending walk
+// (docs/backward-design.md, "The walk's order"; key_block_work.hpp). Neither changes a step, only
+// which query block a step takes. Both 0 (off) until measured.
+// WALK_DOWN 1: the banded kernels (causal, window) walk the query blocks descending, so a row's
+// key blocks start together at the last query block and walk down in step until each reaches
+// its diagonal, instead of each starting at its own diagonal: a query block's reads (Q, dO, the
+// row terms) and dQ adds come together rather than over the row's whole life, which at 16K
+// tokens is 16 MB of L2 a row (expected +3-6% at 16K causal, level at 4K).
+#ifndef WARPATTN_TUNE_BWD_WALK_DOWN
+#define WARPATTN_TUNE_BWD_WALK_DOWN 0
+#endif
+// ROTATE 1: the kernels without a band start key block n's walk n query blocks on, so the key
+// blocks running together add dQ into neighbouring blocks, not all into one (run 296: the
+// deterministic mode, whose turns stagger those adds, beat the default at 16K, d = 64 525.0
+// against 488.7 TFLOP/s); 2: n x (query blocks) / (key blocks) on, spread over the walk
+// (key_block_work.hpp's walk_rotation). Expected +1-5% at 16K, level at 4K.
+#ifndef WARPATTN_TUNE_BWD_ROTATE
+#define WARPATTN_TUNE_BWD_ROTATE 0
+#endif
+
 namespace warpattn::detail {
 
 template <class Element_, int kHeadDim_, bool kCausal_, bool kDeterministic_>
@@ -127,6 +147,11 @@ struct BackwardConfig {
   // consumer 40 keys; dK and dV transposed, each consumer 128 columns of them for all 80 keys).
   // Run 173 timed it +9-11% over the 64-key d = 256 tile it replaced.
   static constexpr bool kBlockN80 = kHeadDim == 256;
+  static constexpr bool kWalkDown = kCausal && !kDeterministic && WARPATTN_TUNE_BWD_WALK_DOWN >= 1;
+  // walk_rotation's mode. Not at d = 128: there the producer's loop, at its 24 registers, spilled
+  // with the rotation (whatever the form: a division a step or a cursor), and ptxas then
+  // serialized the consumers' wgmmas (C7512); it needs a register freed first.
+  static constexpr int kRotate = !kCausal && !kDeterministic && kHeadDim != 128 ? WARPATTN_TUNE_BWD_ROTATE : 0;
   static constexpr bool kTailSplit = !kCausal && !kDeterministic && kColumnHalves == 1 && WARPATTN_TUNE_BWD_TAIL_SPLIT >= 1;
   static constexpr int kBlockN = kBlockN80 ? 80 : kSplitHeadDim ? 64 : 64 * kConsumerWarpgroups;  // keys per CTA
   static constexpr int kKVColumns = kSplitHeadDim ? kCtaColumns / 2 : kHeadDim;  // dK, dV columns per consumer

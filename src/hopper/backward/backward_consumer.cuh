@@ -350,7 +350,8 @@ struct BackwardConsumer {
     if (steps > 0) mbarrier_wait(smem_addr(&ss.kv_full), 0);
     for (int step = 0; step < steps; ++step) {
       const RingSlot qs = ring_slot<Cfg::kQStages>(step), ds = ring_slot<Cfg::kDoStages>(step);
-      const int head = work.head(step), m_block = work.m_block(step);
+      // The step's first query, for a band's mask (without one only keys past seqlen_k are masked)
+      const int q0 = Cfg::kCausal ? work.m_block<Cfg::kWalkDown, (Cfg::kRotate > 0)>(step) * kM : 0;
       const int buf = step % 2;
       float s[kM / 2], dp[kM / 2];
       if (Cfg::kStaggeredStart && step == 0 && warpgroup == 1)
@@ -366,7 +367,7 @@ struct BackwardConsumer {
       if constexpr (Cfg::kEarlyRowTerms) load_row_pairs(lse_first, ss.lse_log2[qs.stage]);
       wgmma_wait<1>();
       pin(s);
-      probabilities(s, qs.stage, m_block * kM, lse_first);
+      probabilities(s, qs.stage, q0, lse_first);
       if (Cfg::kStaggeredStart && step == 0 && warpgroup == 0)
         named_barrier_arrive(BackwardBarrier::kStaggeredStart, 256);
       if constexpr (Cfg::kEarlyRowTerms) load_row_pairs(d_first, ss.row_d[ds.stage]);
