@@ -107,6 +107,14 @@
 #define WARPATTN_TUNE_BWD_ROTATE 0
 #endif
 
+// The producer as the whole of warp 0 (backward_producer.cuh) rather than one thread: its
+// warp-uniform walk can then live in uniform registers, not the thread's 24. 1: at every head
+// dim, and with it the rotated walk at d = 128 (ROTATE), which spills a one-thread producer.
+// 0 (the default): one thread, as measured until now.
+#ifndef WARPATTN_TUNE_BWD_WARP_PRODUCER
+#define WARPATTN_TUNE_BWD_WARP_PRODUCER 0
+#endif
+
 namespace warpattn::detail {
 
 template <class Element_, int kHeadDim_, bool kCausal_, bool kDeterministic_>
@@ -148,10 +156,12 @@ struct BackwardConfig {
   // Run 173 timed it +9-11% over the 64-key d = 256 tile it replaced.
   static constexpr bool kBlockN80 = kHeadDim == 256;
   static constexpr bool kWalkDown = kCausal && !kDeterministic && WARPATTN_TUNE_BWD_WALK_DOWN >= 1;
-  // walk_rotation's mode. Not at d = 128: there the producer's loop, at its 24 registers, spilled
-  // with the rotation (whatever the form: a division a step or a cursor), and ptxas then
-  // serialized the consumers' wgmmas (C7512); it needs a register freed first.
-  static constexpr int kRotate = !kCausal && !kDeterministic && kHeadDim != 128 ? WARPATTN_TUNE_BWD_ROTATE : 0;
+  static constexpr bool kWarpProducer = WARPATTN_TUNE_BWD_WARP_PRODUCER >= 1;
+  // walk_rotation's mode. At d = 128 only with the warp-wide producer: a one-thread producer's
+  // loop, at its 24 registers, spilled with the rotation (whatever the form: a division a step or
+  // a cursor), and ptxas then serialized the consumers' wgmmas (C7512).
+  static constexpr int kRotate =
+      !kCausal && !kDeterministic && (kHeadDim != 128 || kWarpProducer) ? WARPATTN_TUNE_BWD_ROTATE : 0;
   static constexpr bool kTailSplit = !kCausal && !kDeterministic && kColumnHalves == 1 && WARPATTN_TUNE_BWD_TAIL_SPLIT >= 1;
   static constexpr int kBlockN = kBlockN80 ? 80 : kSplitHeadDim ? 64 : 64 * kConsumerWarpgroups;  // keys per CTA
   static constexpr int kKVColumns = kSplitHeadDim ? kCtaColumns / 2 : kHeadDim;  // dK, dV columns per consumer

@@ -124,10 +124,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (warpgroup == 0) {
     release_registers<Cfg::kProducerRegisters>();
     const int warp = threadIdx.x / 32;
-    if (threadIdx.x == 0) {
-      prefetch_tensor_map(&tm_q);
-      prefetch_tensor_map(&tm_do);
-      run_backward_producer<Cfg>(ss, &tm_q, &tm_k, &tm_v, &tm_do, params, work);
+    if (Cfg::kWarpProducer ? __shfl_sync(0xffffffffu, warp, 0) == 0 : threadIdx.x == 0) {
+      if (threadIdx.x == 0) {
+        prefetch_tensor_map(&tm_q);
+        prefetch_tensor_map(&tm_do);
+      }
+      run_backward_producer<Cfg>(ss, &tm_q, &tm_k, &tm_v, &tm_do, params, work, threadIdx.x == 0);
     } else if (warp == 1 || warp == 2) {
       if constexpr (!Cfg::kDqFromRegisters) run_dq_writer<Cfg>(ss, params, work, warp - 1);
     }
