@@ -476,8 +476,9 @@ TEST(backward_longest_first_order_is_a_grouped_permutation) {
 
 // The backward's walk orders (key_block_work.hpp; backward_config.hpp's kWalkDown and kRotate):
 // with a cut tile's parts and GQA's query heads, every (query head, query block) pair of a key
-// block is taken once; descending walks start at the last query block; rotated (mode 1) the key
-// blocks that start together take different query blocks at every step.
+// block is taken once; a walk starts at its range's first block (descending: last), moved by the
+// rotation; rotated (mode 1) the key blocks that start together take different query blocks at
+// every step.
 #include "hopper/backward/tail_split.hpp"
 
 namespace {
@@ -485,8 +486,7 @@ template <bool kDown, bool kRotated>
 int walk_errors(int span, int group, int n_blocks, int mode, int parts, std::vector<int>& first_blocks) {
   using warpattn::detail::KeyBlockWork;
   int bad = 0;
-  // a range not from 0 where the walk has a band (only those descend); a KV head not the first
-  const int begin = kRotated ? 0 : 3, head_kv = 2;
+  const int begin = 3, head_kv = 2;  // a range not from 0 (a band's), a KV head not the first
   for (int n = 0; n < n_blocks; ++n) {
     std::vector<int> seen(static_cast<size_t>(group) * span, 0);
     for (int part = parts == 1 ? -1 : 0; part < (parts == 1 ? 0 : parts); ++part) {  // -1: uncut
@@ -504,7 +504,8 @@ int walk_errors(int span, int group, int n_blocks, int mode, int parts, std::vec
         ++seen[static_cast<size_t>(h) * span + m];
       }
       if (part == -1 && w.steps() > 0) {
-        if (!kRotated && w.m_block<kDown, kRotated>(0) != (kDown ? begin + span - 1 : begin)) ++bad;
+        const int r = kRotated ? w.rotation : 0;  // where the walk starts
+        if (w.m_block<kDown, kRotated>(0) != (kDown ? begin + span - 1 - r : begin + r)) ++bad;
         if (kRotated && mode == 1) first_blocks.push_back(w.m_block<kDown, kRotated>(0));
       }
     }
@@ -521,16 +522,20 @@ TEST(backward_walk_orders_cover_every_step_once) {
     for (int group : {1, 2, 4})
       for (int n_blocks : {1, 3, 64, 128})
         for (int parts : {1, 2, 3}) {
-          std::vector<int> first;
-          configs += 5;
-          bad += walk_errors<false, false>(span, group, n_blocks, 0, parts, first);
-          bad += walk_errors<true, false>(span, group, n_blocks, 0, parts, first);
-          bad += walk_errors<false, true>(span, group, n_blocks, 2, parts, first);
-          bad += walk_errors<false, true>(span, group, n_blocks, 0, parts, first);  // rotation 0
-          bad += walk_errors<false, true>(span, group, n_blocks, 1, parts, first);
+          std::vector<int> unused;
+          configs += 7;
+          bad += walk_errors<false, false>(span, group, n_blocks, 0, parts, unused);
+          bad += walk_errors<true, false>(span, group, n_blocks, 0, parts, unused);
+          bad += walk_errors<false, true>(span, group, n_blocks, 0, parts, unused);  // rotation 0
+          bad += walk_errors<false, true>(span, group, n_blocks, 2, parts, unused);
+          bad += walk_errors<true, true>(span, group, n_blocks, 2, parts, unused);
           // mode 1: key blocks n != n' (both below span) start on different query blocks and walk
           // in step, so they never add into the same block at once
-          if (!first.empty()) {
+          for (bool down : {false, true}) {
+            std::vector<int> first;
+            bad += down ? walk_errors<true, true>(span, group, n_blocks, 1, parts, first)
+                        : walk_errors<false, true>(span, group, n_blocks, 1, parts, first);
+            if (parts > 1) continue;  // (the first blocks are an uncut walk's)
             first.resize(std::min(n_blocks, span));
             std::sort(first.begin(), first.end());
             if (std::adjacent_find(first.begin(), first.end()) != first.end()) ++bad;
@@ -540,13 +545,4 @@ TEST(backward_walk_orders_cover_every_step_once) {
   // mode 2 spreads over the walk: key block n of 128 over 205 query blocks starts n x 205 / 128 on
   CHECK(walk_rotation(64, 128, 205, 2) == 102) << walk_rotation(64, 128, 205, 2);
   CHECK(walk_rotation(5, 128, 0, 1) == 0) << "no steps, no rotation";
-  // the rotated m_block takes m.begin as 0: so it is for every key block without a band
-  int from_zero = 0;
-  for (int sq : {1, 80, 700, 4097})
-    for (int sk : {1, 128, 900})
-      for (int n = 0; n * 128 < sk; ++n) {
-        const auto r = warpattn::detail::query_block_range(n, 128, 80, sq, sk, false);
-        from_zero += r.begin == 0 && r.end == (sq + 79) / 80;
-      }
-  CHECK(from_zero == 4 * (1 + 1 + 8)) << from_zero;
 }

@@ -89,28 +89,31 @@
 
 // The walk's order outside the deterministic mode, whose turns need the ascending walk
 // (docs/backward-design.md, "The walk's order"; key_block_work.hpp). Neither changes a step, only
-// which query block a step takes. Both 0 (off) until measured.
-// WALK_DOWN 1: the banded kernels (causal, window) walk the query blocks descending, so a row's
-// key blocks start together at the last query block and walk down in step until each reaches
-// its diagonal, instead of each starting at its own diagonal: a query block's reads (Q, dO, the
-// row terms) and dQ adds come together rather than over the row's whole life, which at 16K
-// tokens is 16 MB of L2 a row (expected +3-6% at 16K causal, level at 4K).
-#ifndef WARPATTN_TUNE_BWD_WALK_DOWN
-#define WARPATTN_TUNE_BWD_WALK_DOWN 0
-#endif
-// ROTATE 1: the kernels without a band start key block n's walk n query blocks on, so the key
-// blocks running together add dQ into neighbouring blocks, not all into one (run 296: the
-// deterministic mode, whose turns stagger those adds, beat the default at 16K, d = 64 525.0
-// against 488.7 TFLOP/s); 2: n x (query blocks) / (key blocks) on, spread over the walk
-// (key_block_work.hpp's walk_rotation). Expected +1-5% at 16K, level at 4K.
+// which query block a step takes. All 0 (off) until measured.
+// ROTATE 1: key block n's walk starts n query blocks into its range (wrapping), in every kernel,
+// so the key blocks running together add dQ into different blocks, not all into one. Without a
+// mask they all walk in step today (87 CTAs on one block at 16K tokens in
+// scripts/walk_order_l2_model.py); under a causal mask the launch's later rows fall into step too
+// (16.5); rotated, ~1. Run 296's deterministic mode, whose turns stagger those adds, beat the
+// default at 16K (d = 64 525.0 against 488.7 TFLOP/s, causal 496.5 against 470.3). 2: n x (query
+// blocks) / (key blocks) on, spread over the walk (walk_rotation). Takes the warp-wide producer
+// (WARP_PRODUCER, below) with it. Expected +1-5% at 16K, level at 4K.
 #ifndef WARPATTN_TUNE_BWD_ROTATE
 #define WARPATTN_TUNE_BWD_ROTATE 0
 #endif
+// WALK_DOWN 1: the banded kernels (causal, window) walk each range last to first (rotated or
+// not). Built for the L2 (a causal row's blocks read and added over the row's whole life), which
+// the model above then found holds a 16K row either way (only first-touch misses down to a 20 MB
+// L2); descending puts more CTAs on one block (26.7 at 16K), so it is the rotation's control:
+// level if those adds cost nothing, slower if they do.
+#ifndef WARPATTN_TUNE_BWD_WALK_DOWN
+#define WARPATTN_TUNE_BWD_WALK_DOWN 0
+#endif
 
 // The producer as the whole of warp 0 (backward_producer.cuh) rather than one thread: its
-// warp-uniform walk can then live in uniform registers, not the thread's 24. 1: at every head
-// dim, and with it the rotated walk at d = 128 (ROTATE), which spills a one-thread producer.
-// 0 (the default): one thread, as measured until now.
+// warp-uniform walk can then live in uniform registers, not the thread's 24 (the rotated walk
+// spilled a one-thread producer at d = 128). 1, or ROTATE on: at every head dim. 0 (the
+// default): one thread, as measured until now.
 #ifndef WARPATTN_TUNE_BWD_WARP_PRODUCER
 #define WARPATTN_TUNE_BWD_WARP_PRODUCER 0
 #endif
@@ -156,12 +159,12 @@ struct BackwardConfig {
   // Run 173 timed it +9-11% over the 64-key d = 256 tile it replaced.
   static constexpr bool kBlockN80 = kHeadDim == 256;
   static constexpr bool kWalkDown = kCausal && !kDeterministic && WARPATTN_TUNE_BWD_WALK_DOWN >= 1;
-  static constexpr bool kWarpProducer = WARPATTN_TUNE_BWD_WARP_PRODUCER >= 1;
-  // walk_rotation's mode. At d = 128 only with the warp-wide producer: a one-thread producer's
-  // loop, at its 24 registers, spilled with the rotation (whatever the form: a division a step or
-  // a cursor), and ptxas then serialized the consumers' wgmmas (C7512).
-  static constexpr int kRotate =
-      !kCausal && !kDeterministic && (kHeadDim != 128 || kWarpProducer) ? WARPATTN_TUNE_BWD_ROTATE : 0;
+  static constexpr bool kWarpProducer = WARPATTN_TUNE_BWD_WARP_PRODUCER >= 1 || WARPATTN_TUNE_BWD_ROTATE >= 1;
+  // walk_rotation's mode, with the warp-wide producer: a one-thread producer's loop, at its 24
+  // registers, spilled with the rotation at d = 128 (whatever the form: a division a step or a
+  // cursor), and ptxas then serialized the consumers' wgmmas (C7512).
+  static constexpr int kRotate = kDeterministic ? 0 : WARPATTN_TUNE_BWD_ROTATE;
+  static constexpr bool kRotated = kRotate > 0;
   static constexpr bool kTailSplit = !kCausal && !kDeterministic && kColumnHalves == 1 && WARPATTN_TUNE_BWD_TAIL_SPLIT >= 1;
   static constexpr int kBlockN = kBlockN80 ? 80 : kSplitHeadDim ? 64 : 64 * kConsumerWarpgroups;  // keys per CTA
   static constexpr int kKVColumns = kSplitHeadDim ? kCtaColumns / 2 : kHeadDim;  // dK, dV columns per consumer

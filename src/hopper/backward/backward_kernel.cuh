@@ -87,7 +87,7 @@ __device__ __forceinline__ KeyBlockWork key_block_work(const BackwardParams& par
                              Cfg::kCausal ? params.band : KeyBand{});
   const StepRange steps = part_steps(work.all_steps(), work.part, params.tail.parts);
   work.take_steps(steps.begin, steps.end);
-  if constexpr (Cfg::kRotate > 0)
+  if constexpr (Cfg::kRotated)
     work.rotation =
         walk_rotation(work.n_block, ceil_div(work.seqlen_k, Cfg::kBlockN), work.m.end - work.m.begin, Cfg::kRotate);
   return work;

@@ -114,34 +114,32 @@ struct KeyBlockWork {
   WARPATTN_HOST_DEVICE void take_steps(int begin, int end) { step_begin = begin, step_end = end; }
   WARPATTN_HOST_DEVICE int steps() const { return step_end - step_begin; }
   // The walk's order, the kernel's compile-time choice (backward_config.hpp: kWalkDown, kRotate;
-  // docs/backward-design.md, "The walk's order"). m_block<true, ..>: each head's query blocks
-  // last to first. m_block<.., true>: each head's walk starts `rotation` query blocks on
-  // (walk_rotation) and wraps past the last to the first, so the key blocks running together
-  // need not be on the same query block; a cut tile's parts and every query head still take
-  // each pair once (the rotation permutes a head's blocks).
+  // docs/backward-design.md, "The walk's order"). m_block<.., true>: each head's walk starts
+  // `rotation` query blocks into its range (walk_rotation) and wraps past the last to the first,
+  // so the key blocks running together need not be on the same query block; a cut tile's parts
+  // and every query head still take each pair once (the rotation permutes a head's blocks).
+  // m_block<true, ..>: the (rotated) walk taken from the range's other end, last to first.
   int rotation = 0;
   WARPATTN_HOST_DEVICE int head(int step) const {
     return head_kv * group + (step_begin + step) / (m.end - m.begin);
   }
   template <bool kDescending, bool kRotated>
   WARPATTN_HOST_DEVICE int m_block(int step) const {
-    static_assert(!(kDescending && kRotated), "a band's walk descends, a walk without one rotates");
-    const int index = (step_begin + step) % (m.end - m.begin);  // the step's place in its head's walk
-    // Rotated (no band: m.begin is 0, every query block sees every key), index + rotation wrapped
-    // past m.end, as the unsigned minimum: no predicate
-    if constexpr (kRotated) {
-      const unsigned j = static_cast<unsigned>(index + rotation), wrapped = j - static_cast<unsigned>(m.end);
-      return static_cast<int>(j < wrapped ? j : wrapped);
-    }
+    const int span = m.end - m.begin;
+    int index = (step_begin + step) % span;  // the step's place in its head's walk
+    if constexpr (kRotated) index = index + rotation < span ? index + rotation : index + rotation - span;
     if constexpr (kDescending) return m.end - 1 - index;
     return m.begin + index;
   }
 };
 
 // How far key block n of `n_blocks` rotates a walk of `span` query blocks (KeyBlockWork::rotation):
-// mode 1, n blocks on, so the key blocks that run together add their dQ into neighbouring query
-// blocks one step apart instead of into the same one; mode 2, n·span / n_blocks on, spread over
-// the whole walk. 0: not rotated (mode 0, or no steps).
+// mode 1, n blocks on, so the key blocks that run together add their dQ into different query
+// blocks instead of into the same one; mode 2, n·span / n_blocks on, spread over the whole walk.
+// 0: not rotated (mode 0, or no steps). Under a causal mask too: there the CTAs of a row that a
+// launch starts as the row before it ends each start at their diagonal as it passes, so their
+// ascending walks run in step on one query block (scripts/walk_order_l2_model.py: 16.5 CTAs on
+// a block at 16K tokens, 1.4 rotated).
 WARPATTN_HOST_DEVICE int walk_rotation(int n, int n_blocks, int span, int mode) {
   if (span <= 0 || n_blocks <= 0 || mode <= 0) return 0;
   if (mode == 1) return n % span;
