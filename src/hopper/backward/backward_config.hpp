@@ -97,7 +97,7 @@
 // (16.5); rotated, ~1. Run 296's deterministic mode, whose turns stagger those adds, beat the
 // default at 16K (d = 64 525.0 against 488.7 TFLOP/s, causal 496.5 against 470.3). 2: n x (query
 // blocks) / (key blocks) on, spread over the walk (walk_rotation). Takes the warp-wide producer
-// (WARP_PRODUCER, below) with it. Expected +1-5% at 16K, level at 4K.
+// (WARP_PRODUCER, below) with it. Expected +1-5% at 16K, 0-3% at 4K without a mask.
 #ifndef WARPATTN_TUNE_BWD_ROTATE
 #define WARPATTN_TUNE_BWD_ROTATE 0
 #endif
