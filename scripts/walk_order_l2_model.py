@@ -15,7 +15,7 @@ its dQ tile (and writes one back later): it counts as a miss. Prints the misses'
 DRAM bytes a step (a step is ~2 us at d = 128; 132 CTAs x 10 KB a step is ~0.7 TB/s), and the
 mean number of CTAs on the step's query block in the same time slot (the same-block dQ adds
 that run 296's deterministic mode, which staggers them, was faster without at 16K).
-    python3 scripts/walk_order_l2_model.py [--l2-mb 50]
+    python3 scripts/walk_order_l2_model.py [--d 64|128|256] [--l2-mb 50]
 """
 import argparse, heapq, math
 from collections import OrderedDict
@@ -78,19 +78,23 @@ def sharing(events):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--l2-mb", type=float, default=50.0)
+    ap.add_argument("--d", type=int, default=128, choices=(64, 128, 256),
+                    help="head dim: its tile (query rows x keys: 128 x 128, 80 x 128, 64 x 80)")
     args = ap.parse_args()
-    M, N, d = 80, 128, 128
+    d = args.d
+    M, N = {64: (128, 128), 128: (80, 128), 256: (64, 80)}[d]
     block_bytes = M * d * (2 + 2 + 4)  # Q, dO, the dQ accumulator's tile
     capacity = int(args.l2_mb * (1 << 20) / block_bytes)
     print(f"L2 {args.l2_mb:.0f} MB = {capacity} blocks of {block_bytes >> 10} KB (d = {d}, {M}-row query blocks)")
-    for S, B, H in ((1024, 16, 16), (4096, 4, 16), (16384, 1, 16)):
+    for S, B in ((1024, 16), (4096, 4), (16384, 1)):
+        H = 2048 // d  # the benchmark's H x d = 2048
         rows = B * H
         for order in ORDERS:
             ev = trace(S, rows, M, N, order)
             mis = misses(ev, capacity)
             # a miss: Q + dO read (40 KB) and the dQ tile read and later written back (2 x 40 KB)
             dram = mis * (M * d * 4 + 2 * M * d * 4)
-            print(f"N={S:5d} B={B:2d} {'causal' if ORDERS[order][0] else 'full  '}"
+            print(f"N={S:5d} B={B:2d} H={H:2d} {'causal' if ORDERS[order][0] else 'full  '}"
                   f" {order:12s}  steps {len(ev):7d}  misses {mis / len(ev):6.1%}"
                   f"  DRAM {dram / len(ev) / 1024:6.1f} KB a step  CTAs on the block {sharing(ev):6.1f}")
 
