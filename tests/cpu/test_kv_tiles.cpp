@@ -482,6 +482,11 @@ TEST(backward_longest_first_order_is_a_grouped_permutation) {
 #include "hopper/backward/tail_split.hpp"
 
 namespace {
+template <bool kDown, bool kRotate>
+struct Walk {  // the two flags KeyBlockWork::m_block reads from a BackwardConfig
+  static constexpr bool kWalkDown = kDown, kRotated = kRotate;
+};
+
 template <bool kDown, bool kRotated>
 int walk_errors(int span, int group, int n_blocks, int mode, int parts, std::vector<int>& first_blocks) {
   using warpattn::detail::KeyBlockWork;
@@ -496,7 +501,7 @@ int walk_errors(int span, int group, int n_blocks, int mode, int parts, std::vec
       w.take_steps(r.begin, r.end);
       if (kRotated) w.rotation = warpattn::detail::walk_rotation(n, n_blocks, span, mode);
       for (int s = 0; s < w.steps(); ++s) {
-        const int h = w.head(s) - head_kv * group, m = w.m_block<kDown, kRotated>(s) - begin;
+        const int h = w.head(s) - head_kv * group, m = w.m_block<Walk<kDown, kRotated>>(s) - begin;
         if (h < 0 || h >= group || m < 0 || m >= span) {
           ++bad;
           continue;
@@ -505,8 +510,8 @@ int walk_errors(int span, int group, int n_blocks, int mode, int parts, std::vec
       }
       if (part == -1 && w.steps() > 0) {
         const int r = kRotated ? w.rotation : 0;  // where the walk starts
-        if (w.m_block<kDown, kRotated>(0) != (kDown ? begin + span - 1 - r : begin + r)) ++bad;
-        if (kRotated && mode == 1) first_blocks.push_back(w.m_block<kDown, kRotated>(0));
+        if (w.m_block<Walk<kDown, kRotated>>(0) != (kDown ? begin + span - 1 - r : begin + r)) ++bad;
+        if (kRotated && mode == 1) first_blocks.push_back(w.m_block<Walk<kDown, kRotated>>(0));
       }
     }
     for (int c : seen) bad += c != 1;

@@ -351,7 +351,7 @@ struct BackwardConsumer {
     for (int step = 0; step < steps; ++step) {
       const RingSlot qs = ring_slot<Cfg::kQStages>(step), ds = ring_slot<Cfg::kDoStages>(step);
       // The step's first query, for a band's mask (without one only keys past seqlen_k are masked)
-      const int q0 = Cfg::kCausal ? work.m_block<Cfg::kWalkDown, Cfg::kRotated>(step) * kM : 0;
+      const int q0 = Cfg::kCausal ? work.m_block<Cfg>(step) * kM : 0;
       const int buf = step % 2;
       float s[kM / 2], dp[kM / 2];
       if (Cfg::kStaggeredStart && step == 0 && warpgroup == 1)

@@ -242,7 +242,7 @@ struct BackwardConsumerN80 : BackwardConsumer<Cfg> {
     if (work.steps() > 0) mbarrier_wait(smem_addr(&ss.kv_full), 0);
     for (int i = 0; i < work.steps(); ++i) {
       const RingSlot qs = ring_slot<Cfg::kQStages>(i), ds = ring_slot<Cfg::kDoStages>(i);
-      step(dk, dv, k_rows, v_rows, qs, ds, work.m_block<Cfg::kWalkDown, Cfg::kRotated>(i), i % 2, i);
+      step(dk, dv, k_rows, v_rows, qs, ds, work.template m_block<Cfg>(i), i % 2, i);
     }
     // A cut tile's part (tail_fixup.cuh): its sums handed on, or, the last, the others' added.
     static_assert(kSlices * kAcc == Cfg::kAccumulatorFloats, "the tail split's slots hold kAccumulatorFloats a thread");

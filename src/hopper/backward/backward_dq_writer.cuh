@@ -36,7 +36,7 @@ namespace warpattn::detail {
 template <class Cfg>
 __device__ __forceinline__ int dq_row_block(const KeyBlockWork& work, int step, int consumer) {
   constexpr int kM = Cfg::kBlockM;
-  return work.m_block<Cfg::kWalkDown, Cfg::kRotated>(step) * kM / 64 + (kM == 128 ? consumer : 0);
+  return work.m_block<Cfg>(step) * kM / 64 + (kM == 128 ? consumer : 0);
 }
 
 // Where consumer `consumer`'s dQ piece `piece` of `step` starts in the fp32 accumulator: at kM =
@@ -50,8 +50,8 @@ __device__ __forceinline__ float* dq_piece_destination(const BackwardParams& p, 
   if constexpr (Cfg::kDqTransposed) {
     // the 64-column piece: the consumer's (d = 128), or piece `piece` of its columns (d = 512)
     const int column_piece = Cfg::kSplitHeadDim ? consumer_column0<Cfg>(consumer) / 64 + piece : consumer;
-    return p.dq_accum + DqAccumLayout::transposed_piece_offset<kM>(
-                            p, work.ws_row0, head, work.m_block<Cfg::kWalkDown, Cfg::kRotated>(step), column_piece, kD);
+    return p.dq_accum +
+           DqAccumLayout::transposed_piece_offset<kM>(p, work.ws_row0, head, work.m_block<Cfg>(step), column_piece, kD);
   }
   const int row_block = dq_row_block<Cfg>(work, step, consumer);
   if constexpr (Cfg::kBlockN80) {
@@ -92,14 +92,12 @@ __device__ __forceinline__ void run_dq_writer(BackwardSharedStorage<Cfg>& ss, co
       float* dst = dq_piece_destination<Cfg>(p, work, step, piece, consumer);
       if constexpr (Cfg::kDeterministic && Cfg::kDqTransposed) {
         // rows (ws_row0 + head x rows) and kM x m_block are multiples of kM (the granule's)
-        turn = p.turns + (work.ws_row0 + static_cast<int64_t>(head) * p.rows) / kM +
-               work.m_block<Cfg::kWalkDown, Cfg::kRotated>(step);
+        turn = p.turns + (work.ws_row0 + static_cast<int64_t>(head) * p.rows) / kM + work.m_block<Cfg>(step);
       } else if constexpr (Cfg::kDeterministic) {
         turn = p.turns + (work.ws_row0 + static_cast<int64_t>(head) * p.rows) / 64 + row_block;
       }
       if constexpr (Cfg::kDeterministic) {
-        const int mine = dq_turn(work.n_block, work.m_block<Cfg::kWalkDown, Cfg::kRotated>(step), kM, Cfg::kBlockN,
-                                 work.seqlen_q, work.seqlen_k,
+        const int mine = dq_turn(work.n_block, work.m_block<Cfg>(step), kM, Cfg::kBlockN, work.seqlen_q, work.seqlen_k,
                                  Cfg::kCausal, p.band) *
                          Cfg::kDqAddsPerKeyBlock;  // each key block's pieces in a block (kD / 64; d = 512: from
                                                    // its two CTAs; 32-column pieces: kD / 32)

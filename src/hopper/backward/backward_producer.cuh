@@ -48,7 +48,7 @@ __device__ __forceinline__ void run_backward_producer(BackwardSharedStorage<Cfg>
   }
   for (int step = 0; step < work.steps(); ++step) {
     const RingSlot qs = ring_slot<Cfg::kQStages>(step), ds = ring_slot<Cfg::kDoStages>(step);
-    const int head = work.head(step), m_block = work.m_block<Cfg::kWalkDown, Cfg::kRotated>(step);
+    const int head = work.head(step), m_block = work.m_block<Cfg>(step);
     const int64_t first_row = work.ws_row0 + static_cast<int64_t>(head) * p.rows + m_block * Cfg::kBlockM;
     const int row0 = work.q_offset + m_block * Cfg::kBlockM;
     load_query_tile<Cfg>(tm_q, ss.q[qs.stage], p.lse_log2 + first_row, ss.lse_log2[qs.stage], &ss.q_full[qs.stage],

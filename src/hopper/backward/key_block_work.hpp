@@ -113,22 +113,23 @@ struct KeyBlockWork {
   int part = -1, cut_tile = 0;
   WARPATTN_HOST_DEVICE void take_steps(int begin, int end) { step_begin = begin, step_end = end; }
   WARPATTN_HOST_DEVICE int steps() const { return step_end - step_begin; }
-  // The walk's order, the kernel's compile-time choice (backward_config.hpp: kWalkDown, kRotate;
-  // docs/backward-design.md, "The walk's order"). m_block<.., true>: each head's walk starts
-  // `rotation` query blocks into its range (walk_rotation) and wraps past the last to the first,
-  // so the key blocks running together need not be on the same query block; a cut tile's parts
-  // and every query head still take each pair once (the rotation permutes a head's blocks).
-  // m_block<true, ..>: the (rotated) walk taken from the range's other end, last to first.
+  // The walk's order, the kernel's compile-time choice: m_block<Cfg> reads Cfg::kRotated and
+  // Cfg::kWalkDown (backward_config.hpp; docs/backward-design.md, "The walk's order"). Rotated:
+  // each head's walk starts `rotation` query blocks into its range (walk_rotation) and wraps past
+  // the last to the first, so the key blocks running together need not be on the same query
+  // block; a cut tile's parts and every query head still take each pair once (the rotation
+  // permutes a head's blocks). kWalkDown: the (rotated) walk taken from the range's other end,
+  // last to first.
   int rotation = 0;
   WARPATTN_HOST_DEVICE int head(int step) const {
     return head_kv * group + (step_begin + step) / (m.end - m.begin);
   }
-  template <bool kDescending, bool kRotated>
+  template <class Cfg>
   WARPATTN_HOST_DEVICE int m_block(int step) const {
     const int span = m.end - m.begin;
     int index = (step_begin + step) % span;  // the step's place in its head's walk
-    if constexpr (kRotated) index = index + rotation < span ? index + rotation : index + rotation - span;
-    if constexpr (kDescending) return m.end - 1 - index;
+    if constexpr (Cfg::kRotated) index = index + rotation < span ? index + rotation : index + rotation - span;
+    if constexpr (Cfg::kWalkDown) return m.end - 1 - index;
     return m.begin + index;
   }
 };
